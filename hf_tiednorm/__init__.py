@@ -1,0 +1,39 @@
+"""hf_tiednorm: normalized input-output shared embeddings for HF Transformers text-generation models.
+
+Importing the package registers both model families with the Auto classes, and marks them for
+``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` and the code files: a saved folder then
+loads with ``trust_remote_code=True`` where this package is not installed.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from .modeling_tiednorm_causal import TiedNormCausalModel, TiedNormForCausalLM
+from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration, TiedNormSeq2SeqModel
+from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
+
+for config_class, base_model, lm_model, lm_auto in (
+    (TiedNormSeq2SeqConfig, TiedNormSeq2SeqModel, TiedNormForConditionalGeneration, AutoModelForSeq2SeqLM),
+    (TiedNormCausalConfig, TiedNormCausalModel, TiedNormForCausalLM, AutoModelForCausalLM),
+):
+    AutoConfig.register(config_class.model_type, config_class)
+    AutoModel.register(config_class, base_model)
+    lm_auto.register(config_class, lm_model)
+    config_class.register_for_auto_class()
+    base_model.register_for_auto_class("AutoModel")
+    lm_model.register_for_auto_class(lm_auto.__name__)
+
+__version__ = "0.1.0"
+__all__ = [
+    "HEAD_MODES",
+    "LOGIT_SCALES",
+    "TIE_TOPOLOGIES",
+    "TiedNormCausalConfig",
+    "TiedNormCausalModel",
+    "TiedNormEmbedding",
+    "TiedNormForCausalLM",
+    "TiedNormForConditionalGeneration",
+    "TiedNormHead",
+    "TiedNormSeq2SeqConfig",
+    "TiedNormSeq2SeqModel",
+]
