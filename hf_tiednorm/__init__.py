@@ -6,10 +6,12 @@ loads with ``trust_remote_code=True`` where this package is not installed.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .modeling_tiednorm_causal import TiedNormCausalModel, TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration, TiedNormSeq2SeqModel
+from .pipeline_translation import TiedNormTranslationPipeline
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
 
 for config_class, base_model, lm_model, lm_auto in (
@@ -22,6 +24,10 @@ for config_class, base_model, lm_model, lm_auto in (
     config_class.register_for_auto_class()
     base_model.register_for_auto_class("AutoModel")
     lm_model.register_for_auto_class(lm_auto.__name__)
+
+PIPELINE_REGISTRY.register_pipeline(
+    "tiednorm-translation", pipeline_class=TiedNormTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -36,4 +42,5 @@ __all__ = [
     "TiedNormHead",
     "TiedNormSeq2SeqConfig",
     "TiedNormSeq2SeqModel",
+    "TiedNormTranslationPipeline",
 ]

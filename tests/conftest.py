@@ -75,3 +75,62 @@ def multi30k_dir() -> Path:
     if not (MULTI30K / "train.de.gz").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     return MULTI30K
+
+
+# Prepended to code run by `run_without_package`: makes `import hf_tiednorm` fail even when the package is
+# installed (editable installs put a finder on sys.meta_path), so only remote code can provide the classes.
+_BLOCK_PACKAGE = """
+import sys
+class _BlockHfTiednorm:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hf_tiednorm" or name.startswith("hf_tiednorm."):
+            raise ImportError("hf_tiednorm is blocked in this process")
+        return None
+sys.meta_path.insert(0, _BlockHfTiednorm())
+sys.path = [p for p in sys.path if p not in ("", ".") and "hf_tiednorm" not in p]
+try:
+    import hf_tiednorm
+except ImportError:
+    pass
+else:
+    raise SystemExit("hf_tiednorm is importable in the isolated process")
+"""
+
+
+def run_without_package(code: str, cwd: Path, timeout: int = 300) -> str:
+    """Run `code` in a fresh Python process where `hf_tiednorm` cannot be imported; return its stdout."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCK_PACKAGE + code],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"isolated process failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def tiny_tokenizer(vocab_size: int = TINY_VOCAB):
+    """A BPE tokenizer trained in code on a few sentences, with hf_tiednorm's special-token layout."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    sentences = [
+        "a dog runs on the grass .", "ein hund läuft auf dem gras .", "two men play music in the street .",
+        "zwei männer spielen musik auf der straße .", "a woman reads a book .", "eine frau liest ein buch .",
+    ] * 5
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    special = ["<pad>", "<s>", "</s>", "<unk>"]
+    tokenizer.train_from_iterator(sentences, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special))
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
