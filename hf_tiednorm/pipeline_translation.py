@@ -19,7 +19,9 @@ class TiedNormTranslationPipeline(Pipeline):
     def _sanitize_parameters(self, **kwargs):
         unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
         if unknown:
-            raise ValueError(f"unknown arguments {sorted(unknown)}; use generate_kwargs={{...}} or one of {self._generate_kwargs}")
+            raise ValueError(
+                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
+            )
         generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
         generate_kwargs.update(kwargs.get("generate_kwargs", {}))
         return {}, generate_kwargs, {}

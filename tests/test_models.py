@@ -263,3 +263,12 @@ def test_config_roundtrip_keeps_the_derived_tie_fields(tmp_path):
         False,
     )
     assert loaded.decoder_vocab_size == 40 and loaded.head_mode == "distance"
+
+
+@pytest.mark.parametrize("head_mode", HEAD_MODES)
+@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+def test_bfloat16_models_give_finite_logits(family, head_mode):
+    model = tiny_model(family, head_mode=head_mode).to(torch.bfloat16)
+    with torch.no_grad():
+        logits = model(**model_inputs(model)).logits  # includes the all-zero padding row
+    assert torch.isfinite(logits).all()
