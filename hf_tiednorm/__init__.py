@@ -1,6 +1,6 @@
 """hf_tiednorm: normalized input-output shared embeddings for HF Transformers text-generation models.
 
-Importing the package registers both model families with the Auto classes, and marks them for
+Importing the package registers the model families with the Auto classes, and marks them for
 ``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` and the code files: a saved folder then
 loads with ``trust_remote_code=True`` where this package is not installed.
 """
@@ -8,14 +8,16 @@ loads with ``trust_remote_code=True`` where this package is not installed.
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration, TiedNormBartModel
 from .modeling_tiednorm_causal import TiedNormCausalModel, TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration, TiedNormSeq2SeqModel
-from .pipeline_translation import TiedNormTranslationPipeline
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
+from .pipeline_translation import TiedNormTranslationPipeline
 
 for config_class, base_model, lm_model, lm_auto in (
     (TiedNormSeq2SeqConfig, TiedNormSeq2SeqModel, TiedNormForConditionalGeneration, AutoModelForSeq2SeqLM),
+    (TiedNormBartConfig, TiedNormBartModel, TiedNormBartForConditionalGeneration, AutoModelForSeq2SeqLM),
     (TiedNormCausalConfig, TiedNormCausalModel, TiedNormForCausalLM, AutoModelForCausalLM),
 ):
     AutoConfig.register(config_class.model_type, config_class)
@@ -34,6 +36,9 @@ __all__ = [
     "HEAD_MODES",
     "LOGIT_SCALES",
     "TIE_TOPOLOGIES",
+    "TiedNormBartConfig",
+    "TiedNormBartForConditionalGeneration",
+    "TiedNormBartModel",
     "TiedNormCausalConfig",
     "TiedNormCausalModel",
     "TiedNormEmbedding",

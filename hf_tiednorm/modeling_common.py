@@ -1,28 +1,81 @@
-"""What both model families add to their HF parent: building, initializing, re-attaching and training the
+"""What the model families add to their HF parent: building, initializing, re-attaching and training the
 normalized tied head. The head math itself lives in ``normalized_head.py``."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
+from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 
+from .adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from .normalized_head import TiedNormEmbedding, TiedNormHead
+from .regularizers import OutputProjection, projection_penalty, weight_norm_penalty
 
 
-def build_embedding(config, num_embeddings: int, embedding_dim: int) -> TiedNormEmbedding:
-    """Token embedding that looks up unit rows in l2 mode (Liu et al. eq. 19) and plain rows otherwise."""
-    return TiedNormEmbedding(
-        num_embeddings,
-        embedding_dim,
-        config.pad_token_id,
-        normalize=config.head_mode == "l2",
-        norm_eps=config.norm_eps,
-    )
+class ScaledLookupMixin:
+    """Multiplies the lookup by a constant ``embed_scale`` inside the embedding module, as BART's
+    ``BartScaledWordEmbedding`` does (Marian multiplies in its encoder/decoder instead). In l2 mode the unit rows
+    ŵ_i are scaled, just as Marian scales them."""
+
+    def __init__(self, *args, embed_scale: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.embed_scale = embed_scale
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, embed_scale={self.embed_scale:.6g}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embed_scale
 
 
-def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead:
+class ScaledTiedNormEmbedding(ScaledLookupMixin, TiedNormEmbedding):
+    """``TiedNormEmbedding`` whose lookups are multiplied by ``embed_scale``."""
+
+
+class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
+    """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
+
+
+def build_embedding(
+    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
+) -> TiedNormEmbedding | AdaptiveInput:
+    """Token embedding that looks up unit rows in l2 mode (Liu et al. eq. 19) and plain rows otherwise;
+    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
+    module multiplies its lookups by it (``ScaledLookupMixin``)."""
+    common = {"normalize": config.head_mode == "l2", "norm_eps": config.norm_eps}
+    if embed_scale is not None:
+        common["embed_scale"] = embed_scale
+    if config.adaptive_cutoffs is not None:
+        adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
+        return adaptive(
+            num_embeddings,
+            embedding_dim,
+            config.adaptive_cutoffs,
+            div_value=config.adaptive_div_value,
+            padding_idx=config.pad_token_id,
+            **common,
+        )
+    plain = TiedNormEmbedding if embed_scale is None else ScaledTiedNormEmbedding
+    return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
+
+
+def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
+    """The normalized tied head; an adaptive softmax returning log-probabilities when adaptive_cutoffs is set."""
+    if config.adaptive_cutoffs is not None:
+        return AdaptiveSoftmaxHead(
+            hidden_size,
+            vocab_size,
+            config.adaptive_cutoffs,
+            div_value=config.adaptive_div_value,
+            head_mode=config.head_mode,
+            logit_scale=config.logit_scale,
+            logit_scale_init=config.logit_scale_init,
+            norm_eps=config.norm_eps,
+        )
     return TiedNormHead(
         hidden_size,
         vocab_size,
@@ -31,6 +84,48 @@ def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead:
         logit_scale_init=config.logit_scale_init,
         norm_eps=config.norm_eps,
     )
+
+
+def build_output_projection(config, hidden_size: int) -> OutputProjection | None:
+    """Press & Wolf's projection P before the tied head, when ``config.projection_regularization`` is set."""
+    return None if config.projection_regularization is None else OutputProjection(hidden_size)
+
+
+def adaptive_tied_weights_keys(config, shared: str, embeddings: list[str], head: str | None) -> dict[str, str]:
+    """``_tied_weights_keys`` ({target: source}) of an adaptive model: every adaptive embedding in ``embeddings``
+    and the ``head``'s band rows (and projections, when ``adaptive_tie_projections``) are tied to ``shared``."""
+    num_bands = len(config.adaptive_cutoffs) + 1
+    keys = {
+        f"{embedding}.{name}": f"{shared}.{name}"
+        for embedding in embeddings
+        for name in AdaptiveSoftmaxHead.tied_parameter_names(num_bands, tie_projections=True)
+    }
+    if head is not None:
+        names = AdaptiveSoftmaxHead.tied_parameter_names(num_bands, config.adaptive_tie_projections)
+        keys.update({f"{head}.{name}": f"{shared}.{name}" for name in names})
+    return keys
+
+
+@dataclass
+class TiedNormCausalLMOutput(CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (their sum), when labels are given.
+
+    cross_entropy: the token cross-entropy; projection_penalty / weight_norm_penalty: the regularizers (None when
+    off). Each term is the share of this batch in the accumulated batch, like the Trainer-scaled loss.
+    """
+
+    cross_entropy: torch.FloatTensor | None = None
+    projection_penalty: torch.FloatTensor | None = None
+    weight_norm_penalty: torch.FloatTensor | None = None
+
+
+@dataclass
+class TiedNormSeq2SeqLMOutput(Seq2SeqLMOutput):
+    """``Seq2SeqLMOutput`` plus the terms of ``loss``, as in ``TiedNormCausalLMOutput``."""
+
+    cross_entropy: torch.FloatTensor | None = None
+    projection_penalty: torch.FloatTensor | None = None
+    weight_norm_penalty: torch.FloatTensor | None = None
 
 
 def token_cross_entropy(
@@ -60,8 +155,43 @@ class TiedNormLMMixin:
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, TiedNormHead) and module.logit_scale is not None:
+        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_scale is not None:
             init.constant_(module.logit_scale, module.logit_scale_init)
+        if isinstance(module, OutputProjection):
+            init.eye_(module.weight)  # P = I: a fresh model scores as if there were no projection
+
+    def output_embedding_weights(self) -> list[torch.Tensor]:
+        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
+        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
+        if isinstance(self.lm_head, AdaptiveSoftmaxHead):
+            return [band.weight for band in self.lm_head.bands]
+        return [self.lm_head.weight]
+
+    def compose_loss(
+        self,
+        cross_entropy: torch.Tensor,
+        targets: torch.Tensor,
+        num_items_in_batch: int | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training loss (cross-entropy + enabled regularizers) and its terms, keyed by ``LOSS_TERMS`` names.
+
+        Under gradient accumulation (``num_items_in_batch``: target tokens of the accumulated batch) each micro-batch
+        adds its token share of the penalties, so they count once per optimizer step, as the cross-entropy does.
+        """
+        config = self.config
+        terms = {"cross_entropy": cross_entropy}
+        share = 1.0
+        if num_items_in_batch is not None:
+            share = (targets != -100).sum().to(cross_entropy.device) / num_items_in_batch
+        if config.projection_regularization:
+            terms["projection_penalty"] = share * projection_penalty(
+                self.output_projection.weight, config.projection_regularization
+            )
+        if config.weight_norm_regularization:
+            terms["weight_norm_penalty"] = share * weight_norm_penalty(
+                self.output_embedding_weights(), config.weight_norm_regularization, config.weight_norm_target
+            )
+        return sum(terms.values()), terms
 
     def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         if isinstance(new_embeddings, TiedNormHead):
@@ -76,10 +206,16 @@ class TiedNormLMMixin:
         # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
         base_model = type(self.model)
         module = base_model.__module__.rsplit(".", 1)[-1]
-        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), "AutoModel": f"{module}.{base_model.__name__}"}
+        auto_map = dict(getattr(self.config, "auto_map", None) or {})
+        self.config.auto_map = {**auto_map, "AutoModel": f"{module}.{base_model.__name__}"}
         super().save_pretrained(save_directory, *args, **kwargs)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        if self.config.adaptive_cutoffs is not None:
+            raise ValueError(
+                "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
+                "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
+            )
         embeddings = super().resize_token_embeddings(*args, **kwargs)
         self.lm_head.match_vocab_size()  # the tied weight was resized in place; resize the per-token scale too
         return embeddings

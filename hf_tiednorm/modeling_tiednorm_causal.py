@@ -10,11 +10,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin
-from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
+from .chunked_loss import chunked_head_cross_entropy
 from .configuration_tiednorm import TiedNormCausalConfig
-from .modeling_common import TiedNormLMMixin, build_embedding, build_head, token_cross_entropy
+from .modeling_common import (
+    TiedNormCausalLMOutput,
+    TiedNormLMMixin,
+    adaptive_tied_weights_keys,
+    build_embedding,
+    build_head,
+    build_output_projection,
+    token_cross_entropy,
+)
 
 
 class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
@@ -39,6 +47,9 @@ class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, Genera
         super().__init__(config)
         self.model = TiedNormCausalModel(config)
         self.vocab_size = config.vocab_size
+        if config.adaptive_cutoffs is not None:  # Baevski & Auli (2019): tie the bands, not one matrix
+            self._tied_weights_keys = adaptive_tied_weights_keys(config, "model.embed_tokens", [], "lm_head")
+        self.output_projection = build_output_projection(config, config.hidden_size)  # Press & Wolf's P, or None
         self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
         self.post_init()
 
@@ -54,7 +65,7 @@ class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, Genera
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> TiedNormCausalLMOutput:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -64,21 +75,35 @@ class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, Genera
             use_cache=use_cache,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state  # (batch, seq, d)
         # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, kept, :])  # (batch, kept, V)
-        loss = None
+        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
+        if self.output_projection is not None:
+            hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
+        # Opt-in chunked loss (config.loss_chunk_size): in training with labels the logits are never materialized.
+        chunked = labels is not None and self.training and self.config.loss_chunk_size is not None
+        logits = None if chunked else self.lm_head(hidden_states)  # (batch, kept, V)
+        loss, loss_terms = None, {}
         if labels is not None:
             # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
             next_tokens = F.pad(labels, (0, 1), value=-100)[:, 1:]
-            loss = token_cross_entropy(logits, next_tokens, self.config.label_smoothing, num_items_in_batch)
-        return CausalLMOutputWithPast(
+            if chunked:
+                cross_entropy = chunked_head_cross_entropy(
+                    self.lm_head, hidden_states, next_tokens, self.config.loss_chunk_size,
+                    self.config.label_smoothing, num_items_in_batch,
+                )
+            else:
+                cross_entropy = token_cross_entropy(
+                    logits, next_tokens, self.config.label_smoothing, num_items_in_batch
+                )
+            loss, loss_terms = self.compose_loss(cross_entropy, next_tokens, num_items_in_batch)
+        return TiedNormCausalLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **loss_terms,
         )
 
 

@@ -1,52 +1,98 @@
-"""A Marian/BART-style encoder-decoder whose output layer is the normalized tied head.
+"""Encoder-decoders whose output layer is the normalized tied head: what both encoder-decoder families share
+(``TiedNormSeq2SeqModelMixin``, ``TiedNormSeq2SeqLMMixin``), and the Marian-based family.
 
-What differs from ``transformers``' Marian:
+What differs from ``transformers``' Marian (and, in ``modeling_tiednorm_bart.py``, BART):
   * token embeddings are ``TiedNormEmbedding`` (unit rows are looked up in l2 mode);
   * ``lm_head`` is ``TiedNormHead`` (scores in one of five modes) and there is no ``final_logits_bias``:
     the distance mode derives its bias from W;
   * the tie topology (three-way / decoder / untied) comes from ``config.tie_topology``;
-  * the loss applies ``config.label_smoothing`` itself.
-Attention, layers, positions, KV cache and generation are Marian's.
+  * the loss applies ``config.label_smoothing`` itself and reports its terms (regularizers, chunked loss).
+Attention, layers, positions, KV cache and generation are the parent's.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import GenerationMixin
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.marian.modeling_marian import MarianModel, MarianPreTrainedModel, shift_tokens_right
 
-from .configuration_tiednorm import TiedNormSeq2SeqConfig
-from .modeling_common import TiedNormLMMixin, build_embedding, build_head, token_cross_entropy
+from .chunked_loss import chunked_head_cross_entropy
+from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
+from .modeling_common import (
+    TiedNormLMMixin,
+    TiedNormSeq2SeqLMOutput,
+    adaptive_tied_weights_keys,
+    build_embedding,
+    build_head,
+    build_output_projection,
+    token_cross_entropy,
+)
 
 
-class TiedNormSeq2SeqPreTrainedModel(MarianPreTrainedModel):
-    config_class = TiedNormSeq2SeqConfig
-    config: TiedNormSeq2SeqConfig
+class TiedNormSeq2SeqModelMixin:
+    """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
+    ``config.tie_topology``, with Marian's embedding accessors so that one set of resize rules serves both."""
 
-
-class TiedNormSeq2SeqModel(TiedNormSeq2SeqPreTrainedModel, MarianModel):
-    """Marian's encoder-decoder body with embeddings that can look up l2-normalized rows."""
-
-    def __init__(self, config: TiedNormSeq2SeqConfig):
+    def __init__(self, config: TieTopologyConfigMixin):
         super().__init__(config)
+        scale = self.lookup_scale(config)
         if config.share_encoder_decoder_embeddings:
-            self.shared = build_embedding(config, config.vocab_size, config.d_model)
-        self.encoder.embed_tokens = build_embedding(config, config.vocab_size, config.d_model)
-        self.decoder.embed_tokens = build_embedding(config, config.decoder_vocab_size, config.d_model)
+            self.shared = build_embedding(config, config.vocab_size, config.d_model, scale)
+            self._tied_weights_keys = {
+                "decoder.embed_tokens.weight": "shared.weight",
+                "encoder.embed_tokens.weight": "shared.weight",
+            }
+        else:
+            if hasattr(self, "shared"):  # BART's body always builds one
+                del self.shared
+            self._tied_weights_keys = None
+        self.encoder.embed_tokens = build_embedding(config, config.vocab_size, config.d_model, scale)
+        self.decoder.embed_tokens = build_embedding(config, config.decoder_vocab_size, config.d_model, scale)
+        if config.adaptive_cutoffs is not None:  # three-way by config validation; tie the bands, not one matrix
+            self._tied_weights_keys = adaptive_tied_weights_keys(
+                config, "shared", ["encoder.embed_tokens", "decoder.embed_tokens"], head=None
+            )
         self.post_init()
 
+    def lookup_scale(self, config: TieTopologyConfigMixin) -> float | None:
+        """Factor the embedding module multiplies its lookups by; None where the body scales them itself (Marian)."""
+        return None
 
-class TiedNormForConditionalGeneration(TiedNormLMMixin, TiedNormSeq2SeqPreTrainedModel, GenerationMixin):
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens  # the shared embedding when three-way tied
+
+    def set_input_embeddings(self, value) -> None:
+        if self.config.share_encoder_decoder_embeddings:
+            self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
+        else:
+            self.encoder.embed_tokens = value
+
+    def get_decoder_input_embeddings(self):
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError("with tie_topology='three_way' the decoder input embedding is get_input_embeddings()")
+        return self.decoder.embed_tokens
+
+    def set_decoder_input_embeddings(self, value) -> None:
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError("with tie_topology='three_way' set the decoder input embedding with set_input_embeddings")
+        self.decoder.embed_tokens = value
+
+
+class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
+    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs.
+
+    A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
+    """
+
+    model_class: type[PreTrainedModel]
     base_model_prefix = "model"
-    _keys_to_ignore_on_load_missing = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
-    _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
     # Press & Wolf (2017): the decoder's input embedding is the output embedding ({target: source}).
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
 
-    def __init__(self, config: TiedNormSeq2SeqConfig):
+    def __init__(self, config: TieTopologyConfigMixin):
         super().__init__(config)
-        self.model = TiedNormSeq2SeqModel(config)
+        self.model = self.model_class(config)
         if config.share_encoder_decoder_embeddings:
             # Three-way tying (Press & Wolf, 2017, Section 5): encoder input = decoder input = output.
             self._tied_weights_keys = {
@@ -54,6 +100,11 @@ class TiedNormForConditionalGeneration(TiedNormLMMixin, TiedNormSeq2SeqPreTraine
                 "model.decoder.embed_tokens.weight": "model.shared.weight",
                 "model.encoder.embed_tokens.weight": "model.shared.weight",
             }
+        if config.adaptive_cutoffs is not None:  # Baevski & Auli (2019), three-way: tie the bands to model.shared
+            self._tied_weights_keys = adaptive_tied_weights_keys(
+                config, "model.shared", ["model.encoder.embed_tokens", "model.decoder.embed_tokens"], head="lm_head"
+            )
+        self.output_projection = build_output_projection(config, config.d_model)  # Press & Wolf's P, or None
         self.lm_head = build_head(config, config.d_model, config.decoder_vocab_size)
         self.post_init()
 
@@ -101,7 +152,7 @@ class TiedNormForConditionalGeneration(TiedNormLMMixin, TiedNormSeq2SeqPreTraine
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> Seq2SeqLMOutput:
+    ) -> TiedNormSeq2SeqLMOutput:
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -118,11 +169,23 @@ class TiedNormForConditionalGeneration(TiedNormLMMixin, TiedNormSeq2SeqPreTraine
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (batch, target_len, V)
-        loss = None
+        hidden_states = outputs.last_hidden_state  # (batch, target_len, d)
+        if self.output_projection is not None:
+            hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
+        # Opt-in chunked loss (config.loss_chunk_size): in training with labels the logits are never materialized.
+        chunked = labels is not None and self.training and self.config.loss_chunk_size is not None
+        logits = None if chunked else self.lm_head(hidden_states)  # (batch, target_len, V)
+        loss, loss_terms = None, {}
         if labels is not None:
-            loss = token_cross_entropy(logits, labels, self.config.label_smoothing, num_items_in_batch)
-        return Seq2SeqLMOutput(
+            if chunked:
+                cross_entropy = chunked_head_cross_entropy(
+                    self.lm_head, hidden_states, labels, self.config.loss_chunk_size,
+                    self.config.label_smoothing, num_items_in_batch,
+                )
+            else:
+                cross_entropy = token_cross_entropy(logits, labels, self.config.label_smoothing, num_items_in_batch)
+            loss, loss_terms = self.compose_loss(cross_entropy, labels, num_items_in_batch)
+        return TiedNormSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
@@ -132,10 +195,36 @@ class TiedNormForConditionalGeneration(TiedNormLMMixin, TiedNormSeq2SeqPreTraine
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+            **loss_terms,
         )
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        # Marian's shift_tokens_right is BART's too.
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
-__all__ = ["TiedNormForConditionalGeneration", "TiedNormSeq2SeqModel", "TiedNormSeq2SeqPreTrainedModel"]
+class TiedNormSeq2SeqPreTrainedModel(MarianPreTrainedModel):
+    config_class = TiedNormSeq2SeqConfig
+    config: TiedNormSeq2SeqConfig
+
+
+class TiedNormSeq2SeqModel(TiedNormSeq2SeqModelMixin, TiedNormSeq2SeqPreTrainedModel, MarianModel):
+    """Marian's encoder-decoder body with embeddings that can look up l2-normalized rows."""
+
+
+class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPreTrainedModel, GenerationMixin):
+    """Marian with the normalized tied head."""
+
+    model_class = TiedNormSeq2SeqModel
+    # Marian's sinusoidal position tables are computed, not stored.
+    _keys_to_ignore_on_load_missing = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+    _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+
+
+__all__ = [
+    "TiedNormForConditionalGeneration",
+    "TiedNormSeq2SeqLMMixin",
+    "TiedNormSeq2SeqModel",
+    "TiedNormSeq2SeqModelMixin",
+    "TiedNormSeq2SeqPreTrainedModel",
+]

@@ -17,8 +17,9 @@ cosine      w_i·h / ‖w_i‖                           eq. 27
 
 Every mode is an affine map of the plain scores W·h along the vocabulary axis,
 ``s = (W·h) * column_scale + column_bias``, with vocabulary-sized vectors derived from the row norms.
-That keeps the cost of any mode at one matmul plus O(V) work, lets the chunked loss reuse it, and means the
-normalized matrix is never materialized. The row statistics are computed in fp32 with ``norm_eps`` so zero
+That keeps the cost of any mode at one matmul plus O(V) work at decoding (O(V·d) for a training batch, whose
+scale is folded into the rows of W instead of applied to the (tokens × V) logits), lets the chunked loss reuse it,
+and means no normalized copy of W is kept. The row statistics are computed in fp32 with ``norm_eps`` so zero
 rows and fp16/bf16 weights stay finite, and are cached (keyed on the weight's storage and version counter)
 whenever no gradient is needed, so decoding does not recompute them at every step.
 
@@ -167,10 +168,18 @@ class TiedNormHead(nn.Linear):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V); fp32 as soon as a norm term is applied
-        logits = F.linear(hidden_states, self.weight)
         scale, bias = self.column_terms()
-        if scale is not None:
-            logits = logits * scale
+        tokens = hidden_states.numel() // hidden_states.shape[-1]
+        if scale is not None and tokens > hidden_states.shape[-1]:
+            # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
+            # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
+            # (training batches) scale the rows; decoding (few tokens) scales its few logits.
+            logits = F.linear(hidden_states, self.weight * scale.unsqueeze(-1).to(self.weight.dtype))
+            logits = logits.to(torch.promote_types(logits.dtype, scale.dtype))  # the dtype logits * scale has
+        else:
+            logits = F.linear(hidden_states, self.weight)
+            if scale is not None:
+                logits = logits * scale
         if bias is not None:
             logits = logits + bias
         return logits

@@ -19,21 +19,27 @@ MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 TINY_VOCAB = 61
 
 
+TINY_ENCODER_DECODER = dict(
+    vocab_size=TINY_VOCAB,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    dropout=0.0,
+)
+
+
 def tiny_seq2seq_config(**overrides) -> hf_tiednorm.TiedNormSeq2SeqConfig:
-    fields = dict(
-        vocab_size=TINY_VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        dropout=0.0,
-    )
-    fields.update(overrides)
-    return hf_tiednorm.TiedNormSeq2SeqConfig(**fields)
+    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | overrides)
+
+
+def tiny_bart_config(**overrides) -> hf_tiednorm.TiedNormBartConfig:
+    # scale_embedding=True (BART's default is False) so that the tests cover the in-module sqrt(d) scaling.
+    return hf_tiednorm.TiedNormBartConfig(**TINY_ENCODER_DECODER | {"scale_embedding": True} | overrides)
 
 
 def tiny_causal_config(**overrides) -> hf_tiednorm.TiedNormCausalConfig:
@@ -50,10 +56,12 @@ def tiny_causal_config(**overrides) -> hf_tiednorm.TiedNormCausalConfig:
 
 
 def tiny_model(family: str, **overrides):
-    """A tiny randomly initialized model of one family ("seq2seq" or "causal"), in eval mode."""
+    """A tiny randomly initialized model of one family ("seq2seq", "bart" or "causal"), in eval mode."""
     torch.manual_seed(0)
     if family == "seq2seq":
         return hf_tiednorm.TiedNormForConditionalGeneration(tiny_seq2seq_config(**overrides)).eval()
+    if family == "bart":
+        return hf_tiednorm.TiedNormBartForConditionalGeneration(tiny_bart_config(**overrides)).eval()
     if family == "causal":
         return hf_tiednorm.TiedNormForCausalLM(tiny_causal_config(**overrides)).eval()
     raise ValueError(f"unknown family {family!r}")

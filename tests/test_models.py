@@ -1,4 +1,4 @@
-"""Both model families × 5 modes × tie topologies: tying, save/load, generation, resize, Auto classes."""
+"""The three model families × 5 modes × tie topologies: tying, save/load, generation, resize, Auto classes."""
 
 from __future__ import annotations
 
@@ -6,22 +6,37 @@ import json
 
 import pytest
 import torch
+from conftest import (
+    model_inputs,
+    run_without_package,
+    tiny_bart_config,
+    tiny_causal_config,
+    tiny_model,
+    tiny_seq2seq_config,
+)
+from test_head import reference_scores
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers.models.bart.modeling_bart import BartScaledWordEmbedding
 
 import hf_tiednorm
 from hf_tiednorm import HEAD_MODES, TiedNormHead
-from conftest import model_inputs, run_without_package, tiny_causal_config, tiny_model, tiny_seq2seq_config
-from test_head import reference_scores
 
-# (family, extra config) pairs: the causal LM tied and untied, the seq2seq model in its three topologies.
+# (family, extra config) pairs: the causal LM tied and untied, both encoder-decoders in their three topologies.
+TOPOLOGIES = [
+    {"tie_topology": "three_way"},
+    {"tie_topology": "decoder", "decoder_vocab_size": 53},
+    {"tie_topology": "untied"},
+]
 VARIANTS = [
     ("causal", {}),
     ("causal", {"tie_word_embeddings": False}),
-    ("seq2seq", {"tie_topology": "three_way"}),
-    ("seq2seq", {"tie_topology": "decoder", "decoder_vocab_size": 53}),
-    ("seq2seq", {"tie_topology": "untied"}),
+    *[("seq2seq", extra) for extra in TOPOLOGIES],
+    *[("bart", extra) for extra in TOPOLOGIES],
 ]
-VARIANT_IDS = ["causal-tied", "causal-untied", "s2s-three_way", "s2s-decoder", "s2s-untied"]
+VARIANT_IDS = ["causal-tied", "causal-untied"] + [
+    f"{prefix}-{extra['tie_topology']}" for prefix in ("s2s", "bart") for extra in TOPOLOGIES
+]
+FAMILIES = ["seq2seq", "bart", "causal"]
 
 
 def embedding_modules(model) -> dict[str, torch.nn.Embedding]:
@@ -67,7 +82,29 @@ def test_l2_mode_looks_up_unit_rows(family, extra):
     ids = model_inputs(model)["input_ids"]
     for embedding in embedding_modules(model).values():
         vocab_ids = ids.clamp_max(embedding.num_embeddings - 1)
-        torch.testing.assert_close(embedding(vocab_ids).norm(dim=-1), torch.ones(vocab_ids.shape))
+        # BART scales inside the embedding module (sqrt(d) with scale_embedding), Marian/Llama do not.
+        scale = getattr(embedding, "embed_scale", 1.0)
+        assert scale == (model.config.d_model**0.5 if family == "bart" else 1.0)
+        torch.testing.assert_close(embedding(vocab_ids).norm(dim=-1), torch.full(vocab_ids.shape, scale))
+
+
+@pytest.mark.parametrize("scale_embedding", [False, True])
+@pytest.mark.parametrize("head_mode", ["baseline", "l2"])
+def test_bart_embeddings_scale_inside_the_module_like_bart(head_mode, scale_embedding):
+    """BartScaledWordEmbedding multiplies the lookup by sqrt(d) when scale_embedding; ours too, on ŵ_i in l2 mode."""
+    model = tiny_model("bart", head_mode=head_mode, scale_embedding=scale_embedding)
+    ids = model_inputs(model)["input_ids"]
+    for embedding in embedding_modules(model).values():
+        weight = embedding.weight.detach()
+        if head_mode == "l2":
+            weight = weight / weight.norm(dim=-1, keepdim=True)
+        reference = BartScaledWordEmbedding(
+            *weight.shape, padding_idx=0, embed_scale=32**0.5 if scale_embedding else 1.0
+        )
+        reference.weight.data.copy_(weight)
+        with torch.no_grad():
+            exact = {"rtol": 0, "atol": 0} if head_mode == "baseline" else {}
+            torch.testing.assert_close(embedding(ids), reference(ids), **exact)
 
 
 @pytest.mark.parametrize("head_mode", ["l2", "distance"])
@@ -81,7 +118,7 @@ def test_strict_save_load_roundtrip(family, extra, head_mode, tmp_path):
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
 
-    auto_class = AutoModelForSeq2SeqLM if family == "seq2seq" else AutoModelForCausalLM
+    auto_class = AutoModelForSeq2SeqLM if model.config.is_encoder_decoder else AutoModelForCausalLM
     loaded, info = auto_class.from_pretrained(tmp_path, output_loading_info=True)
     assert type(loaded) is type(model)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
@@ -92,7 +129,7 @@ def test_strict_save_load_roundtrip(family, extra, head_mode, tmp_path):
 
 
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
-@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_cached_incremental_decoding_equals_full_forward(family, head_mode):
     model = tiny_model(family, head_mode=head_mode)
     inputs = {"input_ids": model_inputs(model, batch_size=2, length=6)["input_ids"]}
@@ -102,7 +139,7 @@ def test_cached_incremental_decoding_equals_full_forward(family, head_mode):
         uncached = model.generate(**inputs, use_cache=False, **kwargs)
         assert torch.equal(cached.sequences, uncached.sequences)
         # Re-score the generated sequence with a single full forward pass.
-        if family == "seq2seq":
+        if model.config.is_encoder_decoder:
             full = model(input_ids=inputs["input_ids"], decoder_input_ids=cached.sequences[:, :-1]).logits
             step_logits = full
         else:
@@ -113,7 +150,7 @@ def test_cached_incremental_decoding_equals_full_forward(family, head_mode):
         torch.testing.assert_close(scores, step_logits[:, step], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_beam_search_with_length_penalty(family):
     model = tiny_model(family, head_mode="cosine")
     source = model_inputs(model, batch_size=3)["input_ids"]
@@ -145,8 +182,9 @@ def test_resize_token_embeddings_keeps_tie_and_mode(family, extra):
     torch.testing.assert_close(logits.double(), expected, rtol=1e-4, atol=1e-4)  # new rows included
 
 
-def test_tie_survives_a_training_step():
-    model = tiny_model("seq2seq", head_mode="cosine").train()
+@pytest.mark.parametrize("family", ["seq2seq", "bart"])
+def test_tie_survives_a_training_step(family):
+    model = tiny_model(family, head_mode="cosine").train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     inputs = model_inputs(model)
     before = model.lm_head.weight.detach().clone()
@@ -161,11 +199,11 @@ def test_tie_survives_a_training_step():
         torch.testing.assert_close(model(**inputs).logits.double(), expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_label_smoothing_and_ignored_labels_in_the_loss(family):
     model = tiny_model(family, head_mode="square", label_smoothing=0.1)
     inputs = model_inputs(model)
-    labels = (inputs.pop("decoder_input_ids") if family == "seq2seq" else inputs["input_ids"]).clone()
+    labels = (inputs.pop("decoder_input_ids") if family != "causal" else inputs["input_ids"]).clone()
     labels[:, -1] = -100
     with torch.no_grad():
         out = model(**inputs, labels=labels)
@@ -191,15 +229,19 @@ def test_set_output_embeddings_accepts_a_plain_linear_and_keeps_the_mode():
 
 def test_auto_classes_are_registered():
     seq2seq = tiny_seq2seq_config(head_mode="l2")
+    bart = tiny_bart_config(head_mode="distance")
     causal = tiny_causal_config(head_mode="square")
     assert type(AutoConfig.for_model("tiednorm_seq2seq")) is hf_tiednorm.TiedNormSeq2SeqConfig
     assert type(AutoModelForSeq2SeqLM.from_config(seq2seq)) is hf_tiednorm.TiedNormForConditionalGeneration
     assert type(AutoModel.from_config(seq2seq)) is hf_tiednorm.TiedNormSeq2SeqModel
+    assert type(AutoConfig.for_model("tiednorm_bart")) is hf_tiednorm.TiedNormBartConfig
+    assert type(AutoModelForSeq2SeqLM.from_config(bart)) is hf_tiednorm.TiedNormBartForConditionalGeneration
+    assert type(AutoModel.from_config(bart)) is hf_tiednorm.TiedNormBartModel
     assert type(AutoModelForCausalLM.from_config(causal)) is hf_tiednorm.TiedNormForCausalLM
     assert type(AutoModel.from_config(causal)) is hf_tiednorm.TiedNormCausalModel
 
 
-@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_remote_code_loads_where_the_package_is_not_importable(family, tmp_path):
     model = tiny_model(family, head_mode="cosine", logit_scale="scalar")
     inputs = model_inputs(model)
@@ -208,7 +250,7 @@ def test_remote_code_loads_where_the_package_is_not_importable(family, tmp_path)
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    lm_auto = "AutoModelForSeq2SeqLM" if family == "seq2seq" else "AutoModelForCausalLM"
+    lm_auto = "AutoModelForSeq2SeqLM" if model.config.is_encoder_decoder else "AutoModelForCausalLM"
     assert {"AutoConfig", "AutoModel", lm_auto} <= set(auto_map)
     torch.save({"inputs": inputs, "expected": expected}, tmp_path / "reference.pt")
 
@@ -246,6 +288,12 @@ print("OK", type(model).__name__, type(bare).__name__)
         (lambda: tiny_seq2seq_config(tie_topology="untied", tie_word_embeddings=True), "contradicts"),
         (lambda: tiny_seq2seq_config(tie_topology="decoder", share_encoder_decoder_embeddings=True), "contradicts"),
         (lambda: tiny_seq2seq_config(tie_topology="three_way", decoder_vocab_size=70), "shared vocabulary"),
+        # The BART family shares the topology validation.
+        (lambda: tiny_bart_config(tie_topology="two_way"), "tie_topology must be one of"),
+        (lambda: tiny_bart_config(tie_topology="untied", tie_word_embeddings=True), "contradicts"),
+        (lambda: tiny_bart_config(tie_topology="three_way", decoder_vocab_size=70), "shared vocabulary"),
+        (lambda: tiny_bart_config(tie_topology="decoder", adaptive_cutoffs=[20]), "adaptive_cutoffs needs"),
+        (lambda: tiny_bart_config(head_mode="unit"), "head_mode must be one of"),
     ],
 )
 def test_bad_configs_raise_clear_errors(build, message):
@@ -253,10 +301,12 @@ def test_bad_configs_raise_clear_errors(build, message):
         build()
 
 
-def test_config_roundtrip_keeps_the_derived_tie_fields(tmp_path):
-    config = tiny_seq2seq_config(tie_topology="decoder", decoder_vocab_size=40, head_mode="distance")
+@pytest.mark.parametrize("build", [tiny_seq2seq_config, tiny_bart_config], ids=["seq2seq", "bart"])
+def test_config_roundtrip_keeps_the_derived_tie_fields(build, tmp_path):
+    config = build(tie_topology="decoder", decoder_vocab_size=40, head_mode="distance")
     config.save_pretrained(tmp_path)
     loaded = AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded) is type(config)
     assert (loaded.tie_topology, loaded.tie_word_embeddings, loaded.share_encoder_decoder_embeddings) == (
         "decoder",
         True,
@@ -266,7 +316,7 @@ def test_config_roundtrip_keeps_the_derived_tie_fields(tmp_path):
 
 
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
-@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_bfloat16_models_give_finite_logits(family, head_mode):
     model = tiny_model(family, head_mode=head_mode).to(torch.bfloat16)
     with torch.no_grad():

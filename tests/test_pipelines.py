@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from transformers import pipeline
-
 from conftest import run_without_package, tiny_model, tiny_tokenizer
+from transformers import pipeline
 
 
 def test_text_generation_pipeline_with_a_saved_causal_lm(tmp_path):

@@ -1,0 +1,166 @@
+"""Publish a trained hf_tiednorm checkpoint on the Hugging Face Hub.
+
+``push_to_hub`` stages, in a separate folder, exactly what gets uploaded: the weights re-saved as safetensors
+together with the modeling code (``save_pretrained`` of a registered model writes ``auto_map`` and copies the code
+files, so the repository loads with ``trust_remote_code=True`` without hf_tiednorm installed), the tokenizer, the
+model card (README.md) and the plots (``*.png``) of the checkpoint folder. It then creates the repository and
+uploads the staged folder in one commit with ``huggingface_hub``. With ``dry_run_dir`` it only writes the staged
+folder there. The checkpoint folder itself is only read, never modified.
+
+CLI::
+
+    python -m hf_tiednorm.hub runs/cosine my-user/tiednorm-cosine-multi30k --dataset bentrevett/multi30k \
+        --languages de en --metrics runs/cosine/test_results.json [--public] [--dry-run upload_preview/]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from huggingface_hub import CommitInfo, HfApi, get_token
+from huggingface_hub.errors import OfflineModeIsEnabled
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+from .model_card import load_tiednorm_config, read_json_object, write_model_card
+
+
+def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike) -> None:
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings."""
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
+    # the tokenizer; published, it would make every user's load local-only.
+    for key in ("is_local", "local_files_only"):
+        tokenizer.init_kwargs.pop(key, None)
+    tokenizer.save_pretrained(output_dir)
+
+
+def _find_tokenizer_source(checkpoint: Path, tokenizer: str | os.PathLike | None) -> Path:
+    source = Path(tokenizer) if tokenizer is not None else checkpoint
+    if not ((source / "tokenizer.json").is_file() or (source / "tokenizer_config.json").is_file()):
+        hint = "" if tokenizer is not None else "; pass the tokenizer folder with `tokenizer=` (CLI: --tokenizer)"
+        raise FileNotFoundError(f"no tokenizer (tokenizer.json / tokenizer_config.json) in {source}{hint}")
+    return source
+
+
+def prepare_upload_folder(
+    checkpoint: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    repo_id: str,
+    tokenizer: str | os.PathLike | None = None,
+    metrics: dict[str, Any] | None = None,
+    dataset: str | None = None,
+    languages: list[str] | None = None,
+    training: dict[str, Any] | None = None,
+) -> Path:
+    """Write into ``output_dir`` (new or empty) every file that ``push_to_hub`` uploads, and return it.
+
+    The model card is rendered from the given metrics/dataset/languages/training; when none of them is given and the
+    checkpoint already has a README.md (e.g. written by the training script), that card is kept as is.
+    """
+    checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    config = load_tiednorm_config(checkpoint)
+    tokenizer_source = _find_tokenizer_source(checkpoint, tokenizer)
+    if output_dir.resolve() == checkpoint.resolve() or checkpoint.resolve() in output_dir.resolve().parents:
+        raise ValueError(f"the upload folder {output_dir} must lie outside the checkpoint folder {checkpoint}")
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the upload preview")
+
+    auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    model = auto_class.from_pretrained(checkpoint, dtype="auto")
+    # Re-saving (rather than copying) guarantees safetensors weights, the current code files and auto_map.
+    model.save_pretrained(output_dir)
+    copy_tokenizer(tokenizer_source, output_dir)
+    for plot in sorted(checkpoint.glob("*.png")):
+        shutil.copy2(plot, output_dir / plot.name)
+
+    card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
+    if all(value is None for value in card_inputs.values()) and (checkpoint / "README.md").is_file():
+        shutil.copy2(checkpoint / "README.md", output_dir / "README.md")
+    else:
+        write_model_card(output_dir, repo_id=repo_id, **card_inputs)
+    return output_dir
+
+
+def push_to_hub(
+    checkpoint: str | os.PathLike,
+    repo_id: str,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    private: bool = True,
+    commit_message: str = "Upload hf_tiednorm model",
+    token: str | None = None,
+    dry_run_dir: str | os.PathLike | None = None,
+    metrics: dict[str, Any] | None = None,
+    dataset: str | None = None,
+    languages: list[str] | None = None,
+    training: dict[str, Any] | None = None,
+) -> CommitInfo | Path:
+    """Upload model + tokenizer + remote code + model card + plots of ``checkpoint`` to the Hub repo ``repo_id``.
+
+    Returns the ``CommitInfo`` of the upload, or, with ``dry_run_dir``, the folder that would have been uploaded.
+    The endpoint is huggingface_hub's (``HF_ENDPOINT``); the token is ``token``, else ``HF_TOKEN`` or the one saved
+    by ``hf auth login``.
+    """
+    card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
+    if dry_run_dir is not None:
+        return prepare_upload_folder(checkpoint, dry_run_dir, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
+
+    # Fail before any work when there is no way to authenticate.
+    token = token or get_token()
+    if token is None:
+        raise OSError(
+            "no Hugging Face token found: log in with `hf auth login`, set the HF_TOKEN environment variable or pass "
+            "`token=` (CLI: --token); use --dry-run to only build the folder"
+        )
+    api = HfApi(token=token)
+    with tempfile.TemporaryDirectory(prefix="tiednorm_upload_") as staging:
+        folder = prepare_upload_folder(checkpoint, staging, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+        except (httpx2.TransportError, OfflineModeIsEnabled) as err:
+            raise ConnectionError(
+                f"cannot reach the Hub at {api.endpoint} ({err}); check the network, HF_ENDPOINT and HF_HUB_OFFLINE. "
+                f"Nothing was uploaded and {checkpoint} is unchanged."
+            ) from err
+        return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Upload an hf_tiednorm checkpoint (with code, tokenizer, card).")
+    parser.add_argument("checkpoint", help="folder written by save_pretrained")
+    parser.add_argument("repo_id", help="Hub repository, e.g. my-user/tiednorm-cosine-multi30k")
+    parser.add_argument("--tokenizer", help="tokenizer folder, when the checkpoint folder has none")
+    parser.add_argument("--public", action="store_true", help="create a public repository (default: private)")
+    parser.add_argument("--commit-message", default="Upload hf_tiednorm model")
+    parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the token saved by `hf auth login`)")
+    parser.add_argument("--dry-run", metavar="DIR", help="only write the folder that would be uploaded into DIR")
+    parser.add_argument("--metrics", help="JSON file of evaluation metrics for the model card")
+    parser.add_argument("--training", help="JSON file of training settings and budget for the model card")
+    parser.add_argument("--dataset", help="Hub id of the data set, for the model card")
+    parser.add_argument("--languages", nargs="+", help="ISO language codes, for the model card")
+    args = parser.parse_args(argv)
+    result = push_to_hub(
+        args.checkpoint,
+        args.repo_id,
+        tokenizer=args.tokenizer,
+        private=not args.public,
+        commit_message=args.commit_message,
+        token=args.token,
+        dry_run_dir=args.dry_run,
+        metrics=read_json_object(args.metrics, "--metrics"),
+        dataset=args.dataset,
+        languages=args.languages,
+        training=read_json_object(args.training, "--training"),
+    )
+    print(f"wrote the upload folder {result}" if args.dry_run else f"uploaded: {result.commit_url}")
+
+
+if __name__ == "__main__":
+    main()

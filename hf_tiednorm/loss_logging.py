@@ -1,0 +1,85 @@
+"""Log each term of the model's loss (cross-entropy, projection and weight-norm penalties) next to ``loss``.
+
+transformers' ``Trainer`` logs only the total ``loss`` (as of v5 there is no built-in hook for auxiliary loss
+terms; huggingface/transformers#45270 and #45558 propose one), and its documented extension points are
+``compute_loss`` and ``log`` ("Subclass and override"). This mixin overrides exactly those two; the scripts in
+scripts/ train with ``TiedNormTrainer`` and ``TiedNormSeq2SeqTrainer``, which put it in front of the HF classes::
+
+    class TiedNormSeq2SeqTrainer(LossTermsLoggingMixin, Seq2SeqTrainer): ...
+
+Every training log then carries ``cross_entropy`` and each enabled penalty, averaged over the same optimizer
+steps as ``loss``, so that ``loss == cross_entropy + projection_penalty + weight_norm_penalty`` in the logs too.
+
+An evaluation loss is the mean cross-entropy plus the same penalties (they depend on the weights only, not on the
+batch); ``penalty_terms`` gives them, and ``add_perplexity`` takes the perplexity of the cross-entropy alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import Seq2SeqTrainer, Trainer
+from transformers.trainer_pt_utils import nested_gather
+
+from .regularizers import LOSS_TERMS
+
+
+class LossTermsLoggingMixin:
+    """Put before ``Trainer`` (or ``Seq2SeqTrainer``) in the bases of a Trainer class."""
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(
+            model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
+        )
+        if model.training and isinstance(outputs, dict):
+            sums = self.__dict__.setdefault("_loss_term_sums", {})
+            if not sums:  # the first micro-batch since the last log: remember the last completed step
+                self._loss_terms_last_step = self.state.global_step
+            # The Trainer divides a per-batch loss by the accumulation steps; a loss normalized by
+            # num_items_in_batch is already a share of the step (see TiedNormLMMixin.compose_loss).
+            divisor = 1 if num_items_in_batch is not None else self.current_gradient_accumulation_steps
+            for name in LOSS_TERMS:
+                if outputs.get(name) is not None:
+                    term = outputs[name].detach().float() / divisor
+                    sums[name] = sums.get(name, 0.0) + term
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        sums = self.__dict__.get("_loss_term_sums")
+        if "loss" in logs and sums:  # a training log: average the terms over the steps since the last one
+            # Counted from the first step that added to the sums (not from 0), so a resumed run averages right too.
+            steps = max(self.state.global_step - self._loss_terms_last_step, 1)
+            for name, total in sums.items():
+                logs[name] = nested_gather(torch.as_tensor(total), self.args.parallel_mode).mean().item() / steps
+            sums.clear()
+        super().log(logs, start_time)
+
+
+@torch.no_grad()
+def penalty_terms(model) -> dict[str, float]:
+    """The enabled penalties of ``model``'s loss (``projection_penalty``, ``weight_norm_penalty``) at its current
+    weights, as they enter a loss without gradient accumulation (an evaluation loss)."""
+    weight = next(model.parameters())
+    # targets only weigh the penalties under gradient accumulation (num_items_in_batch), which is not the case here.
+    _, terms = model.compose_loss(torch.zeros((), device=weight.device), targets=None)
+    return {name: float(value) for name, value in terms.items() if name != "cross_entropy"}
+
+
+def add_perplexity(metrics: dict[str, float], prefix: str, model) -> None:
+    """Add ``{prefix}_cross_entropy`` (``{prefix}_loss`` without ``model``'s penalties) and ``{prefix}_perplexity``
+    (its exp, capped at exp(50) so that a diverged run still writes a finite number) to evaluation ``metrics``."""
+    cross_entropy = metrics[f"{prefix}_loss"] - sum(penalty_terms(model).values())
+    metrics[f"{prefix}_cross_entropy"] = cross_entropy
+    metrics[f"{prefix}_perplexity"] = math.exp(min(cross_entropy, 50.0))
+
+
+class TiedNormTrainer(LossTermsLoggingMixin, Trainer):
+    """``Trainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_clm.py)."""
+
+
+class TiedNormSeq2SeqTrainer(LossTermsLoggingMixin, Seq2SeqTrainer):
+    """``Seq2SeqTrainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_translation.py)."""
+
+
+__all__ = ["LossTermsLoggingMixin", "TiedNormSeq2SeqTrainer", "TiedNormTrainer", "add_perplexity", "penalty_terms"]

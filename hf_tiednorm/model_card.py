@@ -1,0 +1,336 @@
+"""Model cards (README.md) for saved ``hf_tiednorm`` checkpoints.
+
+``write_model_card(folder, ...)`` reads the folder's ``config.json`` and renders the Jinja template in
+``model_cards/`` with ``huggingface_hub.ModelCard``: front matter (library, pipeline tag, tags, languages,
+datasets, license, ``model-index`` with sacreBLEU / perplexity results) and a body with the scoring mode and its
+equation, the tie topology, any regularizer fields, training data and budget, loading instructions, the
+embedding-norm histogram when present, and BibTeX citations.
+
+CLI::
+
+    python -m hf_tiednorm.model_card runs/cosine --dataset bentrevett/multi30k --languages de en \
+        --metrics runs/cosine/test_results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from safetensors import safe_open
+from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
+
+from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+
+TEMPLATE_NAME = "tiednorm_model_card.md"
+# model_type -> (the HF parent config, the architecture named on the card)
+FAMILIES = {
+    TiedNormSeq2SeqConfig.model_type: (MarianConfig, "Marian-style encoder-decoder"),
+    TiedNormBartConfig.model_type: (BartConfig, "BART-style encoder-decoder"),
+    TiedNormCausalConfig.model_type: (LlamaConfig, "Llama-style causal language model"),
+}
+# Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
+EMBEDDING_NORM_PLOT = "embedding_norms.png"
+
+MODE_EQUATIONS = {
+    "baseline": ("s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"),
+    "l2": ("s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too", "Liu, Zhai & Chen (2020), eq. 19"),
+    "square": ("s_i = w_i·h / ‖w_i‖²", "Liu, Zhai & Chen (2020), eq. 22"),
+    "distance": ("s_i = w_i·h − ½‖w_i‖²", "Liu, Zhai & Chen (2020), eq. 26"),
+    "cosine": ("s_i = w_i·h / ‖w_i‖", "Liu, Zhai & Chen (2020), eq. 27"),
+}
+TIE_TOPOLOGY_TEXT = {
+    "three_way": "three-way: encoder input = decoder input = output embedding",
+    "decoder": "decoder: decoder input = output embedding; the encoder has its own",
+    "untied": "untied: three separate matrices (the head mode applies to the output matrix)",
+}
+LIU_ET_AL_BIBTEX = """@article{liu2020normalization,
+  title   = {Normalization of Input-output Shared Embeddings in Text Generation Models},
+  author  = {Liu, Jinyang and Zhai, Yujia and Chen, Zizhong},
+  journal = {arXiv preprint arXiv:2001.07885},
+  year    = {2020}
+}"""
+PRESS_WOLF_BIBTEX = """@inproceedings{press2017using,
+  title     = {Using the Output Embedding to Improve Language Models},
+  author    = {Press, Ofir and Wolf, Lior},
+  booktitle = {Proceedings of the 15th Conference of the European Chapter of the Association for Computational
+               Linguistics: Volume 2, Short Papers},
+  pages     = {157--163},
+  year      = {2017}
+}"""
+# Prefixes the Trainer puts on metric names, and the dataset split each one means.
+_SPLIT_PREFIXES = {"eval_": "validation", "validation_": "validation", "test_": "test", "predict_": "test"}
+_BLEU_NAMES = ("bleu", "sacrebleu")
+_SIGNATURE_NAMES = ("bleu_signature", "sacrebleu_signature", "signature")
+_PERPLEXITY_NAMES = ("perplexity", "ppl")
+
+
+def template_path() -> Path:
+    """The card template: inside the installed package if shipped there, else in the source checkout."""
+    package_dir = Path(__file__).resolve().parent
+    for candidate in (package_dir / "model_cards" / TEMPLATE_NAME, package_dir.parent / "model_cards" / TEMPLATE_NAME):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"model card template {TEMPLATE_NAME!r} not found in {package_dir / 'model_cards'} nor "
+        f"{package_dir.parent / 'model_cards'}; reinstall hf_tiednorm with its package data"
+    )
+
+
+def _split_metric_name(key: str) -> tuple[str | None, str]:
+    for prefix, split in _SPLIT_PREFIXES.items():
+        if key.startswith(prefix):
+            return split, key[len(prefix) :]
+    return None, key
+
+
+def _parse_metrics(metrics: dict[str, Any]) -> tuple[list[tuple[str | None, str, float]], str | None]:
+    """[(split, name, value)] of the numeric metrics (names normalized) and the sacreBLEU signature if given."""
+    results, signature = [], None
+    for key, value in metrics.items():
+        split, name = _split_metric_name(key.lower())
+        if name in _SIGNATURE_NAMES:
+            signature = str(value)
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"metric {key!r} must be a number (or the sacreBLEU signature string), got {value!r}")
+        if name in _BLEU_NAMES:
+            name = "sacrebleu"
+        elif name in _PERPLEXITY_NAMES:
+            name = "perplexity"
+        results.append((split, name, float(value)))
+    return results, signature
+
+
+def _eval_results(
+    results: list[tuple[str | None, str, float]], signature: str | None, dataset: str, is_encoder_decoder: bool
+) -> list[EvalResult]:
+    """model-index entries: sacreBLEU (with its signature) and perplexity; other metrics stay in the body."""
+    task_type, task_name = (
+        ("translation", "Translation") if is_encoder_decoder else ("text-generation", "Text Generation")
+    )
+    entries = []
+    for split, name, value in results:
+        if name == "sacrebleu":
+            entries.append(
+                EvalResult(
+                    task_type=task_type,
+                    task_name=task_name,
+                    dataset_type=dataset,
+                    dataset_name=dataset,
+                    dataset_split=split,
+                    metric_type="sacrebleu",
+                    metric_name="sacreBLEU",
+                    metric_value=round(value, 2),
+                    metric_config=signature,
+                )
+            )
+        elif name == "perplexity":
+            entries.append(
+                EvalResult(
+                    task_type=task_type,
+                    task_name=task_name,
+                    dataset_type=dataset,
+                    dataset_name=dataset,
+                    dataset_split=split,
+                    metric_type="perplexity",
+                    metric_name="Perplexity",
+                    metric_value=round(value, 3),
+                )
+            )
+    return entries
+
+
+def _regularizer_fields(config: TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig) -> dict[str, Any]:
+    """Config fields that are neither the HF parent's nor the head's/topology's: regularizers and the like.
+
+    Found generically so that fields added later (projection, weight-norm penalties, ...) appear on the card.
+    """
+    parent = FAMILIES[config.model_type][0]()
+    known = set(parent.to_dict()) | {
+        "head_mode", "logit_scale", "logit_scale_init", "norm_eps", "label_smoothing", "tie_topology",
+        "share_encoder_decoder_embeddings", "auto_map", "architectures", "transformers_version", "model_type",
+        "_name_or_path", "dtype",
+    }  # fmt: skip
+    return {name: value for name, value in sorted(config.to_dict().items()) if name not in known}
+
+
+def _logit_scale_text(config) -> str:
+    if config.logit_scale == "none":
+        return "none"
+    hidden_size = config.d_model if config.is_encoder_decoder else config.hidden_size
+    g = config.logit_scale_init if config.logit_scale_init is not None else math.sqrt(hidden_size)
+    return {
+        "fixed": f"fixed g = {g:.4g}",
+        "scalar": f"one learned g (initialized to {g:.4g})",
+        "vector": f"a learned g_i per token (initialized to {g:.4g})",
+    }[config.logit_scale]
+
+
+def _num_parameters(folder: Path) -> str:
+    """Stored parameter count, read from the safetensors headers (a tied matrix is stored once)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return "unknown (no safetensors weights in the folder)"
+    total = 0
+    for file in files:
+        with safe_open(file, framework="pt") as weights:
+            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118 (safe_open is no dict)
+    return f"{total / 1e6:.2f}M" if total >= 1e5 else f"{total:,}"
+
+
+def load_tiednorm_config(
+    folder: str | os.PathLike,
+) -> TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig:
+    """The checkpoint's config, refusing folders that are not hf_tiednorm checkpoints."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; pass a folder written by save_pretrained")
+    config = AutoConfig.from_pretrained(folder)
+    if config.model_type not in FAMILIES:
+        raise ValueError(
+            f"{folder} holds a {config.model_type!r} model, not an hf_tiednorm one (one of {sorted(FAMILIES)}); "
+            "convert it first with `python -m hf_tiednorm.convert`"
+        )
+    return config
+
+
+def render_model_card(
+    folder: str | os.PathLike,
+    *,
+    metrics: dict[str, Any] | None = None,
+    dataset: str | None = None,
+    languages: list[str] | None = None,
+    training: dict[str, Any] | None = None,
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+) -> ModelCard:
+    """The model card of a saved checkpoint folder, without writing it. See ``write_model_card``."""
+    folder = Path(folder)
+    config = load_tiednorm_config(folder)
+    results, signature = _parse_metrics(metrics or {})
+    if results and dataset is None:
+        raise ValueError("metrics were given without `dataset`: the model-index needs the evaluation dataset's id")
+    repo_id = repo_id or folder.resolve().name
+    model_name = repo_id.split("/")[-1]
+    is_encoder_decoder = config.is_encoder_decoder
+    mode_equation, mode_reference = MODE_EQUATIONS[config.head_mode]
+    tags = ["tiednorm", config.head_mode, "translation" if is_encoder_decoder else "text-generation"]
+    if is_encoder_decoder:
+        tie_topology = TIE_TOPOLOGY_TEXT[config.tie_topology]
+    else:
+        tie_topology = "input = output embedding" if config.tie_word_embeddings else "untied"
+    tied = config.tie_word_embeddings
+    citations = ([LIU_ET_AL_BIBTEX] if config.head_mode != "baseline" else []) + ([PRESS_WOLF_BIBTEX] if tied else [])
+
+    card_data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="translation" if is_encoder_decoder else "text-generation",
+        tags=tags,
+        language=languages,
+        datasets=[dataset] if dataset else None,
+        license=license,
+        model_name=model_name,
+        eval_results=_eval_results(results, signature, dataset, is_encoder_decoder) or None,
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path()),
+        model_name=model_name,
+        repo_id=repo_id,
+        architecture=FAMILIES[config.model_type][1],
+        is_encoder_decoder=is_encoder_decoder,
+        auto_class="AutoModelForSeq2SeqLM" if is_encoder_decoder else "AutoModelForCausalLM",
+        head_mode=config.head_mode,
+        mode_equation=mode_equation,
+        mode_reference=mode_reference,
+        logit_scale=_logit_scale_text(config),
+        tie_topology=tie_topology,
+        label_smoothing=config.label_smoothing,
+        num_parameters=_num_parameters(folder),
+        vocab_size=config.vocab_size,
+        regularizers=_regularizer_fields(config),
+        dataset=dataset,
+        language=languages,
+        training=training or {},
+        results={f"{name} ({split})" if split else name: f"{value:g}" for split, name, value in results},
+        bleu_signature=signature,
+        norm_plot=EMBEDDING_NORM_PLOT if (folder / EMBEDDING_NORM_PLOT).is_file() else None,
+        citations=citations,
+    )
+
+
+def write_model_card(
+    folder: str | os.PathLike,
+    *,
+    metrics: dict[str, Any] | None = None,
+    dataset: str | None = None,
+    languages: list[str] | None = None,
+    training: dict[str, Any] | None = None,
+    repo_id: str | None = None,
+    license: str = "apache-2.0",
+) -> Path:
+    """Render README.md into a saved checkpoint folder and return its path.
+
+    Args:
+        folder: a folder written by ``save_pretrained`` of an hf_tiednorm model.
+        metrics: evaluation results, e.g. the Trainer's ``{"test_bleu": 38.1, "test_bleu_signature": "nrefs:1|...",
+            "eval_loss": 1.9}``. ``bleu``/``sacrebleu`` and ``perplexity``/``ppl`` go into the ``model-index``
+            (the ``eval_``/``test_`` prefix gives the split); every other number is listed in the card's body.
+        dataset: Hub id of the training and evaluation data set, e.g. ``"bentrevett/multi30k"``.
+        languages: ISO codes of the languages, e.g. ``["de", "en"]``.
+        training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
+        repo_id: Hub repository the card describes (used in the loading snippet); defaults to the folder name.
+        license: license identifier of the weights.
+    """
+    card = render_model_card(
+        folder, metrics=metrics, dataset=dataset, languages=languages, training=training, repo_id=repo_id,
+        license=license,
+    )  # fmt: skip
+    path = Path(folder) / "README.md"
+    # Write next to the target and rename, so an interrupted write never leaves a truncated card.
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+        tmp.write(str(card))
+    os.replace(tmp.name, path)
+    return path
+
+
+def read_json_object(path: str | None, what: str) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise TypeError(f"{what} file {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Render README.md (model card) into a saved hf_tiednorm folder.")
+    parser.add_argument("folder", help="checkpoint folder written by save_pretrained")
+    parser.add_argument("--metrics", help="JSON file of evaluation metrics (e.g. the Trainer's test_results.json)")
+    parser.add_argument("--training", help="JSON file of training settings and budget")
+    parser.add_argument("--dataset", help="Hub id of the data set, e.g. bentrevett/multi30k")
+    parser.add_argument("--languages", nargs="+", help="ISO language codes, e.g. de en")
+    parser.add_argument("--repo-id", help="Hub repository id used in the loading snippet")
+    parser.add_argument("--license", default="apache-2.0")
+    args = parser.parse_args(argv)
+    path = write_model_card(
+        args.folder,
+        metrics=read_json_object(args.metrics, "--metrics"),
+        dataset=args.dataset,
+        languages=args.languages,
+        training=read_json_object(args.training, "--training"),
+        repo_id=args.repo_id,
+        license=args.license,
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

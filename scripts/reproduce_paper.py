@@ -1,0 +1,532 @@
+#!/usr/bin/env python
+"""The paper's comparison as a resumable grid of training runs, three grids in all:
+
+- translation: the 5 head modes × seeds on Multi30k de→en (sacreBLEU, beam search with a fixed length penalty, on
+  val and test_2016_flickr; the embedding-norm histogram of each mode);
+- clm: causal-LM perplexity on Multi30k English, baseline / cosine / l2 × tied / untied;
+- techniques: the causal LM, plain tied baseline vs +projection regularization, +weight-norm initialization,
+  +weight-norm regularization, adaptive input + softmax, and adaptive + cosine.
+
+Every cell is one run of scripts/run_translation.py or scripts/run_clm.py in a subprocess (--workers of them at a
+time); its result is appended as one JSON line to --results. A cell whose key (grid, variant, seed and a hash of
+the grid's budget) already has an "ok" row is skipped, so rerunning the same command resumes the grid; changing
+the budget starts new cells. The Trainer uses CUDA by itself when there is a GPU.
+
+    python scripts/reproduce_paper.py --budget reduced                         # run / resume (2-core CPU)
+    python scripts/reproduce_paper.py --budget full --workers 8                # GPU box: the README recipe
+    python scripts/reproduce_paper.py --budget full --report_only true         # tables, verdicts, histogram PNG
+
+Order: every cell of the chosen grids with --seeds, then --extra_seeds for the translation baseline and the best
+mode by mean test BLEU (--extra_seeds_all true: extra seeds for every cell of every grid, scheduled at once).
+--max_minutes stops starting cells after that long, so a grid can be run in slices of limited length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("baseline", "l2", "square", "distance", "cosine")
+CLM_MODES = ("baseline", "cosine", "l2")
+GRIDS = ("translation", "clm", "techniques")
+BUDGETS = ("smoke", "reduced", "full")
+# The full translation budget is the README main-job recipe, read from its config so that the two cannot drift.
+MAIN_JOB_CONFIG = ROOT / "scripts" / "configs" / "multi30k_de_en.yaml"
+# Config keys that are per cell or per machine, not part of the budget.
+PER_CELL_KEYS = ("output_dir", "head_mode", "seed", "num_threads", "dataset_name", "save_strategy", "save_total_limit")
+# What the grid reads from a finished run's all_results.json.
+METRICS = ("eval_bleu", "test_bleu", "eval_gen_len", "test_gen_len", "eval_loss", "test_loss", "eval_perplexity",
+           "test_perplexity", "train_loss", "train_runtime")
+# Per grid: the metric ranked (test split), its validation twin, whether higher is better, and the reference group.
+PRIMARY = {
+    "translation": ("test_bleu", "eval_bleu", True, "baseline"),
+    "clm": ("test_perplexity", "eval_perplexity", False, "baseline-tied"),
+    "techniques": ("test_perplexity", "eval_perplexity", False, "baseline"),
+}
+
+
+@dataclass
+class GridArguments:
+    # Which grids to run (comma-separated): translation, clm, techniques.
+    grids: str = field(default=",".join(GRIDS))
+    # Budget preset shared by every cell of a grid: smoke (seconds), reduced (2-core CPU), full (README recipe).
+    budget: str = field(default="reduced", metadata={"help": f"one of {BUDGETS}"})
+    # Multi30k folder with train/val/test_2016_flickr.{de,en}.gz; relative paths are taken from the repo root.
+    data_dir: str = field(default="../shared/data/multi30k")
+    # JSONL of finished cells (one row a cell, appended).
+    results: str = field(default="results/paper_grid.jsonl")
+    # One output folder per cell (gitignored); a half-done folder is wiped when its cell reruns.
+    runs_dir: str = field(default="runs/paper")
+    # Translation modes to run.
+    modes: str = field(default=",".join(MODES))
+    # Seeds run for every cell of every chosen grid.
+    seeds: str = field(default="0")
+    # Further translation seeds for the baseline and the best mode (by mean test BLEU over --seeds).
+    extra_seeds: str = field(default="1,2")
+    # Run --extra_seeds for every cell of every grid at once instead (no wait for the best mode; suits --workers).
+    extra_seeds_all: bool = field(default=False)
+    # Cells run at the same time (each a subprocess).
+    workers: int = field(default=1)
+    # torch CPU threads per cell; None: the machine's cores divided by --workers.
+    num_threads: int | None = field(default=None)
+    # Start no new cell after this many minutes (running ones finish; the rest wait for the next resume): fits the
+    # grid into commands of limited length, e.g. 10-minute calls on a borrowed GPU machine. None: no limit.
+    max_minutes: float | None = field(default=None)
+    # σ of the weight-norm initialization ‖w_k‖ = σ·log(max(c_k, 2)). With the full budget's 8k BPE vocabulary on
+    # Multi30k English the mean of log(max(c_k, 2)) is 2.26, so σ = 0.14 keeps the mean initial row norm at the
+    # default init's 0.02·√256 = 0.32: the input side sees embeddings of the usual scale, only their spread now
+    # follows frequency (rare tokens 0.10, "a" with 3.2·10⁴ occurrences 1.45).
+    wn_init_sigma: float = field(default=0.14)
+    # Only rebuild the report (tables, verdicts, PNG) from --results for --budget.
+    report_only: bool = field(default=False)
+    # Report outputs: the summary JSON; the Markdown and PNG are written next to it (same stem).
+    report_json: str = field(default="results/paper_summary.json")
+
+    def __post_init__(self):
+        if self.budget not in BUDGETS:
+            raise ValueError(f"--budget must be one of {BUDGETS}, got {self.budget!r}")
+        unknown = set(self.grid_list()) - set(GRIDS)
+        if unknown:
+            raise ValueError(f"--grids: unknown {sorted(unknown)}; choose from {GRIDS}")
+        unknown = set(self.mode_list()) - set(MODES)
+        if unknown:
+            raise ValueError(f"--modes: unknown {sorted(unknown)}; choose from {MODES}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+
+    def grid_list(self) -> list[str]:
+        return [g for g in self.grids.split(",") if g]
+
+    def mode_list(self) -> list[str]:
+        return [m for m in self.modes.split(",") if m]
+
+    def threads(self) -> int:
+        return self.num_threads or max(1, (os.cpu_count() or 1) // self.workers)
+
+
+# ---------------------------------------------------------------- budgets
+def translation_budget(name: str) -> dict:
+    """run_translation.py flags shared by every translation cell."""
+    if name == "full":
+        recipe = yaml.safe_load(MAIN_JOB_CONFIG.read_text())
+        return {k: v for k, v in recipe.items() if k not in PER_CELL_KEYS}
+    common = {
+        "source_lang": "de", "target_lang": "en", "tie_topology": "three_way", "label_smoothing": 0.1,
+        "do_train": True, "do_eval": True, "do_predict": True, "predict_with_generate": True,
+        "length_penalty": 1.0, "lr_scheduler_type": "inverse_sqrt", "adam_beta2": 0.98, "max_grad_norm": 1.0,
+        "train_sampling_strategy": "group_by_length", "eval_strategy": "no", "report_to": "none",
+    }
+    # About 10 minutes per cell on one CPU thread; full val and test sets. 1000 steps ≈ 2.2 epochs: at 300 steps
+    # every mode still emitted one generic sentence for every input (BLEU ≈ 2), which compares nothing.
+    if name == "reduced":
+        return {**common, "vocab_size": 4000, "d_model": 128, "encoder_layers": 2, "decoder_layers": 2,
+                "encoder_ffn_dim": 512, "decoder_ffn_dim": 512, "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4, "dropout": 0.1, "max_steps": 1000, "per_device_train_batch_size": 64,
+                "per_device_eval_batch_size": 64, "learning_rate": 2e-3, "warmup_steps": 200,
+                "generation_num_beams": 4, "generation_max_length": 64, "logging_steps": 50}
+    # smoke: seconds per cell; checks the plumbing only
+    return {**common, "vocab_size": 300, "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+            "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+            "dropout": 0.0, "max_train_samples": 300, "max_eval_samples": 20, "max_predict_samples": 20,
+            "max_source_length": 32, "max_target_length": 32, "max_steps": 4, "per_device_train_batch_size": 16,
+            "per_device_eval_batch_size": 20, "learning_rate": 1e-3, "warmup_steps": 1, "generation_num_beams": 2,
+            "generation_max_length": 16, "logging_steps": 2, "dataloader_pin_memory": False}
+
+
+def clm_budget(name: str) -> dict:
+    """run_clm.py flags shared by every causal-LM cell (clm and techniques grids)."""
+    common = {"do_train": True, "do_eval": True, "lr_scheduler_type": "cosine", "eval_strategy": "no",
+              "report_to": "none", "num_attention_heads": 4}
+    if name == "full":  # the translation decoder's size; 10 epochs of Multi30k English (≈ 100 steps an epoch)
+        return {**common, "vocab_size": 8000, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 3,
+                "block_size": 128, "num_train_epochs": 10, "per_device_train_batch_size": 32,
+                "per_device_eval_batch_size": 64, "learning_rate": 1e-3, "warmup_steps": 100, "logging_steps": 50}
+    if name == "reduced":
+        return {**common, "vocab_size": 4000, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+                "block_size": 64, "max_steps": 200, "per_device_train_batch_size": 32,
+                "per_device_eval_batch_size": 32, "learning_rate": 2e-3, "warmup_steps": 50, "logging_steps": 50}
+    return {**common, "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "block_size": 32, "max_train_samples": 300, "max_eval_samples": 50,
+            "max_steps": 4, "per_device_train_batch_size": 8, "per_device_eval_batch_size": 16, "learning_rate": 1e-3,
+            "warmup_steps": 1, "logging_steps": 2, "dataloader_pin_memory": False}
+
+
+def technique_flags(vocab_size: int, wn_init_sigma: float) -> dict[str, dict]:
+    """run_clm.py flags of each technique on top of the tied baseline LM (papers' hyper-parameters)."""
+    # Adaptive bands: the most frequent quarter of the vocabulary at full width, the next half at d/4, the rest
+    # at d/16 (8k vocabulary: 2000,6000; Baevski & Auli's k = 4 shrink factor).
+    cutoffs = f"{vocab_size // 4},{3 * vocab_size // 4}"
+    adaptive = {"adaptive_cutoffs": cutoffs, "adaptive_div_value": 4.0, "adaptive_tie_projections": True}
+    return {
+        "baseline": {"head_mode": "baseline"},
+        "projection_reg": {"head_mode": "baseline", "projection_regularization": 0.15},
+        "wn_init": {"head_mode": "baseline", "weight_norm_init_sigma": wn_init_sigma},
+        "wn_reg": {"head_mode": "baseline", "weight_norm_regularization": 1e-3, "weight_norm_target": 2.0},
+        "adaptive": {"head_mode": "baseline", **adaptive},
+        "adaptive_cosine": {"head_mode": "cosine", **adaptive},
+    }
+
+
+def grid_budget(grid: str, args: GridArguments) -> dict:
+    """Everything that must be equal across the cells of one grid (hashed into the cell keys)."""
+    if grid == "translation":
+        return {"preset": args.budget, **translation_budget(args.budget)}
+    budget = {"preset": args.budget, **clm_budget(args.budget)}
+    if grid == "techniques":
+        budget["techniques"] = technique_flags(budget["vocab_size"], args.wn_init_sigma)
+    return budget
+
+
+# ---------------------------------------------------------------- pure logic (tests/test_reproduce_paper.py)
+def budget_hash(budget: dict) -> str:
+    return hashlib.sha1(json.dumps(budget, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def cell_key(grid: str, variant: str, seed: int, budget: dict) -> str:
+    return f"{grid}-{variant}-s{seed}-{budget_hash(budget)}"
+
+
+def make_cell(grid: str, variant: str, seed: int, budget: dict, flags: dict) -> dict:
+    """One grid cell: ``variant`` names its group in the report; ``flags`` are its run-specific script flags."""
+    return {"key": cell_key(grid, variant, seed, budget), "grid": grid, "variant": variant, "seed": seed,
+            "budget": budget["preset"], "budget_hash": budget_hash(budget), "flags": flags}
+
+
+def load_rows(path: Path) -> list[dict]:
+    """Rows of the JSONL; a truncated line (a run killed mid-write) is ignored."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+_APPEND_LOCK = threading.Lock()
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append one row as one write of one line (O_APPEND), under a lock; if the file ends in a truncated line, the
+    row starts on a fresh line so that it is not glued onto the broken one."""
+    with _APPEND_LOCK:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            broken = size > 0 and Path(path).read_bytes()[-1:] != b"\n"
+            os.write(fd, (("\n" if broken else "") + json.dumps(row) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def pending(cells: list[dict], rows: list[dict]) -> list[dict]:
+    """Cells without an "ok" row (failed cells run again)."""
+    done = {row.get("key") for row in rows if row.get("status") == "ok"}
+    return [cell for cell in cells if cell["key"] not in done]
+
+
+def mean_std(values: list[float]) -> dict:
+    return {
+        "mean": statistics.fmean(values) if values else math.nan,
+        "std": statistics.stdev(values) if len(values) > 1 else math.nan,
+        "n": len(values),
+    }
+
+
+def summarize(rows: list[dict], grid: str, metric: str, budget_hash_: str) -> dict[str, dict]:
+    """{variant: mean/std/n of metric} over the ok rows of one grid and budget."""
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        if (row.get("status") == "ok" and row.get("grid") == grid and row.get("budget_hash") == budget_hash_
+                and row.get(metric) is not None):
+            groups.setdefault(row["variant"], []).append(float(row[metric]))
+    return {variant: mean_std(values) for variant, values in groups.items()}
+
+
+def verdict(summary: dict[str, dict], reference: str, higher_is_better: bool) -> dict[str, dict]:
+    """Per variant: difference of means to the reference, whether it is an improvement, and whether it exceeds the
+    seed spread, i.e. |diff| > combined std √(s_ref² + s_variant²) (the spread of the difference of two single
+    runs); None when either side has a single seed."""
+    ref = summary.get(reference)
+    if ref is None:
+        return {}
+    out = {}
+    for variant, stats in summary.items():
+        if variant == reference:
+            continue
+        diff = stats["mean"] - ref["mean"]
+        spread = math.sqrt(stats["std"] ** 2 + ref["std"] ** 2)
+        out[variant] = {
+            "diff": diff,
+            "better": diff > 0 if higher_is_better else diff < 0,
+            "combined_std": None if math.isnan(spread) else spread,
+            "exceeds_seed_spread": None if math.isnan(spread) else abs(diff) > spread,
+        }
+    return out
+
+
+def verdict_sentences(verdicts: dict[str, dict], reference: str, metric: str) -> list[str]:
+    """Plain-language lines for the report."""
+    lines = []
+    for variant, v in verdicts.items():
+        word = "beats" if v["better"] else "does not beat"
+        if v["exceeds_seed_spread"] is None:
+            spread = "seed spread unknown (one seed on a side)"
+        else:
+            side = "beyond" if v["exceeds_seed_spread"] else "within"
+            spread = f"{side} the seed spread (combined std {v['combined_std']:.2f})"
+        lines.append(f"- {variant} {word} {reference}: {metric} {v['diff']:+.2f}, {spread}")
+    return lines
+
+
+def best_variant(summary: dict[str, dict], reference: str, higher_is_better: bool) -> str | None:
+    """The non-reference variant with the best mean."""
+    candidates = [v for v in summary if v != reference and not math.isnan(summary[v]["mean"])]
+    if not candidates:
+        return None
+    sign = 1 if higher_is_better else -1
+    return max(candidates, key=lambda v: sign * summary[v]["mean"])
+
+
+# ---------------------------------------------------------------- cells and runs
+def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[str] | None = None) -> list[dict]:
+    """The cells of one grid for ``seeds`` (all its variants, or only ``variants``)."""
+    budget = grid_budget(grid, args)
+    if grid == "translation":
+        table = {mode: {"head_mode": mode} for mode in args.mode_list()}
+    elif grid == "clm":
+        table = {f"{mode}-{'tied' if tied else 'untied'}": {"head_mode": mode, "tie_word_embeddings": tied}
+                 for tied in (True, False) for mode in CLM_MODES}
+    else:
+        table = budget["techniques"]
+    chosen = [v for v in table if variants is None or v in variants]
+    return [make_cell(grid, v, s, budget, table[v]) for s in seeds for v in chosen]
+
+
+def data_dir(args: GridArguments) -> Path:
+    path = Path(args.data_dir)
+    return path if path.is_absolute() else (ROOT / path).resolve()
+
+
+def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
+    data = data_dir(args)
+    if cell["grid"] == "translation":
+        script = "run_translation.py"
+        files = {f"{split}_file": str(data / f"{name}.{{lang}}.gz")
+                 for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
+        budget = translation_budget(args.budget)
+    else:
+        script = "run_clm.py"
+        files = {f"{split}_file": str(data / f"{name}.en.gz")
+                 for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
+        budget = clm_budget(args.budget)
+    flags = {**budget, **files, **cell["flags"], "output_dir": out, "seed": cell["seed"],
+             "num_threads": args.threads(), "save_strategy": "no", "dataset_name": "bentrevett/multi30k"}
+    argv = [sys.executable, str(ROOT / "scripts" / script)]
+    for name, value in flags.items():
+        argv += [f"--{name}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return argv
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def embedding_norms(folder: Path) -> dict:
+    """Row norms of the output (tied) embedding of a saved model: summary and a 40-bin histogram; {} when the model
+    has no single output matrix (adaptive softmax bands)."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return {}
+    state = load_file(str(path))
+    for name in ("lm_head.weight", "model.shared.weight", "model.decoder.embed_tokens.weight",
+                 "model.embed_tokens.weight"):
+        if name in state:
+            norms = torch.linalg.vector_norm(state[name].float(), dim=-1)
+            break
+    else:
+        return {}
+    top = float(norms.max())
+    quantiles = torch.quantile(norms, torch.tensor([0.05, 0.5, 0.95])).tolist()
+    return {"mean": float(norms.mean()), "std": float(norms.std()), "q05": quantiles[0], "median": quantiles[1],
+            "q95": quantiles[2], "hist_max": top, "hist_counts": torch.histc(norms, bins=40, min=0.0, max=top).tolist()}
+
+
+def run_cell(args: GridArguments, cell: dict, device: str) -> dict:
+    out = ROOT / args.runs_dir / cell["key"]
+    if out.exists():
+        shutil.rmtree(out)  # a cell killed half-way starts over (no checkpoints: they would cost more than they save)
+    out.mkdir(parents=True)
+    argv = command(args, cell, out)
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    start = time.monotonic()
+    with open(out / "run.log", "w") as log:
+        rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    row = {**cell, "status": "ok" if rc == 0 else f"failed rc={rc}", "wall_minutes": (time.monotonic() - start) / 60,
+           "device": device, "num_threads": args.threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+           "command": " ".join(argv[1:])}
+    results = out / "all_results.json"
+    if rc == 0 and results.is_file():
+        metrics = json.loads(results.read_text())
+        row.update({name: metrics[name] for name in METRICS if name in metrics})
+        row["embedding_norms"] = embedding_norms(out)
+    elif rc == 0:
+        row["status"] = "failed: no all_results.json"
+    if row["status"] != "ok":
+        row["log_tail"] = (out / "run.log").read_text(errors="replace").splitlines()[-15:]
+    return row
+
+
+def run_cells(args: GridArguments, cells: list[dict], results: Path) -> None:
+    """Run the pending cells, --workers at a time; each appends its row as soon as it finishes."""
+    todo = pending(cells, load_rows(results))
+    print(f"{len(cells) - len(todo)} of {len(cells)} cells already done; running {len(todo)} with "
+          f"{args.workers} worker(s) × {args.threads()} thread(s)", flush=True)
+    device = device_name()
+    deadline = math.inf if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
+
+    def work(cell: dict) -> None:
+        if time.monotonic() > deadline:
+            print(f"[{time.strftime('%H:%M:%S')}] --max_minutes reached: {cell['key']} left for the next resume",
+                  flush=True)
+            return
+        print(f"[{time.strftime('%H:%M:%S')}] start {cell['key']}", flush=True)
+        try:
+            row = run_cell(args, cell, device)
+        # One cell's broken post-processing must not stop the others; its "failed" row makes it rerun on resume.
+        except Exception as error:  # noqa: BLE001
+            row = {**cell, "status": f"failed: {type(error).__name__}: {error}"[:500], "wall_minutes": 0.0,
+                   "device": device}
+        append_row(results, row)
+        shown = {k: round(row[k], 3) for k in ("eval_bleu", "test_bleu", "test_perplexity") if k in row}
+        print(f"[{time.strftime('%H:%M:%S')}] {row['status']} {cell['key']} {shown} ({row['wall_minutes']:.1f} min)",
+              flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        list(pool.map(work, todo))  # list(): re-raise what a worker could not record (a failed append)
+
+
+# ---------------------------------------------------------------- report
+def report(args: GridArguments) -> dict:
+    """Tables (mean ± std, n) and verdicts per grid for --budget, written as JSON + Markdown, plus the PNG."""
+    rows = load_rows(ROOT / args.results)
+    summary: dict = {"budget": args.budget, "results": args.results, "grids": {}}
+    markdown = [f"# The paper's comparison, budget `{args.budget}`", ""]
+    for grid in GRIDS:
+        budget = grid_budget(grid, args)
+        metric, val_metric, higher, reference = PRIMARY[grid]
+        test = summarize(rows, grid, metric, budget_hash(budget))
+        if not test:
+            continue
+        order = [cell["variant"] for cell in grid_cells(grid, args, [0])]  # the grid's own order, then the rest
+        test = {v: test[v] for v in sorted(test, key=lambda v: order.index(v) if v in order else len(order))}
+        val = summarize(rows, grid, val_metric, budget_hash(budget))
+        verdicts = verdict(test, reference, higher)
+        devices = sorted({r.get("device", "?") for r in rows if r.get("grid") == grid
+                          and r.get("budget_hash") == budget_hash(budget) and r.get("status") == "ok"})
+        summary["grids"][grid] = {"budget": budget, "budget_hash": budget_hash(budget), "metric": metric,
+                                  "test": test, "val": val, "verdict": verdicts, "devices": devices}
+        name = "BLEU" if grid == "translation" else "perplexity"
+        markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {', '.join(devices)})", "",
+                     f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ test vs {reference} |",
+                     "|---|---|---|---|"]
+        for variant, t in test.items():
+            v = val.get(variant, mean_std([]))
+            diff = verdicts.get(variant, {}).get("diff")
+            markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {'' if diff is None else f'{diff:+.2f}'} |")
+        markdown += ["", *verdict_sentences(verdicts, reference, f"test {name}"), ""]
+    summary["markdown"] = "\n".join(markdown)
+    json_path = ROOT / args.report_json
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(summary, indent=1))
+    json_path.with_suffix(".md").write_text(summary["markdown"] + "\n")
+    translation_hash = budget_hash(grid_budget("translation", args))
+    plot_histograms([r for r in rows if r.get("budget_hash") == translation_hash], json_path.with_suffix(".png"))
+    print(summary["markdown"], flush=True)
+    return summary
+
+
+def _fmt(stats: dict) -> str:
+    std = "–" if math.isnan(stats["std"]) else f"{stats['std']:.2f}"
+    return f"{stats['mean']:.2f} ± {std} ({stats['n']})"
+
+
+def plot_histograms(rows: list[dict], path: Path) -> None:
+    """One embedding-norm histogram per translation mode (its lowest seed)."""
+    hists = {}
+    for row in sorted(rows, key=lambda r: r["seed"]):
+        if row.get("status") == "ok" and row.get("grid") == "translation" and row.get("embedding_norms"):
+            hists.setdefault(row["variant"], row["embedding_norms"])
+    if not hists:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in MODES if m in hists]
+    figure, axes = plt.subplots(1, len(modes), figsize=(3.2 * len(modes), 2.8), squeeze=False)
+    for axis, mode in zip(axes[0], modes):
+        h = hists[mode]
+        width = h["hist_max"] / len(h["hist_counts"])
+        axis.bar([width * (i + 0.5) for i in range(len(h["hist_counts"]))], h["hist_counts"], width=width)
+        axis.set_title(f"{mode} (median {h['median']:.2f})", fontsize=9)
+        axis.set_xlabel("row norm ‖w_i‖")
+    axes[0][0].set_ylabel("tokens")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main() -> None:
+    (args,) = HfArgumentParser(GridArguments).parse_args_into_dataclasses()
+    results = ROOT / args.results
+    started = time.monotonic()
+    if not args.report_only:
+        if not (data_dir(args) / "train.de.gz").is_file():
+            raise FileNotFoundError(f"Multi30k not found in --data_dir {data_dir(args)} (train.de.gz etc.)")
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+        extra = [int(s) for s in args.extra_seeds.split(",") if s]
+        first = seeds + extra if args.extra_seeds_all else seeds
+        run_cells(args, [cell for grid in args.grid_list() for cell in grid_cells(grid, args, first)], results)
+        out_of_time = args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes
+        if extra and not args.extra_seeds_all and "translation" in args.grid_list() and not out_of_time:
+            budget = grid_budget("translation", args)
+            bleu = summarize(load_rows(results), "translation", "test_bleu", budget_hash(budget))
+            best = best_variant(bleu, "baseline", higher_is_better=True)
+            chosen = ["baseline"] + ([best] if best else [])
+            print(f"extra seeds {extra} for {chosen}", flush=True)
+            run_cells(args, grid_cells("translation", args, extra, chosen), results)
+    report(args)
+
+
+if __name__ == "__main__":
+    main()

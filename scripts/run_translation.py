@@ -1,0 +1,329 @@
+#!/usr/bin/env python
+"""Train (from scratch or from a saved checkpoint) and evaluate a TiedNorm encoder-decoder on translation.
+
+    python scripts/run_translation.py scripts/configs/multi30k_de_en.yaml            # one YAML/JSON config file
+    python scripts/run_translation.py scripts/configs/multi30k_de_en.yaml --max_steps 20 --output_dir runs/x
+    python scripts/run_translation.py --output_dir runs/x --head_mode distance --source_lang en --target_lang de
+    ACCELERATE_USE_CPU=true accelerate launch --config_file scripts/accelerate/ddp.yaml scripts/run_translation.py ...
+
+The last line trains on 2 CPU processes (DDP over gloo; on GPUs drop ACCELERATE_USE_CPU and set --num_processes).
+Without ACCELERATE_USE_CPU=true (or --use_cpu true) on a machine without GPUs, the processes would not form one
+group and each would train alone as rank 0; the script refuses to start then. `accelerate launch --cpu
+--num_processes 2` starts only one process (accelerate 1.15). Every rank logs "rank N: trained S steps".
+
+Without --model_name_or_path a joint BPE tokenizer is trained on both sides of the training data and saved in
+--output_dir (a tokenizer already there is reused, so a resumed run keeps its vocabulary). Validation and test
+are scored with sacreBLEU (detokenized, via the offline metric module in hf_tiednorm/metrics) on generated
+translations; --generation_num_beams and --length_penalty control the beam search.
+
+Technique flags of a new model (Press & Wolf's projection regularization, Herold et al.'s weight-norm
+regularization and initialization, Baevski & Auli's adaptive input/softmax, the chunked loss) are config fields;
+each training log carries ``cross_entropy`` and every enabled penalty next to ``loss``. With --adaptive_cutoffs
+the tokenizer (trained, given or reused) is renumbered by decreasing frequency on both sides of the training data,
+special tokens first, before the data is tokenized, and that renumbered tokenizer is the one saved with the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import evaluate
+import numpy as np
+import torch
+import transformers
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    EarlyStoppingCallback,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+    set_seed,
+)
+
+import hf_tiednorm
+from hf_tiednorm.data import load_parallel, token_counts, tokenize_parallel, training_texts
+from hf_tiednorm.loss_logging import TiedNormSeq2SeqTrainer, add_perplexity
+from hf_tiednorm.metrics import SACREBLEU_LOCAL
+from hf_tiednorm.model_card import write_model_card
+from hf_tiednorm.plots import plot_embedding_norms
+from hf_tiednorm.tokenization import train_joint_tokenizer
+from hf_tiednorm.training import (
+    TiedNormModelArguments,
+    TiedWeightsCheck,
+    check_world_size,
+    configure_threads,
+    frequency_ordered,
+    parse_arguments,
+    resolve_resume_checkpoint,
+)
+from hf_tiednorm.weight_norm_init import weight_norm_init_
+
+logger = logging.getLogger(__name__)
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+@dataclass
+class ModelArguments(TiedNormModelArguments):
+    """The shared model flags (checkpoint, tokenizer, output layer, technique flags: hf_tiednorm/training.py), the
+    encoder-decoder's architecture and the beam search's length penalty."""
+
+    # Architecture flags that map one-to-one onto TiedNormSeq2SeqConfig fields; dropout changes no parameter, so
+    # a fine-tuning run may change it.
+    config_fields = TiedNormModelArguments.config_fields + (
+        "tie_topology", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+        "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings", "dropout", "attention_dropout",
+    )
+    finetune_fields = TiedNormModelArguments.finetune_fields + ("dropout", "attention_dropout")
+
+    tie_topology: str | None = field(default=None, metadata={"help": f"one of {hf_tiednorm.TIE_TOPOLOGIES}"})
+    d_model: int | None = field(default=None)
+    encoder_layers: int | None = field(default=None)
+    decoder_layers: int | None = field(default=None)
+    encoder_ffn_dim: int | None = field(default=None)
+    decoder_ffn_dim: int | None = field(default=None)
+    encoder_attention_heads: int | None = field(default=None)
+    decoder_attention_heads: int | None = field(default=None)
+    max_position_embeddings: int | None = field(default=None)
+    dropout: float | None = field(default=None)
+    attention_dropout: float | None = field(default=None)
+    # Beam-search length penalty (exponent on length); the beam size is --generation_num_beams.
+    length_penalty: float = field(default=1.0)
+
+
+@dataclass
+class DataArguments:
+    # Source and target language codes: columns of json/jsonl/csv files, or {lang} in text-file patterns.
+    source_lang: str = field(default="de")
+    target_lang: str = field(default="en")
+    # Each split: a .json/.jsonl/.csv file, or aligned text files named by a pattern holding {lang}.
+    train_file: str = field(default=str(MULTI30K / "train.{lang}.gz"))
+    validation_file: str | None = field(default=str(MULTI30K / "val.{lang}.gz"))
+    test_file: str | None = field(default=str(MULTI30K / "test_2016_flickr.{lang}.gz"))
+    # Truncation lengths in subword tokens (with </s>).
+    max_source_length: int = field(default=128)
+    max_target_length: int = field(default=128)
+    # Use only the first N examples of a split (quick runs, tests).
+    max_train_samples: int | None = field(default=None)
+    max_eval_samples: int | None = field(default=None)
+    max_predict_samples: int | None = field(default=None)
+    preprocessing_num_workers: int | None = field(default=None)
+    # Data set named in the model card: a Hub id; None: bentrevett/multi30k for the default files, else the
+    # training file's name.
+    dataset_name: str | None = field(default=None)
+
+    def __post_init__(self):
+        if self.dataset_name is None:
+            default = Path(self.train_file).parent == MULTI30K
+            self.dataset_name = "bentrevett/multi30k" if default else Path(self.train_file).name
+        if self.source_lang == self.target_lang:
+            raise ValueError(f"--source_lang and --target_lang are both {self.source_lang!r}; they must differ")
+
+
+@dataclass
+class RunArguments:
+    # torch CPU threads per process; None: all cores shared among the processes of the launch.
+    num_threads: int | None = field(default=None)
+    # Stop training after this many minutes (all ranks at the same step); the run is then evaluated as usual.
+    max_train_minutes: float | None = field(default=None)
+    # Early stopping after N evaluations without improving --metric_for_best_model (needs --load_best_model_at_end).
+    early_stopping_patience: int | None = field(default=None)
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stops training once the budget is spent; ranks agree through an all-reduce so that none waits forever."""
+
+    def __init__(self, minutes: float):
+        self.deadline = time.monotonic() + 60 * minutes
+
+    def on_step_end(self, args, state, control, **kwargs):
+        over = torch.tensor(float(time.monotonic() > self.deadline))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
+        if over.item():
+            logger.warning("max_train_minutes reached at step %d: stopping training", state.global_step)
+            control.should_training_stop = True
+            control.should_save = True
+
+
+def main() -> None:
+    model_args, data_args, run_args, training_args = parse_arguments(
+        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
+    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
+    check_world_size(training_args)
+    configure_threads(run_args.num_threads)
+    if training_args.label_smoothing_factor:
+        raise ValueError("use --label_smoothing (the model's loss) instead of --label_smoothing_factor")
+    if run_args.early_stopping_patience is not None and not training_args.load_best_model_at_end:
+        raise ValueError("--early_stopping_patience needs --load_best_model_at_end true and an eval/save strategy")
+    output_dir = Path(training_args.output_dir)
+    resume = resolve_resume_checkpoint(training_args)
+    if model_args.model_name_or_path is None:  # fail on bad flags before any work
+        model_args.check_new_model(hf_tiednorm.TiedNormSeq2SeqConfig)
+    set_seed(training_args.seed)
+
+    split_files = {"train": data_args.train_file}
+    if data_args.validation_file:
+        split_files["validation"] = data_args.validation_file
+    if data_args.test_file:
+        split_files["test"] = data_args.test_file
+    raw = load_parallel(split_files, data_args.source_lang, data_args.target_lang)
+    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
+                         ("test", data_args.max_predict_samples)):
+        if split in raw and limit is not None:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+
+    # The tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new one.
+    with training_args.main_process_first(desc="tokenizer"):
+        tokenizer_source = model_args.tokenizer_source(output_dir)
+        if tokenizer_source is not None:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+        else:
+            tokenizer = train_joint_tokenizer(
+                training_texts(raw["train"], [data_args.source_lang, data_args.target_lang]),
+                vocab_size=model_args.vocab_size,
+                model=model_args.tokenizer_model,
+                model_max_length=max(data_args.max_source_length, data_args.max_target_length),
+            )
+        if model_args.adaptive_cutoffs is not None:  # a new model (fine-tuning refuses the flag)
+            # Counted on both sides of the training data: the adaptive embedding is shared three-way.
+            train_pairs = tokenize_parallel(
+                raw["train"], tokenizer, data_args.source_lang, data_args.target_lang, data_args.max_source_length,
+                data_args.max_target_length, data_args.preprocessing_num_workers,
+            )
+            counts = token_counts(train_pairs, len(tokenizer))
+            tokenizer = frequency_ordered(tokenizer, counts, model_args.tokenizer_name, output_dir)
+        if (tokenizer_source is None or model_args.adaptive_cutoffs is not None) and training_args.process_index == 0:
+            tokenizer.save_pretrained(output_dir)
+    logger.info("tokenizer from %s: %d tokens", tokenizer_source or "training data", len(tokenizer))
+
+    if model_args.model_name_or_path is not None:
+        config = model_args.finetune_config()
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=config)
+    else:
+        config = hf_tiednorm.TiedNormSeq2SeqConfig(
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.bos_token_id,
+            **model_args.config_overrides(),
+        )
+        model = hf_tiednorm.TiedNormForConditionalGeneration(config)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
+    model.generation_config.length_penalty = model_args.length_penalty
+    model.generation_config.max_length = training_args.generation_max_length or data_args.max_target_length
+    if training_args.generation_num_beams is not None:
+        model.generation_config.num_beams = training_args.generation_num_beams
+    logger.info("model: %s, %.1fM parameters", model.config.head_mode, model.num_parameters() / 1e6)
+
+    with training_args.main_process_first(desc="tokenizing"):
+        tokenized = tokenize_parallel(
+            raw, tokenizer, data_args.source_lang, data_args.target_lang,
+            data_args.max_source_length, data_args.max_target_length, data_args.preprocessing_num_workers,
+        )
+    if model_args.model_name_or_path is None:
+        # Token frequencies of the training data (both sides: three-way tying shares one matrix), for analyses
+        # such as scripts/plot_embedding_norms.py and frequency-based initializations.
+        counts = token_counts(tokenized["train"], model.config.vocab_size)
+        if training_args.process_index == 0:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            torch.save(counts, output_dir / "token_counts.pt")
+        if model_args.weight_norm_init_sigma is not None:  # on every process, before the Trainer wraps the model
+            weight_norm_init_(model, counts, model_args.weight_norm_init_sigma)
+
+    bleu = evaluate.load(SACREBLEU_LOCAL)
+
+    def compute_metrics(eval_prediction) -> dict:
+        predictions = eval_prediction.predictions
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
+        hypotheses = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        # Score against the untouched reference text (not decoded labels, which lose <unk> characters).
+        split = scoring["split"]
+        references = [[text] for text in raw[split][data_args.target_lang]]
+        if len(references) != len(hypotheses):
+            raise RuntimeError(f"{len(hypotheses)} predictions for {len(references)} {split} references")
+        result = bleu.compute(predictions=hypotheses, references=references)
+        lengths = [np.count_nonzero(row != tokenizer.pad_token_id) for row in predictions]
+        return {"bleu": result["score"], "gen_len": float(np.mean(lengths)), "bleu_signature": result["signature"]}
+
+    scoring = {"split": "validation"}  # which raw split compute_metrics scores against
+    callbacks: list[TrainerCallback] = [TiedWeightsCheck()]
+    if run_args.max_train_minutes is not None:
+        callbacks.append(TimeBudgetCallback(run_args.max_train_minutes))
+    if run_args.early_stopping_patience is not None:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=run_args.early_stopping_patience))
+    trainer = TiedNormSeq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"] if training_args.do_train else None,
+        eval_dataset=tokenized.get("validation"),
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=compute_metrics if training_args.predict_with_generate else None,
+        callbacks=callbacks,
+    )
+
+    results: dict = {}
+    if training_args.do_train:
+        start = time.monotonic()
+        train_result = trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model()  # model + tokenizer
+        minutes = (time.monotonic() - start) / 60
+        metrics = dict(train_result.metrics, train_samples=len(tokenized["train"]), train_minutes=minutes)
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+        results.update(metrics)
+    if training_args.do_eval and "validation" in tokenized:
+        scoring["split"] = "validation"
+        metrics = trainer.evaluate(metric_key_prefix="eval")
+        # The loss adds the regularizers' penalties to the mean cross-entropy; perplexity is of the latter.
+        add_perplexity(metrics, "eval", trainer.model)
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+        results.update(metrics)
+    if training_args.do_predict and "test" in tokenized:
+        scoring["split"] = "test"
+        prediction = trainer.predict(tokenized["test"], metric_key_prefix="test")
+        trainer.log_metrics("test", prediction.metrics)
+        trainer.save_metrics("test", prediction.metrics)
+        results.update(prediction.metrics)
+        if trainer.is_world_process_zero() and training_args.predict_with_generate:
+            ids = np.where(prediction.predictions < 0, tokenizer.pad_token_id, prediction.predictions)
+            lines = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+            (output_dir / "test_predictions.txt").write_text("\n".join(lines) + "\n")
+    if trainer.is_world_process_zero():
+        if not trainer.is_fsdp_enabled:  # the histogram the card shows (sharded FSDP weights would need a gather)
+            counts_file = output_dir / "token_counts.pt"
+            counts = torch.load(counts_file) if counts_file.is_file() else None
+            plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
+        write_model_card(
+            output_dir,
+            metrics=results,
+            dataset=data_args.dataset_name,
+            languages=[data_args.source_lang, data_args.target_lang],
+            training={
+                **model_args.config_overrides(),
+                "num_train_epochs": training_args.num_train_epochs,
+                "max_steps": training_args.max_steps,
+                "per_device_train_batch_size": training_args.per_device_train_batch_size,
+                "learning_rate": training_args.learning_rate,
+                "lr_scheduler_type": str(training_args.lr_scheduler_type),
+                "warmup_steps": training_args.warmup_steps,
+                "generation_num_beams": training_args.generation_num_beams,
+                "length_penalty": model_args.length_penalty,
+                "seed": training_args.seed,
+            },
+        )
+        logger.info("model, tokenizer, metrics and card are in %s", output_dir.resolve())
+
+
+if __name__ == "__main__":
+    main()

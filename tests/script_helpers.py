@@ -1,0 +1,51 @@
+"""Running the training scripts of scripts/ in-process (fast) or as subprocesses, on a few Multi30k sentences."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO_ROOT / "scripts"
+
+# A tiny encoder-decoder and a small joint vocabulary: a few seconds per run on one CPU thread.
+TINY_TRANSLATION_FLAGS = [
+    "--vocab_size", "300", "--d_model", "32", "--encoder_layers", "1", "--decoder_layers", "1",
+    "--encoder_ffn_dim", "64", "--decoder_ffn_dim", "64", "--encoder_attention_heads", "2",
+    "--decoder_attention_heads", "2", "--dropout", "0", "--attention_dropout", "0",
+    "--max_source_length", "32", "--max_target_length", "32", "--generation_max_length", "24",
+    "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false",
+]
+
+
+def run_script(name: str, args: list[str], monkeypatch) -> None:
+    """Run scripts/<name>.py's main() in this process with ``args`` as its command line."""
+    module_name = f"script_{name}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses resolve string annotations through sys.modules
+        spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *map(str, args)])
+    threads = torch.get_num_threads()
+    try:
+        module.main()
+    finally:
+        torch.set_num_threads(threads)  # the script sets it for the whole process
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def read_lines(path: Path, limit: int) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return [line.rstrip("\n") for _, line in zip(range(limit), handle)]

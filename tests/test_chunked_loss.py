@@ -1,0 +1,138 @@
+"""The chunked head cross-entropy (hf_tiednorm/chunked_loss.py) equals the plain path: value and gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import model_inputs, tiny_model
+
+from hf_tiednorm import HEAD_MODES, TiedNormHead
+from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
+from hf_tiednorm.modeling_common import token_cross_entropy
+
+VOCAB, DIM = 37, 8
+
+
+def _head(mode, logit_scale, dtype):
+    torch.manual_seed(0)
+    head = TiedNormHead(DIM, VOCAB, head_mode=mode, logit_scale=logit_scale).to(dtype)
+    with torch.no_grad():
+        head.weight.normal_()
+        head.weight[5].zero_()  # a zero row: the eps floor must behave the same on both paths
+        if head.logit_scale is not None:
+            head.logit_scale.uniform_(0.5, 3.0)  # distinct per-token values for "vector"
+    return head
+
+
+def _data(dtype, ignore, n=23):
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, n, DIM, generator=g, dtype=dtype)
+    labels = torch.randint(0, VOCAB, (3, n), generator=g)
+    if ignore:
+        labels[0, :4] = -100
+        labels[2, -3:] = -100
+    return hidden, labels
+
+
+def _loss_and_grads(head, hidden, labels, smoothing, num_items, chunk):
+    head.zero_grad()
+    h = hidden.clone().requires_grad_(True)
+    if chunk is None and hidden.dtype == torch.float64:  # token_cross_entropy computes in fp32; stay in fp64 here
+        logits = head(h).reshape(-1, VOCAB)
+        loss = F.cross_entropy(logits, labels.reshape(-1), label_smoothing=smoothing, reduction="sum")
+        loss = loss / (num_items if num_items is not None else (labels != -100).sum())
+    elif chunk is None:
+        loss = token_cross_entropy(head(h), labels, smoothing, num_items)
+    else:
+        strategy, size = chunk
+        loss = chunked_head_cross_entropy(head, h, labels, size, smoothing, num_items, strategy=strategy)
+    loss.backward()
+    grads = {"hidden": h.grad, "weight": head.weight.grad}
+    if head.logit_scale is not None:
+        grads["logit_scale"] = head.logit_scale.grad
+    return loss.detach(), grads
+
+
+CASES = list(itertools.product(HEAD_MODES, ("none", "fixed", "scalar", "vector"), (0.0, 0.1), (False, True)))
+
+
+@pytest.mark.parametrize("mode,logit_scale,smoothing,ignore", CASES)
+def test_chunked_equals_plain(mode, logit_scale, smoothing, ignore):
+    """fp64 weights and hidden states: the chunked path computes in fp64 then, so tolerances are tight."""
+    dtype = torch.float64
+    head = _head(mode, logit_scale, dtype)
+    hidden, labels = _data(dtype, ignore)
+    ref_loss, ref = _loss_and_grads(head, hidden, labels, smoothing, None, None)
+    for chunk in (("fused", 7), ("recompute", 7), ("fused", 1000)):
+        loss, got = _loss_and_grads(head, hidden, labels, smoothing, None, chunk)
+        assert loss.dtype == ref_loss.dtype == torch.float64
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+        assert got.keys() == ref.keys()
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-10, atol=1e-12, msg=f"{chunk} grad {name}")
+
+
+@pytest.mark.parametrize("mode", HEAD_MODES)
+@pytest.mark.parametrize("strategy", ("fused", "recompute"))
+def test_chunked_fp32_and_num_items(mode, strategy):
+    head = _head(mode, "scalar", torch.float32)
+    hidden, labels = _data(torch.float32, ignore=True)
+    for num_items in (None, 150, torch.tensor(150)):
+        ref_loss, ref = _loss_and_grads(head, hidden, labels, 0.1, num_items, None)
+        loss, got = _loss_and_grads(head, hidden, labels, 0.1, num_items, (strategy, 5))
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-6, msg=f"grad {name}")
+
+
+def test_chunked_no_grad_and_all_ignored():
+    head = _head("cosine", "none", torch.float32)
+    hidden, labels = _data(torch.float32, ignore=False)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            chunked_head_cross_entropy(head, hidden, labels, 4), token_cross_entropy(head(hidden), labels)
+        )
+    all_ignored = torch.full_like(labels, -100)
+    assert torch.isnan(chunked_head_cross_entropy(head, hidden, all_ignored, 4))  # as F.cross_entropy's mean
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunked_head_cross_entropy(head, hidden, labels, 0)
+
+
+@pytest.mark.parametrize("family", ("seq2seq", "causal"))
+@pytest.mark.parametrize("mode", ("baseline", "distance", "cosine", "l2"))
+def test_model_level_equivalence(family, mode):
+    plain = tiny_model(family, head_mode=mode, logit_scale="scalar", label_smoothing=0.1).train()
+    chunked = tiny_model(family, head_mode=mode, logit_scale="scalar", label_smoothing=0.1, loss_chunk_size=3)
+    chunked = chunked.train()  # fp32 (the plain path computes its loss in fp32 anyway)
+    chunked.load_state_dict(plain.state_dict())
+    inputs = model_inputs(plain, batch_size=2, length=7)
+    labels = inputs.pop("decoder_input_ids", inputs["input_ids"]).clone()
+    labels[0, :2] = -100
+    outs = []
+    for model in (plain, chunked):
+        model.zero_grad()
+        out = model(**inputs, labels=labels, num_items_in_batch=torch.tensor(11))
+        out.loss.backward()
+        outs.append((out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (ref, ref_grads), (got, got_grads) = outs
+    assert got.logits is None and ref.logits is not None
+    torch.testing.assert_close(got.loss, ref.loss, rtol=1e-6, atol=1e-6)
+    assert got_grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        # fp32 rounding, relative to the tensor's largest gradient (cosine grads reach 1e4 at this init)
+        atol = 1e-5 * max(1.0, ref_grads[name].abs().max().item())
+        torch.testing.assert_close(got_grads[name], ref_grads[name], rtol=1e-4, atol=atol, msg=name)
+    # eval mode keeps returning logits with the flag on
+    chunked.eval()
+    assert chunked(**inputs, labels=labels).logits is not None
+
+
+def test_config_validation():
+    from conftest import tiny_causal_config
+
+    with pytest.raises(ValueError, match="loss_chunk_size"):
+        tiny_causal_config(loss_chunk_size=0)
+    assert tiny_causal_config(loss_chunk_size=128).loss_chunk_size == 128

@@ -1,0 +1,146 @@
+"""Converting tied Marian / BART / Llama checkpoints: exact logits in baseline mode, exact weights in every mode."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, model_inputs
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    GPT2Config,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianConfig,
+    MarianMTModel,
+)
+
+import hf_tiednorm
+from hf_tiednorm.convert import convert_checkpoint, main
+
+SMALL = {"vocab_size": TINY_VOCAB, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+SEQ2SEQ = dict(
+    d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+    encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, decoder_start_token_id=1, **SMALL,
+)  # fmt: skip
+CAUSAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **SMALL)
+
+
+def save_source(folder: Path, model_class, config) -> tuple[Path, torch.nn.Module]:
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory):
+    return save_source(tmp_path_factory.mktemp("marian"), MarianMTModel, MarianConfig(**SEQ2SEQ))
+
+
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory):
+    # scale_embedding=True (BART's default is False) so that the in-module sqrt(d) scaling must be reproduced too.
+    return save_source(
+        tmp_path_factory.mktemp("bart"), BartForConditionalGeneration, BartConfig(scale_embedding=True, **SEQ2SEQ)
+    )
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return save_source(
+        tmp_path_factory.mktemp("llama"), LlamaForCausalLM, LlamaConfig(tie_word_embeddings=True, **CAUSAL)
+    )
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+
+TARGETS = {
+    "marian": hf_tiednorm.TiedNormForConditionalGeneration,
+    "bart": hf_tiednorm.TiedNormBartForConditionalGeneration,
+    "llama": hf_tiednorm.TiedNormForCausalLM,
+}
+
+
+@pytest.mark.parametrize("source_name", list(TARGETS))
+def test_baseline_conversion_reproduces_the_source_logits(source_name, request, tmp_path):
+    source, source_model = request.getfixturevalue(source_name)
+    before = folder_digest(source)
+    main([str(source), str(tmp_path / "converted")])  # the CLI, baseline mode by default
+    assert folder_digest(source) == before
+
+    model = TARGETS[source_name].from_pretrained(tmp_path / "converted").eval()
+    assert type(model) is TARGETS[source_name] and model.config.head_mode == "baseline"
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # still tied
+    if model.config.is_encoder_decoder:  # both sources share one vocabulary: three-way tying
+        assert model.config.tie_topology == "three_way"
+        assert model.model.encoder.embed_tokens.weight is model.model.decoder.embed_tokens.weight
+    inputs = model_inputs(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, source_model(**inputs).logits, rtol=0, atol=0)
+        prompt = inputs["input_ids"]
+        generated = model.generate(prompt, max_new_tokens=5, do_sample=False)
+        assert torch.equal(generated, source_model.generate(prompt, max_new_tokens=5, do_sample=False))
+
+
+@pytest.mark.parametrize("head_mode", ["cosine", "distance"])
+def test_other_modes_keep_every_weight(marian, bart, llama, head_mode):
+    for source, source_model in (marian, bart, llama):
+        model = convert_checkpoint(source, head_mode=head_mode, logit_scale="scalar")
+        assert model.config.head_mode == head_mode and model.lm_head.head_mode == head_mode
+        converted = model.state_dict()
+        for name, weight in source_model.state_dict().items():
+            if name != "final_logits_bias":
+                torch.testing.assert_close(converted[name], weight, rtol=0, atol=0, msg=name)
+        assert model.lm_head.logit_scale is not None  # the one new parameter
+
+
+def test_marian_decoder_tying_maps_to_decoder_topology(tmp_path):
+    source, _ = save_source(
+        tmp_path / "marian_two_vocabs",
+        MarianMTModel,
+        MarianConfig(share_encoder_decoder_embeddings=False, **SEQ2SEQ | {"decoder_vocab_size": 50}),
+    )
+    model = convert_checkpoint(source)
+    assert model.config.tie_topology == "decoder" and model.config.decoder_vocab_size == 50
+
+
+def test_unsupported_sources_are_refused_clearly(marian, tmp_path):
+    GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=TINY_VOCAB).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported.*Supported sources: MarianMTModel"):
+        convert_checkpoint(tmp_path / "gpt2")
+    untied, _ = save_source(tmp_path / "untied", LlamaForCausalLM, LlamaConfig(tie_word_embeddings=False, **CAUSAL))
+    with pytest.raises(ValueError, match="untied output embeddings"):
+        convert_checkpoint(untied)
+    BartConfig(tie_word_embeddings=False, **SEQ2SEQ).save_pretrained(tmp_path / "untied_bart")
+    with pytest.raises(ValueError, match="the bart checkpoint has untied output embeddings"):
+        convert_checkpoint(tmp_path / "untied_bart")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        convert_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="head_mode must be one of"):
+        convert_checkpoint(marian[0], head_mode="unit")
+
+
+def test_nonzero_final_logits_bias_and_bad_output_dirs_are_refused(marian, bart, tmp_path):
+    source, model = marian
+    with pytest.raises(ValueError, match="outside the source checkpoint"):
+        convert_checkpoint(source, source / "converted")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        convert_checkpoint(source, tmp_path / "busy")
+    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+
+    for source_class, source_model in ((MarianMTModel, model), (BartForConditionalGeneration, bart[1])):
+        biased = source_class(source_model.config)
+        biased.load_state_dict(source_model.state_dict())
+        biased.final_logits_bias.fill_(0.5)
+        biased.save_pretrained(tmp_path / source_class.__name__)
+        with pytest.raises(ValueError, match="non-zero final_logits_bias"):
+            convert_checkpoint(tmp_path / source_class.__name__, tmp_path / "out")
+        assert not (tmp_path / "out").exists()

@@ -1,0 +1,230 @@
+"""scripts/reproduce_paper.py: the grid's pure logic (keys, resume, appends, statistics, verdicts, report) and one
+end-to-end run of a 2-cell translation grid with the smoke budget."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+from script_helpers import SCRIPTS, subprocess_env
+
+
+@pytest.fixture(scope="module")
+def grid():
+    spec = importlib.util.spec_from_file_location("script_reproduce_paper", SCRIPTS / "reproduce_paper.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(grid, **overrides):
+    return grid.GridArguments(**{"budget": "smoke", **overrides})
+
+
+def _row(variant, value, status="ok", grid_name="translation", metric="test_bleu", budget_hash="h", seed=0):
+    return {"key": f"{grid_name}-{variant}-s{seed}-{budget_hash}", "grid": grid_name, "variant": variant,
+            "seed": seed, "budget_hash": budget_hash, "status": status, metric: value}
+
+
+def test_budget_hash_is_order_independent_and_changes_with_any_value(grid):
+    budget = grid.grid_budget("translation", _args(grid))
+    assert grid.budget_hash(budget) == grid.budget_hash(dict(reversed(list(budget.items()))))
+    assert grid.budget_hash({**budget, "max_steps": budget["max_steps"] + 1}) != grid.budget_hash(budget)
+    hashes = {grid.budget_hash(grid.grid_budget("translation", _args(grid, budget=b))) for b in grid.BUDGETS}
+    assert len(hashes) == 3
+    # The techniques' own settings are part of their budget: another σ makes other cells.
+    techniques = [grid.grid_budget("techniques", _args(grid, wn_init_sigma=s)) for s in (0.1, 0.2)]
+    assert grid.budget_hash(techniques[0]) != grid.budget_hash(techniques[1])
+    cell = grid.grid_cells("translation", _args(grid), [3], ["cosine"])[0]
+    assert cell["key"] == f"translation-cosine-s3-{grid.budget_hash(budget)}"
+
+
+def test_full_budget_is_the_main_job_recipe(grid):
+    budget = grid.translation_budget("full")
+    expected = {"d_model": 256, "encoder_layers": 3, "decoder_layers": 3, "encoder_ffn_dim": 1024, "vocab_size": 8000,
+                "per_device_train_batch_size": 64, "learning_rate": 0.001, "lr_scheduler_type": "inverse_sqrt",
+                "warmup_steps": 400, "label_smoothing": 0.1, "num_train_epochs": 10, "generation_num_beams": 4}
+    assert {k: budget[k] for k in expected} == expected
+    assert not {"max_train_samples", "max_eval_samples", "max_predict_samples", "head_mode", "seed"} & set(budget)
+
+
+def test_grid_cells_cover_modes_tying_and_techniques(grid):
+    args = _args(grid, budget="full")
+    assert [c["variant"] for c in grid.grid_cells("translation", args, [0])] == list(grid.MODES)
+    clm = grid.grid_cells("clm", args, [0, 1])
+    assert len(clm) == 12 and len({c["key"] for c in clm}) == 12
+    assert {(c["flags"]["head_mode"], c["flags"]["tie_word_embeddings"]) for c in clm} == {
+        (m, t) for m in grid.CLM_MODES for t in (True, False)}
+    techniques = {c["variant"]: c["flags"] for c in grid.grid_cells("techniques", args, [0])}
+    assert techniques["projection_reg"]["projection_regularization"] == 0.15
+    assert techniques["wn_reg"] == {"head_mode": "baseline", "weight_norm_regularization": 1e-3,
+                                    "weight_norm_target": 2.0}
+    assert techniques["adaptive"]["adaptive_cutoffs"] == "2000,6000"  # 8k vocabulary
+    assert techniques["adaptive_cosine"]["head_mode"] == "cosine"
+    assert techniques["wn_init"]["weight_norm_init_sigma"] == args.wn_init_sigma
+
+
+def test_command_passes_data_dir_threads_and_cell_flags(grid, tmp_path):
+    args = _args(grid, data_dir=str(tmp_path), num_threads=3)
+    cell = grid.grid_cells("techniques", args, [7], ["adaptive"])[0]
+    argv = grid.command(args, cell, tmp_path / "out")
+    flags = dict(zip(argv[2::2], argv[3::2]))
+    assert argv[1].endswith("run_clm.py")
+    assert flags["--train_file"] == str(tmp_path / "train.en.gz")
+    assert flags["--test_file"] == str(tmp_path / "test_2016_flickr.en.gz")
+    assert (flags["--seed"], flags["--num_threads"], flags["--adaptive_cutoffs"]) == ("7", "3", "75,225")
+    assert flags["--do_train"] == "true" and flags["--save_strategy"] == "no"
+
+
+def _load_script(name: str):
+    module = sys.modules.get(f"script_{name}")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("budget", ["smoke", "reduced", "full"])
+def test_every_cell_command_parses_and_builds_a_valid_config(grid, budget, tmp_path, monkeypatch):
+    """What the cells would run, through the scripts' own parsers and config validation, without training."""
+    from transformers import Seq2SeqTrainingArguments, TrainingArguments
+
+    import hf_tiednorm
+
+    translation, clm = _load_script("run_translation"), _load_script("run_clm")
+    args = _args(grid, budget=budget)
+    for grid_name in grid.GRIDS:
+        for cell in grid.grid_cells(grid_name, args, [0]):
+            argv = grid.command(args, cell, tmp_path / cell["key"])
+            monkeypatch.setattr(sys, "argv", argv[1:])
+            if grid_name == "translation":
+                types = (translation.ModelArguments, translation.DataArguments, translation.RunArguments,
+                         Seq2SeqTrainingArguments)
+                model_args, *_ = translation.parse_arguments(types)
+                hf_tiednorm.TiedNormSeq2SeqConfig(vocab_size=model_args.vocab_size, **model_args.config_overrides())
+            else:
+                model_args, *_ = clm.parse_arguments((clm.ModelArguments, clm.DataArguments, TrainingArguments))
+                config = hf_tiednorm.TiedNormCausalConfig(vocab_size=model_args.vocab_size,
+                                                          **model_args.config_overrides())
+                assert config.head_mode == cell["flags"]["head_mode"]
+
+
+def test_resume_skips_ok_cells_only(grid):
+    cells = grid.grid_cells("translation", _args(grid), [0])
+    rows = [{"key": cells[0]["key"], "status": "ok"}, {"key": cells[1]["key"], "status": "failed rc=1"}]
+    assert [c["key"] for c in grid.pending(cells, rows)] == [c["key"] for c in cells[1:]]
+
+
+def test_workers_append_one_row_per_cell_and_max_minutes_stops_new_cells(grid, tmp_path, monkeypatch):
+    def fake_run_cell(args, cell, device):
+        time.sleep(0.01 * (cell["seed"] % 3))  # finish out of order
+        if cell["variant"] == "square":
+            raise RuntimeError("post-processing broke")
+        return {**cell, "status": "ok", "wall_minutes": 0.0, "test_bleu": float(cell["seed"])}
+
+    monkeypatch.setattr(grid, "run_cell", fake_run_cell)
+    path = tmp_path / "grid.jsonl"
+    cells = grid.grid_cells("translation", _args(grid), list(range(6)))
+    grid.run_cells(_args(grid, workers=4, max_minutes=0.0), cells, path)
+    assert not path.exists()  # past the deadline before the first cell: nothing started
+    grid.run_cells(_args(grid, workers=4), cells, path)
+    rows = grid.load_rows(path)
+    assert sorted(r["key"] for r in rows) == sorted(c["key"] for c in cells)
+    assert {r["status"] for r in rows if r["variant"] == "square"} == {"failed: RuntimeError: post-processing broke"}
+    assert len(grid.pending(cells, rows)) == 6  # the six failed square cells run again on resume
+
+
+def test_truncated_last_line_is_ignored_and_the_next_append_starts_a_new_line(grid, tmp_path):
+    path = tmp_path / "grid.jsonl"
+    grid.append_row(path, {"key": "a", "status": "ok"})
+    with open(path, "a") as handle:
+        handle.write('{"key": "b", "stat')  # a run killed mid-write
+    assert [r["key"] for r in grid.load_rows(path)] == ["a"]
+    grid.append_row(path, {"key": "c", "status": "ok"})
+    assert [r["key"] for r in grid.load_rows(path)] == ["a", "c"]
+    assert grid.load_rows(tmp_path / "missing.jsonl") == []
+
+
+def test_mean_std(grid):
+    stats = grid.mean_std([1.0, 2.0, 3.0])
+    assert (stats["mean"], stats["std"], stats["n"]) == (2.0, 1.0, 3)
+    single = grid.mean_std([5.0])
+    assert single["mean"] == 5.0 and math.isnan(single["std"]) and single["n"] == 1
+
+
+def test_summarize_keeps_ok_rows_of_one_grid_and_budget(grid):
+    rows = [_row("baseline", 10.0), _row("baseline", 12.0, seed=1), _row("baseline", 99.0, status="failed rc=1"),
+            _row("baseline", 50.0, budget_hash="other"), _row("baseline", 7.0, grid_name="clm")]
+    assert grid.summarize(rows, "translation", "test_bleu", "h") == {"baseline": {"mean": 11.0, "std": math.sqrt(2),
+                                                                                 "n": 2}}
+
+
+def test_verdict_compares_the_difference_with_the_combined_seed_spread(grid):
+    summary = {"baseline": grid.mean_std([30.0, 31.0, 32.0]), "cosine": grid.mean_std([33.0, 34.0, 35.0]),
+               "square": grid.mean_std([31.0, 32.0, 33.0]), "l2": grid.mean_std([40.0])}
+    result = grid.verdict(summary, "baseline", higher_is_better=True)
+    assert result["cosine"]["diff"] == pytest.approx(3.0)
+    assert result["cosine"]["combined_std"] == pytest.approx(math.sqrt(2))
+    assert result["cosine"]["better"] and result["cosine"]["exceeds_seed_spread"]
+    assert result["square"]["better"] and not result["square"]["exceeds_seed_spread"]  # 1.0 < √2
+    assert result["l2"]["exceeds_seed_spread"] is None  # one seed: no spread to compare with
+    perplexity = grid.verdict({"baseline": grid.mean_std([50.0, 52.0]), "cosine": grid.mean_std([40.0, 41.0])},
+                              "baseline", higher_is_better=False)
+    assert perplexity["cosine"]["better"] and perplexity["cosine"]["exceeds_seed_spread"]
+    lines = grid.verdict_sentences(result, "baseline", "test BLEU")
+    assert "- cosine beats baseline: test BLEU +3.00, beyond the seed spread" in lines[0]
+    assert grid.best_variant(summary, "baseline", higher_is_better=True) == "l2"
+    assert grid.verdict({"cosine": summary["cosine"]}, "baseline", True) == {}
+
+
+def test_report_writes_json_markdown_and_histograms(grid, tmp_path):
+    args = _args(grid, results=str(tmp_path / "grid.jsonl"), report_json=str(tmp_path / "summary.json"))
+    norms = {"median": 0.3, "hist_max": 1.0, "hist_counts": [1.0, 3.0, 2.0, 0.0]}
+    for mode, bleus in (("baseline", (30.0, 31.0)), ("cosine", (33.0, 34.0))):
+        for seed, bleu in enumerate(bleus):
+            cell = grid.grid_cells("translation", args, [seed], [mode])[0]
+            grid.append_row(tmp_path / "grid.jsonl", {**cell, "status": "ok", "test_bleu": bleu, "eval_bleu": bleu,
+                                                      "device": "CPU", "embedding_norms": norms})
+    summary = grid.report(args)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["grids"]["translation"]["test"]["cosine"]["mean"] == 33.5
+    assert saved["grids"]["translation"]["verdict"]["cosine"]["exceeds_seed_spread"] is True
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "| cosine | 33.50 ± 0.71 (2) | 33.50 ± 0.71 (2) | +3.00 |" in markdown
+    assert markdown == summary["markdown"] + "\n"
+    assert (tmp_path / "summary.png").stat().st_size > 1000
+    assert "clm" not in saved["grids"]  # no rows for it
+
+
+@pytest.mark.slow  # ≈ 50 s on 2 busy CPU cores: two training subprocesses
+def test_smoke_grid_end_to_end_and_resume(tmp_path, multi30k_dir):
+    """Two translation cells with the smoke budget on two workers, then a rerun that finds both done."""
+    command = [sys.executable, str(SCRIPTS / "reproduce_paper.py"), "--budget", "smoke", "--grids", "translation",
+               "--modes", "baseline,cosine", "--seeds", "0", "--extra_seeds", "", "--workers", "2",
+               "--num_threads", "1", "--data_dir", str(multi30k_dir), "--results", str(tmp_path / "grid.jsonl"),
+               "--runs_dir", str(tmp_path / "runs"), "--report_json", str(tmp_path / "summary.json")]
+    start = time.monotonic()
+    first = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "grid.jsonl").read_text().splitlines()]
+    assert sorted(r["variant"] for r in rows) == ["baseline", "cosine"]
+    for row in rows:
+        assert row["status"] == "ok" and row["budget"] == "smoke" and row["device"]
+        assert 0.0 <= row["test_bleu"] <= 100.0 and 0.0 <= row["eval_bleu"] <= 100.0 and row["wall_minutes"] > 0
+        assert len(row["embedding_norms"]["hist_counts"]) == 40
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["grids"]["translation"]["test"]) == {"baseline", "cosine"}
+    assert (tmp_path / "summary.png").is_file() and (tmp_path / "summary.md").is_file()
+    second = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=120, check=False)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "2 of 2 cells already done; running 0" in second.stdout
+    assert len((tmp_path / "grid.jsonl").read_text().splitlines()) == 2
+    print(f"end-to-end smoke: {time.monotonic() - start:.0f} s")
