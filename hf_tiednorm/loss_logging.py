@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.data import Dataset, Sampler, SequentialSampler
 from transformers import Seq2SeqTrainer, Trainer
 from transformers.trainer_pt_utils import nested_gather
+from transformers.trainer_utils import has_length
 
 from .regularizers import LOSS_TERMS
 
@@ -79,7 +81,16 @@ class TiedNormTrainer(LossTermsLoggingMixin, Trainer):
 
 
 class TiedNormSeq2SeqTrainer(LossTermsLoggingMixin, Seq2SeqTrainer):
-    """``Seq2SeqTrainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_translation.py)."""
+    """``Seq2SeqTrainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_translation.py),
+    and which evaluates in dataset order."""
+
+    def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler | None:
+        # transformers 5 length-groups evaluation batches too under train_sampling_strategy="group_by_length";
+        # generated predictions would then come back shuffled against the references they are scored with.
+        # Keep HF's ungrouped choice: sequential on one process, accelerate's ordered split on several.
+        if eval_dataset is None or not has_length(eval_dataset):
+            return None
+        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
 
 
 __all__ = ["LossTermsLoggingMixin", "TiedNormSeq2SeqTrainer", "TiedNormTrainer", "add_perplexity", "penalty_terms"]

@@ -86,7 +86,7 @@ def test_zero_strength_keeps_projection_without_penalty():
 
 
 def _reference_weight_norm_penalty(weights, rho, nu) -> float:
-    return rho * sum((math.sqrt(sum(float(x) ** 2 for x in row)) - nu) ** 2 for w in weights for row in w)
+    return rho * sum((math.sqrt(sum(float(x) ** 2 for x in row)) - nu) ** 2 for w in weights for row in w.detach())
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,22 @@ def test_clm_bad_arguments(tmp_path, monkeypatch):
         run_script("run_clm", ["--output_dir", tmp_path, "--train_file", tmp_path / "none.txt"], monkeypatch)
     with pytest.raises(ValueError, match="block_size must be >= 2"):
         run_script("run_clm", ["--output_dir", tmp_path, "--block_size", "1"], monkeypatch)
+
+
+def test_evaluation_keeps_dataset_order_under_group_by_length(tmp_path):
+    """Generated predictions are scored against the references in dataset order: evaluation must not be
+    length-grouped, although transformers 5 groups it too under train_sampling_strategy="group_by_length"."""
+    from datasets import Dataset
+    from transformers import Seq2SeqTrainingArguments
+
+    from hf_tiednorm.loss_logging import TiedNormSeq2SeqTrainer
+
+    lengths = [3, 9, 1, 7, 2, 8, 5, 4, 6, 10] * 4  # unsorted, so that any length grouping reorders
+    dataset = Dataset.from_dict({"input_ids": [[5] * n for n in lengths]})
+    args = Seq2SeqTrainingArguments(tmp_path, train_sampling_strategy="group_by_length", per_device_eval_batch_size=4,
+                                    report_to="none", use_cpu=True)
+    trainer = TiedNormSeq2SeqTrainer(model=hf_tiednorm.TiedNormForConditionalGeneration(
+        hf_tiednorm.TiedNormSeq2SeqConfig(vocab_size=16, d_model=8, encoder_layers=1, decoder_layers=1,
+                                          encoder_ffn_dim=8, decoder_ffn_dim=8, encoder_attention_heads=1,
+                                          decoder_attention_heads=1)), args=args)
+    assert list(trainer._get_eval_sampler(dataset)) == list(range(len(lengths)))
