@@ -205,6 +205,19 @@ def test_l2_embedding_looks_up_unit_rows_and_keeps_padding_zero():
     assert torch.equal(plain(torch.tensor([3])), plain.weight[3:4])
 
 
+def test_l2_embedding_equals_normalizing_all_rows_in_value_and_gradient():
+    embedding = TiedNormEmbedding(20, 8, normalize=True)
+    reference_weight = embedding.weight.detach().clone().requires_grad_()
+    ids = torch.tensor([[1, 5, 5, 19], [0, 2, 5, 7]])
+    vectors = embedding(ids)
+    reference = F.normalize(reference_weight, dim=-1)[ids]
+    torch.testing.assert_close(vectors, reference)
+    upstream = torch.randn_like(vectors)
+    (vectors * upstream).sum().backward()
+    (reference * upstream).sum().backward()
+    torch.testing.assert_close(embedding.weight.grad, reference_weight.grad)
+
+
 def test_head_rejects_unknown_mode_and_scale():
     with pytest.raises(ValueError, match="head_mode must be one of"):
         TiedNormHead(4, 4, head_mode="unit")
