@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import HEAD_MODES, LOGIT_SCALES, _InferenceCache, _needs_grad, mode_column_terms, row_norms
+from .normalized_head import HEAD_MODES, LOGIT_SCALES, _InferenceCache, _needs_grad, mode_column_terms, unit_rows
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -93,7 +93,7 @@ class AdaptiveInput(nn.Module):
             positions = ((flat >= lo) & (flat < hi)).nonzero().squeeze(-1)  # (n,)
             rows = band(flat[positions] - lo)  # (n, d_i)
             if self.normalize:
-                rows = rows / row_norms(rows, self.norm_eps).unsqueeze(-1).to(rows.dtype)
+                rows = unit_rows(rows, self.norm_eps)
             out = out.index_copy(0, positions, projection(rows).to(out.dtype))  # (tokens, d)
         return out.view(*input_ids.shape, self.hidden_size)
 

@@ -115,36 +115,23 @@ def _eval_results(
     task_type, task_name = (
         ("translation", "Translation") if is_encoder_decoder else ("text-generation", "Text Generation")
     )
-    entries = []
-    for split, name, value in results:
-        if name == "sacrebleu":
-            entries.append(
-                EvalResult(
-                    task_type=task_type,
-                    task_name=task_name,
-                    dataset_type=dataset,
-                    dataset_name=dataset,
-                    dataset_split=split,
-                    metric_type="sacrebleu",
-                    metric_name="sacreBLEU",
-                    metric_value=round(value, 2),
-                    metric_config=signature,
-                )
-            )
-        elif name == "perplexity":
-            entries.append(
-                EvalResult(
-                    task_type=task_type,
-                    task_name=task_name,
-                    dataset_type=dataset,
-                    dataset_name=dataset,
-                    dataset_split=split,
-                    metric_type="perplexity",
-                    metric_name="Perplexity",
-                    metric_value=round(value, 3),
-                )
-            )
-    return entries
+    # metric -> (display name, rounding, metric_config); sacreBLEU carries its signature.
+    known = {"sacrebleu": ("sacreBLEU", 2, signature), "perplexity": ("Perplexity", 3, None)}
+    return [
+        EvalResult(
+            task_type=task_type,
+            task_name=task_name,
+            dataset_type=dataset,
+            dataset_name=dataset,
+            dataset_split=split,
+            metric_type=name,
+            metric_name=known[name][0],
+            metric_value=round(value, known[name][1]),
+            metric_config=known[name][2],
+        )
+        for split, name, value in results
+        if name in known
+    ]
 
 
 def _regularizer_fields(config: TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig) -> dict[str, Any]:

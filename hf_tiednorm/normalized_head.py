@@ -45,6 +45,11 @@ def row_norms(weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.linalg.vector_norm(weight.float(), dim=-1).clamp_min(eps)
 
 
+def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows`` (norms in fp32, as ``row_norms``)."""
+    return rows / row_norms(rows, eps).unsqueeze(-1).to(rows.dtype)
+
+
 def mode_column_terms(
     weight: torch.Tensor, head_mode: str, eps: float
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -211,7 +216,6 @@ class TiedNormEmbedding(nn.Embedding):
         embeddings = super().forward(input_ids)  # (..., d)
         if not self.normalize:
             return embeddings
-        # ŵ_i = w_i/‖w_i‖ from the looked-up rows themselves: O(tokens·d) instead of normalizing all V rows,
-        # with the same value and gradient, and nothing to cache.
-        inverse_norms = row_norms(embeddings, self.norm_eps).reciprocal().unsqueeze(-1)  # (..., 1), fp32
-        return embeddings * inverse_norms.to(embeddings.dtype)
+        # ŵ_i from the looked-up rows themselves: O(tokens·d) instead of normalizing all V rows, with the same
+        # value and gradient, and nothing to cache.
+        return unit_rows(embeddings, self.norm_eps)
