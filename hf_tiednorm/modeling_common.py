@@ -14,6 +14,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutpu
 from .adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .regularizers import OutputProjection, projection_penalty, weight_norm_penalty
+from .tie_topology import TiedEmbeddingsMixin
 
 
 class ScaledLookupMixin:
@@ -91,21 +92,6 @@ def build_output_projection(config, hidden_size: int) -> OutputProjection | None
     return None if config.projection_regularization is None else OutputProjection(hidden_size)
 
 
-def adaptive_tied_weights_keys(config, shared: str, embeddings: list[str], head: str | None) -> dict[str, str]:
-    """``_tied_weights_keys`` ({target: source}) of an adaptive model: every adaptive embedding in ``embeddings``
-    and the ``head``'s band rows (and projections, when ``adaptive_tie_projections``) are tied to ``shared``."""
-    num_bands = len(config.adaptive_cutoffs) + 1
-    keys = {
-        f"{embedding}.{name}": f"{shared}.{name}"
-        for embedding in embeddings
-        for name in AdaptiveSoftmaxHead.tied_parameter_names(num_bands, tie_projections=True)
-    }
-    if head is not None:
-        names = AdaptiveSoftmaxHead.tied_parameter_names(num_bands, config.adaptive_tie_projections)
-        keys.update({f"{head}.{name}": f"{shared}.{name}" for name in names})
-    return keys
-
-
 @dataclass
 class TiedNormCausalLMOutput(CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus the terms of ``loss`` (their sum), when labels are given.
@@ -149,8 +135,9 @@ def token_cross_entropy(
     return total / num_items_in_batch
 
 
-class TiedNormLMMixin:
-    """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``."""
+class TiedNormLMMixin(TiedEmbeddingsMixin):
+    """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``; the tie itself is
+    declared by ``TiedEmbeddingsMixin`` (``tie_topology.py``)."""
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

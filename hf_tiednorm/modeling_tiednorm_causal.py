@@ -17,7 +17,6 @@ from .configuration_tiednorm import TiedNormCausalConfig
 from .modeling_common import (
     TiedNormCausalLMOutput,
     TiedNormLMMixin,
-    adaptive_tied_weights_keys,
     build_embedding,
     build_head,
     build_output_projection,
@@ -40,15 +39,12 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
 
 
 class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # Press & Wolf (2017): the output embedding is the input embedding ({target: source}).
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py.
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)
         self.model = TiedNormCausalModel(config)
         self.vocab_size = config.vocab_size
-        if config.adaptive_cutoffs is not None:  # Baevski & Auli (2019): tie the bands, not one matrix
-            self._tied_weights_keys = adaptive_tied_weights_keys(config, "model.embed_tokens", [], "lm_head")
         self.output_projection = build_output_projection(config, config.hidden_size)  # Press & Wolf's P, or None
         self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
         self.post_init()

@@ -13,6 +13,7 @@ Attention, layers, positions, KV cache and generation are the parent's.
 from __future__ import annotations
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.marian.modeling_marian import MarianModel, MarianPreTrainedModel, shift_tokens_right
@@ -22,37 +23,31 @@ from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixi
 from .modeling_common import (
     TiedNormLMMixin,
     TiedNormSeq2SeqLMOutput,
-    adaptive_tied_weights_keys,
     build_embedding,
     build_head,
     build_output_projection,
     token_cross_entropy,
 )
+from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
 
 
-class TiedNormSeq2SeqModelMixin:
+class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
     """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
-    ``config.tie_topology``, with Marian's embedding accessors so that one set of resize rules serves both."""
+    ``config.tie_topology`` (``tie_topology.py``), with Marian's embedding accessors so that one set of resize rules
+    serves both."""
 
     def __init__(self, config: TieTopologyConfigMixin):
         super().__init__(config)
         scale = self.lookup_scale(config)
         if config.share_encoder_decoder_embeddings:
+            # One module for the three-way tie: the encoder and decoder look up through model.shared itself.
             self.shared = build_embedding(config, config.vocab_size, config.d_model, scale)
-            self._tied_weights_keys = {
-                "decoder.embed_tokens.weight": "shared.weight",
-                "encoder.embed_tokens.weight": "shared.weight",
-            }
+            alias_tied_modules(self)
         else:
             if hasattr(self, "shared"):  # BART's body always builds one
                 del self.shared
-            self._tied_weights_keys = None
-        self.encoder.embed_tokens = build_embedding(config, config.vocab_size, config.d_model, scale)
-        self.decoder.embed_tokens = build_embedding(config, config.decoder_vocab_size, config.d_model, scale)
-        if config.adaptive_cutoffs is not None:  # three-way by config validation; tie the bands, not one matrix
-            self._tied_weights_keys = adaptive_tied_weights_keys(
-                config, "shared", ["encoder.embed_tokens", "decoder.embed_tokens"], head=None
-            )
+            self.encoder.embed_tokens = build_embedding(config, config.vocab_size, config.d_model, scale)
+            self.decoder.embed_tokens = build_embedding(config, config.decoder_vocab_size, config.d_model, scale)
         self.post_init()
 
     def lookup_scale(self, config: TieTopologyConfigMixin) -> float | None:
@@ -87,23 +82,10 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
 
     model_class: type[PreTrainedModel]
     base_model_prefix = "model"
-    # Press & Wolf (2017): the decoder's input embedding is the output embedding ({target: source}).
-    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
 
     def __init__(self, config: TieTopologyConfigMixin):
         super().__init__(config)
         self.model = self.model_class(config)
-        if config.share_encoder_decoder_embeddings:
-            # Three-way tying (Press & Wolf, 2017, Section 5): encoder input = decoder input = output.
-            self._tied_weights_keys = {
-                "lm_head.weight": "model.shared.weight",
-                "model.decoder.embed_tokens.weight": "model.shared.weight",
-                "model.encoder.embed_tokens.weight": "model.shared.weight",
-            }
-        if config.adaptive_cutoffs is not None:  # Baevski & Auli (2019), three-way: tie the bands to model.shared
-            self._tied_weights_keys = adaptive_tied_weights_keys(
-                config, "model.shared", ["model.encoder.embed_tokens", "model.decoder.embed_tokens"], head="lm_head"
-            )
         self.output_projection = build_output_projection(config, config.d_model)  # Press & Wolf's P, or None
         self.lm_head = build_head(config, config.d_model, config.decoder_vocab_size)
         self.post_init()
@@ -198,6 +180,18 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
             **loss_terms,
         )
 
+    def generate(self, *args, **kwargs):
+        # FSDP2 gathers a group's parameters in its module's forward hooks, but generation runs the encoder (and its
+        # root-group parameters: positions, layer norms) outside the root's forward: keep the root gathered meanwhile.
+        # (The Seq2SeqTrainer already passes synced_gpus, so ranks generating different lengths stay in step.)
+        if not isinstance(self, FSDPModule):
+            return super().generate(*args, **kwargs)
+        self.unshard()
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self.reshard()
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         # Marian's shift_tokens_right is BART's too.
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -206,6 +200,8 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
 class TiedNormSeq2SeqPreTrainedModel(MarianPreTrainedModel):
     config_class = TiedNormSeq2SeqConfig
     config: TiedNormSeq2SeqConfig
+    # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.
+    _no_split_modules = ["MarianEncoderLayer", "MarianDecoderLayer"]
 
 
 class TiedNormSeq2SeqModel(TiedNormSeq2SeqModelMixin, TiedNormSeq2SeqPreTrainedModel, MarianModel):
