@@ -3,11 +3,14 @@
 Each inherits every architecture field from its HF parent and adds the fields of the normalized tied head; the two
 encoder-decoders add the tie topology too. Defaults describe the small Multi30k model (joint 8k vocabulary,
 d = 256). Invalid values and contradictory combinations raise ``ValueError`` at construction, naming the field and
-the allowed values.
+the allowed values. The checks live in ``__post_init__`` rather than in huggingface_hub's ``@strict`` field or class
+validators, which raise ``StrictDataclass*ValidationError`` (not a ``ValueError``); its type checks also skip string
+annotations (huggingface_hub 1.x), which ``from __future__ import annotations`` makes of every field declared here.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from huggingface_hub.dataclasses import strict
@@ -58,6 +61,14 @@ class TiedNormHeadConfigMixin:
     # Tie each band's output projection to its input projection too (else only the band rows are tied).
     adaptive_tie_projections: bool = True
 
+    def _validate_sizes(self, positive: tuple[str, ...], counts: tuple[str, ...]) -> None:
+        """Widths and vocabularies must be ints >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer
+        counts ints >= 0; None (unset) is left to the parent config."""
+        for name in positive + counts:
+            value, low = getattr(self, name), 1 if name in positive else 0
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
     def _validate_technique_fields(self, hidden_size: int, vocab_size: int, tied: bool) -> None:
         """The regularizer, initialization and adaptive fields (hf_tiednorm/regularizers.py, adaptive.py)."""
         if self.projection_regularization is not None and not self.projection_regularization >= 0:
@@ -82,16 +93,18 @@ class TiedNormHeadConfigMixin:
             raise ValueError(f"loss_chunk_size must be a positive int or None, got {self.loss_chunk_size}")
         if self.adaptive_cutoffs is None:
             return
-        cutoffs = list(self.adaptive_cutoffs)
+        cutoffs = self.adaptive_cutoffs
         if (
-            not cutoffs
-            or any(not isinstance(c, int) for c in cutoffs)
+            not isinstance(cutoffs, list | tuple)
+            or not cutoffs
+            or any(isinstance(c, bool) or not isinstance(c, int) for c in cutoffs)
             or cutoffs != sorted(set(cutoffs))
             or cutoffs[0] <= 0
             or cutoffs[-1] >= vocab_size
         ):
             raise ValueError(
-                f"adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, {vocab_size - 1}] so "
+                f"adaptive_cutoffs must be a list of strictly increasing ints in [1, vocab_size - 1] = "
+                f"[1, {vocab_size - 1}] so "
                 f"that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty and cover the vocabulary exactly; "
                 f"got {self.adaptive_cutoffs}"
             )
@@ -123,10 +136,11 @@ class TiedNormHeadConfigMixin:
                 f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'; "
                 f"choose a logit_scale among {LOGIT_SCALES[1:]} or leave logit_scale_init unset"
             )
-        if self.logit_scale_init is not None and not self.logit_scale_init > 0:
-            raise ValueError(f"logit_scale_init must be > 0, got {self.logit_scale_init}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+        # inf would make the loss nan (inf * 0) or the softmax uniform: finite values only.
+        if self.logit_scale_init is not None and not 0 < self.logit_scale_init < math.inf:
+            raise ValueError(f"logit_scale_init must be finite and > 0, got {self.logit_scale_init}")
+        if not 0 < self.norm_eps < math.inf:
+            raise ValueError(f"norm_eps must be finite and > 0, got {self.norm_eps}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
@@ -154,7 +168,12 @@ class TieTopologyConfigMixin:
     share_encoder_decoder_embeddings: bool | None = None
 
     def _validate_seq2seq_fields(self) -> None:
-        """Head fields, the tie topology (setting the flags it implies), then the technique fields."""
+        """Sizes, head fields, the tie topology (setting the flags it implies), then the technique fields."""
+        self._validate_sizes(
+            positive=("vocab_size", "decoder_vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim",
+                      "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings"),
+            counts=("encoder_layers", "decoder_layers"),
+        )
         self._validate_head_fields()
         if self.tie_topology not in TIE_TOPOLOGIES:
             raise ValueError(f"tie_topology must be one of {TIE_TOPOLOGIES}, got {self.tie_topology!r}")
@@ -279,6 +298,11 @@ class TiedNormCausalConfig(LlamaConfig, TiedNormHeadConfigMixin):
     tie_word_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
+        self._validate_sizes(
+            positive=("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                      "max_position_embeddings"),
+            counts=("num_hidden_layers",),
+        )
         self._validate_head_fields()
         self._validate_technique_fields(self.hidden_size, self.vocab_size, tied=self.tie_word_embeddings)
         super().__post_init__(**kwargs)
