@@ -3,15 +3,23 @@
 A split is given either as one ``.json``/``.jsonl``/``.csv`` file with one column per language code (or an HF
 ``translation`` column of ``{lang: text}`` dicts), or as aligned text files, one sentence a line (``.gz`` works),
 named by a pattern holding ``{lang}``: ``train.{lang}.gz`` reads ``train.de.gz`` and ``train.en.gz``.
+
+Text files are read here rather than with 🤗 datasets' ``text`` loader, which splits lines with ``str.splitlines``:
+a lone ``\r`` (or another Unicode line break) inside a sentence would start a new row there, shifting every later
+pair of a parallel corpus although both files have the same ``wc -l``. Here a line ends at ``\n`` only (a ``\r``
+before it, as in CRLF files, is dropped), and two sides align when they have the same number of such lines. An
+empty file and bytes that are not UTF-8 stop with the file named (and the line and byte offset).
 """
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import Dataset, DatasetDict, concatenate_datasets, load_dataset
+from datasets import Dataset, DatasetDict, load_dataset
+from datasets.exceptions import DatasetGenerationError
 
 TABLE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv"}
 
@@ -27,6 +35,42 @@ def _check_exists(path: str, split: str) -> None:
         raise FileNotFoundError(f"{split} file not found: {path}")
 
 
+def read_lines(path: str, split: str) -> list[str]:
+    """The lines of a UTF-8 text file (``.gz`` works), split on ``\n`` only; ``ValueError`` naming the file when it
+    is empty or not UTF-8 (with the line and byte offset of the first bad byte)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as handle:
+        data = handle.read()
+    if not data:
+        raise ValueError(f"{split} file {path} is empty")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        where = "of the decompressed text " if path.endswith(".gz") else ""
+        raise ValueError(
+            f"{split} file {path} is not UTF-8: line {line}, byte offset {error.start} {where}"
+            f"({data[error.start:error.start + 1]!r}: {error.reason}); convert it, e.g. with iconv -t UTF-8"
+        ) from None
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()  # the final newline ends the last line rather than starting an empty one
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _load_table(fmt: str, path: str, split: str) -> Dataset:
+    """A json/jsonl/csv file as a Dataset; an empty, non-UTF-8 or malformed file fails naming the file."""
+    # 🤗 datasets fails on an empty file without naming it and reads some non-UTF-8 bytes without complaint.
+    read_lines(path, split)
+    try:
+        table = load_dataset(fmt, data_files={split: path}, split=split)
+    except DatasetGenerationError as error:
+        raise ValueError(f"{split} file {path} is not valid {fmt}: {error.__cause__ or error}") from error
+    if len(table) == 0:
+        raise ValueError(f"{split} file {path} holds no rows")
+    return table
+
+
 def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: str) -> DatasetDict:
     """A ``DatasetDict`` with one string column per language (``source_lang``, ``target_lang``) for each split."""
     if source_lang == target_lang:
@@ -36,7 +80,7 @@ def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: st
         fmt = _table_format(pattern)
         if fmt is not None:
             _check_exists(pattern, split)
-            table = load_dataset(fmt, data_files={split: pattern}, split=split)
+            table = _load_table(fmt, pattern, split)
             if "translation" in table.column_names:
                 table = table.map(lambda row: row["translation"], remove_columns=table.column_names)
             missing = [lang for lang in (source_lang, target_lang) if lang not in table.column_names]
@@ -50,18 +94,16 @@ def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: st
                 f"{split} file {pattern!r} is neither .json/.jsonl/.csv nor a text-file pattern holding '{{lang}}' "
                 f"(e.g. train.{{lang}}.gz)"
             )
-        sides = []
-        for lang in (source_lang, target_lang):
-            path = pattern.format(lang=lang)
+        paths = {lang: pattern.format(lang=lang) for lang in (source_lang, target_lang)}
+        for path in paths.values():
             _check_exists(path, split)
-            text = load_dataset("text", data_files={split: path}, split=split)
-            sides.append(text.rename_column("text", lang))
-        if len(sides[0]) != len(sides[1]):
+        sides = {lang: read_lines(path, split) for lang, path in paths.items()}
+        counts = {paths[lang]: len(lines) for lang, lines in sides.items()}
+        if len(set(counts.values())) > 1:
             raise ValueError(
-                f"{split} files are not aligned: {pattern.format(lang=source_lang)} has {len(sides[0])} lines, "
-                f"{pattern.format(lang=target_lang)} has {len(sides[1])}"
+                f"{split} files are not aligned: " + ", ".join(f"{path} has {n} lines" for path, n in counts.items())
             )
-        splits[split] = concatenate_datasets(sides, axis=1)
+        splits[split] = Dataset.from_dict(sides)
     return DatasetDict(splits)
 
 
@@ -70,7 +112,14 @@ def load_monolingual(split_files: dict[str, str], text_column: str = "text") -> 
     splits = {}
     for split, path in split_files.items():
         _check_exists(path, split)
-        table = load_dataset(_table_format(path) or "text", data_files={split: path}, split=split)
+        fmt = _table_format(path)
+        if fmt is None:
+            if text_column != "text":
+                raise ValueError(f"{split} file {path} is plain text (one 'text' column); text_column applies to "
+                                 f"json/jsonl/csv files, got {text_column!r}")
+            splits[split] = Dataset.from_dict({"text": read_lines(path, split)})
+            continue
+        table = _load_table(fmt, path, split)
         if text_column not in table.column_names:
             raise ValueError(f"{split} file {path} has no column {text_column!r}; its columns are {table.column_names}")
         table = table.select_columns([text_column])
@@ -148,4 +197,7 @@ def token_counts(
     return torch.from_numpy(counts)
 
 
-__all__ = ["group_texts", "load_monolingual", "load_parallel", "token_counts", "tokenize_parallel", "training_texts"]
+__all__ = [
+    "group_texts", "load_monolingual", "load_parallel", "read_lines", "token_counts", "tokenize_parallel",
+    "training_texts",
+]
