@@ -9,9 +9,11 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration, TiedNormBartModel
 from .modeling_tiednorm_causal import TiedNormCausalModel, TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration, TiedNormSeq2SeqModel
+from .modeling_tiednorm_wrapped import TiedNormWrappedForCausalLM, TiedNormWrappedForSeq2SeqLM
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
 from .pipeline_translation import TiedNormTranslationPipeline
 
@@ -25,6 +27,16 @@ for config_class, base_model, lm_model, lm_auto in (
     lm_auto.register(config_class, lm_model)
     config_class.register_for_auto_class()
     base_model.register_for_auto_class("AutoModel")
+    lm_model.register_for_auto_class(lm_auto.__name__)
+
+# Any tied transformers LM with the normalized head (convert.normalize_tied_head): one config, two model classes.
+AutoConfig.register(TiedNormWrappedConfig.model_type, TiedNormWrappedConfig)
+TiedNormWrappedConfig.register_for_auto_class()
+for lm_model, lm_auto in (
+    (TiedNormWrappedForCausalLM, AutoModelForCausalLM),
+    (TiedNormWrappedForSeq2SeqLM, AutoModelForSeq2SeqLM),
+):
+    lm_auto.register(TiedNormWrappedConfig, lm_model)
     lm_model.register_for_auto_class(lm_auto.__name__)
 
 PIPELINE_REGISTRY.register_pipeline(
@@ -48,4 +60,7 @@ __all__ = [
     "TiedNormSeq2SeqConfig",
     "TiedNormSeq2SeqModel",
     "TiedNormTranslationPipeline",
+    "TiedNormWrappedConfig",
+    "TiedNormWrappedForCausalLM",
+    "TiedNormWrappedForSeq2SeqLM",
 ]

@@ -1,27 +1,27 @@
-"""Convert a tied checkpoint of a native ``transformers`` model into an hf_tiednorm model with a chosen head mode.
+"""Give a tied checkpoint of any ``transformers`` causal LM or encoder-decoder the normalized tied head.
 
-Supported sources (local folders written by ``save_pretrained``):
+Two targets, chosen by the source's ``model_type``:
 
-* ``MarianMTModel`` (``model_type="marian"``) with tied output embeddings, encoder and decoder sharing one vocabulary
-  (three-way tying) or not (decoder tying) -> ``TiedNormForConditionalGeneration``. Our seq2seq model *is* Marian's
-  architecture, so every weight maps 1:1 under the same name. Marian's ``final_logits_bias`` has no counterpart
-  (our head has no free bias); it is zero in released Marian models and a non-zero one is refused.
-* ``BartForConditionalGeneration`` (``model_type="bart"``) with tied output embeddings -> the BART-based
-  ``TiedNormBartForConditionalGeneration`` with ``tie_topology="three_way"`` (BART's encoder and decoder always share
-  one vocabulary): same architecture (learned positions, ``layernorm_embedding``, in-module embedding scale), same
-  weight names, and the same rule for ``final_logits_bias`` as Marian.
-* ``LlamaForCausalLM`` (``model_type="llama"``) with ``tie_word_embeddings=True`` -> ``TiedNormForCausalLM``, again a
-  1:1 mapping of identically named weights.
+* ``marian``, ``bart`` and ``llama`` map 1:1 onto hf_tiednorm's own families (``TiedNormForConditionalGeneration``,
+  ``TiedNormBartForConditionalGeneration``, ``TiedNormForCausalLM``), which add the technique fields (adaptive
+  softmax, regularizers, chunked loss). Marian's / BART's ``final_logits_bias`` has no counterpart there (it is zero in
+  released models; a non-zero one is refused: convert with ``generic=True`` to keep it).
+* Every other tied causal LM or encoder-decoder (GPT-2, Qwen2/3, Gemma 2/3, Mistral, Phi-3, T5, mBART, M2M100/NLLB,
+  ...), and those three with ``generic=True``, is wrapped as it is: ``TiedNormWrappedForCausalLM`` /
+  ``TiedNormWrappedForSeq2SeqLM`` (modeling_tiednorm_wrapped.py) keep transformers' own model and replace only its
+  output layer (and, in l2 mode, its lookups), so what the architecture does around the head is kept.
 
 With ``head_mode="baseline"`` the converted model computes exactly the source's logits. Other modes keep every
-weight as it is and change only how the output layer scores tokens (the model then needs fine-tuning).
+weight and change only how the output layer scores tokens (and, in l2 mode, the input lookups); the model then needs
+fine-tuning. Untied sources are refused: the normalized head scores with the input embedding, so a separate output
+matrix would be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
+matrix is refused too. The source folder is only read.
 
-Refused with an explanation: untied sources, a non-zero ``final_logits_bias``, and any other ``model_type``.
-The source folder is only read.
+``normalize_tied_head`` does the same for a model already loaded in memory.
 
 CLI::
 
-    python -m hf_tiednorm.convert path/to/opus-mt-de-en converted/ --head-mode cosine
+    python -m hf_tiednorm.convert path/to/gpt2 converted/ --head-mode cosine
 """
 
 from __future__ import annotations
@@ -30,24 +30,40 @@ import argparse
 import os
 from pathlib import Path
 
-from transformers import AutoConfig, BartForConditionalGeneration, LlamaForCausalLM, MarianMTModel, PreTrainedModel
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BartForConditionalGeneration,
+    LlamaForCausalLM,
+    MarianMTModel,
+    PreTrainedModel,
+)
 
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .hub import copy_tokenizer
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
 from .modeling_tiednorm_causal import TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration
-from .normalized_head import HEAD_MODES, LOGIT_SCALES
+from .modeling_tiednorm_wrapped import (
+    TiedNormWrappedForCausalLM,
+    TiedNormWrappedForSeq2SeqLM,
+    TiedNormWrappedPreTrainedModel,
+)
+from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead, unit_rows
 
-# model_type -> (source class, target config class, target model class)
+# model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
     "marian": (MarianMTModel, TiedNormSeq2SeqConfig, TiedNormForConditionalGeneration),
     "bart": (BartForConditionalGeneration, TiedNormBartConfig, TiedNormBartForConditionalGeneration),
     "llama": (LlamaForCausalLM, TiedNormCausalConfig, TiedNormForCausalLM),
 }
 _SUPPORTED_TEXT = (
-    "MarianMTModel (model_type 'marian'), BartForConditionalGeneration (model_type 'bart') and LlamaForCausalLM "
-    "(model_type 'llama'), with tied embeddings"
+    "any transformers causal LM (AutoModelForCausalLM) or encoder-decoder (AutoModelForSeq2SeqLM) whose output layer "
+    "is tied to its input embedding"
 )
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
@@ -60,19 +76,122 @@ _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 _TARGET_ONLY_KEYS = {"lm_head.logit_scale"}
 
 
+def _auto_class(config) -> type:
+    """The Auto class that builds the LM of ``config``: seq2seq for encoder-decoders, causal otherwise."""
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    if type(config) not in auto._model_mapping:
+        raise ValueError(
+            f"cannot convert this checkpoint: {auto.__name__} has no model for model_type {config.model_type!r}. "
+            f"Supported: {_SUPPORTED_TEXT}."
+        )
+    return auto
+
+
+def _check_convertible(config) -> None:
+    """Refuse, before any weight is loaded, what the config alone shows cannot convert."""
+    if config.model_type.startswith("tiednorm"):
+        raise ValueError(
+            f"this is an hf_tiednorm model already (model_type {config.model_type!r}): its head is normalized; "
+            "change head_mode in its config instead of converting it"
+        )
+    if not getattr(config, "tie_word_embeddings", False):
+        raise ValueError(
+            f"the {config.model_type} checkpoint has untied output embeddings (tie_word_embeddings=False): the "
+            "normalized head scores tokens with the shared input embedding, so converting would drop the separate "
+            f"output matrix and change the model. Supported: {_SUPPORTED_TEXT}."
+        )
+
+
+def check_tied(model: PreTrainedModel) -> None:
+    """Raise ``ValueError`` unless ``model``'s output layer is a bias-free linear layer holding its input embedding
+    matrix: the same tensor, or (a checkpoint that stored both) equal values."""
+    _check_convertible(model.config)
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if not isinstance(head, nn.Linear) or isinstance(head, TiedNormHead):
+        raise ValueError(
+            f"{type(model).__name__} has no plain linear output layer (got {type(head).__name__}); "
+            f"pass a model with an LM head ({_SUPPORTED_TEXT})"
+        )
+    if head.bias is not None:
+        raise ValueError(f"the output layer of {type(model).__name__} has a bias, which a tied head cannot keep")
+    if head.weight is not embedding.weight:
+        if head.weight.shape != embedding.weight.shape or not torch.equal(head.weight, embedding.weight):
+            difference = (
+                f"shapes {tuple(head.weight.shape)} and {tuple(embedding.weight.shape)}"
+                if head.weight.shape != embedding.weight.shape
+                else f"max |difference| {(head.weight.float() - embedding.weight.float()).abs().max().item():.3g}"
+            )
+            raise ValueError(
+                f"the config says tie_word_embeddings=True but the checkpoint's output matrix differs from its input "
+                f"embedding ({difference}): it is untied, and converting would drop the output matrix. Set "
+                "tie_word_embeddings=False in its config.json to use it as the untied model it is."
+            )
+
+
+def _check_unit_lookups(model: TiedNormWrappedPreTrainedModel) -> None:
+    """In l2 mode, check that every normalized embedding module looks up ŵ_i (times one constant, the scale its class
+    applies): an architecture whose embedding class does not look up through ``nn.Embedding.forward`` is refused."""
+    for name, module in model.named_modules():
+        if isinstance(module, TiedNormEmbedding) and module.normalize:
+            ids = torch.arange(min(module.num_embeddings, 8), device=module.weight.device)
+            with torch.no_grad():
+                looked_up = module(ids).float()  # (8, d)
+            scale = torch.linalg.vector_norm(looked_up, dim=-1, keepdim=True)  # one constant if the lookup is right
+            expected = unit_rows(module.weight[ids].float(), module.norm_eps) * scale
+            if not (torch.allclose(looked_up, expected, atol=1e-5) and torch.allclose(scale, scale[0], rtol=1e-3)):
+                raise ValueError(
+                    f"head_mode 'l2' needs unit-row lookups, but {name} ({type(module).__bases__[0].__name__}) does "
+                    "not look up through nn.Embedding.forward; use another head_mode for this architecture"
+                )
+
+
+def normalize_tied_head(
+    model: PreTrainedModel,
+    head_mode: str,
+    *,
+    logit_scale: str = "none",
+    logit_scale_init: float | None = None,
+    norm_eps: float = 1e-6,
+) -> TiedNormWrappedPreTrainedModel:
+    """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
+
+    The model itself is adopted, not copied: the result holds it as ``.model`` with its output layer replaced by a
+    ``TiedNormHead`` (and, in l2 mode, unit-row lookups), and shares its weights. ``head_mode="baseline"`` gives
+    exactly ``model``'s logits. The result saves and reloads with ``AutoModelFor*.from_pretrained(folder,
+    trust_remote_code=True)``.
+
+    Args:
+        model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings.
+        head_mode: one of ``HEAD_MODES``.
+        logit_scale, logit_scale_init, norm_eps: the head's fields (configuration_tiednorm_wrapped.py).
+
+    Returns:
+        ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
+    """
+    check_tied(model)
+    auto = _auto_class(model.config)
+    if type(model) is not auto._model_mapping[type(model.config)]:
+        raise ValueError(
+            f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
+            f"({auto._model_mapping[type(model.config)].__name__}), which a saved conversion reloads as"
+        )
+    config = TiedNormWrappedConfig(
+        text_config=model.config,
+        head_mode=head_mode,
+        logit_scale=logit_scale,
+        logit_scale_init=logit_scale_init,
+        norm_eps=norm_eps,
+    )
+    wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
+    wrapper = wrapper_class(config, body=model).train(model.training)
+    if head_mode == "l2":
+        _check_unit_lookups(wrapper)
+    return wrapper
+
+
 def _target_config(source_config, head_mode: str, logit_scale: str, logit_scale_init: float | None):
+    """The config of our own family for a marian / bart / llama source."""
     model_type = source_config.model_type
-    if model_type not in SUPPORTED_SOURCES:
-        raise ValueError(
-            f"cannot convert this checkpoint: model_type {model_type!r} is not supported. Supported sources: "
-            f"{_SUPPORTED_TEXT}."
-        )
-    if not source_config.tie_word_embeddings:
-        raise ValueError(
-            f"the {model_type} checkpoint has untied output embeddings (tie_word_embeddings=False): the normalized "
-            f"head scores tokens with the shared input embedding, so only tied checkpoints convert. Supported: "
-            f"{_SUPPORTED_TEXT}."
-        )
     fields = {k: v for k, v in source_config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
     head_fields = {"head_mode": head_mode, "logit_scale": logit_scale, "logit_scale_init": logit_scale_init}
     if model_type == "marian":
@@ -82,6 +201,32 @@ def _target_config(source_config, head_mode: str, logit_scale: str, logit_scale_
     return SUPPORTED_SOURCES[model_type][1](**fields, **head_fields)
 
 
+def _to_own_family(
+    source: Path, source_model: PreTrainedModel, head_mode: str, logit_scale: str, logit_scale_init: float | None
+) -> PreTrainedModel:
+    """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
+    config = _target_config(source_model.config, head_mode, logit_scale, logit_scale_init)
+    target_class = SUPPORTED_SOURCES[source_model.config.model_type][2]
+    state = source_model.state_dict()
+    if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
+        raise ValueError(
+            f"{source} has a non-zero final_logits_bias, which hf_tiednorm's own {target_class.__name__} has no "
+            "parameter for (converting would change the logits); convert with generic=True (CLI: --generic), which "
+            "keeps the architecture's final_logits_bias"
+        )
+    model = target_class(config).to(source_model.dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing) - _TARGET_ONLY_KEYS
+    unexpected = set(unexpected) - _SOURCE_ONLY_KEYS
+    if missing or unexpected:  # the architectures differ: a 1:1 mapping would be wrong
+        raise ValueError(
+            f"weights of {source} do not map 1:1 onto {target_class.__name__}: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    model.generation_config = source_model.generation_config
+    return model
+
+
 def convert_checkpoint(
     source: str | os.PathLike,
     output_dir: str | os.PathLike | None = None,
@@ -89,11 +234,14 @@ def convert_checkpoint(
     head_mode: str = "baseline",
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
+    generic: bool = False,
 ) -> PreTrainedModel:
-    """Load the tied checkpoint in ``source`` as the matching hf_tiednorm model with ``head_mode``.
+    """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
-    With ``output_dir`` (new or empty, outside ``source``), the converted model is saved there with its remote code,
-    and the source's tokenizer if it has one. Returns the converted model in eval mode.
+    marian / bart / llama sources become our own families unless ``generic``; every other tied causal LM or
+    encoder-decoder is wrapped (``normalize_tied_head``). With ``output_dir`` (new or empty, outside ``source``), the
+    converted model is saved there with its remote code, and the source's tokenizer if it has one. Returns the
+    converted model in eval mode.
     """
     source = Path(source)
     if not (source / "config.json").is_file():
@@ -110,26 +258,16 @@ def convert_checkpoint(
             raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the converted model")
 
     source_config = AutoConfig.from_pretrained(source)
-    config = _target_config(source_config, head_mode, logit_scale, logit_scale_init)
-    source_class, _, target_class = SUPPORTED_SOURCES[source_config.model_type]
-    source_model = source_class.from_pretrained(source, dtype="auto")
-    state = source_model.state_dict()
-    if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
-        raise ValueError(
-            f"{source} has a non-zero final_logits_bias, which hf_tiednorm's head has no parameter for (the distance "
-            "mode derives its bias from W); converting would change the logits"
+    _check_convertible(source_config)  # before loading any weight
+    auto = _auto_class(source_config)
+    source_model = auto.from_pretrained(source, dtype="auto").eval()
+    check_tied(source_model)
+    if source_config.model_type in SUPPORTED_SOURCES and not generic:
+        model = _to_own_family(source, source_model, head_mode, logit_scale, logit_scale_init)
+    else:
+        model = normalize_tied_head(
+            source_model, head_mode, logit_scale=logit_scale, logit_scale_init=logit_scale_init
         )
-
-    model = target_class(config).to(source_model.dtype)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = set(missing) - _TARGET_ONLY_KEYS
-    unexpected = set(unexpected) - _SOURCE_ONLY_KEYS
-    if missing or unexpected:  # the architectures differ: a 1:1 mapping would be wrong
-        raise ValueError(
-            f"weights of {source} do not map 1:1 onto {target_class.__name__}: missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
-    model.generation_config = source_model.generation_config
     model.eval()
 
     if output_dir is not None:
@@ -140,12 +278,18 @@ def convert_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=f"Convert a tied checkpoint ({_SUPPORTED_TEXT}) to hf_tiednorm.")
+    parser = argparse.ArgumentParser(description=f"Give a tied checkpoint ({_SUPPORTED_TEXT}) the normalized head.")
     parser.add_argument("source", help="local folder of the source checkpoint")
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
     parser.add_argument("--head-mode", default="baseline", choices=HEAD_MODES)
     parser.add_argument("--logit-scale", default="none", choices=LOGIT_SCALES)
     parser.add_argument("--logit-scale-init", type=float, help="g for 'fixed', initial g for 'scalar'/'vector'")
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
+        "mapping them onto hf_tiednorm's own families",
+    )
     args = parser.parse_args(argv)
     convert_checkpoint(
         args.source,
@@ -153,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         head_mode=args.head_mode,
         logit_scale=args.logit_scale,
         logit_scale_init=args.logit_scale_init,
+        generic=args.generic,
     )
     print(f"wrote {args.output_dir}")
 

@@ -1,0 +1,196 @@
+"""The normalized tied head around any transformers causal LM or encoder-decoder, with transformers' own code.
+
+``TiedNormWrappedForCausalLM`` / ``TiedNormWrappedForSeq2SeqLM`` hold, as ``self.model``, the model that
+``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM`` builds from ``config.text_config`` (GPT-2, Llama, Qwen2/3,
+Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exactly two things in it:
+
+* its output layer becomes a ``TiedNormHead`` sharing the input embedding matrix; the architecture's forward still
+  calls it where it called its ``nn.Linear``, so what it does around the head is kept as it is: final norm before it,
+  T5's d^-1/2 rescale of the decoder output (tied T5), Gemma 2/3's final-logit soft-capping after it (the cap bounds
+  the normalized score, g included), BART/mBART/Marian's ``final_logits_bias`` added after it;
+* in ``l2`` mode, every embedding module holding the shared matrix looks up unit rows ŵ_i before the scale its
+  class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings scale ŵ_i), so the model in l2 mode
+  equals the same model with unit-norm embedding rows.
+
+``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
+wrapped model's: ``forward`` and ``generate`` call it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+
+from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from .normalized_head import TiedNormEmbedding, TiedNormHead
+from .peft_guard import check_head_not_bypassed
+
+_UNIT_LOOKUP_CLASSES: dict[type, type] = {}
+
+
+def unit_lookups(embedding: nn.Embedding, norm_eps: float) -> None:
+    """Make ``embedding`` look up ŵ_i = w_i/‖w_i‖ (the l2 mode's input side, Liu et al. eq. 19), in place.
+
+    The module keeps its class's behaviour: its class is replaced by a subclass of it and of ``TiedNormEmbedding``,
+    whose lookup the class's own ``forward`` reaches through ``super().forward``, so a scale it applies (Gemma's
+    ``embed_scale``) multiplies ŵ_i. Weights and state-dict keys do not change.
+    """
+    cls = type(embedding)
+    if not issubclass(cls, TiedNormEmbedding):
+        if cls is nn.Embedding:
+            unit_class = TiedNormEmbedding
+        else:
+            if cls not in _UNIT_LOOKUP_CLASSES:
+                _UNIT_LOOKUP_CLASSES[cls] = type(f"TiedNormUnit{cls.__name__}", (cls, TiedNormEmbedding), {})
+            unit_class = _UNIT_LOOKUP_CLASSES[cls]
+        embedding.__class__ = unit_class
+    embedding.normalize = True
+    embedding.norm_eps = norm_eps
+
+
+def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
+    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing its input embedding matrix (and, in l2 mode, make
+    every embedding module holding that matrix look up unit rows). Returns the new head."""
+    embedding = body.get_input_embeddings()
+    weight = embedding.weight  # (V, d)
+    head = TiedNormHead(
+        weight.shape[1],
+        weight.shape[0],
+        head_mode=config.head_mode,
+        logit_scale=config.logit_scale,
+        logit_scale_init=config.logit_scale_init,
+        norm_eps=config.norm_eps,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    head.weight = weight  # Press & Wolf: the output embedding is the input embedding
+    body.set_output_embeddings(head)
+    if config.head_mode == "l2":
+        # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
+        for module in body.modules():
+            if isinstance(module, nn.Embedding) and module.weight is weight:
+                unit_lookups(module, config.norm_eps)
+    return head
+
+
+class TiedNormWrappedPreTrainedModel(PreTrainedModel):
+    """Builds (or adopts) the wrapped model and delegates the embedding accessors to it."""
+
+    config_class = TiedNormWrappedConfig
+    config: TiedNormWrappedConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    # The Auto class that builds the wrapped model from config.text_config.
+    body_auto_class: type = AutoModelForCausalLM
+
+    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
+        """``body``: an already loaded model of ``config.text_config`` to adopt with its weights (the in-memory
+        conversion); None builds one (random weights, or on the meta device under ``from_pretrained``)."""
+        super().__init__(config)
+        if config.is_encoder_decoder != (self.body_auto_class is AutoModelForSeq2SeqLM):
+            other = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
+            raise ValueError(f"{type(self).__name__} cannot wrap a {config.text_config.model_type} model; use {other}")
+        if body is None:
+            # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
+            body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
+        self.model = body
+        self.generation_config = body.generation_config  # from_pretrained replaces it by the saved one
+        config.text_config = body.config  # one config object, so that resizing or use_cache reach the body
+        install_normalized_head(body, config)
+        if not any(p.is_meta for p in body.parameters()):
+            # An adopted or freshly built body is initialized already; post_init must not re-initialize the new head,
+            # whose weight is the shared embedding.
+            for module in body.modules():
+                module._is_hf_initialized = True
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        head = self.get_output_embeddings()
+        if isinstance(new_embeddings, TiedNormHead):
+            self.model.set_output_embeddings(new_embeddings)
+            return
+        # A plain nn.Linear (HF's resize builds one): adopt its weight and keep the scoring mode.
+        head.weight = new_embeddings.weight
+        head.match_vocab_size()
+
+    def get_encoder(self) -> nn.Module:
+        return self.model.get_encoder()
+
+    def get_decoder(self) -> nn.Module:
+        return self.model.get_decoder()
+
+    def output_embedding_weights(self) -> list[torch.Tensor]:
+        """The output embedding matrix (V, d), shared with the input embedding (the training scripts' tie check)."""
+        return [self.get_output_embeddings().weight]
+
+    def compose_loss(
+        self, cross_entropy: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss and its terms, as the model families report them: the wrapped model's loss has no penalties."""
+        return cross_entropy, {"cross_entropy": cross_entropy}
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        # The wrapped model resizes its embedding in place (and its final_logits_bias, if any) but replaces the
+        # output layer by a plain nn.Linear; put the normalized head back on the resized shared matrix.
+        head = self.get_output_embeddings()
+        embeddings = self.model.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.model.set_output_embeddings(head)
+        head.weight = embeddings.weight
+        head.match_vocab_size()
+        return embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ):
+        """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``past_key_values``),
+        returning its output: ``logits`` (batch, length, V) from the normalized head."""
+        check_head_not_bypassed(self)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
+        ``generation_config``."""
+        check_head_not_bypassed(self)
+        self.model.generation_config = self.generation_config
+        return self.model.generate(*args, **kwargs)
+
+
+class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+    """A causal LM of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
+
+    body_auto_class = AutoModelForCausalLM
+
+
+class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+    """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
+
+    body_auto_class = AutoModelForSeq2SeqLM
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        # DataCollatorForSeq2Seq builds decoder inputs with the wrapped model's rule (shift right, start token).
+        return self.model.prepare_decoder_input_ids_from_labels(labels=labels)
+
+
+__all__ = [
+    "TiedNormWrappedForCausalLM",
+    "TiedNormWrappedForSeq2SeqLM",
+    "TiedNormWrappedPreTrainedModel",
+    "install_normalized_head",
+    "unit_lookups",
+]
