@@ -108,6 +108,9 @@ def push_to_hub(
     The endpoint is huggingface_hub's (``HF_ENDPOINT``); the token is ``token``, else ``HF_TOKEN`` or the one saved
     by ``hf auth login``.
     """
+    # The path first: a typo in it is the likelier mistake, and the token error would hide it.
+    if not Path(checkpoint).is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {checkpoint}")
     card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
     if dry_run_dir is not None:
         return prepare_upload_folder(checkpoint, dry_run_dir, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)

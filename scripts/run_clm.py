@@ -11,8 +11,13 @@ group and each would train alone as rank 0; the script refuses to start then. `a
 --num_processes 2` starts only one process (accelerate 1.15). Every rank logs "rank N: trained S steps".
 
 Lines are tokenized (each ends with </s>), concatenated and cut into --block_size blocks, as in HF's run_clm.
-Without --model_name_or_path a BPE tokenizer is trained on the training text and saved in --output_dir (one
-already there is reused, so a resumed run keeps its vocabulary). Perplexity = exp(mean token cross-entropy, without
+One run per --output_dir, as in HF's example scripts: a folder holding another run's outputs is refused unless
+--overwrite_output_dir (which deletes them first) or --resume_from_checkpoint (which continues that run: "last" is
+its newest complete checkpoint, and the checkpoint's architecture must match the flags). The final model is saved
+through a staging folder, so a kill never leaves a new config.json over old weights (hf_tiednorm/training.py).
+
+Without --model_name_or_path a BPE tokenizer is trained on the training text and saved in --output_dir (a resumed
+run loads its checkpoint's, so it keeps its vocabulary). Perplexity = exp(mean token cross-entropy, without
 regularizer penalties) on the validation and test files.
 
 Technique flags of a new model (Press & Wolf's projection regularization, Herold et al.'s weight-norm
@@ -45,13 +50,17 @@ from hf_tiednorm.model_card import write_model_card
 from hf_tiednorm.plots import plot_embedding_norms
 from hf_tiednorm.tokenization import train_joint_tokenizer
 from hf_tiednorm.training import (
+    OutputDirArguments,
     TiedNormModelArguments,
     TiedWeightsCheck,
+    check_resume_config,
     check_world_size,
     configure_threads,
     frequency_ordered,
     parse_arguments,
+    prepare_output_dir,
     resolve_resume_checkpoint,
+    save_final_model,
 )
 from hf_tiednorm.weight_norm_init import weight_norm_init_
 
@@ -105,7 +114,9 @@ class DataArguments:
 
 
 def main() -> None:
-    model_args, data_args, training_args = parse_arguments((ModelArguments, DataArguments, TrainingArguments))
+    model_args, data_args, output_args, training_args = parse_arguments(
+        (ModelArguments, DataArguments, OutputDirArguments, TrainingArguments)
+    )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     check_world_size(training_args)
@@ -114,15 +125,25 @@ def main() -> None:
         raise ValueError("use --label_smoothing (the model's loss) instead of --label_smoothing_factor")
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume_checkpoint(training_args)
-    if model_args.model_name_or_path is None:  # fail on bad flags before any work
-        model_args.check_new_model(hf_tiednorm.TiedNormCausalConfig)
-    set_seed(training_args.seed)
-
+    # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.
+    run_config = model_args.run_config(hf_tiednorm.TiedNormCausalConfig)
+    # A new model gets max(--block_size, 512) positions (below); a saved one has its own.
+    if model_args.model_name_or_path is not None and data_args.block_size > run_config.max_position_embeddings:
+        raise ValueError(
+            f"--block_size {data_args.block_size} exceeds the saved model's max_position_embeddings="
+            f"{run_config.max_position_embeddings}; lower --block_size to at most that"
+        )
+    check_resume_config(resume, run_config, model_args.architecture_fields())
     split_files = {"train": data_args.train_file}
     if data_args.validation_file:
         split_files["validation"] = data_args.validation_file
     if data_args.test_file:
         split_files["test"] = data_args.test_file
+    inputs = {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
+              **{f"--{split}_file": path for split, path in split_files.items()}}
+    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, inputs)
+    set_seed(training_args.seed)
+
     raw = load_monolingual(split_files, data_args.text_column)
     for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
                          ("test", data_args.max_eval_samples)):
@@ -130,7 +151,7 @@ def main() -> None:
             raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
 
     with training_args.main_process_first(desc="tokenizer"):
-        tokenizer_source = model_args.tokenizer_source(output_dir)
+        tokenizer_source = model_args.tokenizer_source(resume, output_dir)
         if tokenizer_source is not None:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
         else:
@@ -146,8 +167,7 @@ def main() -> None:
             tokenizer.save_pretrained(output_dir)
 
     if model_args.model_name_or_path is not None:
-        config = model_args.finetune_config()
-        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=config)
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=run_config)
     else:
         config = hf_tiednorm.TiedNormCausalConfig(
             vocab_size=len(tokenizer),
@@ -160,10 +180,6 @@ def main() -> None:
         model = hf_tiednorm.TiedNormForCausalLM(config)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
-    if data_args.block_size > model.config.max_position_embeddings:
-        raise ValueError(
-            f"--block_size {data_args.block_size} > max_position_embeddings {model.config.max_position_embeddings}"
-        )
 
     with training_args.main_process_first(desc="grouping texts"):
         blocks = group_texts(raw, tokenizer, data_args.block_size, data_args.preprocessing_num_workers)
@@ -190,7 +206,7 @@ def main() -> None:
     results: dict = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model()
+        save_final_model(trainer)  # model + tokenizer
         metrics = dict(train_result.metrics, train_blocks=len(blocks["train"]))
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)

@@ -11,8 +11,14 @@ Without ACCELERATE_USE_CPU=true (or --use_cpu true) on a machine without GPUs, t
 group and each would train alone as rank 0; the script refuses to start then. `accelerate launch --cpu
 --num_processes 2` starts only one process (accelerate 1.15). Every rank logs "rank N: trained S steps".
 
+One run per --output_dir, as in HF's example scripts: a folder holding another run's outputs is refused unless
+--overwrite_output_dir (which deletes them first) or --resume_from_checkpoint (which continues that run: "last" is
+its newest complete checkpoint, and the checkpoint's architecture must match the flags). The final model is saved
+through a staging folder, so a kill never leaves a new config.json over old weights (hf_tiednorm/training.py).
+--max_source_length, --max_target_length and --generation_max_length may not exceed the model's positions.
+
 Without --model_name_or_path a joint BPE tokenizer is trained on both sides of the training data and saved in
---output_dir (a tokenizer already there is reused, so a resumed run keeps its vocabulary). Validation and test
+--output_dir (a resumed run loads its checkpoint's, so it keeps its vocabulary). Validation and test
 are scored with sacreBLEU (detokenized, via the offline metric module in hf_tiednorm/metrics) on generated
 translations; --generation_num_beams and --length_penalty control the beam search.
 
@@ -52,13 +58,17 @@ from hf_tiednorm.model_card import write_model_card
 from hf_tiednorm.plots import plot_embedding_norms
 from hf_tiednorm.tokenization import train_joint_tokenizer
 from hf_tiednorm.training import (
+    OutputDirArguments,
     TiedNormModelArguments,
     TiedWeightsCheck,
+    check_resume_config,
     check_world_size,
     configure_threads,
     frequency_ordered,
     parse_arguments,
+    prepare_output_dir,
     resolve_resume_checkpoint,
+    save_final_model,
 )
 from hf_tiednorm.weight_norm_init import weight_norm_init_
 
@@ -150,8 +160,8 @@ class TimeBudgetCallback(TrainerCallback):
 
 
 def main() -> None:
-    model_args, data_args, run_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)
+    model_args, data_args, run_args, output_args, training_args = parse_arguments(
+        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, Seq2SeqTrainingArguments)
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
@@ -163,15 +173,29 @@ def main() -> None:
         raise ValueError("--early_stopping_patience needs --load_best_model_at_end true and an eval/save strategy")
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume_checkpoint(training_args)
-    if model_args.model_name_or_path is None:  # fail on bad flags before any work
-        model_args.check_new_model(hf_tiednorm.TiedNormSeq2SeqConfig)
-    set_seed(training_args.seed)
-
+    # Bad flags fail before any work: the config, sequence lengths the positions cannot hold, a resumed architecture.
+    run_config = model_args.run_config(hf_tiednorm.TiedNormSeq2SeqConfig)
+    positions = run_config.max_position_embeddings
+    for flag, length in (("--max_source_length", data_args.max_source_length),
+                         ("--max_target_length", data_args.max_target_length),
+                         ("--generation_max_length", training_args.generation_max_length)):
+        if length is not None and length > positions:
+            remedy = "" if model_args.model_name_or_path else " or raise --max_position_embeddings"
+            raise ValueError(
+                f"{flag} {length} exceeds the model's max_position_embeddings={positions}: a longer sequence would "
+                f"index past its position table mid-training; lower {flag} to at most {positions}{remedy}"
+            )
+    check_resume_config(resume, run_config, model_args.architecture_fields())
     split_files = {"train": data_args.train_file}
     if data_args.validation_file:
         split_files["validation"] = data_args.validation_file
     if data_args.test_file:
         split_files["test"] = data_args.test_file
+    inputs = {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
+              **{f"--{split}_file": path for split, path in split_files.items()}}
+    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, inputs)
+    set_seed(training_args.seed)
+
     raw = load_parallel(split_files, data_args.source_lang, data_args.target_lang)
     for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
                          ("test", data_args.max_predict_samples)):
@@ -180,7 +204,7 @@ def main() -> None:
 
     # The tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new one.
     with training_args.main_process_first(desc="tokenizer"):
-        tokenizer_source = model_args.tokenizer_source(output_dir)
+        tokenizer_source = model_args.tokenizer_source(resume, output_dir)
         if tokenizer_source is not None:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
         else:
@@ -203,8 +227,7 @@ def main() -> None:
     logger.info("tokenizer from %s: %d tokens", tokenizer_source or "training data", len(tokenizer))
 
     if model_args.model_name_or_path is not None:
-        config = model_args.finetune_config()
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=config)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=run_config)
     else:
         config = hf_tiednorm.TiedNormSeq2SeqConfig(
             vocab_size=len(tokenizer),
@@ -274,7 +297,7 @@ def main() -> None:
     if training_args.do_train:
         start = time.monotonic()
         train_result = trainer.train(resume_from_checkpoint=resume)
-        trainer.save_model()  # model + tokenizer
+        save_final_model(trainer)  # model + tokenizer
         minutes = (time.monotonic() - start) / 60
         metrics = dict(train_result.metrics, train_samples=len(tokenized["train"]), train_minutes=minutes)
         trainer.log_metrics("train", metrics)

@@ -23,6 +23,21 @@ TINY_TRANSLATION_FLAGS = [
 ]
 
 
+def write_tiny_parallel(folder: Path, n_train: int = 48, n_eval: int = 6) -> list[str]:
+    """Tiny de-en text files (train/val/test.{de,en}) made in code; returns the script flags that name them."""
+    subjects = [("ein hund", "a dog"), ("eine frau", "a woman"), ("ein kind", "a child"), ("ein mann", "a man")]
+    verbs = [("läuft", "runs"), ("spielt", "plays"), ("liest", "reads"), ("schläft", "sleeps")]
+    places = [("im park", "in the park"), ("am strand", "on the beach"), ("zu hause", "at home")]
+    pairs = [(f"{s[0]} {v[0]} {p[0]} .", f"{s[1]} {v[1]} {p[1]} .") for s in subjects for v in verbs for p in places]
+    flags = []
+    for split, name, count in (("train", "train", n_train), ("validation", "val", n_eval), ("test", "test", n_eval)):
+        for side, lang in enumerate(("de", "en")):
+            lines = [pairs[i % len(pairs)][side] for i in range(count)]
+            (folder / f"{name}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        flags += [f"--{split}_file", str(folder / f"{name}.{{lang}}")]
+    return flags
+
+
 def run_script(name: str, args: list[str], monkeypatch) -> None:
     """Run scripts/<name>.py's main() in this process with ``args`` as its command line."""
     module_name = f"script_{name}"

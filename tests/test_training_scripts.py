@@ -170,7 +170,7 @@ def test_plot_embedding_norms(trained_de_en, tmp_path):
         (["--label_smoothing_factor", "0.1"], ValueError, "use --label_smoothing"),
         (["--label_smoothing", "1.5"], ValueError, "label_smoothing must be in"),
         (["--model_name_or_path", "/nonexistent/model"], FileNotFoundError, "holds no config.json"),
-        (["--resume_from_checkpoint", "last"], FileNotFoundError, "no checkpoint in"),
+        (["--resume_from_checkpoint", "last"], FileNotFoundError, "no complete checkpoint in"),
         (["--tokenizer_model", "wordpiece"], ValueError, "--tokenizer_model must be one of"),
         (["--early_stopping_patience", "2"], ValueError, "needs --load_best_model_at_end"),
     ],
