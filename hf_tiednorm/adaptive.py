@@ -26,14 +26,13 @@ immaterial at the vocabulary sizes of this project.)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import HEAD_MODES, LOGIT_SCALES, _InferenceCache, _needs_grad, mode_column_terms, unit_rows
+from .normalized_head import NormalizedScoresMixin, mode_column_terms, unit_rows
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -98,7 +97,7 @@ class AdaptiveInput(nn.Module):
         return out.view(*input_ids.shape, self.hidden_size)
 
 
-class AdaptiveSoftmaxHead(nn.Module):
+class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
     """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
 
     ``bands[i].weight`` (n_i, d_i) and ``projections[i].weight`` (d, d_i) have the shapes of the input's band
@@ -117,28 +116,14 @@ class AdaptiveSoftmaxHead(nn.Module):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        if logit_scale not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
-        if head_mode not in HEAD_MODES:
-            raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
+        self.init_normalized_scores(head_mode, logit_scale, logit_scale_init, norm_eps, hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
-        self.head_mode = head_mode
-        self.logit_scale_kind = logit_scale
-        self.logit_scale_init = float(logit_scale_init) if logit_scale_init is not None else math.sqrt(hidden_size)
-        self.norm_eps = norm_eps
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)
         sizes = [hi - lo for lo, hi in zip(self.edges[:-1], self.edges[1:])]
         self.bands = nn.ModuleList(nn.Linear(dim, size, bias=False) for dim, size in zip(dims, sizes))
         self.projections = nn.ModuleList(nn.Linear(dim, hidden_size, bias=False) for dim in dims)
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
-        if logit_scale == "scalar":
-            self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init))
-        elif logit_scale == "vector":
-            self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init))
-        else:
-            self.logit_scale = None
-        self._cache = _InferenceCache()
 
     def extra_repr(self) -> str:
         return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}"
@@ -150,10 +135,8 @@ class AdaptiveSoftmaxHead(nn.Module):
         return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
 
     def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
-        g = None
-        if self.logit_scale_kind != "none":
-            g = self.logit_scale.float() if self.logit_scale is not None else torch.tensor(self.logit_scale_init)
-            g = g.to(self.cluster.weight.device)
+        """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
+        g = self.logit_scale_values(self.cluster.weight.device)
         terms = []
         for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
             scale, bias = mode_column_terms(band.weight, self.head_mode, self.norm_eps)  # (n_i,) each or None
@@ -163,15 +146,6 @@ class AdaptiveSoftmaxHead(nn.Module):
                 bias = None if bias is None else bias * g_band
             terms.append((scale, bias))
         return terms
-
-    def column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
-        """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map; cached at inference."""
-        tensors = [band.weight for band in self.bands] + [self.logit_scale]
-        if _needs_grad(*tensors):
-            return self._compute_column_terms()
-        key = _InferenceCache.key(*tensors)
-        cached = self._cache.get(key)
-        return cached if cached is not None else self._cache.put(key, self._compute_column_terms())
 
     def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
         """Normalized scores of every band's tokens: a list of (..., n_i) fp32 tensors."""

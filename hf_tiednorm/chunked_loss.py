@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from .token_loss import token_count
+
 STRATEGIES = ("fused", "recompute")
 
 
@@ -192,12 +194,7 @@ def chunked_head_cross_entropy(
     total = ChunkedHeadCrossEntropy.apply(
         hidden, head.weight, scale, bias, labels, chunk_size, float(label_smoothing), ignore_index, strategy
     )
-    if num_items_in_batch is None:
-        # 'mean' of F.cross_entropy: over the non-ignored tokens (nan when there are none, as there)
-        return total / (labels != ignore_index).sum()
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
+    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
 
 
 __all__ = ["STRATEGIES", "ChunkedHeadCrossEntropy", "chunked_head_cross_entropy"]

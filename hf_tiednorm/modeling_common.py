@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
@@ -15,6 +14,7 @@ from .adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .regularizers import OutputProjection, projection_penalty, weight_norm_penalty
 from .tie_topology import TiedEmbeddingsMixin
+from .token_loss import token_count, token_cross_entropy  # noqa: F401  (token_cross_entropy: the families' loss)
 
 
 class ScaledLookupMixin:
@@ -114,27 +114,6 @@ class TiedNormSeq2SeqLMOutput(Seq2SeqLMOutput):
     weight_norm_penalty: torch.FloatTensor | None = None
 
 
-def token_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """Mean token cross-entropy in fp32; with ``num_items_in_batch`` (passed by the Trainer under gradient
-    accumulation) the sum is divided by the token count of the whole accumulated batch instead."""
-    logits = logits.float().reshape(-1, logits.shape[-1])  # (tokens, V)
-    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
-    if num_items_in_batch is None:
-        return F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing)
-    total = F.cross_entropy(
-        logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
-    )
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
-
-
 class TiedNormLMMixin(TiedEmbeddingsMixin):
     """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``; the tie itself is
     declared by ``TiedEmbeddingsMixin`` (``tie_topology.py``)."""
@@ -169,7 +148,7 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
         terms = {"cross_entropy": cross_entropy}
         share = 1.0
         if num_items_in_batch is not None:
-            share = (targets != -100).sum().to(cross_entropy.device) / num_items_in_batch
+            share = (targets != -100).sum().to(cross_entropy.device) / token_count(targets, num_items_in_batch)
         if config.projection_regularization:
             terms["projection_penalty"] = share * projection_penalty(
                 self.output_projection.weight, config.projection_regularization
@@ -187,6 +166,11 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
         # HF's resize builds a plain nn.Linear for an untied head: adopt its weight and keep the scoring mode.
         self.lm_head.weight = new_embeddings.weight
         self.lm_head.match_vocab_size()
+
+    def generate(self, *args, **kwargs):
+        # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
+        with self.lm_head.frozen_column_terms():
+            return super().generate(*args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code

@@ -19,9 +19,24 @@ Every mode is an affine map of the plain scores W·h along the vocabulary axis,
 ``s = (W·h) * column_scale + column_bias``, with vocabulary-sized vectors derived from the row norms.
 That keeps the cost of any mode at one matmul plus O(V) work at decoding (O(V·d) for a training batch, whose
 scale is folded into the rows of W instead of applied to the (tokens × V) logits), lets the chunked loss reuse it,
-and means no normalized copy of W is kept. The row statistics are computed in fp32 with ``norm_eps`` so zero
-rows and fp16/bf16 weights stay finite, and are cached (keyed on the weight's storage and version counter)
-whenever no gradient is needed, so decoding does not recompute them at every step.
+and means no normalized copy of W is kept.
+
+What the head guarantees where real training puts it:
+
+* **Dead rows.** A row with ‖w_i‖ ≤ ``norm_eps`` (HF initialization zeroes the padding row; released checkpoints
+  keep it zero) counts as the zero vector in the normalized modes: it scores 0 (as ``baseline`` and ``distance``
+  score w_i = 0), l2 lookups return 0, and the normalization passes it **no gradient**. The direction
+  w/‖w‖ of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm (1/eps ≈ 1e6) made the
+  padding row's gradient dominate the whole model's (max/median row gradient 5e4–4e9 at step 0, i.e. gradient
+  clipping shrank every other update ~1000×). A dead row stays dead: the padding token is never a target.
+* **Dtypes.** Norms, scales and biases are computed in fp32; the scale is folded into W in fp32 and only the unit
+  rows are cast back, so fp16/bf16 weights never overflow (1/eps would). Logits are fp32 (fp64 for fp64 weights)
+  in every mode, also under autocast.
+* **No stale norms.** The (scale, bias) vectors are recomputed at every forward (O(V·d), small beside the
+  (tokens × V × d) matmul), except inside ``frozen_column_terms()`` — which ``generate()`` enters — where the
+  weights cannot change and the first step's vectors are reused. Nothing is keyed on storage pointers or version
+  counters, which ``.data`` writes, PEFT merges and FSDP/ZeRO-3 refills do not bump; and the forward has no
+  data-dependent Python branch, so ``torch.compile(fullgraph=True)`` traces it.
 
 An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
 ``fixed`` (FixNorm's r²), ``scalar`` (a learned g ≈ √d as in Transformers without Tears) or ``vector``
@@ -31,6 +46,8 @@ An optional logit scale g multiplies the scores, because bounded scores limit ho
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -40,14 +57,23 @@ HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
 LOGIT_SCALES = ("none", "fixed", "scalar", "vector")
 
 
-def row_norms(weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """‖w_i‖ of every row, in fp32, clamped below by ``eps`` so that dividing by it stays finite. Shape (V,)."""
-    return torch.linalg.vector_norm(weight.float(), dim=-1).clamp_min(eps)
+def inverse_row_norms(weight: torch.Tensor, eps: float, power: int = 1) -> torch.Tensor:
+    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
+
+    The 0 (instead of 1/eps) makes a dead row score 0 and receive no gradient through its norm: see the module
+    docstring.
+    """
+    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
+    inverse = norms.clamp_min(eps).pow(-power)
+    return torch.where(norms > eps, inverse, torch.zeros_like(inverse))
 
 
 def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
-    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows`` (norms in fp32, as ``row_norms``)."""
-    return rows / row_norms(rows, eps).unsqueeze(-1).to(rows.dtype)
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
+
+    Scaled in fp32 so that fp16 rows cannot overflow on the way.
+    """
+    return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
 
 
 def mode_column_terms(
@@ -59,48 +85,89 @@ def mode_column_terms(
     """
     if head_mode == "baseline":
         return None, None
-    norms = row_norms(weight, eps)
     if head_mode in ("l2", "cosine"):  # ŵ_i·h = w_i·h / ‖w_i‖
-        return norms.reciprocal(), None
+        return inverse_row_norms(weight, eps), None
     if head_mode == "square":
-        return norms.square().reciprocal(), None
+        return inverse_row_norms(weight, eps, power=2), None
     if head_mode == "distance":  # w_i·h − ½‖w_i‖²  (= −½‖w_i − h‖² + ½‖h‖², a nearest-neighbour score)
-        # The squared norm is taken unclamped: a zero row has zero bias, as the equation says.
+        # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
         return None, -0.5 * weight.float().square().sum(dim=-1)
     raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
 
 
-class _InferenceCache:
-    """Remembers a value derived from tensors until one of them changes.
+def check_head_mode(head_mode: str, logit_scale: str) -> None:
+    """Raises ``ValueError`` naming the argument when ``head_mode`` or ``logit_scale`` is unknown."""
+    if head_mode not in HEAD_MODES:
+        raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
+    if logit_scale not in LOGIT_SCALES:
+        raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
 
-    Used only when no gradient is needed (``torch.no_grad``, frozen weights); the key is each tensor's storage
-    pointer, shape, dtype and version counter, so an optimizer step (in-place update), ``.data`` replacement
-    (``resize_token_embeddings``), ``.to(dtype)`` or ``load_state_dict`` all invalidate it.
+
+class NormalizedScoresMixin:
+    """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
+    learned logit-scale parameter, and column terms that are held fixed during one generation.
+
+    A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
     """
 
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._value = None
+    def init_normalized_scores(
+        self,
+        head_mode: str,
+        logit_scale: str,
+        logit_scale_init: float | None,
+        norm_eps: float,
+        hidden_size: int,
+        vocab_size: int,
+        device=None,
+    ) -> None:
+        check_head_mode(head_mode, logit_scale)
+        self.head_mode = head_mode
+        self.logit_scale_kind = logit_scale
+        # √d is the scale a unit-norm score needs to reach the sharpness of an unnormalized one.
+        self.logit_scale_init = float(logit_scale_init) if logit_scale_init is not None else math.sqrt(hidden_size)
+        self.norm_eps = norm_eps
+        if logit_scale == "scalar":
+            self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
+        elif logit_scale == "vector":
+            self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init, device=device))
+        else:  # "fixed" is a constant, not a parameter; "none" has no scale
+            self.logit_scale = None
+        self._frozen_depth = 0
+        self._frozen_terms = None
 
-    @staticmethod
-    def key(*tensors: torch.Tensor | None) -> tuple:
-        return tuple(
-            None if t is None else (t.data_ptr(), tuple(t.shape), t.dtype, t.device, t._version) for t in tensors
-        )
+    def logit_scale_values(self, device: torch.device) -> torch.Tensor | None:
+        """g as an fp32 tensor: 0-dim ("fixed", "scalar") or (V,) ("vector"); None for "none"."""
+        if self.logit_scale_kind == "none":
+            return None
+        if self.logit_scale is not None:
+            return self.logit_scale.float()
+        return torch.tensor(self.logit_scale_init, device=device)
 
-    def get(self, key: tuple):
-        return self._value if key == self._key else None
+    @contextmanager
+    def frozen_column_terms(self) -> Iterator[None]:
+        """Inside this block (and without gradients) the column terms are computed once and reused.
 
-    def put(self, key: tuple, value):
-        self._key, self._value = key, value
-        return value
+        For decoding, where the weights cannot change between steps; leaving the outermost block drops them.
+        """
+        self._frozen_depth += 1
+        try:
+            yield
+        finally:
+            self._frozen_depth -= 1
+            if self._frozen_depth == 0:
+                self._frozen_terms = None
+
+    def column_terms(self):
+        """The mode's fp32 (scale, bias) vectors — for ``TiedNormHead`` (V,) each, with logits = (W·h) * scale + bias
+        — recomputed at every call except inside ``frozen_column_terms`` without gradients."""
+        if self._frozen_depth == 0 or torch.is_grad_enabled():
+            return self._compute_column_terms()
+        if self._frozen_terms is None:
+            self._frozen_terms = self._compute_column_terms()
+        return self._frozen_terms
 
 
-def _needs_grad(*tensors: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-class TiedNormHead(nn.Linear):
+class TiedNormHead(NormalizedScoresMixin, nn.Linear):
     """Output layer scoring hidden states against a (tied) embedding matrix in one of ``HEAD_MODES``.
 
     It is an ``nn.Linear`` without bias whose ``weight`` (V, d) is the shared embedding matrix when the model
@@ -119,22 +186,9 @@ class TiedNormHead(nn.Linear):
         dtype=None,
     ) -> None:
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        if head_mode not in HEAD_MODES:
-            raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
-        if logit_scale not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
-        self.head_mode = head_mode
-        self.logit_scale_kind = logit_scale
-        # √d is the scale a unit-norm score needs to reach the sharpness of an unnormalized one.
-        self.logit_scale_init = float(logit_scale_init) if logit_scale_init is not None else math.sqrt(hidden_size)
-        self.norm_eps = norm_eps
-        if logit_scale == "scalar":
-            self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
-        elif logit_scale == "vector":
-            self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init, device=device))
-        else:  # "fixed" is a constant, not a parameter; "none" has no scale
-            self.logit_scale = None
-        self._cache = _InferenceCache()
+        self.init_normalized_scores(
+            head_mode, logit_scale, logit_scale_init, norm_eps, hidden_size, vocab_size, device=device
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}"
@@ -152,10 +206,9 @@ class TiedNormHead(nn.Linear):
 
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = mode_column_terms(self.weight, self.head_mode, self.norm_eps)
-        if self.logit_scale_kind == "none":
+        g = self.logit_scale_values(self.weight.device)
+        if g is None:
             return scale, bias
-        g = self.logit_scale.float() if self.logit_scale is not None else torch.tensor(self.logit_scale_init)
-        g = g.to(self.weight.device)
         # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
         scale = g if scale is None else scale * g
         if scale.dim() == 0:  # a single g for every token
@@ -163,26 +216,19 @@ class TiedNormHead(nn.Linear):
         bias = None if bias is None else bias * g
         return scale, bias
 
-    def column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The fp32 (V,) vectors (scale, bias) with logits = (W·h) * scale + bias; cached at inference."""
-        if _needs_grad(self.weight, self.logit_scale):
-            return self._compute_column_terms()
-        key = _InferenceCache.key(self.weight, self.logit_scale)
-        cached = self._cache.get(key)
-        return cached if cached is not None else self._cache.put(key, self._compute_column_terms())
-
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # hidden_states: (..., d) -> logits: (..., V); fp32 as soon as a norm term is applied
+        # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
         scale, bias = self.column_terms()
+        logits_dtype = torch.promote_types(self.weight.dtype, torch.float32)
         tokens = hidden_states.numel() // hidden_states.shape[-1]
         if scale is not None and tokens > hidden_states.shape[-1]:
             # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
             # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
-            # (training batches) scale the rows; decoding (few tokens) scales its few logits.
-            logits = F.linear(hidden_states, self.weight * scale.unsqueeze(-1).to(self.weight.dtype))
-            logits = logits.to(torch.promote_types(logits.dtype, scale.dtype))  # the dtype logits * scale has
+            # (training batches, wide beam search) scale the rows. In fp32: s reaches 1/eps, the scaled rows don't.
+            weight = (self.weight.to(logits_dtype) * scale.unsqueeze(-1)).to(self.weight.dtype)
+            logits = F.linear(hidden_states, weight).to(logits_dtype)
         else:
-            logits = F.linear(hidden_states, self.weight)
+            logits = F.linear(hidden_states, self.weight).to(logits_dtype)
             if scale is not None:
                 logits = logits * scale
         if bias is not None:

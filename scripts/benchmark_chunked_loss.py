@@ -59,7 +59,7 @@ def run_child(args: Args) -> dict:
 
     from hf_tiednorm import TiedNormHead
     from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
-    from hf_tiednorm.modeling_common import token_cross_entropy
+    from hf_tiednorm.token_loss import token_cross_entropy
 
     if args.threads:
         torch.set_num_threads(args.threads)

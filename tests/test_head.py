@@ -14,10 +14,11 @@ from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHea
 def reference_scores(weight: torch.Tensor, hidden: torch.Tensor, head_mode: str, eps: float = 1e-6) -> torch.Tensor:
     """The equations of Liu, Zhai & Chen, written out directly (float64, no shared code with the head).
 
-    Norms are floored at the documented ``norm_eps``, so a zero row (padding) scores 0 instead of 0/0.
+    A row whose norm is at most the documented ``norm_eps`` (a dead row, e.g. padding) counts as zero and scores 0.
     """
     w, h = weight.double(), hidden.double()
-    norms = w.norm(dim=-1).clamp_min(eps)
+    norms = w.norm(dim=-1)
+    norms = torch.where(norms > eps, norms, torch.inf)  # w / inf = 0
     if head_mode == "baseline":
         return h @ w.T
     if head_mode in ("l2", "cosine"):
@@ -154,23 +155,44 @@ def test_unbiasedness_check_detects_the_norm_bias_of_baseline():
 # --- Caching, precision, zero rows -----------------------------------------------------------------------------
 
 
-def test_inference_cache_is_reused_and_refreshed_after_an_optimizer_step():
+def test_column_terms_are_reused_only_inside_a_frozen_scope():
     head = make_head("cosine", logit_scale="vector")
-    hidden = torch.randn(2, 16)
     with torch.no_grad():
-        first = head.column_terms()
-        assert head.column_terms()[0] is first[0]  # cached: no recomputation between decoding steps
-    optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
-    F.cross_entropy(head(hidden), torch.tensor([1, 2])).backward()
-    optimizer.step()
+        assert head.column_terms()[0] is not head.column_terms()[0]  # outside a scope: always recomputed
+        with head.frozen_column_terms():
+            first = head.column_terms()
+            with head.frozen_column_terms():  # nested scopes share the outer one's terms
+                assert head.column_terms()[0] is first[0]
+            assert head.column_terms()[0] is first[0]
+        assert head.column_terms()[0] is not first[0]  # leaving the scope dropped them
+    with head.frozen_column_terms():  # with gradients, never reused
+        assert head.column_terms()[0] is not head.column_terms()[0]
+
+
+@pytest.mark.parametrize("write", ["data_copy", "data_replace", "optimizer_step"])
+@pytest.mark.parametrize("head_mode", ["l2", "square", "distance", "cosine"])
+def test_logits_follow_every_kind_of_weight_write(head_mode, write):
+    """Writes through ``.data`` bump no version counter and may keep the storage (FSDP refills, PEFT merges do the
+    same): the old pointer + version cache served the previous norms after them (cosine off by 3e7)."""
+    head = make_head(head_mode, logit_scale="vector")
+    hidden = torch.randn(3, 16)
     with torch.no_grad():
-        refreshed = head.column_terms()
-        assert refreshed[0] is not first[0]
-        expected = reference_scores(head.weight, hidden, "cosine") * head.logit_scale.double()
+        head(hidden)
+        new_weight = torch.randn_like(head.weight) * 1e-2
+        if write == "data_copy":
+            head.weight.data.copy_(new_weight)  # same storage, same version
+        elif write == "data_replace":
+            head.weight.data = new_weight  # new storage of the same shape
+    if write == "optimizer_step":
+        optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
+        F.cross_entropy(head(hidden), torch.tensor([1, 2, 3])).backward()
+        optimizer.step()
+    with torch.no_grad():
+        expected = reference_scores(head.weight, hidden, head_mode) * head.logit_scale.double()
         torch.testing.assert_close(head(hidden).double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_cache_refreshed_after_weight_data_is_replaced():
+def test_cache_refreshed_after_weight_data_is_replaced_by_a_resize():
     head = make_head("square", vocab=10)
     with torch.no_grad():
         head(torch.randn(1, 16))
@@ -180,6 +202,40 @@ def test_cache_refreshed_after_weight_data_is_replaced():
         torch.testing.assert_close(
             head(hidden).double(), reference_scores(head.weight, hidden, "square"), rtol=1e-5, atol=1e-5
         )
+
+
+@pytest.mark.parametrize("head_mode", HEAD_MODES)
+def test_dead_rows_score_zero_and_get_no_gradient(head_mode):
+    """A row with norm <= norm_eps counts as zero: score 0 and no gradient through its (undefined) direction.
+    Before, 1/max(‖w‖, eps) gave such a row a gradient of h/eps, ~1e6 times everyone else's."""
+    head = make_head(head_mode, logit_scale="scalar")
+    with torch.no_grad():
+        head.weight[3] = 0  # HF zeroes the padding row
+        head.weight[4] = 1e-8  # below norm_eps
+    hidden = torch.randn(40, 16)  # tokens > d: the row-scaled (training-batch) branch
+    logits = head(hidden)
+    torch.testing.assert_close(
+        logits.double(),
+        reference_scores(head.weight, hidden, head_mode) * head.logit_scale.double(),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    logits.sum().backward()
+    row_grads = head.weight.grad.norm(dim=-1)
+    if head_mode in ("l2", "square", "cosine"):
+        assert torch.equal(logits[:, 3:5], torch.zeros(40, 2))
+        assert torch.equal(row_grads[3:5], torch.zeros(2))
+    assert row_grads.max() < 50 * row_grads.median()
+
+
+def test_l2_lookup_of_a_dead_row_is_zero_with_zero_gradient():
+    embedding = TiedNormEmbedding(20, 8, normalize=True)  # no padding_idx: nothing else guards the zero row
+    with torch.no_grad():
+        embedding.weight[2] = 0
+    vectors = embedding(torch.tensor([2, 3]))
+    assert torch.equal(vectors[0], torch.zeros(8))
+    vectors.sum().backward()
+    assert torch.equal(embedding.weight.grad[2], torch.zeros(8))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

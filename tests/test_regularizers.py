@@ -13,7 +13,7 @@ from transformers import Trainer, TrainingArguments
 
 import hf_tiednorm
 from hf_tiednorm.loss_logging import LossTermsLoggingMixin
-from hf_tiednorm.modeling_common import token_cross_entropy
+from hf_tiednorm.token_loss import token_cross_entropy
 
 FAMILIES = ("causal", "seq2seq")
 

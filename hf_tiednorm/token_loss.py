@@ -1,0 +1,42 @@
+"""The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def token_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Mean token cross-entropy in fp32; with ``num_items_in_batch`` (passed by the Trainer under gradient
+    accumulation) the sum is divided by the token count of the whole accumulated batch instead.
+
+    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
+    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
+    """
+    logits = logits.float().reshape(-1, logits.shape[-1])  # (tokens, V)
+    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
+    total = F.cross_entropy(
+        logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
+    )
+    return total / token_count(labels, num_items_in_batch, ignore_index)
+
+
+def token_count(
+    labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None, ignore_index: int = -100
+) -> torch.Tensor:
+    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
+    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
+    if num_items_in_batch is None:
+        count = (labels != ignore_index).sum()
+    else:
+        count = torch.as_tensor(num_items_in_batch, device=labels.device)
+    return count.clamp_min(1)
+
+
+__all__ = ["token_count", "token_cross_entropy"]
