@@ -103,8 +103,7 @@ class TiedNormHeadConfigMixin:
             or cutoffs[-1] >= vocab_size
         ):
             raise ValueError(
-                f"adaptive_cutoffs must be a list of strictly increasing ints in [1, vocab_size - 1] = "
-                f"[1, {vocab_size - 1}] so "
+                f"adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, {vocab_size - 1}] so "
                 f"that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty and cover the vocabulary exactly; "
                 f"got {self.adaptive_cutoffs}"
             )
