@@ -33,8 +33,14 @@ class ScaledLookupMixin:
         return super().forward(input_ids) * self.embed_scale
 
 
-class ScaledTiedNormEmbedding(ScaledLookupMixin, TiedNormEmbedding):
-    """``TiedNormEmbedding`` whose lookups are multiplied by ``embed_scale``."""
+class TokenEmbedding(TiedNormEmbedding):
+    """The token embedding the families build: a ``TiedNormEmbedding`` under a name without "Norm", because
+    accelerate's FSDP2 wrapping takes the last child of the body whose class name contains "Norm" for the final
+    norm and groups it with the input embedding: the encoder-decoders' ``model.shared`` would be listed twice."""
+
+
+class ScaledTokenEmbedding(ScaledLookupMixin, TokenEmbedding):
+    """``TokenEmbedding`` whose lookups are multiplied by ``embed_scale``."""
 
 
 class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
@@ -60,7 +66,7 @@ def build_embedding(
             padding_idx=config.pad_token_id,
             **common,
         )
-    plain = TiedNormEmbedding if embed_scale is None else ScaledTiedNormEmbedding
+    plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
     return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
 
 

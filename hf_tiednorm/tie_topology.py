@@ -147,7 +147,9 @@ def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
             fully_shard(module, **fsdp_kwargs)
     holders = tied_holders(model)
     if holders:
-        fully_shard(holders, **fsdp_kwargs)
+        # Gathered from the first lookup to the head, and kept so after the forward: the weight-norm penalty reads
+        # the head's weight after the head ran (accelerate keeps this group gathered for the same reason).
+        fully_shard(holders, **{**fsdp_kwargs, "reshard_after_forward": False})
     return fully_shard(model, **fsdp_kwargs)
 
 

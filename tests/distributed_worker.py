@@ -1,0 +1,300 @@
+"""One rank of tests/test_distributed.py (and scripts/verify_fsdp_tie.py): shard a tiny model of every family,
+train it and measure it against the same model trained unsharded in this process on the whole global batch.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/distributed_worker.py ROUTE OUT_JSON [FAMILY ...]
+
+ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.tie_topology.fully_shard_tied``), "accelerate"
+(accelerate's own FSDP2 preparation, ``fsdp_version=2`` + transformer-based wrapping) or "zero3" (DeepSpeed ZeRO-3
+through accelerate). Rank 0 writes {family: {measurement: value}} to OUT_JSON; the test asserts on the numbers.
+Every rank gets half of the global batch of 4, so the sharded run and the reference see the same examples; the
+optimizer is SGD because Adam's update is blind to a gradient scaled by the world size (FSDP2 over gloo summing
+instead of averaging, torch issue 162338) and SGD's is not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import tiny_model  # noqa: E402  (tiny configs shared with the test suite)
+
+from hf_tiednorm.tie_topology import embedding_tie, fully_shard_tied, untied_pairs  # noqa: E402
+
+FAMILIES = ("seq2seq", "bart", "causal")
+STEPS = 3
+LEARNING_RATE = 0.5  # SGD: large enough that a wrong gradient (or a split tie) shows within a few steps
+GLOBAL_BATCH = 4
+# The regularizers read whole weight matrices outside the modules owning them: sharded training must see them whole.
+REGULARIZERS = {"projection_regularization": 0.15, "weight_norm_regularization": 1e-3}
+
+
+def build(family: str) -> torch.nn.Module:
+    return tiny_model(family, **REGULARIZERS).train()
+
+
+def global_batch(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every label is a real token, so the mean loss of each half-batch averages to the global batch's mean."""
+    generator = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    ids = torch.randint(4, vocab, (GLOBAL_BATCH, 9), generator=generator)
+    if model.config.is_encoder_decoder:
+        return {"input_ids": ids, "labels": torch.randint(4, vocab, (GLOBAL_BATCH, 7), generator=generator)}
+    return {"input_ids": ids, "labels": ids}
+
+
+def shard_of(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
+    return {key: value.chunk(world)[rank] for key, value in batch.items()}
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole value of an FSDP2 (DTensor) or DeepSpeed ZeRO-3 (partitioned) tensor; others as they are."""
+    if hasattr(tensor, "full_tensor"):
+        return tensor.full_tensor()
+    return tensor.detach().clone()
+
+
+def tied_name(model: torch.nn.Module) -> str:
+    tie = embedding_tie(model.config)
+    return f"{tie.owner}.{tie.owner_params[0]}"
+
+
+def train_reference(family: str, batch: dict[str, torch.Tensor]) -> dict:
+    """The unsharded model, one process, the whole global batch: losses, first tied gradient, eval logits."""
+    model = build(family)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    losses, terms, grads, step_logits = [], None, None, []
+    for step in range(STEPS):
+        output = model(**batch)
+        output.loss.backward()
+        if step == 0:
+            grads = {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+            terms = [output.projection_penalty.item(), output.weight_norm_penalty.item()]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(output.loss.item())
+        step_logits.append(evaluate(model, batch))
+    model.eval()
+    return {"model": model, "losses": losses, "terms": terms, "grads": grads, "logits": step_logits[-1],
+            "step_logits": step_logits}
+
+
+def evaluate(model, batch) -> torch.Tensor:
+    """Eval-mode logits under no_grad, where the head may serve its cached norms."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(**eval_inputs(batch)).logits
+    model.train()
+    return logits
+
+
+def eval_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch without labels (an encoder-decoder reads the target tokens as its decoder input)."""
+    if batch["labels"] is batch["input_ids"]:
+        return {"input_ids": batch["input_ids"]}
+    return {"input_ids": batch["input_ids"], "decoder_input_ids": batch["labels"]}
+
+
+def mean_over_ranks(value: float) -> float:
+    tensor = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tensor.item() / dist.get_world_size()
+
+
+def train_sharded(model, optimizer, batch, backward, reference: dict) -> dict:
+    """STEPS steps on this rank's half of ``batch``; the gap to the reference, per measurement."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses, terms, grad_diffs, cached_diffs = [], None, None, []
+    for step in range(STEPS):
+        output = model(**shard_of(batch, rank, world))
+        backward(output.loss)
+        if step == 0:
+            # Every parameter's gradient, the tied one included, as the whole-batch gradient of one process.
+            grad_diffs = {
+                name: (full(param.grad) - reference["grads"][name]).abs().max().item()
+                if param.grad is not None else float("inf")
+                for name, param in model.named_parameters()
+                if name in reference["grads"]
+            }
+            terms = [mean_over_ranks(output[name].item()) for name in ("projection_penalty", "weight_norm_penalty")]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(mean_over_ranks(output.loss.item()))
+        # An evaluation between steps, as the Trainer's: the head's cached norms must follow the refilled weights.
+        cached_diffs.append((evaluate(model, batch) - reference["step_logits"][step]).abs().max().item())
+    return {
+        "cached_logits_diff": max(cached_diffs),
+        "losses": losses,
+        "reference_losses": reference["losses"],
+        "loss_diff": max(abs(a - b) for a, b in zip(losses, reference["losses"])),
+        "grad_diff": max(grad_diffs.values()),
+        "worst_grad": max(grad_diffs, key=grad_diffs.get),
+        "grad_scale": max(grad.abs().max().item() for grad in reference["grads"].values()),
+        "penalty_diff": max(abs(a - b) for a, b in zip(terms, reference["terms"])),
+        "penalties": terms,
+    }
+
+
+def final_logits_diff(model, batch, reference: dict) -> float:
+    """Logits after training vs the reference's, computed with grad enabled (so the head's cache is bypassed)."""
+    model.eval()
+    logits = model(**eval_inputs(batch)).logits.detach()
+    model.train()
+    return (logits - reference["logits"]).abs().max().item()
+
+
+def check_saved(family: str, folder: str, reference: dict, batch) -> dict:
+    """Reload what save_pretrained wrote from the gathered state dict: tied, stored once, same logits."""
+    with safe_open(Path(folder) / "model.safetensors", "pt") as handle:
+        keys = set(handle.keys())
+    auto = AutoModelForCausalLM if family == "causal" else AutoModelForSeq2SeqLM
+    reloaded = auto.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = reloaded(**eval_inputs(batch)).logits
+    tie = embedding_tie(reloaded.config)
+    return {
+        "reloaded_untied": untied_pairs(reloaded),
+        "tied_keys_saved": sorted(keys & set(tie.tied_weights_keys())),
+        "owner_saved": tied_name(reloaded) in keys,
+        "reloaded_logits_diff": (logits - reference["logits"]).abs().max().item(),
+    }
+
+
+def run_fsdp2(family: str) -> dict:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = build(family)
+    batch = global_batch(model)
+    reference = train_reference(family, batch)
+    fully_shard_tied(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    # Before any forward: a group kept gathered after a forward (reshard_after_forward=False) exposes its gathered
+    # tensors, not the sharded parameters, through parameters() until the next backward reshards it.
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    result = {"untied_after_prepare": untied_pairs(model)}
+    evaluate(model, batch)  # warms the head's inference cache before any step
+    result |= train_sharded(model, optimizer, batch, lambda loss: loss.backward(), reference)
+    result["untied_after_training"] = untied_pairs(model)
+    result["logits_diff"] = final_logits_diff(model, batch, reference)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        with tempfile.TemporaryDirectory() as folder:
+            model.save_pretrained(folder, state_dict=state)
+            result |= check_saved(family, folder, reference, batch)
+    return result
+
+
+def accelerate_fsdp2(cpu_ram_efficient_loading: bool):
+    """An Accelerator and the FSDP2 plugin of scripts/accelerate/fsdp2.yaml (transformer-based wrapping)."""
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", state_dict_type="FULL_STATE_DICT",
+        reshard_after_forward=True, cpu_ram_efficient_loading=cpu_ram_efficient_loading,
+    )
+    return Accelerator(cpu=True), plugin
+
+
+def force_fsdp(plugin) -> None:
+    """Test-only: on CPU accelerate picks MULTI_CPU and drops the FSDP plugin; switching its shared state to FSDP
+    makes prepare() take the FSDP2 route. (A Trainer's Accelerator resets the state, so call it per model.)"""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["fsdp_plugin"] = plugin
+    # The plugin binds its wrap policy to the first model's layer classes; start over for each model.
+    plugin.auto_wrap_policy, plugin.transformer_cls_names_to_wrap = transformer_auto_wrap_policy, None
+
+
+def run_accelerate(family: str, accelerator, plugin) -> dict:
+    model = build(family)
+    batch = global_batch(model)
+    reference = train_reference(family, batch)
+    force_fsdp(plugin)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    result = {"untied_after_prepare": untied_pairs(model)}
+    evaluate(model, batch)  # warms the head's inference cache before any step
+    result |= train_sharded(model, optimizer, batch, accelerator.backward, reference)
+    result["untied_after_training"] = untied_pairs(model)
+    result["logits_diff"] = final_logits_diff(model, batch, reference)
+    state = accelerator.get_state_dict(model)  # gathered on rank 0
+    if accelerator.is_main_process:
+        with tempfile.TemporaryDirectory() as folder:
+            accelerator.unwrap_model(model).save_pretrained(folder, state_dict=state)
+            result |= check_saved(family, folder, reference, batch)
+    if model.config.is_encoder_decoder:
+        result |= predict_with_generate(model, reference["model"])
+    return result
+
+
+def predict_with_generate(model, reference_model) -> dict:
+    """Seq2SeqTrainer evaluation with predict_with_generate on the sharded model: each rank generates its share of
+    sources (of different lengths, so ranks finish at different steps) and the gathered predictions must be the
+    reference model's greedy outputs."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    generator = torch.Generator().manual_seed(2)
+    sources = [torch.randint(4, model.config.vocab_size, (length,), generator=generator).tolist() for length in
+               (5, 9, 6, 8)]
+    dataset = [{"input_ids": ids, "labels": ids[:4]} for ids in sources]
+    with tempfile.TemporaryDirectory() as folder:
+        args = Seq2SeqTrainingArguments(
+            folder, per_device_eval_batch_size=1, predict_with_generate=True, generation_max_length=12,
+            generation_num_beams=1, report_to="none", use_cpu=True, dataloader_pin_memory=False,
+        )
+        trainer = Seq2SeqTrainer(model=model, args=args, data_collator=pad_collator(model.config.pad_token_id))
+        predictions = trainer.predict(dataset).predictions
+    expected = []
+    with torch.no_grad():
+        for ids in sources:
+            expected.append(reference_model.generate(torch.tensor([ids]), max_length=12, num_beams=1)[0].tolist())
+    pad = model.config.pad_token_id
+    got = [[token for token in row.tolist() if token not in (pad, -100)] for row in predictions]
+    want = [[token for token in row if token != pad] for row in expected]
+    return {"generated": got, "reference_generated": want}
+
+
+def pad_collator(pad_token_id: int):
+    def collate(features: list[dict]) -> dict[str, torch.Tensor]:
+        batch = {}
+        for key, fill in (("input_ids", pad_token_id), ("labels", -100)):
+            rows = [feature[key] for feature in features]
+            width = max(map(len, rows))
+            batch[key] = torch.tensor([row + [fill] * (width - len(row)) for row in rows])
+        batch["attention_mask"] = (batch["input_ids"] != pad_token_id).long()
+        return batch
+
+    return collate
+
+
+def main() -> None:
+    route, out, *families = sys.argv[1:]
+    torch.set_num_threads(1)  # 2 processes on a shared 2-core machine
+    if route == "fsdp2":
+        dist.init_process_group("gloo")
+        results = {family: run_fsdp2(family) for family in families or FAMILIES}
+    elif route == "accelerate":
+        accelerator, plugin = accelerate_fsdp2(cpu_ram_efficient_loading=os.environ.get("RAM_EFFICIENT") == "1")
+        results = {family: run_accelerate(family, accelerator, plugin) for family in families or FAMILIES}
+    else:
+        raise SystemExit(f"unknown route {route!r}")
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(results, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
