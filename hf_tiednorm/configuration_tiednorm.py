@@ -137,9 +137,9 @@ class TiedNormHeadConfigMixin:
             )
         # inf would make the loss nan (inf * 0) or the softmax uniform: finite values only.
         if self.logit_scale_init is not None and not 0 < self.logit_scale_init < math.inf:
-            raise ValueError(f"logit_scale_init must be finite and > 0, got {self.logit_scale_init}")
+            raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
         if not 0 < self.norm_eps < math.inf:
-            raise ValueError(f"norm_eps must be finite and > 0, got {self.norm_eps}")
+            raise ValueError(f"norm_eps must be > 0 and finite, got {self.norm_eps}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
