@@ -360,6 +360,7 @@ def save_final_model(trainer: Trainer) -> None:
     trainer.accelerator.wait_for_everyone()
     trainer.save_model(str(staging))  # on every rank: FSDP and DeepSpeed gather the weights
     if trainer.is_world_process_zero():
+        output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / CONFIG_NAME).unlink(missing_ok=True)
         for path in sorted(staging.iterdir(), key=lambda path: path.name == CONFIG_NAME):
             os.replace(path, output_dir / path.name)
