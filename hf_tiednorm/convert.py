@@ -27,6 +27,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 from pathlib import Path
 
@@ -52,8 +53,10 @@ from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForCausalLM,
     TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
+    shared_embedding_modules,
+    unit_lookups,
 )
-from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead, unit_rows
+from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormHead, unit_rows
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -87,31 +90,34 @@ def _auto_class(config) -> type:
     return auto
 
 
-def _check_convertible(config) -> None:
-    """Refuse, before any weight is loaded, what the config alone shows cannot convert."""
+def _check_convertible(config) -> type:
+    """Refuse, before any weight is loaded, what the config alone shows cannot convert; return the Auto class."""
     if config.model_type.startswith("tiednorm"):
         raise ValueError(
             f"this is an hf_tiednorm model already (model_type {config.model_type!r}): its head is normalized; "
             "change head_mode in its config instead of converting it"
         )
+    auto = _auto_class(config)
     if not getattr(config, "tie_word_embeddings", False):
         raise ValueError(
             f"the {config.model_type} checkpoint has untied output embeddings (tie_word_embeddings=False): the "
             "normalized head scores tokens with the shared input embedding, so converting would drop the separate "
             f"output matrix and change the model. Supported: {_SUPPORTED_TEXT}."
         )
+    return auto
 
 
 def check_tied(model: PreTrainedModel) -> None:
     """Raise ``ValueError`` unless ``model``'s output layer is a bias-free linear layer holding its input embedding
     matrix: the same tensor, or (a checkpoint that stored both) equal values."""
     _check_convertible(model.config)
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear) or isinstance(head, TiedNormHead):
         raise ValueError(
             f"{type(model).__name__} has no plain linear output layer (got {type(head).__name__}); "
             f"pass a model with an LM head ({_SUPPORTED_TEXT})"
         )
+    embedding = shared_embedding_modules(model)[0]
     if head.bias is not None:
         raise ValueError(f"the output layer of {type(model).__name__} has a bias, which a tied head cannot keep")
     if head.weight is not embedding.weight:
@@ -128,21 +134,25 @@ def check_tied(model: PreTrainedModel) -> None:
             )
 
 
-def _check_unit_lookups(model: TiedNormWrappedPreTrainedModel) -> None:
-    """In l2 mode, check that every normalized embedding module looks up ŵ_i (times one constant, the scale its class
-    applies): an architecture whose embedding class does not look up through ``nn.Embedding.forward`` is refused."""
-    for name, module in model.named_modules():
-        if isinstance(module, TiedNormEmbedding) and module.normalize:
-            ids = torch.arange(min(module.num_embeddings, 8), device=module.weight.device)
-            with torch.no_grad():
-                looked_up = module(ids).float()  # (8, d)
-            scale = torch.linalg.vector_norm(looked_up, dim=-1, keepdim=True)  # one constant if the lookup is right
-            expected = unit_rows(module.weight[ids].float(), module.norm_eps) * scale
-            if not (torch.allclose(looked_up, expected, atol=1e-5) and torch.allclose(scale, scale[0], rtol=1e-3)):
-                raise ValueError(
-                    f"head_mode 'l2' needs unit-row lookups, but {name} ({type(module).__bases__[0].__name__}) does "
-                    "not look up through nn.Embedding.forward; use another head_mode for this architecture"
-                )
+def _check_unit_lookups(model: PreTrainedModel, norm_eps: float) -> None:
+    """For the l2 mode: check, on a copy of each embedding module holding the shared matrix, that its class looks up
+    through ``nn.Embedding.forward``, so that ``unit_lookups`` yields ŵ_i (times one constant, the scale the class
+    applies). An architecture whose embedding computes its lookup otherwise is refused, and ``model`` is unchanged."""
+    shared = model.get_output_embeddings().weight  # checked: the tied input embedding matrix
+    with torch.no_grad():  # rows that have a direction (a padding row may be zero)
+        ids = torch.nonzero(torch.linalg.vector_norm(shared.float(), dim=-1) > norm_eps).flatten()[:8]
+    for module in shared_embedding_modules(model):
+        probe = copy.copy(module)  # shares the weight; only the copy's class changes
+        unit_lookups(probe, norm_eps)
+        with torch.no_grad():
+            looked_up = probe(ids).float()  # (8, d)
+        scale = torch.linalg.vector_norm(looked_up, dim=-1, keepdim=True)  # one constant if the lookup is right
+        expected = unit_rows(shared[ids].detach().float(), norm_eps) * scale
+        if not (torch.allclose(looked_up, expected, atol=1e-5) and torch.allclose(scale, scale[0], rtol=1e-3)):
+            raise ValueError(
+                f"head_mode 'l2' needs unit-row lookups, but {type(module).__name__} does not look up "
+                "through nn.Embedding.forward; use another head_mode for this architecture"
+            )
 
 
 def normalize_tied_head(
@@ -169,7 +179,9 @@ def normalize_tied_head(
         ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
     """
     check_tied(model)
-    auto = _auto_class(model.config)
+    if head_mode == "l2":
+        _check_unit_lookups(model, norm_eps)
+    auto = _check_convertible(model.config)
     if type(model) is not auto._model_mapping[type(model.config)]:
         raise ValueError(
             f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
@@ -183,10 +195,7 @@ def normalize_tied_head(
         norm_eps=norm_eps,
     )
     wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
-    wrapper = wrapper_class(config, body=model).train(model.training)
-    if head_mode == "l2":
-        _check_unit_lookups(wrapper)
-    return wrapper
+    return wrapper_class(config, body=model).train(model.training)
 
 
 def _target_config(source_config, head_mode: str, logit_scale: str, logit_scale_init: float | None):
@@ -258,8 +267,7 @@ def convert_checkpoint(
             raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the converted model")
 
     source_config = AutoConfig.from_pretrained(source)
-    _check_convertible(source_config)  # before loading any weight
-    auto = _auto_class(source_config)
+    auto = _check_convertible(source_config)  # before loading any weight
     source_model = auto.from_pretrained(source, dtype="auto").eval()
     check_tied(source_model)
     if source_config.model_type in SUPPORTED_SOURCES and not generic:

@@ -49,11 +49,30 @@ def unit_lookups(embedding: nn.Embedding, norm_eps: float) -> None:
     embedding.norm_eps = norm_eps
 
 
+def shared_embedding_modules(body: PreTrainedModel) -> list[nn.Embedding]:
+    """The embedding modules holding the matrix ``body``'s output layer is tied to, that one first.
+
+    The output layer ties to the source of its weight in ``body``'s tie mapping (the decoder embedding of a Marian
+    model with two vocabularies), else to the input embedding; the modules tied to that source (one per stack in T5,
+    M2M100) are found by the mapping, since under ``from_pretrained`` they are tied only after loading.
+    """
+    head = body.get_output_embeddings()
+    tied = body.get_expanded_tied_weights_keys(all_submodels=True)  # {target: source}, one source per group
+    head_name = next((f"{name}.weight" for name, module in body.named_modules() if module is head), None)
+    source = tied.get(head_name)
+    if source is None:
+        embedding = body.get_input_embeddings()
+        source = next(f"{name}.weight" for name, module in body.named_modules() if module is embedding)
+    names = [source] + sorted(target for target, tied_source in tied.items() if tied_source == source)
+    modules = [body.get_submodule(name.rpartition(".")[0]) for name in names]
+    return list({id(m): m for m in modules if isinstance(m, nn.Embedding)}.values())
+
+
 def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
-    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing its input embedding matrix (and, in l2 mode, make
-    every embedding module holding that matrix look up unit rows). Returns the new head."""
-    embedding = body.get_input_embeddings()
-    weight = embedding.weight  # (V, d)
+    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in l2
+    mode, make every embedding module holding that matrix look up unit rows). Returns the new head."""
+    embeddings = shared_embedding_modules(body)
+    weight = embeddings[0].weight  # (V, d)
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
@@ -68,9 +87,8 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     body.set_output_embeddings(head)
     if config.head_mode == "l2":
         # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
-        for module in body.modules():
-            if isinstance(module, nn.Embedding) and module.weight is weight:
-                unit_lookups(module, config.norm_eps)
+        for module in embeddings:
+            unit_lookups(module, config.norm_eps)
     return head
 
 
@@ -192,5 +210,6 @@ __all__ = [
     "TiedNormWrappedForSeq2SeqLM",
     "TiedNormWrappedPreTrainedModel",
     "install_normalized_head",
+    "shared_embedding_modules",
     "unit_lookups",
 ]

@@ -80,8 +80,8 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         base = _wrapped(module)
         if isinstance(base, TiedNormHead) or isinstance(base, nn.Embedding) and base.weight is shared:
             raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
-    embedding = model.get_input_embeddings()
-    if getattr(model.config, "tie_word_embeddings", True) and embedding.weight is not shared:
+    tied = any(isinstance(m, nn.Embedding) and m.weight is shared for m in modules.values())
+    if getattr(model.config, "tie_word_embeddings", True) and not tied:
         raise ValueError(
             "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
             f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"

@@ -1,4 +1,5 @@
-"""Converting tied Marian / BART / Llama checkpoints: exact logits in baseline mode, exact weights in every mode."""
+"""Converting tied Marian / BART / Llama checkpoints onto our own families: exact logits in baseline mode, exact weights
+in every mode. The generic conversion of any architecture is tested in test_any_model.py."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from conftest import TINY_VOCAB, model_inputs
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
-    GPT2Config,
     LlamaConfig,
     LlamaForCausalLM,
     MarianConfig,
     MarianMTModel,
+    ViTConfig,
 )
 
 import hf_tiednorm
@@ -101,19 +102,26 @@ def test_other_modes_keep_every_weight(marian, bart, llama, head_mode):
 
 
 def test_marian_decoder_tying_maps_to_decoder_topology(tmp_path):
-    source, _ = save_source(
+    source, source_model = save_source(
         tmp_path / "marian_two_vocabs",
         MarianMTModel,
         MarianConfig(share_encoder_decoder_embeddings=False, **SEQ2SEQ | {"decoder_vocab_size": 50}),
     )
     model = convert_checkpoint(source)
     assert model.config.tie_topology == "decoder" and model.config.decoder_vocab_size == 50
+    # The generic wrapper ties the head to the decoder embedding too, and keeps the source's logits.
+    wrapped = convert_checkpoint(source, generic=True)
+    head = wrapped.get_output_embeddings()
+    assert head.weight is wrapped.get_decoder().embed_tokens.weight and head.weight.shape[0] == 50
+    inputs = {"input_ids": torch.randint(4, 61, (2, 6)), "decoder_input_ids": torch.randint(4, 50, (2, 4))}
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(**inputs).logits, source_model(**inputs).logits, rtol=0, atol=0)
 
 
 def test_unsupported_sources_are_refused_clearly(marian, tmp_path):
-    GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=TINY_VOCAB).save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported.*Supported sources: MarianMTModel"):
-        convert_checkpoint(tmp_path / "gpt2")
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4).save_pretrained(tmp_path / "vit")
+    with pytest.raises(ValueError, match="AutoModelForCausalLM has no model for model_type 'vit'. Supported: any"):
+        convert_checkpoint(tmp_path / "vit")
     untied, _ = save_source(tmp_path / "untied", LlamaForCausalLM, LlamaConfig(tie_word_embeddings=False, **CAUSAL))
     with pytest.raises(ValueError, match="untied output embeddings"):
         convert_checkpoint(untied)
