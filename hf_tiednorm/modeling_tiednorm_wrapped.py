@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, Generation
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_not_bypassed
+from .pipeline_translation import add_translation_pipeline
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
 
@@ -203,6 +204,12 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         # DataCollatorForSeq2Seq builds decoder inputs with the wrapped model's rule (shift right, start token).
         return self.model.prepare_decoder_input_ids_from_labels(labels=labels)
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # The folder alone then serves pipeline("tiednorm-translation", model=folder, trust_remote_code=True): the
+        # config names the pipeline, and pipeline_translation.py is copied with this file, which imports it.
+        add_translation_pipeline(self.config)
+        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 __all__ = [

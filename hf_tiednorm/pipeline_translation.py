@@ -1,13 +1,43 @@
 """A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
 
-Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. Saving an instance with
-``pipe.save_pretrained(folder)`` records it in the folder's config (``custom_pipelines``) and copies this file,
-so ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)`` works without the package.
+Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
+the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
+the task in ``custom_pipelines`` and the folder holds this file: ``pipe.save_pretrained(folder)`` does both, and so
+does ``save_pretrained`` of a model whose code imports this module and calls ``add_translation_pipeline`` on its
+config (the wrapped encoder-decoders, modeling_tiednorm_wrapped.py).
+
+The pipeline refuses to be built without a tokenizer, and truncates inputs longer than the model's positions (with a
+warning) instead of failing inside the encoder.
 """
 
 from __future__ import annotations
 
-from transformers import Pipeline
+from transformers import Pipeline, PretrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+TASK = "tiednorm-translation"
+
+
+def add_translation_pipeline(config: PretrainedConfig) -> None:
+    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
+    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
+    entry = {
+        "impl": f"{__name__.rsplit('.', 1)[-1]}.{TiedNormTranslationPipeline.__name__}",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
+
+
+def position_limit(model, tokenizer) -> int | None:
+    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
+    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
+    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+    return min(limits, default=None)
 
 
 class TiedNormTranslationPipeline(Pipeline):
@@ -15,6 +45,16 @@ class TiedNormTranslationPipeline(Pipeline):
 
     # Keyword arguments that go to model.generate rather than to the tokenizer.
     _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            name = getattr(self.model, "name_or_path", None) or type(self.model).__name__
+            raise ValueError(
+                f"tiednorm-translation needs a tokenizer, and the model {name} came without one (its folder has no "
+                "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+                "tokenizer=... to pipeline()"
+            )
 
     def _sanitize_parameters(self, **kwargs):
         unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
@@ -29,7 +69,17 @@ class TiedNormTranslationPipeline(Pipeline):
     def preprocess(self, text: str):
         if not isinstance(text, str):
             raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
-        return self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
+        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
+        limit = position_limit(self.model, self.tokenizer)
+        if limit is not None and inputs["input_ids"].shape[-1] > limit:
+            logger.warning(
+                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
+                f"can embed; translating its first {limit} tokens only"
+            )
+            inputs = self.tokenizer(
+                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
+            )
+        return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
         return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
