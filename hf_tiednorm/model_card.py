@@ -234,6 +234,8 @@ def render_model_card(
         architecture=FAMILIES[config.model_type][1],
         is_encoder_decoder=is_encoder_decoder,
         auto_class="AutoModelForSeq2SeqLM" if is_encoder_decoder else "AutoModelForCausalLM",
+        # The one-line pipeline usage, shown when the folder's config records the pipeline (its code ships with it).
+        translation_pipeline="tiednorm-translation" in (getattr(config, "custom_pipelines", None) or {}),
         head_mode=config.head_mode,
         mode_equation=mode_equation,
         mode_reference=mode_reference,

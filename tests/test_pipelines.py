@@ -13,6 +13,7 @@ from transformers.testing_utils import CaptureLogger
 
 from hf_tiednorm import pipeline_translation
 from hf_tiednorm.convert import convert_checkpoint
+from hf_tiednorm.model_card import write_model_card
 
 
 def test_text_generation_pipeline_with_a_saved_causal_lm(tmp_path):
@@ -91,3 +92,13 @@ def test_translation_pipeline_truncates_inputs_longer_than_the_positions(tmp_pat
     with CaptureLogger(pipeline_translation.logger) as captured:
         translator("ein hund läuft .", max_new_tokens=3)
     assert captured.out == ""  # short inputs are left alone
+
+
+def test_the_model_card_shows_the_pipeline_line_when_the_folder_serves_it(tmp_path):
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("seq2seq", vocab_size=len(tokenizer))
+    model.save_pretrained(tmp_path / "plain")  # a model folder saved without the pipeline
+    pipeline("tiednorm-translation", model=model, tokenizer=tokenizer).save_pretrained(tmp_path / "with_pipeline")
+    line = 'pipeline("tiednorm-translation", model="user/model", trust_remote_code=True)'
+    assert line in write_model_card(tmp_path / "with_pipeline", repo_id="user/model").read_text()
+    assert line not in write_model_card(tmp_path / "plain", repo_id="user/model").read_text()
