@@ -201,9 +201,11 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
 
     body_auto_class = AutoModelForSeq2SeqLM
 
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        # DataCollatorForSeq2Seq builds decoder inputs with the wrapped model's rule (shift right, start token).
-        return self.model.prepare_decoder_input_ids_from_labels(labels=labels)
+    @property
+    def prepare_decoder_input_ids_from_labels(self):
+        # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
+        # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
+        return self.model.prepare_decoder_input_ids_from_labels
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # The folder alone then serves pipeline("tiednorm-translation", model=folder, trust_remote_code=True): the
