@@ -13,6 +13,7 @@ instead of averaging, torch issue 162338) and SGD's is not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -109,8 +110,13 @@ def mean_over_ranks(value: float) -> float:
     return tensor.item() / dist.get_world_size()
 
 
-def train_sharded(model, optimizer, batch, backward, reference: dict) -> dict:
-    """STEPS steps on this rank's half of ``batch``; the gap to the reference, per measurement."""
+def train_sharded(model, batch, backward, update, reference: dict, module=None, full_grad=None) -> dict:
+    """STEPS steps on this rank's half of ``batch``; the gap to the reference, per measurement.
+
+    ``backward(loss)`` and ``update()`` train the wrapped ``model``; ``module`` is the model inside it (parameter
+    names), ``full_grad(param)`` the whole gradient of a parameter after the backward."""
+    module = model if module is None else module
+    full_grad = full_grad or (lambda param: None if param.grad is None else full(param.grad))
     rank, world = dist.get_rank(), dist.get_world_size()
     losses, terms, grad_diffs, cached_diffs = [], None, None, []
     for step in range(STEPS):
@@ -118,15 +124,13 @@ def train_sharded(model, optimizer, batch, backward, reference: dict) -> dict:
         backward(output.loss)
         if step == 0:
             # Every parameter's gradient, the tied one included, as the whole-batch gradient of one process.
+            grads = {name: full_grad(param) for name, param in module.named_parameters() if name in reference["grads"]}
             grad_diffs = {
-                name: (full(param.grad) - reference["grads"][name]).abs().max().item()
-                if param.grad is not None else float("inf")
-                for name, param in model.named_parameters()
-                if name in reference["grads"]
+                name: float("inf") if grad is None else (grad - reference["grads"][name]).abs().max().item()
+                for name, grad in grads.items()
             }
             terms = [mean_over_ranks(output[name].item()) for name in ("projection_penalty", "weight_norm_penalty")]
-        optimizer.step()
-        optimizer.zero_grad()
+        update()
         losses.append(mean_over_ranks(output.loss.item()))
         # An evaluation between steps, as the Trainer's: the head's cached norms must follow the refilled weights.
         cached_diffs.append((evaluate(model, batch) - reference["step_logits"][step]).abs().max().item())
@@ -143,6 +147,14 @@ def train_sharded(model, optimizer, batch, backward, reference: dict) -> dict:
     }
 
 
+def sgd_step(optimizer):
+    def step() -> None:
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return step
+
+
 def final_logits_diff(model, batch, reference: dict) -> float:
     """Logits after training vs the reference's, computed with grad enabled (so the head's cache is bypassed)."""
     model.eval()
@@ -151,12 +163,26 @@ def final_logits_diff(model, batch, reference: dict) -> float:
     return (logits - reference["logits"]).abs().max().item()
 
 
+@contextlib.contextmanager
+def without_zero3_init():
+    """Rank 0 alone reloads the saved model: under ZeRO-3 transformers would build it partitioned (collectives)."""
+    from transformers.integrations import deepspeed
+
+    saved = deepspeed._hf_deepspeed_config_weak_ref
+    deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 def check_saved(family: str, folder: str, reference: dict, batch) -> dict:
     """Reload what save_pretrained wrote from the gathered state dict: tied, stored once, same logits."""
     with safe_open(Path(folder) / "model.safetensors", "pt") as handle:
         keys = set(handle.keys())
     auto = AutoModelForCausalLM if family == "causal" else AutoModelForSeq2SeqLM
-    reloaded = auto.from_pretrained(folder).eval()
+    with without_zero3_init():
+        reloaded = auto.from_pretrained(folder).eval()
     with torch.no_grad():
         logits = reloaded(**eval_inputs(batch)).logits
     tie = embedding_tie(reloaded.config)
@@ -181,7 +207,7 @@ def run_fsdp2(family: str) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     result = {"untied_after_prepare": untied_pairs(model)}
     evaluate(model, batch)  # warms the head's inference cache before any step
-    result |= train_sharded(model, optimizer, batch, lambda loss: loss.backward(), reference)
+    result |= train_sharded(model, batch, torch.Tensor.backward, sgd_step(optimizer), reference)
     result["untied_after_training"] = untied_pairs(model)
     result["logits_diff"] = final_logits_diff(model, batch, reference)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -192,13 +218,13 @@ def run_fsdp2(family: str) -> dict:
     return result
 
 
-def accelerate_fsdp2(cpu_ram_efficient_loading: bool):
+def accelerate_fsdp2():
     """An Accelerator and the FSDP2 plugin of scripts/accelerate/fsdp2.yaml (transformer-based wrapping)."""
     from accelerate import Accelerator, FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap", state_dict_type="FULL_STATE_DICT",
-        reshard_after_forward=True, cpu_ram_efficient_loading=cpu_ram_efficient_loading,
+        reshard_after_forward=True, cpu_ram_efficient_loading=False,
     )
     return Accelerator(cpu=True), plugin
 
@@ -226,11 +252,11 @@ def run_accelerate(family: str, accelerator, plugin) -> dict:
     model, optimizer = accelerator.prepare(model, optimizer)
     result = {"untied_after_prepare": untied_pairs(model)}
     evaluate(model, batch)  # warms the head's inference cache before any step
-    result |= train_sharded(model, optimizer, batch, accelerator.backward, reference)
+    result |= train_sharded(model, batch, accelerator.backward, sgd_step(optimizer), reference)
     result["untied_after_training"] = untied_pairs(model)
     result["logits_diff"] = final_logits_diff(model, batch, reference)
     state = accelerator.get_state_dict(model)  # gathered on rank 0
-    if accelerator.is_main_process:
+    if dist.get_rank() == 0:
         with tempfile.TemporaryDirectory() as folder:
             accelerator.unwrap_model(model).save_pretrained(folder, state_dict=state)
             result |= check_saved(family, folder, reference, batch)
@@ -279,6 +305,43 @@ def pad_collator(pad_token_id: int):
     return collate
 
 
+def zero3_accelerator():
+    """DeepSpeed ZeRO-3 through accelerate with scripts/accelerate/deepspeed_zero3.json; every parameter is
+    partitioned (persistence threshold 0), so the tie and the regularizers meet partitioned weights."""
+    from accelerate import Accelerator, DeepSpeedPlugin
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    config = json.loads((Path(__file__).resolve().parents[1] / "scripts/accelerate/deepspeed_zero3.json").read_text())
+    config["zero_optimization"] |= {"stage3_param_persistence_threshold": 0, "reduce_bucket_size": 10**6,
+                                    "stage3_prefetch_bucket_size": 10**6}
+    config |= {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // 2, "train_batch_size": GLOBAL_BATCH,
+               "gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "bf16": {"enabled": False},
+               "fp16": {"enabled": False}}
+    return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
+
+
+def run_zero3(family: str, accelerator) -> dict:
+    from deepspeed.utils import safe_get_full_grad
+
+    model = build(family)
+    batch = global_batch(model)
+    reference = train_reference(family, batch)
+    engine, _ = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE))
+    module = engine.module
+    result = {"untied_after_prepare": untied_pairs(module)}
+    evaluate(engine, batch)
+    # engine.backward then engine.step (accelerator.backward would step too, before the gradients can be read).
+    result |= train_sharded(engine, batch, engine.backward, engine.step, reference, module, safe_get_full_grad)
+    result["untied_after_training"] = untied_pairs(module)
+    result["logits_diff"] = final_logits_diff(engine, batch, reference)
+    state = accelerator.get_state_dict(engine)  # consolidated on rank 0 (stage3_gather_16bit_weights_on_model_save)
+    if dist.get_rank() == 0:
+        with tempfile.TemporaryDirectory() as folder:
+            module.save_pretrained(folder, state_dict=state)
+            result |= check_saved(family, folder, reference, batch)
+    return result
+
+
 def main() -> None:
     route, out, *families = sys.argv[1:]
     torch.set_num_threads(1)  # 2 processes on a shared 2-core machine
@@ -286,8 +349,11 @@ def main() -> None:
         dist.init_process_group("gloo")
         results = {family: run_fsdp2(family) for family in families or FAMILIES}
     elif route == "accelerate":
-        accelerator, plugin = accelerate_fsdp2(cpu_ram_efficient_loading=os.environ.get("RAM_EFFICIENT") == "1")
+        accelerator, plugin = accelerate_fsdp2()
         results = {family: run_accelerate(family, accelerator, plugin) for family in families or FAMILIES}
+    elif route == "zero3":
+        accelerator = zero3_accelerator()
+        results = {family: run_zero3(family, accelerator) for family in families or FAMILIES}
     else:
         raise SystemExit(f"unknown route {route!r}")
     if dist.get_rank() == 0:
