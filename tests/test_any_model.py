@@ -184,7 +184,7 @@ def test_remote_code_reload_without_the_package(source_folders, tmp_path):
     check_remote_reload(["gpt2", "gemma3_text", "t5", "m2m_100"], source_folders, tmp_path)
 
 
-@pytest.mark.slow  # every architecture: 13 conversions and remote loads, ~45 s on 2 shared cores
+@pytest.mark.slow  # every architecture: 13 conversions and remote loads (15 s on one free core, 45 s on shared ones)
 def test_remote_code_reload_without_the_package_every_architecture(source_folders, tmp_path):
     check_remote_reload(ARCHITECTURES, source_folders, tmp_path)
 
