@@ -81,10 +81,12 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
         logit_scale=config.logit_scale,
         logit_scale_init=config.logit_scale_init,
         norm_eps=config.norm_eps,
-        device=weight.device,
+        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )
     head.weight = weight  # Press & Wolf: the output embedding is the input embedding
+    if head.logit_scale is not None:  # the learned g, created on meta with the weight: give it storage, at g's init
+        head.logit_scale = nn.Parameter(torch.full_like(head.logit_scale, head.logit_scale_init, device=weight.device))
     body.set_output_embeddings(head)
     if config.head_mode == "l2":
         # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.

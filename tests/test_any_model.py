@@ -104,6 +104,22 @@ def test_each_mode_equals_the_reference_computed_from_the_weights(name, head_mod
         torch.testing.assert_close(model(**inputs).logits.float(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("logit_scale", "init", "g"), [("fixed", 2.0, 2.0), ("scalar", None, 32**0.5), ("vector", 3.0, 3.0)]
+)
+def test_the_logit_scale_multiplies_the_score_inside_the_soft_cap(logit_scale, init, g):
+    # Gemma 2: logits = cap·tanh(g·s/cap); g starts at logit_scale_init (default sqrt(d), d = 32).
+    source = source_model("gemma2")
+    inputs = inputs_for(source)
+    h, weight = head_input_and_weight(source, inputs)
+    cap = source.config.final_logit_softcapping
+    norms = torch.linalg.vector_norm(weight, dim=-1).clamp_min(1e-6)
+    expected = cap * torch.tanh(g * (h @ weight.T) / norms / cap)
+    model = normalize_tied_head(source, "cosine", logit_scale=logit_scale, logit_scale_init=init).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_kv_cache_equals_full_forward_and_resize_keeps_the_head(name):
     model = normalize_tied_head(source_model(name), "cosine", logit_scale="vector").eval()
