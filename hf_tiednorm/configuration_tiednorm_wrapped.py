@@ -15,6 +15,14 @@ from transformers import AutoConfig, PreTrainedConfig
 
 from .normalized_head import HEAD_MODES, LOGIT_SCALES
 
+# Fields of hf_tiednorm's own families (configuration_tiednorm.py) that a wrapped model has no code for: it trains with
+# the wrapped model's own loss and head, so accepting them would silently ignore them.
+OWN_FAMILY_FIELDS = (
+    "label_smoothing", "loss_chunk_size", "projection_regularization", "weight_norm_regularization",
+    "weight_norm_target", "weight_norm_init_sigma", "adaptive_cutoffs", "adaptive_div_value",
+    "adaptive_tie_projections", "tie_topology",
+)  # fmt: skip
+
 
 class TiedNormWrappedConfig(PreTrainedConfig):
     r"""
@@ -41,6 +49,13 @@ class TiedNormWrappedConfig(PreTrainedConfig):
     norm_eps: float = 1e-6
 
     def __post_init__(self, **kwargs):
+        unsupported = sorted(set(kwargs) & set(OWN_FAMILY_FIELDS))
+        if unsupported:
+            raise ValueError(
+                f"{unsupported} are fields of hf_tiednorm's own model families; a wrapped model (any architecture, "
+                "trained with its own loss) has no code for them: drop them, or, for a marian/bart/llama source, "
+                "convert without --generic to get the own family"
+            )
         if self.text_config is None:
             raise ValueError("text_config is required: the config (or config dict) of the model to wrap")
         if isinstance(self.text_config, dict):

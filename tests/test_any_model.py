@@ -227,6 +227,8 @@ def test_untied_checkpoints_and_other_inputs_are_refused(tmp_path):
     converted = normalize_tied_head(GPT2LMHeadModel(gpt2), "cosine")
     with pytest.raises(ValueError, match="hf_tiednorm model already"):
         normalize_tied_head(converted, "l2")
+    with pytest.raises(ValueError, match=r"\['label_smoothing'\] are fields of hf_tiednorm's own model families"):
+        hf_tiednorm.TiedNormWrappedConfig(text_config=gpt2, label_smoothing=0.1)  # would be ignored silently
     with pytest.raises(ValueError, match="cannot wrap a t5 model; use AutoModelForSeq2SeqLM"):
         AutoModelForCausalLM.from_config(hf_tiednorm.TiedNormWrappedConfig(text_config=source_model("t5").config))
 
