@@ -50,6 +50,11 @@ class TiedNormHeadConfigMixin:
     weight_norm_regularization: float = 0.0
     # ν, the row norm the weight-norm regularization pulls towards (paper: 2.0).
     weight_norm_target: float = 2.0
+    # Std of a new model's token embeddings (every TiedNormEmbedding, and an untied output matrix); None = the
+    # parent's init_std / initializer_range (0.02). The paper trained in fairseq, whose embeddings start at
+    # N(0, d^-1/2): row norms ≈ 1 instead of 0.02·√d (0.32 at d = 256), which square mode (scores w·h/‖w‖²)
+    # needs to train. The padding row stays zero.
+    embedding_init_std: float | None = None
     # σ of the weight-norm initialization ‖w_k‖ = σ·log(c_k) that hf_tiednorm.weight_norm_init_ applied to this
     # model (it records it here); None = not applied.
     weight_norm_init_sigma: float | None = None
@@ -83,6 +88,9 @@ class TiedNormHeadConfigMixin:
             raise ValueError(f"weight_norm_target must be > 0 (paper: 2.0), got {self.weight_norm_target}")
         if self.weight_norm_init_sigma is not None and not self.weight_norm_init_sigma > 0:
             raise ValueError(f"weight_norm_init_sigma must be > 0 or None, got {self.weight_norm_init_sigma}")
+        if self.embedding_init_std is not None and not 0 < self.embedding_init_std < math.inf:
+            raise ValueError(f"embedding_init_std must be > 0 and finite (fairseq: d**-0.5) or None, got "
+                             f"{self.embedding_init_std}")
         if self.head_mode == "l2" and (self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None):
             raise ValueError(
                 "weight_norm_regularization / weight_norm_init_sigma act on row norms, which head_mode='l2' removes "
@@ -118,6 +126,11 @@ class TiedNormHeadConfigMixin:
             raise ValueError(
                 "adaptive_tie_projections=True ties the output projections to the input ones, but the output layer "
                 "is untied from the input embedding; tie the embeddings or set adaptive_tie_projections=False"
+            )
+        if self.embedding_init_std is not None:
+            raise ValueError(
+                "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
+                "leave one of embedding_init_std / adaptive_cutoffs unset"
             )
         if self.loss_chunk_size is not None:
             raise ValueError(

@@ -61,7 +61,10 @@ class LossTermsLoggingMixin:
 @torch.no_grad()
 def penalty_terms(model) -> dict[str, float]:
     """The enabled penalties of ``model``'s loss (``projection_penalty``, ``weight_norm_penalty``) at its current
-    weights, as they enter a loss without gradient accumulation (an evaluation loss)."""
+    weights, as they enter a loss without gradient accumulation (an evaluation loss); none for a transformers model
+    (the HF Marian contender of scripts/run_translation.py)."""
+    if not hasattr(model, "compose_loss"):
+        return {}
     weight = next(model.parameters())
     # targets only weigh the penalties under gradient accumulation (num_items_in_batch), which is not the case here.
     _, terms = model.compose_loss(torch.zeros((), device=weight.device), targets=None)

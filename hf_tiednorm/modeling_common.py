@@ -131,6 +131,17 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
             init.constant_(module.logit_scale, module.logit_scale_init)
         if isinstance(module, OutputProjection):
             init.eye_(module.weight)  # P = I: a fresh model scores as if there were no projection
+        std = getattr(self.config, "embedding_init_std", None)
+        if isinstance(module, TiedNormHead) and std is not None:
+            # HF initializes the head after the body it reads from (children first), and skips the model itself:
+            # N(0, std) for every token embedding and the output matrix (tied: one tensor); init.* skips loaded weights.
+            embeddings = [m for m in self.modules() if isinstance(m, TiedNormEmbedding)]
+            for weight in {id(w): w for w in [*(m.weight for m in embeddings), self.lm_head.weight]}.values():
+                init.normal_(weight, mean=0.0, std=std)
+            for embedding in embeddings:
+                if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
+                    init.zeros_(embedding.weight[embedding.padding_idx])
+
 
     def output_embedding_weights(self) -> list[torch.Tensor]:
         """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or

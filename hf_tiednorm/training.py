@@ -5,6 +5,8 @@
   technique flags of its loss) with their checks and the fine-tuning rules; each script subclasses it with the
   architecture flags of its model family.
 * ``check_world_size``, ``configure_threads``: launch set-up.
+* ``TiedNormTrainingArguments``, ``TiedNormSeq2SeqTrainingArguments``: HF's arguments with bf16 autocast as the
+  detected default on CPUs with native bf16 matmuls (``resolve_bf16``), and ``--bf16 true`` working on CPU.
 * ``OutputDirArguments``, ``prepare_output_dir``, ``resolve_resume_checkpoint``, ``check_resume_config``,
   ``save_final_model``: one run per --output_dir (HF examples' --overwrite_output_dir rule), resuming only the last
   *complete* checkpoint of a run with the same architecture, and a final save that never leaves a new config.json
@@ -32,6 +34,7 @@ from transformers import (
     HfArgumentParser,
     PretrainedConfig,
     PreTrainedTokenizerBase,
+    Seq2SeqTrainingArguments,
     Trainer,
     TrainerCallback,
     TrainingArguments,
@@ -88,7 +91,7 @@ class TiedNormModelArguments:
     config_fields: ClassVar[tuple[str, ...]] = (
         "head_mode", "logit_scale", "logit_scale_init", "label_smoothing", "projection_regularization",
         "weight_norm_regularization", "weight_norm_target", "adaptive_cutoffs", "adaptive_div_value",
-        "adaptive_tie_projections", "loss_chunk_size",
+        "adaptive_tie_projections", "loss_chunk_size", "embedding_init_std",
     )
     # Those that may still change when fine-tuning a saved checkpoint: loss weights, which change no parameter;
     # projection_regularization only when the saved model has the projection P already.
@@ -129,6 +132,13 @@ class TiedNormModelArguments:
     adaptive_tie_projections: bool | None = field(default=None)
     # Compute the training loss this many tokens at a time, never materializing the (tokens x V) logits.
     loss_chunk_size: int | None = field(default=None)
+    embedding_init_std: float | None = field(
+        default=None,
+        metadata={
+            "help": "Std of a new model's token embeddings (and untied output matrix); None: the config's init_std "
+            "(0.02). The paper's fairseq init is d**-0.5 (row norms ≈ 1), e.g. 0.0625 at d = 256; square mode needs it."
+        },
+    )
 
     def __post_init__(self):
         if self.tokenizer_model not in TOKENIZER_MODELS:
@@ -225,6 +235,83 @@ def configure_threads(num_threads: int | None) -> None:
     (each process defaulting to all cores would oversubscribe them)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) // world_size))
+
+
+# CPU flags of native bf16 matrix multiplication (x86). Without them oneDNN emulates bf16 through fp32, and
+# autocast would only add casts.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first of ``BF16_CPU_FLAGS`` that the CPU reports; None without them or without /proc/cpuinfo (not Linux)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return next((flag for flag in BF16_CPU_FLAGS if flag in flags), None)
+    return None
+
+
+def resolve_bf16(requested: bool | None, use_cpu: bool, accelerator: bool, cpu_flag: str | None) -> tuple[bool, str]:
+    """(bf16, why): --bf16 as given, or when not given bf16 autocast where training runs on a CPU with native bf16
+    matmuls (``cpu_flag``); with an accelerator (CUDA, ...) HF's own default (fp32) stands."""
+    on_cpu = use_cpu or not accelerator
+    if requested is not None:
+        why = f"--bf16 {str(requested).lower()}"
+        if requested and on_cpu and cpu_flag is None:
+            why += f" (this CPU has none of {BF16_CPU_FLAGS}: bf16 matmuls are emulated and may be slower than fp32)"
+        return requested, why
+    if not on_cpu:
+        return False, "an accelerator is present: HF's default fp32 (pass --bf16 true for bf16 autocast)"
+    if cpu_flag is None:
+        return False, f"the CPU has none of {BF16_CPU_FLAGS} (bf16 would be emulated): fp32 (--bf16 true to force)"
+    return True, f"the CPU has {cpu_flag} (native bf16 matmuls): bf16 autocast, loss/norms/softmax fp32 (--bf16 false)"
+
+
+@dataclass
+class Bf16DefaultMixin:
+    """``--bf16`` left unset picks the precision (``resolve_bf16``); ``precision_note`` says which and why, for the
+    scripts to log. Put before HF's ``TrainingArguments`` (or ``Seq2SeqTrainingArguments``) in the bases."""
+
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision (autocast; master weights, loss, norms and softmax stay fp32). Unset: on "
+            f"if training runs on a CPU with native bf16 matmuls ({', '.join(BF16_CPU_FLAGS)}), HF's default (off) "
+            "with a GPU. --bf16 false opts out; --bf16 true also works on a CPU-only machine without --use_cpu."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self.bf16, self.precision_note = resolve_bf16(
+            self.bf16, self.use_cpu, torch.accelerator.is_available(), cpu_bf16_flag()
+        )
+        super().__post_init__()
+
+    def _validate_args(self) -> None:
+        # HF refuses bf16 without a bf16 GPU unless --use_cpu is set. On a machine without any accelerator the CPU is
+        # the device anyway; setting use_cpu for it would change how a torchrun launch forms its process group.
+        cpu_only = self.bf16 and not self.use_cpu and not torch.accelerator.is_available()
+        if cpu_only:
+            self.bf16 = False
+        try:
+            super()._validate_args()
+        finally:
+            if cpu_only:
+                self.bf16 = True
+
+
+@dataclass
+class TiedNormTrainingArguments(Bf16DefaultMixin, TrainingArguments):
+    """``TrainingArguments`` with the detected bf16 default (scripts/run_clm.py)."""
+
+
+@dataclass
+class TiedNormSeq2SeqTrainingArguments(Bf16DefaultMixin, Seq2SeqTrainingArguments):
+    """``Seq2SeqTrainingArguments`` with the detected bf16 default (scripts/run_translation.py)."""
 
 
 # A launcher may create --output_dir with the run's own log in it before the run starts (scripts/reproduce_paper.py
@@ -399,7 +486,10 @@ class TiedWeightsCheck(TrainerCallback):
         embedding = model.get_decoder().embed_tokens  # the decoder of an encoder-decoder, the whole causal LM
         adaptive = isinstance(embedding, AdaptiveInput)
         inputs = [band.weight for band in embedding.bands] if adaptive else [embedding.weight]
-        outputs = model.output_embedding_weights()  # one matrix, or one per adaptive band
+        if hasattr(model, "output_embedding_weights"):
+            outputs = model.output_embedding_weights()  # one matrix, or one per adaptive band
+        else:  # a transformers model (the HF Marian contender)
+            outputs = [model.get_output_embeddings().weight]
         tied = len(inputs) == len(outputs) and all(a is b for a, b in zip(inputs, outputs, strict=True))
         logger.warning(
             "rank %d: output layer tied to the decoder embedding after prepare: %s", args.process_index, tied
@@ -412,18 +502,24 @@ class TiedWeightsCheck(TrainerCallback):
 
 
 __all__ = [
+    "BF16_CPU_FLAGS",
+    "Bf16DefaultMixin",
     "OutputDirArguments",
+    "TiedNormSeq2SeqTrainingArguments",
+    "TiedNormTrainingArguments",
     "TiedNormModelArguments",
     "TiedWeightsCheck",
     "check_resume_config",
     "check_world_size",
     "configure_threads",
+    "cpu_bf16_flag",
     "frequency_ordered",
     "is_complete_checkpoint",
     "last_complete_checkpoint",
     "parse_arguments",
     "parse_cutoffs",
     "prepare_output_dir",
+    "resolve_bf16",
     "resolve_resume_checkpoint",
     "save_final_model",
 ]

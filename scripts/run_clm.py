@@ -25,6 +25,9 @@ regularization and initialization, Baevski & Auli's adaptive input/softmax, the 
 each training log carries ``cross_entropy`` and every enabled penalty next to ``loss``. With --adaptive_cutoffs
 the tokenizer (trained, given or reused) is renumbered by decreasing training-data frequency, special tokens
 first, before the data is tokenized, and that renumbered tokenizer is the one saved with the model.
+
+Precision: bf16 autocast is the default where training runs on a CPU with native bf16 matmuls (avx512_bf16 /
+amx_bf16; with a GPU HF's default stands); the log says which precision was chosen and why; --bf16 false opts out.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ import transformers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    TrainingArguments,
     default_data_collator,
     set_seed,
 )
@@ -52,6 +54,7 @@ from hf_tiednorm.tokenization import train_joint_tokenizer
 from hf_tiednorm.training import (
     OutputDirArguments,
     TiedNormModelArguments,
+    TiedNormTrainingArguments,
     TiedWeightsCheck,
     check_resume_config,
     check_world_size,
@@ -115,10 +118,11 @@ class DataArguments:
 
 def main() -> None:
     model_args, data_args, output_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, OutputDirArguments, TrainingArguments)
+        (ModelArguments, DataArguments, OutputDirArguments, TiedNormTrainingArguments)
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
+    logger.info("precision: %s", training_args.precision_note)
     check_world_size(training_args)
     configure_threads(model_args.num_threads)
     if training_args.label_smoothing_factor:

@@ -22,6 +22,13 @@ Without --model_name_or_path a joint BPE tokenizer is trained on both sides of t
 are scored with sacreBLEU (detokenized, via the offline metric module in hf_tiednorm/metrics) on generated
 translations; --generation_num_beams and --length_penalty control the beam search.
 
+--model_family marian trains transformers' own ``MarianMTModel`` instead (three-way tied, every Marian config field
+taken from the same flags, label smoothing through the Trainer's ``label_smoothing_factor``): the HF contender of the
+paper grid, run through the same tokenizer, data, Trainer recipe and scoring.
+
+Precision: bf16 autocast is the default where training runs on a CPU with native bf16 matmuls (avx512_bf16 /
+amx_bf16; with a GPU HF's default stands); the log says which precision was chosen and why; --bf16 false opts out.
+
 Technique flags of a new model (Press & Wolf's projection regularization, Herold et al.'s weight-norm
 regularization and initialization, Baevski & Auli's adaptive input/softmax, the chunked loss) are config fields;
 each training log carries ``cross_entropy`` and every enabled penalty next to ``loss``. With --adaptive_cutoffs
@@ -45,7 +52,9 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
     EarlyStoppingCallback,
-    Seq2SeqTrainingArguments,
+    MarianConfig,
+    MarianMTModel,
+    PretrainedConfig,
     TrainerCallback,
     set_seed,
 )
@@ -60,6 +69,7 @@ from hf_tiednorm.tokenization import train_joint_tokenizer
 from hf_tiednorm.training import (
     OutputDirArguments,
     TiedNormModelArguments,
+    TiedNormSeq2SeqTrainingArguments,
     TiedWeightsCheck,
     check_resume_config,
     check_world_size,
@@ -74,6 +84,13 @@ from hf_tiednorm.weight_norm_init import weight_norm_init_
 
 logger = logging.getLogger(__name__)
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+MODEL_FAMILIES = ("tiednorm", "marian")
+# Flags of the normalized head and its techniques, which transformers' MarianMTModel does not have.
+TIEDNORM_ONLY_FLAGS = (
+    "head_mode", "logit_scale", "logit_scale_init", "projection_regularization", "weight_norm_regularization",
+    "weight_norm_target", "weight_norm_init_sigma", "adaptive_cutoffs", "adaptive_div_value",
+    "adaptive_tie_projections", "loss_chunk_size", "embedding_init_std",
+)
 
 
 @dataclass
@@ -102,6 +119,26 @@ class ModelArguments(TiedNormModelArguments):
     attention_dropout: float | None = field(default=None)
     # Beam-search length penalty (exponent on length); the beam size is --generation_num_beams.
     length_penalty: float = field(default=1.0)
+    model_family: str = field(
+        default="tiednorm",
+        metadata={
+            "help": f"one of {MODEL_FAMILIES}: a new TiedNormForConditionalGeneration, or transformers' MarianMTModel "
+            "(plain three-way tying, the same dims; --label_smoothing becomes the Trainer's label_smoothing_factor)"
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.model_family not in MODEL_FAMILIES:
+            raise ValueError(f"--model_family must be one of {MODEL_FAMILIES}, got {self.model_family!r}")
+        if self.model_family == "marian":
+            given = [name for name in TIEDNORM_ONLY_FLAGS if getattr(self, name) is not None]
+            if self.model_name_or_path is not None:
+                given.append("model_name_or_path")  # a saved model's config.json names its own family
+            if self.tie_topology not in (None, "three_way"):
+                given.append("tie_topology")
+            if given:
+                raise ValueError(f"--model_family marian (plain three-way tying) takes no --{' --'.join(given)}")
 
 
 @dataclass
@@ -159,12 +196,22 @@ class TimeBudgetCallback(TrainerCallback):
             control.should_save = True
 
 
+def marian_config(config: hf_tiednorm.TiedNormSeq2SeqConfig) -> MarianConfig:
+    """The ``MarianConfig`` with every Marian field of ``config`` (dims, dropouts, init_std, scale_embedding, special
+    token ids, decoder_start_token_id), three-way tied as transformers spells it."""
+    shared = set(MarianConfig().to_dict()) - {"model_type", "transformers_version", "architectures", "_name_or_path"}
+    fields = {name: value for name, value in config.to_dict().items() if name in shared}
+    return MarianConfig(**{**fields, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True})
+
+
 def main() -> None:
     model_args, data_args, run_args, output_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, Seq2SeqTrainingArguments)
+        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments)
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
+    logger.info("precision: %s", training_args.precision_note)
+    marian = model_args.model_family == "marian"
     check_world_size(training_args)
     configure_threads(run_args.num_threads)
     if training_args.label_smoothing_factor:
@@ -174,7 +221,9 @@ def main() -> None:
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume_checkpoint(training_args)
     # Bad flags fail before any work: the config, sequence lengths the positions cannot hold, a resumed architecture.
-    run_config = model_args.run_config(hf_tiednorm.TiedNormSeq2SeqConfig)
+    run_config: PretrainedConfig = model_args.run_config(hf_tiednorm.TiedNormSeq2SeqConfig)
+    if marian:
+        run_config = marian_config(run_config)
     positions = run_config.max_position_embeddings
     for flag, length in (("--max_source_length", data_args.max_source_length),
                          ("--max_target_length", data_args.max_target_length),
@@ -237,14 +286,20 @@ def main() -> None:
             decoder_start_token_id=tokenizer.bos_token_id,
             **model_args.config_overrides(),
         )
-        model = hf_tiednorm.TiedNormForConditionalGeneration(config)
+        if marian:
+            model = MarianMTModel(marian_config(config))
+            # HF's path for label smoothing: the Trainer's LabelSmoother on the model's logits.
+            training_args.label_smoothing_factor = config.label_smoothing
+        else:
+            model = hf_tiednorm.TiedNormForConditionalGeneration(config)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
     model.generation_config.length_penalty = model_args.length_penalty
     model.generation_config.max_length = training_args.generation_max_length or data_args.max_target_length
     if training_args.generation_num_beams is not None:
         model.generation_config.num_beams = training_args.generation_num_beams
-    logger.info("model: %s, %.1fM parameters", model.config.head_mode, model.num_parameters() / 1e6)
+    family = f"head_mode={model.config.head_mode}" if hasattr(model.config, "head_mode") else type(model).__name__
+    logger.info("model: %s, %.1fM parameters", family, model.num_parameters() / 1e6)
 
     with training_args.main_process_first(desc="tokenizing"):
         tokenized = tokenize_parallel(
@@ -327,24 +382,25 @@ def main() -> None:
             counts_file = output_dir / "token_counts.pt"
             counts = torch.load(counts_file) if counts_file.is_file() else None
             plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
-        write_model_card(
-            output_dir,
-            metrics=results,
-            dataset=data_args.dataset_name,
-            languages=[data_args.source_lang, data_args.target_lang],
-            training={
-                **model_args.config_overrides(),
-                "num_train_epochs": training_args.num_train_epochs,
-                "max_steps": training_args.max_steps,
-                "per_device_train_batch_size": training_args.per_device_train_batch_size,
-                "learning_rate": training_args.learning_rate,
-                "lr_scheduler_type": str(training_args.lr_scheduler_type),
-                "warmup_steps": training_args.warmup_steps,
-                "generation_num_beams": training_args.generation_num_beams,
-                "length_penalty": model_args.length_penalty,
-                "seed": training_args.seed,
-            },
-        )
+        if not marian:  # the card describes hf_tiednorm models only
+            write_model_card(
+                output_dir,
+                metrics=results,
+                dataset=data_args.dataset_name,
+                languages=[data_args.source_lang, data_args.target_lang],
+                training={
+                    **model_args.config_overrides(),
+                    "num_train_epochs": training_args.num_train_epochs,
+                    "max_steps": training_args.max_steps,
+                    "per_device_train_batch_size": training_args.per_device_train_batch_size,
+                    "learning_rate": training_args.learning_rate,
+                    "lr_scheduler_type": str(training_args.lr_scheduler_type),
+                    "warmup_steps": training_args.warmup_steps,
+                    "generation_num_beams": training_args.generation_num_beams,
+                    "length_penalty": model_args.length_penalty,
+                    "seed": training_args.seed,
+                },
+            )
         logger.info("model, tokenizer, metrics and card are in %s", output_dir.resolve())
 
 

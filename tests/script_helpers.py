@@ -13,13 +13,14 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
 
-# A tiny encoder-decoder and a small joint vocabulary: a few seconds per run on one CPU thread.
+# A tiny encoder-decoder and a small joint vocabulary: a few seconds per run on one CPU thread. fp32: at this size
+# bf16 gains nothing, and the tests' tolerances were set in fp32 (tests/test_bf16_and_contender.py runs bf16).
 TINY_TRANSLATION_FLAGS = [
     "--vocab_size", "300", "--d_model", "32", "--encoder_layers", "1", "--decoder_layers", "1",
     "--encoder_ffn_dim", "64", "--decoder_ffn_dim", "64", "--encoder_attention_heads", "2",
     "--decoder_attention_heads", "2", "--dropout", "0", "--attention_dropout", "0",
     "--max_source_length", "32", "--max_target_length", "32", "--generation_max_length", "24",
-    "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false",
+    "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false", "--bf16", "false",
 ]
 
 
@@ -38,8 +39,8 @@ def write_tiny_parallel(folder: Path, n_train: int = 48, n_eval: int = 6) -> lis
     return flags
 
 
-def run_script(name: str, args: list[str], monkeypatch) -> None:
-    """Run scripts/<name>.py's main() in this process with ``args`` as its command line."""
+def load_script(name: str):
+    """scripts/<name>.py as a module (imported once)."""
     module_name = f"script_{name}"
     module = sys.modules.get(module_name)
     if module is None:
@@ -47,6 +48,12 @@ def run_script(name: str, args: list[str], monkeypatch) -> None:
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # dataclasses resolve string annotations through sys.modules
         spec.loader.exec_module(module)
+    return module
+
+
+def run_script(name: str, args: list[str], monkeypatch) -> None:
+    """Run scripts/<name>.py's main() in this process with ``args`` as its command line."""
+    module = load_script(name)
     monkeypatch.setattr(sys, "argv", [f"{name}.py", *map(str, args)])
     threads = torch.get_num_threads()
     try:

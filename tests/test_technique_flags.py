@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset
+from safetensors.torch import load_file
 from script_helpers import TINY_TRANSLATION_FLAGS, read_lines, run_script
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -29,7 +30,7 @@ TINY_CLM_ARCHITECTURE = [
 TINY_CLM_RUN = [
     "--max_train_samples", str(N_TRAIN), "--max_eval_samples", "60", "--block_size", "32",
     "--per_device_train_batch_size", "8", "--report_to", "none", "--num_threads", "1",
-    "--dataloader_pin_memory", "false", "--logging_steps", "1", "--seed", "0",
+    "--dataloader_pin_memory", "false", "--logging_steps", "1", "--seed", "0", "--bf16", "false",
 ]
 REGULARIZED = [
     "--projection_regularization", "0.15", "--weight_norm_regularization", "1e-3", "--weight_norm_target", "1.5",
@@ -257,3 +258,57 @@ def test_finetune_rechecks_changed_fields(adaptive_clm, multi30k_dir, tmp_path, 
         run_script("run_clm", clm_flags(
             multi30k_dir, tmp_path, "--model_name_or_path", adaptive_clm, "--do_train", "--loss_chunk_size", "64",
         ), monkeypatch)
+
+
+@pytest.mark.parametrize("family", ["seq2seq", "bart", "causal"])
+def test_embedding_init_std_sets_row_norms_and_round_trips(family, tmp_path):
+    """embedding_init_std = d^-1/2 (fairseq's init, which the paper trained square mode with): row norms ≈ 1 instead
+    of 0.02·√d, the padding row zero, the output matrix tied to it; the field survives save/load, and the loaded
+    model keeps the saved weights (the init does not run over them)."""
+    config_class, model_class = {
+        "seq2seq": (hf_tiednorm.TiedNormSeq2SeqConfig, hf_tiednorm.TiedNormForConditionalGeneration),
+        "bart": (hf_tiednorm.TiedNormBartConfig, hf_tiednorm.TiedNormBartForConditionalGeneration),
+        "causal": (hf_tiednorm.TiedNormCausalConfig, hf_tiednorm.TiedNormForCausalLM),
+    }[family]
+    d = 64
+    sizes = {"hidden_size": d} if family == "causal" else {"d_model": d}
+    torch.manual_seed(0)
+    model = model_class(config_class(vocab_size=400, head_mode="square", embedding_init_std=d**-0.5, **sizes))
+    weight = model.get_input_embeddings().weight
+    norms = torch.linalg.vector_norm(weight, dim=-1)
+    assert norms[model.config.pad_token_id] == 0
+    assert norms[1:].mean().item() == pytest.approx(1.0, abs=0.03)
+    assert model.get_output_embeddings().weight is weight
+    default = model_class(config_class(vocab_size=400, head_mode="square", **sizes)).get_input_embeddings().weight
+    assert torch.linalg.vector_norm(default, dim=-1)[1:].mean().item() == pytest.approx(0.02 * d**0.5, rel=0.05)
+    model.save_pretrained(tmp_path)
+    reloaded = model_class.from_pretrained(tmp_path)
+    assert reloaded.config.embedding_init_std == d**-0.5
+    torch.testing.assert_close(reloaded.get_input_embeddings().weight, weight, rtol=0, atol=0)
+
+
+def test_embedding_init_std_untied_output_and_errors():
+    model = hf_tiednorm.TiedNormForConditionalGeneration(hf_tiednorm.TiedNormSeq2SeqConfig(
+        vocab_size=300, d_model=64, tie_topology="untied", embedding_init_std=0.125))
+    for weight in (model.model.encoder.embed_tokens.weight, model.model.decoder.embed_tokens.weight,
+                   model.lm_head.weight):
+        assert torch.linalg.vector_norm(weight, dim=-1)[1:].mean().item() == pytest.approx(1.0, abs=0.05)
+    with pytest.raises(ValueError, match="embedding_init_std must be > 0"):
+        hf_tiednorm.TiedNormSeq2SeqConfig(embedding_init_std=0.0)
+    with pytest.raises(ValueError, match="leave one of embedding_init_std / adaptive_cutoffs unset"):
+        hf_tiednorm.TiedNormCausalConfig(embedding_init_std=0.06, adaptive_cutoffs=[2000])
+
+
+def test_embedding_init_std_flag_reaches_the_trained_config(multi30k_dir, tmp_path, monkeypatch):
+    output_dir = tmp_path / "square"
+    run_script("run_translation", [
+        "--train_file", multi30k_dir / "train.{lang}.gz", "--validation_file", multi30k_dir / "val.{lang}.gz",
+        "--test_file", multi30k_dir / "test_2016_flickr.{lang}.gz", "--output_dir", output_dir,
+        "--max_train_samples", "100", *TINY_TRANSLATION_FLAGS, "--head_mode", "square", "--embedding_init_std",
+        str(32**-0.5), "--do_train", "--max_steps", "1", "--per_device_train_batch_size", "8", "--save_strategy",
+        "no",
+    ], monkeypatch)
+    config = hf_tiednorm.TiedNormSeq2SeqConfig.from_pretrained(output_dir)
+    assert (config.head_mode, config.embedding_init_std) == ("square", 32**-0.5)
+    weight = load_file(output_dir / "model.safetensors")["model.shared.weight"]
+    assert torch.linalg.vector_norm(weight, dim=-1)[1:].mean().item() == pytest.approx(1.0, abs=0.1)  # one step on
