@@ -142,7 +142,6 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
                 if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
                     init.zeros_(embedding.weight[embedding.padding_idx])
 
-
     def output_embedding_weights(self) -> list[torch.Tensor]:
         """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
         one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
