@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The paper's comparison as a resumable grid of training runs, three grids in all:
 
-- translation: the 5 head modes × seeds on Multi30k de→en (sacreBLEU, beam search with a fixed length penalty, on
-  val and test_2016_flickr; the embedding-norm histogram of each mode);
+- translation: the 5 head modes and the HF contender ``marian`` (transformers' MarianMTModel, plain three-way tying,
+  trained by the same run_translation.py pipeline: tokenizer, data, Trainer recipe, scoring) × seeds on Multi30k de→en
+  (sacreBLEU, beam search with a fixed length penalty, on val and test_2016_flickr; each variant's norm histogram);
 - clm: causal-LM perplexity on Multi30k English, baseline / cosine / l2 × tied / untied;
 - techniques: the causal LM, plain tied baseline vs +projection regularization, +weight-norm initialization,
   +weight-norm regularization, adaptive input + softmax, and adaptive + cosine.
@@ -12,12 +13,21 @@ time); its result is appended as one JSON line to --results. A cell whose key (g
 the grid's budget) already has an "ok" row is skipped, so rerunning the same command resumes the grid; changing
 the budget starts new cells. The Trainer uses CUDA by itself when there is a GPU.
 
+A budget that saves checkpoints (full: one per epoch) resumes a cell killed half-way from its last complete
+checkpoint (run_translation.py / run_clm.py --resume_from_checkpoint last) in its folder under --runs_dir; a cell
+folder without one (and every folder of the smoke/reduced budgets, which save none) starts over. So a full grid can
+be run in slices (--max_minutes, or simply killed) and accumulate over days with the same command.
+
+Precision (--precision): bf16 autocast for the full budget, fp32 for smoke/reduced (d ≤ 128, where bf16 gains
+nothing on CPU; their earlier rows are fp32). It is part of the budget (bf16 budgets hash differently) and of each row.
+
     python scripts/reproduce_paper.py --budget reduced                         # run / resume (2-core CPU)
     python scripts/reproduce_paper.py --budget full --workers 8                # GPU box: the README recipe
     python scripts/reproduce_paper.py --budget full --report_only true         # tables, verdicts, histogram PNG
 
-Order: every cell of the chosen grids with --seeds, then --extra_seeds for the translation baseline and the best
-mode by mean test BLEU (--extra_seeds_all true: extra seeds for every cell of every grid, scheduled at once).
+Order: every cell of the chosen grids with --seeds, then --extra_seeds for the translation baseline, the marian
+contender and the --best_modes best head modes by mean *val* BLEU (test is never used to choose; --extra_seeds_all
+true: extra seeds for every cell of every grid, scheduled at once).
 --max_minutes stops starting cells after that long, so a grid can be run in slices of limited length.
 """
 
@@ -43,6 +53,10 @@ from transformers import HfArgumentParser
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("baseline", "l2", "square", "distance", "cosine")
+# The HF contender of the translation grid: transformers' MarianMTModel (run_translation.py --model_family marian).
+MARIAN = "marian"
+TRANSLATION_VARIANTS = (*MODES, MARIAN)
+PRECISIONS = ("auto", "bf16", "fp32")
 CLM_MODES = ("baseline", "cosine", "l2")
 GRIDS = ("translation", "clm", "techniques")
 BUDGETS = ("smoke", "reduced", "full")
@@ -53,7 +67,8 @@ PER_CELL_KEYS = ("output_dir", "head_mode", "seed", "num_threads", "dataset_name
 # What the grid reads from a finished run's all_results.json.
 METRICS = ("eval_bleu", "test_bleu", "eval_gen_len", "test_gen_len", "eval_loss", "test_loss", "eval_perplexity",
            "test_perplexity", "train_loss", "train_runtime")
-# Per grid: the metric ranked (test split), its validation twin, whether higher is better, and the reference group.
+# Per grid: the metric reported (test split), its validation twin (which chooses), whether higher is better, and the
+# reference group.
 PRIMARY = {
     "translation": ("test_bleu", "eval_bleu", True, "baseline"),
     "clm": ("test_perplexity", "eval_perplexity", False, "baseline-tied"),
@@ -71,14 +86,20 @@ class GridArguments:
     data_dir: str = field(default="../shared/data/multi30k")
     # JSONL of finished cells (one row a cell, appended).
     results: str = field(default="results/paper_grid.jsonl")
-    # One output folder per cell (gitignored); a half-done folder is wiped when its cell reruns.
+    # One output folder per cell (gitignored); a half-done cell resumes from its last complete checkpoint (full
+    # budget), or starts over when it has none.
     runs_dir: str = field(default="runs/paper")
-    # Translation modes to run.
-    modes: str = field(default=",".join(MODES))
+    # Translation variants to run: head modes and the HF contender "marian".
+    modes: str = field(default=",".join(TRANSLATION_VARIANTS), metadata={"help": f"from {TRANSLATION_VARIANTS}"})
     # Seeds run for every cell of every chosen grid.
     seeds: str = field(default="0")
-    # Further translation seeds for the baseline and the best mode (by mean test BLEU over --seeds).
+    # Further translation seeds for the baseline, marian and the --best_modes best head modes (by mean val BLEU).
     extra_seeds: str = field(default="1,2")
+    best_modes: int = field(default=2, metadata={"help": "head modes (besides baseline) given --extra_seeds"})
+    precision: str = field(
+        default="auto",
+        metadata={"help": f"one of {PRECISIONS}; auto: bf16 autocast for the full budget, fp32 for smoke/reduced"},
+    )
     # Run --extra_seeds for every cell of every grid at once instead (no wait for the best mode; suits --workers).
     extra_seeds_all: bool = field(default=False)
     # Cells run at the same time (each a subprocess).
@@ -104,9 +125,11 @@ class GridArguments:
         unknown = set(self.grid_list()) - set(GRIDS)
         if unknown:
             raise ValueError(f"--grids: unknown {sorted(unknown)}; choose from {GRIDS}")
-        unknown = set(self.mode_list()) - set(MODES)
+        unknown = set(self.mode_list()) - set(TRANSLATION_VARIANTS)
         if unknown:
-            raise ValueError(f"--modes: unknown {sorted(unknown)}; choose from {MODES}")
+            raise ValueError(f"--modes: unknown {sorted(unknown)}; choose from {TRANSLATION_VARIANTS}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
 
@@ -118,6 +141,10 @@ class GridArguments:
 
     def threads(self) -> int:
         return self.num_threads or max(1, (os.cpu_count() or 1) // self.workers)
+
+    def bf16(self) -> bool:
+        """Whether the cells train under bf16 autocast (passed to every cell as --bf16 true/false)."""
+        return self.precision == "bf16" or (self.precision == "auto" and self.budget == "full")
 
 
 # ---------------------------------------------------------------- budgets
@@ -184,10 +211,12 @@ def technique_flags(vocab_size: int, wn_init_sigma: float) -> dict[str, dict]:
 
 
 def grid_budget(grid: str, args: GridArguments) -> dict:
-    """Everything that must be equal across the cells of one grid (hashed into the cell keys)."""
+    """Everything that must be equal across the cells of one grid (hashed into the cell keys). bf16 enters only when
+    on, so that the fp32 budgets keep the hashes of the rows written before precision was a choice (all fp32)."""
+    precision = {"bf16": True} if args.bf16() else {}
     if grid == "translation":
-        return {"preset": args.budget, **translation_budget(args.budget)}
-    budget = {"preset": args.budget, **clm_budget(args.budget)}
+        return {"preset": args.budget, **translation_budget(args.budget), **precision}
+    budget = {"preset": args.budget, **clm_budget(args.budget), **precision}
     if grid == "techniques":
         budget["techniques"] = technique_flags(budget["vocab_size"], args.wn_init_sigma)
     return budget
@@ -300,13 +329,11 @@ def verdict_sentences(verdicts: dict[str, dict], reference: str, metric: str) ->
     return lines
 
 
-def best_variant(summary: dict[str, dict], reference: str, higher_is_better: bool) -> str | None:
-    """The non-reference variant with the best mean."""
-    candidates = [v for v in summary if v != reference and not math.isnan(summary[v]["mean"])]
-    if not candidates:
-        return None
+def best_variants(summary: dict[str, dict], exclude: tuple[str, ...], higher_is_better: bool, count: int) -> list[str]:
+    """Up to ``count`` variants not in ``exclude`` with the best means, best first."""
+    candidates = [v for v in summary if v not in exclude and not math.isnan(summary[v]["mean"])]
     sign = 1 if higher_is_better else -1
-    return max(candidates, key=lambda v: sign * summary[v]["mean"])
+    return sorted(candidates, key=lambda v: -sign * summary[v]["mean"])[:count]
 
 
 # ---------------------------------------------------------------- cells and runs
@@ -314,7 +341,7 @@ def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[
     """The cells of one grid for ``seeds`` (all its variants, or only ``variants``)."""
     budget = grid_budget(grid, args)
     if grid == "translation":
-        table = {mode: {"head_mode": mode} for mode in args.mode_list()}
+        table = {v: {"model_family": MARIAN} if v == MARIAN else {"head_mode": v} for v in args.mode_list()}
     elif grid == "clm":
         table = {f"{mode}-{'tied' if tied else 'untied'}": {"head_mode": mode, "tie_word_embeddings": tied}
                  for tied in (True, False) for mode in CLM_MODES}
@@ -341,8 +368,10 @@ def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
         files = {f"{split}_file": str(data / f"{name}.en.gz")
                  for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
         budget = clm_budget(args.budget)
-    flags = {**budget, **files, **cell["flags"], "output_dir": out, "seed": cell["seed"],
-             "num_threads": args.threads(), "save_strategy": "no", "dataset_name": "bentrevett/multi30k"}
+    # The full budget saves a checkpoint per epoch, so that a killed cell resumes (run_cell); the others start over.
+    saving = {"save_strategy": "epoch", "save_total_limit": 1} if args.budget == "full" else {"save_strategy": "no"}
+    flags = {**budget, **files, **cell["flags"], "output_dir": out, "seed": cell["seed"], "bf16": args.bf16(),
+             "num_threads": args.threads(), **saving, "dataset_name": "bentrevett/multi30k"}
     argv = [sys.executable, str(ROOT / "scripts" / script)]
     for name, value in flags.items():
         argv += [f"--{name}", str(value).lower() if isinstance(value, bool) else str(value)]
@@ -380,19 +409,33 @@ def embedding_norms(folder: Path) -> dict:
             "q95": quantiles[2], "hist_max": top, "hist_counts": torch.histc(norms, bins=40, min=0.0, max=top).tolist()}
 
 
+def prepare_cell_dir(out: Path) -> Path | None:
+    """The checkpoint a cell killed half-way resumes from (its folder kept); None after wiping a folder without one
+    (a fresh start, e.g. smoke/reduced cells, which save none)."""
+    from hf_tiednorm.training import last_complete_checkpoint
+
+    checkpoint = last_complete_checkpoint(out) if out.is_dir() else None
+    if checkpoint is None:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+    return checkpoint
+
+
 def run_cell(args: GridArguments, cell: dict, device: str) -> dict:
     out = ROOT / args.runs_dir / cell["key"]
-    if out.exists():
-        shutil.rmtree(out)  # a cell killed half-way starts over (no checkpoints: they would cost more than they save)
-    out.mkdir(parents=True)
+    checkpoint = prepare_cell_dir(out)
     argv = command(args, cell, out)
+    if checkpoint is not None:
+        argv += ["--resume_from_checkpoint", "last"]  # the run's own newest complete checkpoint
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     start = time.monotonic()
-    with open(out / "run.log", "w") as log:
+    with open(out / "run.log", "a" if checkpoint else "w") as log:
         rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    # wall_minutes: this slice only (a resumed cell's earlier slices ran in earlier commands).
     row = {**cell, "status": "ok" if rc == 0 else f"failed rc={rc}", "wall_minutes": (time.monotonic() - start) / 60,
-           "device": device, "num_threads": args.threads(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "command": " ".join(argv[1:])}
+           "device": device, "num_threads": args.threads(), "precision": "bf16" if args.bf16() else "fp32",
+           "resumed_from": None if checkpoint is None else checkpoint.name,
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join(argv[1:])}
     results = out / "all_results.json"
     if rc == 0 and results.is_file():
         metrics = json.loads(results.read_text())
@@ -434,6 +477,14 @@ def run_cells(args: GridArguments, cells: list[dict], results: Path) -> None:
         list(pool.map(work, todo))  # list(): re-raise what a worker could not record (a failed append)
 
 
+def extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
+    """The translation variants that get --extra_seeds: baseline, marian and the --best_modes head modes with the
+    best mean *validation* BLEU (choosing on test would tune on it), among those of --modes."""
+    val = summarize(rows, "translation", "eval_bleu", budget_hash(grid_budget("translation", args)))
+    best = best_variants(val, ("baseline", MARIAN), higher_is_better=True, count=args.best_modes)
+    return [v for v in ("baseline", MARIAN, *best) if v in args.mode_list()]
+
+
 # ---------------------------------------------------------------- report
 def report(args: GridArguments) -> dict:
     """Tables (mean ± std, n) and verdicts per grid for --budget, written as JSON + Markdown, plus the PNG."""
@@ -450,19 +501,36 @@ def report(args: GridArguments) -> dict:
         test = {v: test[v] for v in sorted(test, key=lambda v: order.index(v) if v in order else len(order))}
         val = summarize(rows, grid, val_metric, budget_hash(budget))
         verdicts = verdict(test, reference, higher)
-        devices = sorted({r.get("device", "?") for r in rows if r.get("grid") == grid
-                          and r.get("budget_hash") == budget_hash(budget) and r.get("status") == "ok"})
+        ok = [r for r in rows if r.get("grid") == grid and r.get("budget_hash") == budget_hash(budget)
+              and r.get("status") == "ok"]
+        devices = sorted({r.get("device", "?") for r in ok})
+        precisions = sorted({r.get("precision", "fp32") for r in ok})  # rows before the field were all fp32
+        minutes = summarize([{**r, "wall": r.get("wall_minutes")} for r in ok], grid, "wall", budget_hash(budget))
+        # The HF contender is a second reference where the grid has it.
+        references = [reference] + ([MARIAN] if MARIAN in test and reference != MARIAN else [])
+        verdicts_by_ref = {ref: verdict(test, ref, higher) for ref in references}
+        val_verdicts = verdict(val, reference, higher)
         summary["grids"][grid] = {"budget": budget, "budget_hash": budget_hash(budget), "metric": metric,
-                                  "test": test, "val": val, "verdict": verdicts, "devices": devices}
+                                  "test": test, "val": val, "verdict": verdicts, "devices": devices,
+                                  "precisions": precisions, "wall_minutes": minutes,
+                                  "verdict_by_reference": verdicts_by_ref, "val_verdict": val_verdicts}
         name = "BLEU" if grid == "translation" else "perplexity"
-        markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {', '.join(devices)})", "",
-                     f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ test vs {reference} |",
-                     "|---|---|---|---|"]
+        markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {', '.join(devices)}; "
+                     f"precision: {', '.join(precisions)})", "",
+                     f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ val vs {reference} | "
+                     + " | ".join(f"Δ test vs {ref}" for ref in references) + " | wall min (mean) |",
+                     "|---|---|---|---|" + "---|" * len(references) + "---|"]
         for variant, t in test.items():
             v = val.get(variant, mean_std([]))
-            diff = verdicts.get(variant, {}).get("diff")
-            markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {'' if diff is None else f'{diff:+.2f}'} |")
-        markdown += ["", *verdict_sentences(verdicts, reference, f"test {name}"), ""]
+            deltas = [val_verdicts.get(variant, {}).get("diff")]
+            deltas += [verdicts_by_ref[ref].get(variant, {}).get("diff") for ref in references]
+            cells = " | ".join("" if d is None else f"{d:+.2f}" for d in deltas)
+            wall = minutes.get(variant, mean_std([]))["mean"]
+            markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {cells} | {wall:.1f} |")
+        markdown += [""]
+        for ref in references:
+            markdown += verdict_sentences(verdicts_by_ref[ref], ref, f"test {name}")
+        markdown += [""]
     summary["markdown"] = "\n".join(markdown)
     json_path = ROOT / args.report_json
     json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -492,7 +560,7 @@ def plot_histograms(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    modes = [m for m in MODES if m in hists]
+    modes = [m for m in TRANSLATION_VARIANTS if m in hists]
     figure, axes = plt.subplots(1, len(modes), figsize=(3.2 * len(modes), 2.8), squeeze=False)
     for axis, mode in zip(axes[0], modes):
         h = hists[mode]
@@ -519,11 +587,8 @@ def main() -> None:
         run_cells(args, [cell for grid in args.grid_list() for cell in grid_cells(grid, args, first)], results)
         out_of_time = args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes
         if extra and not args.extra_seeds_all and "translation" in args.grid_list() and not out_of_time:
-            budget = grid_budget("translation", args)
-            bleu = summarize(load_rows(results), "translation", "test_bleu", budget_hash(budget))
-            best = best_variant(bleu, "baseline", higher_is_better=True)
-            chosen = ["baseline"] + ([best] if best else [])
-            print(f"extra seeds {extra} for {chosen}", flush=True)
+            chosen = extra_seed_variants(args, load_rows(results))
+            print(f"extra seeds {extra} for {chosen} (best modes by mean val BLEU)", flush=True)
             run_cells(args, grid_cells("translation", args, extra, chosen), results)
     report(args)
 

@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from script_helpers import SCRIPTS, subprocess_env
@@ -56,7 +57,9 @@ def test_full_budget_is_the_main_job_recipe(grid):
 
 def test_grid_cells_cover_modes_tying_and_techniques(grid):
     args = _args(grid, budget="full")
-    assert [c["variant"] for c in grid.grid_cells("translation", args, [0])] == list(grid.MODES)
+    translation = grid.grid_cells("translation", args, [0])
+    assert [c["variant"] for c in translation] == [*grid.MODES, "marian"]
+    assert translation[-1]["flags"] == {"model_family": "marian"}
     clm = grid.grid_cells("clm", args, [0, 1])
     assert len(clm) == 12 and len({c["key"] for c in clm}) == 12
     assert {(c["flags"]["head_mode"], c["flags"]["tie_word_embeddings"]) for c in clm} == {
@@ -95,9 +98,8 @@ def _load_script(name: str):
 @pytest.mark.parametrize("budget", ["smoke", "reduced", "full"])
 def test_every_cell_command_parses_and_builds_a_valid_config(grid, budget, tmp_path, monkeypatch):
     """What the cells would run, through the scripts' own parsers and config validation, without training."""
-    from transformers import Seq2SeqTrainingArguments, TrainingArguments
-
     import hf_tiednorm
+    from hf_tiednorm.training import TiedNormSeq2SeqTrainingArguments, TiedNormTrainingArguments
 
     translation, clm = _load_script("run_translation"), _load_script("run_clm")
     args = _args(grid, budget=budget)
@@ -107,11 +109,16 @@ def test_every_cell_command_parses_and_builds_a_valid_config(grid, budget, tmp_p
             monkeypatch.setattr(sys, "argv", argv[1:])
             if grid_name == "translation":
                 types = (translation.ModelArguments, translation.DataArguments, translation.RunArguments,
-                         Seq2SeqTrainingArguments)
-                model_args, *_ = translation.parse_arguments(types)
-                hf_tiednorm.TiedNormSeq2SeqConfig(vocab_size=model_args.vocab_size, **model_args.config_overrides())
+                         TiedNormSeq2SeqTrainingArguments)
+                model_args, _, _, training_args = translation.parse_arguments(types)
+                config = hf_tiednorm.TiedNormSeq2SeqConfig(vocab_size=model_args.vocab_size,
+                                                           **model_args.config_overrides())
+                if model_args.model_family == "marian":
+                    assert translation.marian_config(config).d_model == config.d_model
+                assert training_args.bf16 is (budget == "full")
             else:
-                model_args, *_ = clm.parse_arguments((clm.ModelArguments, clm.DataArguments, TrainingArguments))
+                model_args, *_ = clm.parse_arguments((clm.ModelArguments, clm.DataArguments,
+                                                      TiedNormTrainingArguments))
                 config = hf_tiednorm.TiedNormCausalConfig(vocab_size=model_args.vocab_size,
                                                           **model_args.config_overrides())
                 assert config.head_mode == cell["flags"]["head_mode"]
@@ -181,7 +188,8 @@ def test_verdict_compares_the_difference_with_the_combined_seed_spread(grid):
     assert perplexity["cosine"]["better"] and perplexity["cosine"]["exceeds_seed_spread"]
     lines = grid.verdict_sentences(result, "baseline", "test BLEU")
     assert "- cosine beats baseline: test BLEU +3.00, beyond the seed spread" in lines[0]
-    assert grid.best_variant(summary, "baseline", higher_is_better=True) == "l2"
+    assert grid.best_variants(summary, ("baseline",), higher_is_better=True, count=2) == ["l2", "cosine"]
+    assert grid.best_variants(summary, ("baseline", "l2"), higher_is_better=False, count=1) == ["square"]
     assert grid.verdict({"cosine": summary["cosine"]}, "baseline", True) == {}
 
 
@@ -204,27 +212,120 @@ def test_report_writes_json_markdown_and_histograms(grid, tmp_path):
     assert "clm" not in saved["grids"]  # no rows for it
 
 
-@pytest.mark.slow  # ≈ 50 s on 2 busy CPU cores: two training subprocesses
+@pytest.mark.slow  # ≈ 75 s on 2 busy CPU cores: three training subprocesses
 def test_smoke_grid_end_to_end_and_resume(tmp_path, multi30k_dir):
-    """Two translation cells with the smoke budget on two workers, then a rerun that finds both done."""
+    """Three translation cells (two head modes, the HF Marian contender) with the smoke budget on two workers, then a
+    rerun that finds all done."""
     command = [sys.executable, str(SCRIPTS / "reproduce_paper.py"), "--budget", "smoke", "--grids", "translation",
-               "--modes", "baseline,cosine", "--seeds", "0", "--extra_seeds", "", "--workers", "2",
+               "--modes", "baseline,cosine,marian", "--seeds", "0", "--extra_seeds", "", "--workers", "2",
                "--num_threads", "1", "--data_dir", str(multi30k_dir), "--results", str(tmp_path / "grid.jsonl"),
                "--runs_dir", str(tmp_path / "runs"), "--report_json", str(tmp_path / "summary.json")]
     start = time.monotonic()
     first = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "grid.jsonl").read_text().splitlines()]
-    assert sorted(r["variant"] for r in rows) == ["baseline", "cosine"]
+    assert sorted(r["variant"] for r in rows) == ["baseline", "cosine", "marian"]
     for row in rows:
-        assert row["status"] == "ok" and row["budget"] == "smoke" and row["device"]
+        assert row["status"] == "ok" and row["budget"] == "smoke" and row["device"] and row["precision"] == "fp32"
         assert 0.0 <= row["test_bleu"] <= 100.0 and 0.0 <= row["eval_bleu"] <= 100.0 and row["wall_minutes"] > 0
         assert len(row["embedding_norms"]["hist_counts"]) == 40
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert set(summary["grids"]["translation"]["test"]) == {"baseline", "cosine"}
+    assert set(summary["grids"]["translation"]["test"]) == {"baseline", "cosine", "marian"}
     assert (tmp_path / "summary.png").is_file() and (tmp_path / "summary.md").is_file()
     second = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=120, check=False)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "2 of 2 cells already done; running 0" in second.stdout
-    assert len((tmp_path / "grid.jsonl").read_text().splitlines()) == 2
+    assert "3 of 3 cells already done; running 0" in second.stdout
+    assert len((tmp_path / "grid.jsonl").read_text().splitlines()) == 3
     print(f"end-to-end smoke: {time.monotonic() - start:.0f} s")
+
+
+def test_precision_is_part_of_the_budget_and_of_the_command(grid, tmp_path):
+    """bf16 for the full budget (its cells save a checkpoint per epoch), fp32 for smoke/reduced; the fp32 budgets hash
+    as before precision was a choice, so their earlier (fp32) rows still count."""
+    for budget, bf16, saving in (("full", "true", "epoch"), ("reduced", "false", "no"), ("smoke", "false", "no")):
+        args = _args(grid, budget=budget, data_dir=str(tmp_path))
+        assert ("bf16" in grid.grid_budget("translation", args)) is (bf16 == "true")
+        for name in ("translation", "clm"):
+            cell = grid.grid_cells(name, args, [0])[0]
+            flags = dict(zip(*[iter(grid.command(args, cell, tmp_path / "out")[2:])] * 2))
+            assert (flags["--bf16"], flags["--save_strategy"]) == (bf16, saving)
+    full = _args(grid, budget="full")
+    assert grid.command(full, grid.grid_cells("translation", full, [0])[0], tmp_path)[-1] == "bentrevett/multi30k"
+    fp32 = _args(grid, budget="full", precision="fp32")
+    assert "bf16" not in grid.grid_budget("translation", fp32)
+    assert grid.cell_key("translation", "cosine", 0, grid.grid_budget("translation", fp32)) != grid.cell_key(
+        "translation", "cosine", 0, grid.grid_budget("translation", full))
+    with pytest.raises(ValueError, match="--precision must be one of"):
+        _args(grid, precision="fp16")
+
+
+def _fake_cell_run(calls: list[list[str]]):
+    def run(argv, cwd, env, stdout, stderr, check):
+        calls.append(argv)
+        stdout.write("new slice\n")
+        out = Path(argv[argv.index("--output_dir") + 1])
+        (out / "all_results.json").write_text(json.dumps({"eval_bleu": 30.0, "test_bleu": 29.0}))
+        return subprocess.CompletedProcess(argv, 0)
+
+    return run
+
+
+def test_a_killed_full_budget_cell_resumes_from_its_last_complete_checkpoint(grid, tmp_path, monkeypatch):
+    args = _args(grid, budget="full", runs_dir=str(tmp_path / "runs"), data_dir=str(tmp_path))
+    cell = grid.grid_cells("translation", args, [0], ["square"])[0]
+    out = tmp_path / "runs" / cell["key"]
+    for step, state in ((454, '{"global_step": 454}'), (908, '{"global_st')):  # the newer save was cut off
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    (out / "run.log").write_text("first slice\n")
+    calls: list[list[str]] = []
+    monkeypatch.setattr(grid.subprocess, "run", _fake_cell_run(calls))
+    row = grid.run_cell(args, cell, "CPU")
+    assert calls[0][-2:] == ["--resume_from_checkpoint", "last"]
+    assert (out / "checkpoint-454").is_dir() and (out / "run.log").read_text() == "first slice\nnew slice\n"
+    assert (row["status"], row["resumed_from"], row["precision"], row["test_bleu"]) == (
+        "ok", "checkpoint-454", "bf16", 29.0)
+
+
+def test_a_cell_without_a_complete_checkpoint_starts_over(grid, tmp_path, monkeypatch):
+    args = _args(grid, budget="full", runs_dir=str(tmp_path / "runs"), data_dir=str(tmp_path))
+    cell = grid.grid_cells("translation", args, [0], ["marian"])[0]
+    out = tmp_path / "runs" / cell["key"]
+    (out / "checkpoint-454").mkdir(parents=True)  # killed during its first save: no trainer_state.json
+    (out / "tokenizer.json").write_text("{}")
+    calls: list[list[str]] = []
+    monkeypatch.setattr(grid.subprocess, "run", _fake_cell_run(calls))
+    row = grid.run_cell(args, cell, "CPU")
+    assert "--resume_from_checkpoint" not in calls[0] and calls[0][calls[0].index("--model_family") + 1] == "marian"
+    assert sorted(p.name for p in out.iterdir()) == ["all_results.json", "run.log"]
+    assert row["resumed_from"] is None and (out / "run.log").read_text() == "new slice\n"
+
+
+def test_extra_seeds_go_to_baseline_marian_and_the_best_modes_by_val_bleu(grid):
+    """Chosen on validation BLEU: here the test ranking would pick distance and square instead."""
+    args = _args(grid)
+    budget_hash = grid.budget_hash(grid.grid_budget("translation", args))
+    scores = {"baseline": (30, 30), "marian": (35, 35), "l2": (33, 30), "cosine": (32, 31), "square": (31, 34),
+              "distance": (29, 36)}
+    rows = []
+    for variant, (val, test) in scores.items():
+        rows.append({**_row(variant, float(test), budget_hash=budget_hash), "eval_bleu": float(val)})
+    assert grid.extra_seed_variants(args, rows) == ["baseline", "marian", "l2", "cosine"]
+    assert grid.extra_seed_variants(_args(grid, best_modes=1, modes="baseline,l2,cosine"), rows) == ["baseline", "l2"]
+
+
+def test_report_has_deltas_vs_baseline_and_marian_wall_times_and_precision(grid, tmp_path):
+    args = _args(grid, results=str(tmp_path / "grid.jsonl"), report_json=str(tmp_path / "summary.json"))
+    for variant, bleus in (("baseline", (30.0, 31.0)), ("cosine", (33.0, 34.0)), ("marian", (32.0, 32.0))):
+        for seed, bleu in enumerate(bleus):
+            cell = grid.grid_cells("translation", args, [seed], [variant])[0]
+            grid.append_row(tmp_path / "grid.jsonl", {**cell, "status": "ok", "test_bleu": bleu, "eval_bleu": bleu - 1,
+                                                      "device": "CPU", "precision": "fp32", "wall_minutes": 10.0})
+    summary = grid.report(args)
+    markdown = summary["markdown"]
+    header = ("| variant | val BLEU (mean ± std, n) | test BLEU (mean ± std, n) | Δ val vs baseline "
+              "| Δ test vs baseline | Δ test vs marian | wall min (mean) |")
+    assert header in markdown
+    assert "| cosine | 32.50 ± 0.71 (2) | 33.50 ± 0.71 (2) | +3.00 | +3.00 | +1.50 | 10.0 |" in markdown
+    assert "precision: fp32" in markdown and "- cosine beats marian: test BLEU +1.50" in markdown
+    assert summary["grids"]["translation"]["verdict_by_reference"]["marian"]["baseline"]["diff"] == -1.5
