@@ -114,6 +114,14 @@ class GridArguments:
     # default init's 0.02·√256 = 0.32: the input side sees embeddings of the usual scale, only their spread now
     # follows frequency (rare tokens 0.10, "a" with 3.2·10⁴ occurrences 1.45).
     wn_init_sigma: float = field(default=0.14)
+    embedding_init_std: float | None = field(
+        default=None,
+        metadata={
+            "help": "std of the token embeddings of every translation cell, ours and marian alike (the paper's fairseq "
+            "init: d**-0.5 = 0.0625 at d = 256; square mode needs it); None: HF's 0.02. A recipe choice: pick it on "
+            "val BLEU. Part of the budget (other cells)."
+        },
+    )
     # Only rebuild the report (tables, verdicts, PNG) from --results for --budget.
     report_only: bool = field(default=False)
     # Report outputs: the summary JSON; the Markdown and PNG are written next to it (same stem).
@@ -210,12 +218,17 @@ def technique_flags(vocab_size: int, wn_init_sigma: float) -> dict[str, dict]:
     }
 
 
+def translation_recipe(args: GridArguments) -> dict:
+    """Recipe flags of every translation cell that the grid's arguments choose (entering the budget only when set)."""
+    return {} if args.embedding_init_std is None else {"embedding_init_std": args.embedding_init_std}
+
+
 def grid_budget(grid: str, args: GridArguments) -> dict:
     """Everything that must be equal across the cells of one grid (hashed into the cell keys). bf16 enters only when
     on, so that the fp32 budgets keep the hashes of the rows written before precision was a choice (all fp32)."""
     precision = {"bf16": True} if args.bf16() else {}
     if grid == "translation":
-        return {"preset": args.budget, **translation_budget(args.budget), **precision}
+        return {"preset": args.budget, **translation_budget(args.budget), **translation_recipe(args), **precision}
     budget = {"preset": args.budget, **clm_budget(args.budget), **precision}
     if grid == "techniques":
         budget["techniques"] = technique_flags(budget["vocab_size"], args.wn_init_sigma)
@@ -362,7 +375,7 @@ def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
         script = "run_translation.py"
         files = {f"{split}_file": str(data / f"{name}.{{lang}}.gz")
                  for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
-        budget = translation_budget(args.budget)
+        budget = {**translation_budget(args.budget), **translation_recipe(args)}
     else:
         script = "run_clm.py"
         files = {f"{split}_file": str(data / f"{name}.en.gz")

@@ -23,8 +23,9 @@ are scored with sacreBLEU (detokenized, via the offline metric module in hf_tied
 translations; --generation_num_beams and --length_penalty control the beam search.
 
 --model_family marian trains transformers' own ``MarianMTModel`` instead (three-way tied, every Marian config field
-taken from the same flags, label smoothing through the Trainer's ``label_smoothing_factor``): the HF contender of the
-paper grid, run through the same tokenizer, data, Trainer recipe and scoring.
+taken from the same flags, label smoothing through the Trainer's ``label_smoothing_factor``, --embedding_init_std
+applied to its shared matrix as to ours): the HF contender of the paper grid, run through the same tokenizer, data,
+Trainer recipe and scoring.
 
 Precision: bf16 autocast is the default where training runs on a CPU with native bf16 matmuls (avx512_bf16 /
 amx_bf16; with a GPU HF's default stands); the log says which precision was chosen and why; --bf16 false opts out.
@@ -89,7 +90,7 @@ MODEL_FAMILIES = ("tiednorm", "marian")
 TIEDNORM_ONLY_FLAGS = (
     "head_mode", "logit_scale", "logit_scale_init", "projection_regularization", "weight_norm_regularization",
     "weight_norm_target", "weight_norm_init_sigma", "adaptive_cutoffs", "adaptive_div_value",
-    "adaptive_tie_projections", "loss_chunk_size", "embedding_init_std",
+    "adaptive_tie_projections", "loss_chunk_size",
 )
 
 
@@ -204,6 +205,14 @@ def marian_config(config: hf_tiednorm.TiedNormSeq2SeqConfig) -> MarianConfig:
     return MarianConfig(**{**fields, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True})
 
 
+@torch.no_grad()
+def init_shared_embedding(model: MarianMTModel, std: float) -> None:
+    """Our embedding_init_std on a MarianMTModel (hf_tiednorm/modeling_common.py): N(0, std), padding row zero."""
+    weight = model.get_input_embeddings().weight
+    weight.normal_(0.0, std)
+    weight[model.config.pad_token_id].zero_()
+
+
 def main() -> None:
     model_args, data_args, run_args, output_args, training_args = parse_arguments(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments)
@@ -288,6 +297,8 @@ def main() -> None:
         )
         if marian:
             model = MarianMTModel(marian_config(config))
+            if config.embedding_init_std is not None:  # a recipe choice applies to every contender alike
+                init_shared_embedding(model, config.embedding_init_std)
             # HF's path for label smoothing: the Trainer's LabelSmoother on the model's logits.
             training_args.label_smoothing_factor = config.label_smoothing
         else:

@@ -259,6 +259,15 @@ def test_precision_is_part_of_the_budget_and_of_the_command(grid, tmp_path):
         _args(grid, precision="fp16")
 
 
+def test_embedding_init_std_reaches_every_translation_cell_and_the_budget(grid, tmp_path):
+    args = _args(grid, budget="full", embedding_init_std=0.0625, data_dir=str(tmp_path))
+    assert grid.grid_budget("translation", args)["embedding_init_std"] == 0.0625
+    assert "embedding_init_std" not in grid.grid_budget("translation", _args(grid, budget="full"))
+    for cell in grid.grid_cells("translation", args, [0]):
+        argv = grid.command(args, cell, tmp_path / "out")
+        assert argv[argv.index("--embedding_init_std") + 1] == "0.0625", cell["variant"]
+
+
 def _fake_cell_run(calls: list[list[str]]):
     def run(argv, cwd, env, stdout, stderr, check):
         calls.append(argv)
