@@ -12,6 +12,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutpu
 
 from .adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from .normalized_head import TiedNormEmbedding, TiedNormHead
+from .peft_guard import check_head_not_bypassed, refuse_bypassed_head
+from .pipeline_translation import add_translation_pipeline
 from .regularizers import OutputProjection, projection_penalty, weight_norm_penalty
 from .tie_topology import TiedEmbeddingsMixin
 from .token_loss import token_count, token_cross_entropy  # noqa: F401  (token_cross_entropy: the families' loss)
@@ -124,6 +126,12 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
     """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``; the tie itself is
     declared by ``TiedEmbeddingsMixin`` (``tie_topology.py``)."""
 
+    def post_init(self) -> None:
+        super().post_init()
+        # PEFT must not bypass the normalized head (peft_guard.py); checked at every call. post_init may run twice.
+        if refuse_bypassed_head not in self._forward_pre_hooks.values():
+            self.register_forward_pre_hook(refuse_bypassed_head)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -184,6 +192,7 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
         self.lm_head.match_vocab_size()
 
     def generate(self, *args, **kwargs):
+        check_head_not_bypassed(self)  # before lm_head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
         with self.lm_head.frozen_column_terms():
             return super().generate(*args, **kwargs)
@@ -195,6 +204,8 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
         module = base_model.__module__.rsplit(".", 1)[-1]
         auto_map = dict(getattr(self.config, "auto_map", None) or {})
         self.config.auto_map = {**auto_map, "AutoModel": f"{module}.{base_model.__name__}"}
+        if self.config.is_encoder_decoder:  # the folder alone serves pipeline("tiednorm-translation", ...)
+            add_translation_pipeline(self.config)
         super().save_pretrained(save_directory, *args, **kwargs)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:

@@ -11,8 +11,10 @@ Measured with peft 0.21 on a normalized tied head (cosine, l2):
 * ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
 
 Those three are refused by ``check_head_not_bypassed``, which the wrapped models (modeling_tiednorm_wrapped.py) run
-at every ``forward`` / ``generate``; call it yourself on any model after ``get_peft_model``. The exact way to also
-train the shared embedding under PEFT: unfreeze it and save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
+at every ``forward`` / ``generate`` and our own families at every call (``refuse_bypassed_head``, a forward pre-hook:
+PEFT's tuners and ``generate`` call the model); it can be called on any model after ``get_peft_model``. The exact
+way to also train the shared embedding under PEFT: unfreeze it and save it with the adapter
+(``PEFT_EMBEDDING_ADVICE``).
 
 This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
 """
@@ -88,4 +90,9 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         )
 
 
-__all__ = ["PEFT_EMBEDDING_ADVICE", "check_head_not_bypassed"]
+def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
+    """Forward pre-hook running ``check_head_not_bypassed`` at every call of ``model`` (our own families)."""
+    check_head_not_bypassed(model)
+
+
+__all__ = ["PEFT_EMBEDDING_ADVICE", "check_head_not_bypassed", "refuse_bypassed_head"]

@@ -124,12 +124,15 @@ def test_peft_that_would_bypass_the_head_is_refused(name, mode, case, converted)
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
-def test_the_guard_recognizes_the_same_cases_on_our_own_families(case):
-    # Our own families do not call the guard themselves yet (modeling_common.py); called after get_peft_model it
-    # refuses the same cases there, and passes LoRA on attention.
+def test_our_own_families_refuse_the_same_cases(case):
     make_config, message = REFUSED[case]
     allowed = peft.get_peft_model(tiny_model("causal", head_mode="l2"), peft.LoraConfig(target_modules=["q_proj"]))
-    check_head_not_bypassed(allowed)
+    inputs = {"input_ids": torch.randint(4, 61, (2, 6))}
+    allowed(**inputs)
+    allowed.generate(**inputs, max_new_tokens=2)
     refused = peft.get_peft_model(tiny_model("causal", head_mode="l2"), make_config(["q_proj"]))
     with pytest.raises(ValueError, match=message):
-        check_head_not_bypassed(refused)
+        refused(**inputs)
+    with pytest.raises(ValueError, match=message):
+        refused.generate(**inputs, max_new_tokens=2)
+    check_head_not_bypassed(allowed)  # callable on any model too

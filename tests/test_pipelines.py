@@ -51,33 +51,41 @@ def test_translation_pipeline_rejects_unknown_arguments():
         translator("ein hund", beam_size=4)
 
 
-def test_a_converted_translation_model_serves_the_pipeline_from_its_folder_alone(tmp_path):
-    # Issue 15 item 5: no pipe.save_pretrained; the converted model's own folder carries the pipeline.
+def test_saved_translation_models_serve_the_pipeline_from_their_folder_alone(tmp_path):
+    # Issue 15 item 5: no pipe.save_pretrained. Our own family saved as the Trainer saves it (the main job's output,
+    # what tiednorm-push uploads), and a converted NLLB-architecture model: each folder carries the pipeline.
     tokenizer = tiny_tokenizer()
-    source = source_model("m2m_100")  # NLLB's architecture, vocabulary of the tiny tokenizer's size
-    source.save_pretrained(tmp_path / "source")
+    own = tiny_model("seq2seq", head_mode="l2", vocab_size=len(tokenizer))
+    own.save_pretrained(tmp_path / "own")
+    tokenizer.save_pretrained(tmp_path / "own")
+    source_model("m2m_100").save_pretrained(tmp_path / "source")
     tokenizer.save_pretrained(tmp_path / "source")
-    model = convert_checkpoint(tmp_path / "source", tmp_path / "converted", head_mode="cosine")
-    config = json.loads((tmp_path / "converted" / "config.json").read_text())
-    assert "tiednorm-translation" in config["custom_pipelines"]
-    translator = pipeline("tiednorm-translation", model=model, tokenizer=tokenizer)
-    expected = translator("ein hund läuft .", num_beams=2, max_new_tokens=5)
+    converted = convert_checkpoint(tmp_path / "source", tmp_path / "converted", head_mode="cosine")
+    expected = {}
+    for name, model in (("own", own), ("converted", converted)):
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        assert "tiednorm-translation" in config["custom_pipelines"]
+        assert (tmp_path / name / "pipeline_translation.py").is_file()
+        translator = pipeline("tiednorm-translation", model=model, tokenizer=tokenizer)
+        expected[name] = translator("ein hund läuft .", num_beams=2, max_new_tokens=5)
 
     out = run_without_package(
         f"""
 from transformers import pipeline
-translator = pipeline("tiednorm-translation", model={str(tmp_path / "converted")!r}, trust_remote_code=True)
-print(repr(translator("ein hund läuft .", num_beams=2, max_new_tokens=5)))
+for name in ("own", "converted"):
+    translator = pipeline("tiednorm-translation", model={str(tmp_path)!r} + "/" + name, trust_remote_code=True)
+    print(repr(translator("ein hund läuft .", num_beams=2, max_new_tokens=5)))
 """,
         cwd=tmp_path,
     )
-    assert out.strip() == repr(expected)
+    assert out.splitlines() == [repr(expected["own"]), repr(expected["converted"])]
 
 
 def test_translation_pipeline_refuses_a_model_folder_without_tokenizer(tmp_path):
     tiny_model("seq2seq").save_pretrained(tmp_path / "model")  # no tokenizer saved
     with pytest.raises(ValueError, match="needs a tokenizer.*came without one.*tokenizer.json"):
-        pipeline("tiednorm-translation", model=str(tmp_path / "model"))
+        # The folder ships the pipeline's code, so transformers wants trust_remote_code even with hf_tiednorm here.
+        pipeline("tiednorm-translation", model=str(tmp_path / "model"), trust_remote_code=True)
 
 
 def test_translation_pipeline_truncates_inputs_longer_than_the_positions(tmp_path):
@@ -95,10 +103,8 @@ def test_translation_pipeline_truncates_inputs_longer_than_the_positions(tmp_pat
 
 
 def test_the_model_card_shows_the_pipeline_line_when_the_folder_serves_it(tmp_path):
-    tokenizer = tiny_tokenizer()
-    model = tiny_model("seq2seq", vocab_size=len(tokenizer))
-    model.save_pretrained(tmp_path / "plain")  # a model folder saved without the pipeline
-    pipeline("tiednorm-translation", model=model, tokenizer=tokenizer).save_pretrained(tmp_path / "with_pipeline")
+    tiny_model("seq2seq").save_pretrained(tmp_path / "translation")
+    tiny_model("causal").save_pretrained(tmp_path / "causal")  # no translation pipeline
     line = 'pipeline("tiednorm-translation", model="user/model", trust_remote_code=True)'
-    assert line in write_model_card(tmp_path / "with_pipeline", repo_id="user/model").read_text()
-    assert line not in write_model_card(tmp_path / "plain", repo_id="user/model").read_text()
+    assert line in write_model_card(tmp_path / "translation", repo_id="user/model").read_text()
+    assert line not in write_model_card(tmp_path / "causal", repo_id="user/model").read_text()
