@@ -1,19 +1,27 @@
 """One rank of tests/test_distributed.py (and scripts/verify_fsdp_tie.py): shard a tiny model of every family,
 train it and measure it against the same model trained unsharded in this process on the whole global batch.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/distributed_worker.py ROUTE OUT_JSON [FAMILY ...]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed_worker.py ROUTE OUT_JSON \
+        [FAMILY ...] [--device {auto,cpu,cuda}]
 
 ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.tie_topology.fully_shard_tied``), "accelerate"
 (accelerate's own FSDP2 preparation, ``fsdp_version=2`` + transformer-based wrapping) or "zero3" (DeepSpeed ZeRO-3
 through accelerate). Rank 0 writes {family: {measurement: value}} to OUT_JSON; the test asserts on the numbers.
-Every rank gets half of the global batch of 4, so the sharded run and the reference see the same examples; the
-optimizer is SGD because Adam's update is blind to a gradient scaled by the world size (FSDP2 over gloo summing
-instead of averaging, torch issue 162338) and SGD's is not.
+Every rank gets 2 examples of a global batch of 2 x world size, so the sharded run and the reference see the same
+examples; the optimizer is SGD because Adam's update is blind to a gradient scaled by the world size (FSDP2 over
+gloo summing instead of averaging, torch issue 162338) and SGD's is not.
+
+Device: ``--device cpu`` runs CPU processes over gloo (what tests/test_distributed.py launches); ``cuda`` puts rank
+``LOCAL_RANK`` on GPU ``LOCAL_RANK`` over nccl (one process per GPU); ``auto`` (default) is ``cuda`` when a GPU is
+visible. ``use_device`` is the only place that differs between the two: the models, the batches and the reference
+run live on the rank's device, the rest of the worker is the same code.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import sys
@@ -33,23 +41,51 @@ from hf_tiednorm.tie_topology import embedding_tie, fully_shard_tied, untied_pai
 FAMILIES = ("seq2seq", "bart", "causal")
 STEPS = 3
 LEARNING_RATE = 0.5  # SGD: large enough that a wrong gradient (or a split tie) shows within a few steps
-GLOBAL_BATCH = 4
+RANK_BATCH = 2  # examples per rank; the global batch is RANK_BATCH x world size (4 on 2 processes)
+# Set once by use_device(): where this rank's models and tensors live.
+DEVICE = torch.device("cpu")
 # The regularizers read whole weight matrices outside the modules owning them: sharded training must see them whole.
 REGULARIZERS = {"projection_regularization": 0.15, "weight_norm_regularization": 1e-3}
 
 
+def use_device(requested: str) -> str:
+    """The one device switch: sets DEVICE for this rank and returns the process-group backend.
+
+    cuda: GPU LOCAL_RANK, nccl, float32 matmuls in full precision (no TF32: the sharded run is compared with the
+    1-process reference at float32 tolerances). cpu: gloo."""
+    global DEVICE
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        torch.set_float32_matmul_precision("highest")
+        DEVICE = torch.device("cuda", local_rank)
+        return "nccl"
+    DEVICE = torch.device("cpu")
+    return "gloo"
+
+
+def on_cpu() -> bool:
+    return DEVICE.type == "cpu"
+
+
 def build(family: str) -> torch.nn.Module:
-    return tiny_model(family, **REGULARIZERS).train()
+    return tiny_model(family, **REGULARIZERS).to(DEVICE).train()
 
 
 def global_batch(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every label is a real token, so the mean loss of each half-batch averages to the global batch's mean."""
+    """Every label is a real token, so the mean loss of each rank's share averages to the global batch's mean.
+    Drawn on the CPU (the same examples on every device), then moved to this rank's device."""
     generator = torch.Generator().manual_seed(1)
     vocab = model.config.vocab_size
-    ids = torch.randint(4, vocab, (GLOBAL_BATCH, 9), generator=generator)
+    size = RANK_BATCH * dist.get_world_size()
+    ids = torch.randint(4, vocab, (size, 9), generator=generator)
     if model.config.is_encoder_decoder:
-        return {"input_ids": ids, "labels": torch.randint(4, vocab, (GLOBAL_BATCH, 7), generator=generator)}
-    return {"input_ids": ids, "labels": ids}
+        batch = {"input_ids": ids, "labels": torch.randint(4, vocab, (size, 7), generator=generator)}
+    else:
+        batch = {"input_ids": ids, "labels": ids}
+    return {key: value.to(DEVICE) for key, value in batch.items()}
 
 
 def shard_of(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
@@ -105,7 +141,7 @@ def eval_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def mean_over_ranks(value: float) -> float:
-    tensor = torch.tensor(value, dtype=torch.float64)
+    tensor = torch.tensor(value, dtype=torch.float64, device=DEVICE)
     dist.all_reduce(tensor)
     return tensor.item() / dist.get_world_size()
 
@@ -182,7 +218,7 @@ def check_saved(family: str, folder: str, reference: dict, batch) -> dict:
         keys = set(handle.keys())
     auto = AutoModelForCausalLM if family == "causal" else AutoModelForSeq2SeqLM
     with without_zero3_init():
-        reloaded = auto.from_pretrained(folder).eval()
+        reloaded = auto.from_pretrained(folder).to(DEVICE).eval()
     with torch.no_grad():
         logits = reloaded(**eval_inputs(batch)).logits
     tie = embedding_tie(reloaded.config)
@@ -201,7 +237,7 @@ def run_fsdp2(family: str) -> dict:
     model = build(family)
     batch = global_batch(model)
     reference = train_reference(family, batch)
-    fully_shard_tied(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    fully_shard_tied(model, mesh=init_device_mesh(DEVICE.type, (dist.get_world_size(),)))
     # Before any forward: a group kept gathered after a forward (reshard_after_forward=False) exposes its gathered
     # tensors, not the sharded parameters, through parameters() until the next backward reshards it.
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
@@ -226,12 +262,13 @@ def accelerate_fsdp2():
         fsdp_version=2, auto_wrap_policy="transformer_based_wrap", state_dict_type="FULL_STATE_DICT",
         reshard_after_forward=True, cpu_ram_efficient_loading=False,
     )
-    return Accelerator(cpu=True), plugin
+    return Accelerator(cpu=on_cpu()), plugin
 
 
 def force_fsdp(plugin) -> None:
     """Test-only: on CPU accelerate picks MULTI_CPU and drops the FSDP plugin; switching its shared state to FSDP
-    makes prepare() take the FSDP2 route. (A Trainer's Accelerator resets the state, so call it per model.)"""
+    makes prepare() take the FSDP2 route. (A Trainer's Accelerator resets the state, so call it per model.) On GPUs
+    the same switch replaces what `accelerate launch --config_file scripts/accelerate/fsdp2.yaml` sets up."""
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -272,20 +309,25 @@ def predict_with_generate(model, reference_model) -> dict:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
     generator = torch.Generator().manual_seed(2)
+    # 4 sources, or the next multiple of the world size: every rank gets the same number, none is padded with a
+    # repeated source (with 4 sources on 3 ranks the Trainer's gathered predictions kept the 2 repeats: 6 rows).
+    world = dist.get_world_size()
+    lengths = [(5, 9, 6, 8)[index % 4] for index in range(-(-4 // world) * world)]
     sources = [torch.randint(4, model.config.vocab_size, (length,), generator=generator).tolist() for length in
-               (5, 9, 6, 8)]
+               lengths]
     dataset = [{"input_ids": ids, "labels": ids[:4]} for ids in sources]
     with tempfile.TemporaryDirectory() as folder:
         args = Seq2SeqTrainingArguments(
             folder, per_device_eval_batch_size=1, predict_with_generate=True, generation_max_length=12,
-            generation_num_beams=1, report_to="none", use_cpu=True, dataloader_pin_memory=False,
+            generation_num_beams=1, report_to="none", use_cpu=on_cpu(), dataloader_pin_memory=False,
         )
         trainer = Seq2SeqTrainer(model=model, args=args, data_collator=pad_collator(model.config.pad_token_id))
         predictions = trainer.predict(dataset).predictions
     expected = []
     with torch.no_grad():
         for ids in sources:
-            expected.append(reference_model.generate(torch.tensor([ids]), max_length=12, num_beams=1)[0].tolist())
+            source = torch.tensor([ids], device=DEVICE)
+            expected.append(reference_model.generate(source, max_length=12, num_beams=1)[0].tolist())
     pad = model.config.pad_token_id
     got = [[token for token in row.tolist() if token not in (pad, -100)] for row in predictions]
     want = [[token for token in row if token != pad] for row in expected]
@@ -314,7 +356,8 @@ def zero3_accelerator():
     config = json.loads((Path(__file__).resolve().parents[1] / "scripts/accelerate/deepspeed_zero3.json").read_text())
     config["zero_optimization"] |= {"stage3_param_persistence_threshold": 0, "reduce_bucket_size": 10**6,
                                     "stage3_prefetch_bucket_size": 10**6}
-    config |= {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // 2, "train_batch_size": GLOBAL_BATCH,
+    world = int(os.environ["WORLD_SIZE"])  # the Accelerator (and its process group) does not exist yet
+    config |= {"train_micro_batch_size_per_gpu": RANK_BATCH, "train_batch_size": RANK_BATCH * world,
                "gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "bf16": {"enabled": False},
                "fp16": {"enabled": False}}
     return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config))
@@ -343,21 +386,31 @@ def run_zero3(family: str, accelerator) -> dict:
 
 
 def main() -> None:
-    route, out, *families = sys.argv[1:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("route", choices=("fsdp2", "accelerate", "zero3"))
+    parser.add_argument("out", help="results JSON, written by rank 0")
+    # (no argparse choices: an omitted nargs="*" positional is checked as [] against them)
+    parser.add_argument("families", nargs="*", metavar="FAMILY", help=f"of {FAMILIES} (default: all)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args()
+    if unknown := set(args.families) - set(FAMILIES):
+        parser.error(f"unknown families {sorted(unknown)}")
+    args.families = args.families or list(FAMILIES)
+    # A rank killed by a signal (SIGABRT from a C++ std::terminate, SIGSEGV) dumps where every thread was to stderr.
+    faulthandler.enable(all_threads=True)
+    backend = use_device(args.device)
     torch.set_num_threads(1)  # 2 processes on a shared 2-core machine
-    if route == "fsdp2":
-        dist.init_process_group("gloo")
-        results = {family: run_fsdp2(family) for family in families or FAMILIES}
-    elif route == "accelerate":
-        accelerator, plugin = accelerate_fsdp2()
-        results = {family: run_accelerate(family, accelerator, plugin) for family in families or FAMILIES}
-    elif route == "zero3":
-        accelerator = zero3_accelerator()
-        results = {family: run_zero3(family, accelerator) for family in families or FAMILIES}
+    if args.route == "fsdp2":
+        dist.init_process_group(backend)
+        results = {family: run_fsdp2(family) for family in args.families}
+    elif args.route == "accelerate":
+        accelerator, plugin = accelerate_fsdp2()  # its process group: gloo on CPU, nccl on GPUs
+        results = {family: run_accelerate(family, accelerator, plugin) for family in args.families}
     else:
-        raise SystemExit(f"unknown route {route!r}")
+        accelerator = zero3_accelerator()
+        results = {family: run_zero3(family, accelerator) for family in args.families}
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(results, indent=1))
+        Path(args.out).write_text(json.dumps(results, indent=1))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from script_helpers import subprocess_env
-from test_multiprocess import free_port
 
 WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
 FAMILIES = ("seq2seq", "bart", "causal")
@@ -27,16 +26,29 @@ TOLERANCE = {"loss_diff": 1e-5, "grad_diff": 1e-5, "penalty_diff": 1e-5, "logits
 
 
 def launch(route: str, tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp(route) / "results.json"
+    """2 CPU processes (--device cpu: the same on GPU machines). --standalone: the launcher's rendezvous store binds
+    a port the OS picks and the workers use it (no port picked here, closed, then raced for by other programs).
+    Each rank's output goes to its own log file, shown per rank if the launch fails."""
+    folder = tmp_path_factory.mktemp(route)
+    out, logs = folder / "results.json", folder / "logs"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        str(WORKER), route, str(out),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "--log-dir", str(logs), "--redirects", "3", str(WORKER), route, str(out), "--device", "cpu",
     ]
     completed = subprocess.run(
         command, env=subprocess_env(), capture_output=True, text=True, timeout=600, check=False
     )
-    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-5000:]
+    assert completed.returncode == 0, failure_report(completed, logs)
     return json.loads(out.read_text())
+
+
+def failure_report(completed: subprocess.CompletedProcess, logs: Path) -> str:
+    """The launcher's summary (which rank failed, exit code or signal) and the end of every rank's stderr (Python
+    traceback, or the faulthandler dump of every thread when a rank dies from a signal)."""
+    parts = [f"launcher:\n{(completed.stdout + completed.stderr)[-3000:]}"]
+    for stderr in sorted(logs.rglob("stderr.log"), key=lambda path: int(path.parent.name)):
+        parts.append(f"local rank {stderr.parent.name} stderr:\n{stderr.read_text(errors='replace')[-4000:]}")
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="module")
