@@ -11,12 +11,13 @@ from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 
 from .adaptive import AdaptiveInput, AdaptiveSoftmaxHead
+from .chunked_loss import chunked_head_cross_entropy
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_not_bypassed, refuse_bypassed_head
 from .pipeline_translation import add_translation_pipeline
 from .regularizers import OutputProjection, projection_penalty, weight_norm_penalty
 from .tie_topology import TiedEmbeddingsMixin
-from .token_loss import token_count, token_cross_entropy  # noqa: F401  (token_cross_entropy: the families' loss)
+from .token_loss import token_count, token_cross_entropy
 
 
 class ScaledLookupMixin:
@@ -156,6 +157,38 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
         if isinstance(self.lm_head, AdaptiveSoftmaxHead):
             return [band.weight for band in self.lm_head.bands]
         return [self.lm_head.weight]
+
+    def score_and_loss(
+        self, hidden_states: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The one loss path of every family: Press & Wolf's projection P, the normalized head, the token
+        cross-entropy and the regularizer terms.
+
+        Args:
+            hidden_states: (batch, length, d), the decoder's last hidden states.
+            targets: (batch, length) token ids aligned with ``hidden_states`` (already shifted), -100 = no target;
+                None for inference.
+            num_items_in_batch: target tokens of the whole accumulated batch (passed by the Trainer).
+
+        Returns:
+            logits (batch, length, V) — None when the opt-in chunked loss (``config.loss_chunk_size``, training with
+            targets) never materializes them —, the loss (None without targets) and its terms by name.
+        """
+        if self.output_projection is not None:
+            hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
+        chunked = targets is not None and self.training and self.config.loss_chunk_size is not None
+        logits = None if chunked else self.lm_head(hidden_states)
+        if targets is None:
+            return logits, None, {}
+        smoothing = self.config.label_smoothing
+        if chunked:
+            cross_entropy = chunked_head_cross_entropy(
+                self.lm_head, hidden_states, targets, self.config.loss_chunk_size, smoothing, num_items_in_batch
+            )
+        else:
+            cross_entropy = token_cross_entropy(logits, targets, smoothing, num_items_in_batch)
+        loss, terms = self.compose_loss(cross_entropy, targets, num_items_in_batch)
+        return logits, loss, terms
 
     def compose_loss(
         self,

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
-from .chunked_loss import chunked_head_cross_entropy
 from .configuration_tiednorm import TiedNormCausalConfig
 from .modeling_common import (
     TiedNormCausalLMOutput,
@@ -20,7 +19,6 @@ from .modeling_common import (
     build_embedding,
     build_head,
     build_output_projection,
-    token_cross_entropy,
 )
 
 
@@ -74,25 +72,9 @@ class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, Genera
         # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
-        if self.output_projection is not None:
-            hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
-        # Opt-in chunked loss (config.loss_chunk_size): in training with labels the logits are never materialized.
-        chunked = labels is not None and self.training and self.config.loss_chunk_size is not None
-        logits = None if chunked else self.lm_head(hidden_states)  # (batch, kept, V)
-        loss, loss_terms = None, {}
-        if labels is not None:
-            # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
-            next_tokens = F.pad(labels, (0, 1), value=-100)[:, 1:]
-            if chunked:
-                cross_entropy = chunked_head_cross_entropy(
-                    self.lm_head, hidden_states, next_tokens, self.config.loss_chunk_size,
-                    self.config.label_smoothing, num_items_in_batch,
-                )
-            else:
-                cross_entropy = token_cross_entropy(
-                    logits, next_tokens, self.config.label_smoothing, num_items_in_batch
-                )
-            loss, loss_terms = self.compose_loss(cross_entropy, next_tokens, num_items_in_batch)
+        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
+        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch)  # (b, kept, V)
         return TiedNormCausalLMOutput(
             loss=loss,
             logits=logits,

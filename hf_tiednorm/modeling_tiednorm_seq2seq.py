@@ -18,7 +18,6 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.marian.modeling_marian import MarianModel, MarianPreTrainedModel, shift_tokens_right
 
-from .chunked_loss import chunked_head_cross_entropy
 from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .modeling_common import (
     TiedNormLMMixin,
@@ -26,7 +25,6 @@ from .modeling_common import (
     build_embedding,
     build_head,
     build_output_projection,
-    token_cross_entropy,
 )
 from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
 
@@ -152,21 +150,7 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (batch, target_len, d)
-        if self.output_projection is not None:
-            hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
-        # Opt-in chunked loss (config.loss_chunk_size): in training with labels the logits are never materialized.
-        chunked = labels is not None and self.training and self.config.loss_chunk_size is not None
-        logits = None if chunked else self.lm_head(hidden_states)  # (batch, target_len, V)
-        loss, loss_terms = None, {}
-        if labels is not None:
-            if chunked:
-                cross_entropy = chunked_head_cross_entropy(
-                    self.lm_head, hidden_states, labels, self.config.loss_chunk_size,
-                    self.config.label_smoothing, num_items_in_batch,
-                )
-            else:
-                cross_entropy = token_cross_entropy(logits, labels, self.config.label_smoothing, num_items_in_batch)
-            loss, loss_terms = self.compose_loss(cross_entropy, labels, num_items_in_batch)
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, labels, num_items_in_batch)  # (batch, len, V)
         return TiedNormSeq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -189,7 +189,9 @@ class TiedNormWrappedPreTrainedModel(PreTrainedModel):
         ``generation_config``."""
         check_head_not_bypassed(self)
         self.model.generation_config = self.generation_config
-        return self.model.generate(*args, **kwargs)
+        # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
+        with self.get_output_embeddings().frozen_column_terms():
+            return self.model.generate(*args, **kwargs)
 
 
 class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
