@@ -6,7 +6,8 @@
   architecture flags of its model family.
 * ``check_world_size``, ``configure_threads``: launch set-up.
 * ``TiedNormTrainingArguments``, ``TiedNormSeq2SeqTrainingArguments``: HF's arguments with bf16 autocast as the
-  detected default on CPUs with native bf16 matmuls (``resolve_bf16``), and ``--bf16 true`` working on CPU.
+  detected default on CPUs with native bf16 matmuls (``resolve_bf16``), and ``--bf16 true`` working on CPU;
+  ``choose_attention``: eager attention with an fp32 softmax for bf16 on CPU, where torch's fused kernel is slow.
 * ``OutputDirArguments``, ``prepare_output_dir``, ``resolve_resume_checkpoint``, ``check_resume_config``,
   ``save_final_model``: one run per --output_dir (HF examples' --overwrite_output_dir rule), resuming only the last
   *complete* checkpoint of a run with the same architecture, and a final save that never leaves a new config.json
@@ -29,6 +30,8 @@ from typing import Any, ClassVar
 import torch
 import yaml
 from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
     AutoConfig,
     AutoTokenizer,
     HfArgumentParser,
@@ -39,6 +42,8 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
+from transformers.masking_utils import eager_mask
+from transformers.modeling_utils import PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
@@ -314,6 +319,51 @@ class TiedNormSeq2SeqTrainingArguments(Bf16DefaultMixin, Seq2SeqTrainingArgument
     """``Seq2SeqTrainingArguments`` with the detected bf16 default (scripts/run_translation.py)."""
 
 
+# The attention of bf16 autocast on CPU (choose_attention).
+CPU_BF16_ATTENTION = "eager_fp32_softmax"
+
+
+def eager_attention_fp32_softmax(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' eager attention (query/key/value: (batch, heads, length, head_dim); additive float mask) with
+    the softmax always in fp32, as Llama's eager attention has it and Marian's does not: under bf16 autocast the two
+    matmuls run in bf16, the scores' softmax in fp32."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads (repeat_kv)
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+AttentionInterface.register(CPU_BF16_ATTENTION, eager_attention_fp32_softmax)
+AttentionMaskInterface.register(CPU_BF16_ATTENTION, eager_mask)  # the additive float mask of "eager"
+
+
+def choose_attention(model: PreTrainedModel, training_args: TrainingArguments) -> str:
+    """The attention a run trains with: ``CPU_BF16_ATTENTION`` under bf16 autocast on CPU, else the model's own.
+    torch's CPU flash-attention kernel (SDPA) is 2-4x slower in bf16 than in fp32 at these lengths (fwd+bwd of
+    batch 64 × 4 heads × 24 tokens: 20 ms vs 7.5 ms, eager bf16 5 ms; in a profiled main-job bf16 step SDPA took
+    a quarter of the time), so there the eager matmuls win. Returns a line for the log."""
+    on_cpu = training_args.use_cpu or not torch.accelerator.is_available()
+    if not (training_args.bf16 and on_cpu):
+        return f"attention: {model.config._attn_implementation} (the model's)"
+    model.set_attn_implementation(CPU_BF16_ATTENTION)
+    return f"attention: {CPU_BF16_ATTENTION} (bf16 on CPU, where SDPA's fused bf16 kernel is slower than eager)"
+
+
 # A launcher may create --output_dir with the run's own log in it before the run starts (scripts/reproduce_paper.py
 # writes run.log there): log files are neither another run's outputs nor deleted by --overwrite_output_dir.
 LOG_PATTERN = "*.log"
@@ -503,6 +553,7 @@ class TiedWeightsCheck(TrainerCallback):
 
 __all__ = [
     "BF16_CPU_FLAGS",
+    "CPU_BF16_ATTENTION",
     "Bf16DefaultMixin",
     "OutputDirArguments",
     "TiedNormSeq2SeqTrainingArguments",
@@ -512,7 +563,9 @@ __all__ = [
     "check_resume_config",
     "check_world_size",
     "configure_threads",
+    "choose_attention",
     "cpu_bf16_flag",
+    "eager_attention_fp32_softmax",
     "frequency_ordered",
     "is_complete_checkpoint",
     "last_complete_checkpoint",

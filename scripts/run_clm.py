@@ -28,6 +28,7 @@ first, before the data is tokenized, and that renumbered tokenizer is the one sa
 
 Precision: bf16 autocast is the default where training runs on a CPU with native bf16 matmuls (avx512_bf16 /
 amx_bf16; with a GPU HF's default stands); the log says which precision was chosen and why; --bf16 false opts out.
+Under bf16 on CPU the attention is eager with an fp32 softmax (hf_tiednorm.training.choose_attention).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from hf_tiednorm.training import (
     TiedWeightsCheck,
     check_resume_config,
     check_world_size,
+    choose_attention,
     configure_threads,
     frequency_ordered,
     parse_arguments,
@@ -182,6 +184,7 @@ def main() -> None:
             **model_args.config_overrides(),
         )
         model = hf_tiednorm.TiedNormForCausalLM(config)
+    logger.info(choose_attention(model, training_args))
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
 

@@ -29,6 +29,7 @@ Trainer recipe and scoring.
 
 Precision: bf16 autocast is the default where training runs on a CPU with native bf16 matmuls (avx512_bf16 /
 amx_bf16; with a GPU HF's default stands); the log says which precision was chosen and why; --bf16 false opts out.
+Under bf16 on CPU the attention is eager with an fp32 softmax (hf_tiednorm.training.choose_attention).
 
 Technique flags of a new model (Press & Wolf's projection regularization, Herold et al.'s weight-norm
 regularization and initialization, Baevski & Auli's adaptive input/softmax, the chunked loss) are config fields;
@@ -74,6 +75,7 @@ from hf_tiednorm.training import (
     TiedWeightsCheck,
     check_resume_config,
     check_world_size,
+    choose_attention,
     configure_threads,
     frequency_ordered,
     parse_arguments,
@@ -303,6 +305,7 @@ def main() -> None:
             training_args.label_smoothing_factor = config.label_smoothing
         else:
             model = hf_tiednorm.TiedNormForConditionalGeneration(config)
+    logger.info(choose_attention(model, training_args))
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
     model.generation_config.length_penalty = model_args.length_penalty

@@ -17,8 +17,10 @@ import hf_tiednorm
 from hf_tiednorm.normalized_head import TiedNormHead
 from hf_tiednorm.token_loss import token_cross_entropy
 from hf_tiednorm.training import (
+    CPU_BF16_ATTENTION,
     TiedNormSeq2SeqTrainingArguments,
     TiedNormTrainingArguments,
+    choose_attention,
     cpu_bf16_flag,
     resolve_bf16,
 )
@@ -104,6 +106,10 @@ def test_translation_precision_default_and_opt_out(flags, autocast, logged, tmp_
     assert seen and set(seen) == {(autocast, torch.float32)}
     notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision: ")]
     assert len(notes) == 1 and logged in notes[0]
+    attention = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention: ")]
+    assert attention == [f"attention: {CPU_BF16_ATTENTION} (bf16 on CPU, where SDPA's fused bf16 kernel is slower "
+                         "than eager)" if autocast else "attention: sdpa (the model's)"]
+    assert CPU_BF16_ATTENTION not in (tmp_path / "out" / "config.json").read_text()  # saved models keep HF's default
     losses = [e["loss"] for e in json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
               if "loss" in e]
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
@@ -163,3 +169,52 @@ def test_baseline_mode_scores_and_loss_equal_hf_marian_with_the_same_weights():
     smoothed = LabelSmoother(epsilon=0.1)({"logits": hf.logits}, labels)
     torch.testing.assert_close(mine.loss, smoothed, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(token_cross_entropy(hf.logits, labels, 0.1), smoothed, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["seq2seq", "marian", "causal_gqa"])
+def test_cpu_bf16_attention_equals_sdpa(family):
+    """The eager attention with an fp32 softmax that bf16 on CPU trains with gives SDPA's outputs (fp32, padding,
+    causal and cross attention, grouped-query heads), and its softmax is fp32 under bf16 autocast."""
+    torch.manual_seed(0)
+    if family == "causal_gqa":
+        model = hf_tiednorm.TiedNormForCausalLM(hf_tiednorm.TiedNormCausalConfig(
+            vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2))
+    else:
+        config = hf_tiednorm.TiedNormSeq2SeqConfig(
+            vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            encoder_attention_heads=4, decoder_attention_heads=4, dropout=0.0)
+        marian = load_script("run_translation").marian_config(config)
+        model = MarianMTModel(marian) if family == "marian" else hf_tiednorm.TiedNormForConditionalGeneration(config)
+    model.eval()
+    ids = torch.randint(3, 60, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0  # padding
+    inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": False}  # as in training (a cache keeps fp32)
+    if family != "causal_gqa":
+        inputs["decoder_input_ids"] = torch.randint(3, 60, (3, 7))
+    with torch.no_grad():
+        reference = model(**inputs).logits
+        model.set_attn_implementation(CPU_BF16_ATTENTION)
+        torch.testing.assert_close(model(**inputs).logits, reference, rtol=1e-4, atol=1e-5)
+    probabilities = []
+    layer = model.model.layers[0].self_attn if family == "causal_gqa" else model.model.encoder.layers[0].self_attn
+    layer.register_forward_hook(lambda module, args, kwargs, output: probabilities.append(output[1]), with_kwargs=True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(**inputs)
+    assert probabilities[0].dtype == torch.bfloat16  # cast back after the fp32 softmax, rows still sum to 1
+    torch.testing.assert_close(probabilities[0].float().sum(-1), torch.ones(probabilities[0].shape[:-1]),
+                               rtol=0, atol=1e-2)
+
+
+def test_choose_attention_only_for_bf16_on_cpu(tmp_path):
+    model = hf_tiednorm.TiedNormForConditionalGeneration(hf_tiednorm.TiedNormSeq2SeqConfig(
+        vocab_size=60, d_model=32, encoder_layers=1, decoder_layers=1))
+    (fp32,) = HfArgumentParser(TiedNormSeq2SeqTrainingArguments).parse_args_into_dataclasses(
+        args=["--output_dir", str(tmp_path), "--bf16", "false"])
+    assert choose_attention(model, fp32) == "attention: sdpa (the model's)"
+    assert model.config._attn_implementation == "sdpa"
+    (bf16,) = HfArgumentParser(TiedNormSeq2SeqTrainingArguments).parse_args_into_dataclasses(
+        args=["--output_dir", str(tmp_path), "--bf16", "true", "--use_cpu", "true"])
+    choose_attention(model, bf16)
+    assert model.config._attn_implementation == model.model.encoder.config._attn_implementation == CPU_BF16_ATTENTION
