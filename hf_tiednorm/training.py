@@ -533,7 +533,9 @@ class TiedWeightsCheck(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not model.config.tie_word_embeddings:
             return
-        embedding = model.get_decoder().embed_tokens  # the decoder of an encoder-decoder, the whole causal LM
+        # The decoder of an encoder-decoder, the whole causal LM; through the accessor, since a converted model keeps
+        # its architecture's module names (GPT-2's decoder calls its embedding wte).
+        embedding = model.get_decoder().get_input_embeddings()
         adaptive = isinstance(embedding, AdaptiveInput)
         inputs = [band.weight for band in embedding.bands] if adaptive else [embedding.weight]
         if hasattr(model, "output_embedding_weights"):

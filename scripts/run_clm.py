@@ -134,10 +134,12 @@ def main() -> None:
     # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.
     run_config = model_args.run_config(hf_tiednorm.TiedNormCausalConfig)
     # A new model gets max(--block_size, 512) positions (below); a saved one has its own.
-    if model_args.model_name_or_path is not None and data_args.block_size > run_config.max_position_embeddings:
+    # A converted model reads its architecture's limit (GPT-2's n_positions); None: it has no position table.
+    positions = getattr(run_config, "max_position_embeddings", None)
+    if model_args.model_name_or_path is not None and positions is not None and data_args.block_size > positions:
         raise ValueError(
-            f"--block_size {data_args.block_size} exceeds the saved model's max_position_embeddings="
-            f"{run_config.max_position_embeddings}; lower --block_size to at most that"
+            f"--block_size {data_args.block_size} exceeds the saved model's max_position_embeddings={positions}; "
+            "lower --block_size to at most that"
         )
     check_resume_config(resume, run_config, model_args.architecture_fields())
     split_files = {"train": data_args.train_file}

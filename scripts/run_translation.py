@@ -235,11 +235,12 @@ def main() -> None:
     run_config: PretrainedConfig = model_args.run_config(hf_tiednorm.TiedNormSeq2SeqConfig)
     if marian:
         run_config = marian_config(run_config)
-    positions = run_config.max_position_embeddings
+    # None: no position table to index past (a converted T5's relative positions), so nothing to check.
+    positions = getattr(run_config, "max_position_embeddings", None)
     for flag, length in (("--max_source_length", data_args.max_source_length),
                          ("--max_target_length", data_args.max_target_length),
                          ("--generation_max_length", training_args.generation_max_length)):
-        if length is not None and length > positions:
+        if length is not None and positions is not None and length > positions:
             remedy = "" if model_args.model_name_or_path else " or raise --max_position_embeddings"
             raise ValueError(
                 f"{flag} {length} exceeds the model's max_position_embeddings={positions}: a longer sequence would "
