@@ -4,7 +4,8 @@
 ``model_cards/`` with ``huggingface_hub.ModelCard``: front matter (library, pipeline tag, tags, languages,
 datasets, license, ``model-index`` with sacreBLEU / perplexity results) and a body with the scoring mode and its
 equation, the tie topology, any regularizer fields, training data and budget, loading instructions, the
-embedding-norm histogram when present, and BibTeX citations.
+embedding-norm histogram when present, and BibTeX citations. The folder holds one of hf_tiednorm's own families or a
+converted model of any tied architecture (``tiednorm_wrapped``: ``hf_tiednorm.convert``, ``normalize_tied_head``).
 
 CLI::
 
@@ -27,6 +28,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
 # model_type -> (the HF parent config, the architecture named on the card)
@@ -35,6 +37,9 @@ FAMILIES = {
     TiedNormBartConfig.model_type: (BartConfig, "BART-style encoder-decoder"),
     TiedNormCausalConfig.model_type: (LlamaConfig, "Llama-style causal language model"),
 }
+# Converted models of any tied architecture: the wrapped model's config is the wrapper config's text_config.
+WRAPPED = TiedNormWrappedConfig.model_type
+TiedNormConfig = TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig | TiedNormWrappedConfig
 # Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
 EMBEDDING_NORM_PLOT = "embedding_norms.png"
 
@@ -50,6 +55,9 @@ TIE_TOPOLOGY_TEXT = {
     "decoder": "decoder: decoder input = output embedding; the encoder has its own",
     "untied": "untied: three separate matrices (the head mode applies to the output matrix)",
 }
+# A converted encoder-decoder has no tie_topology: it keeps the tie its architecture makes (conversion refuses untied
+# heads). Only Marian's share_encoder_decoder_embeddings=False (two vocabularies) says, in the config, which one.
+WRAPPED_TIE_TEXT = "input = output embedding: the matrix the architecture ties its output layer to"
 LIU_ET_AL_BIBTEX = """@article{liu2020normalization,
   title   = {Normalization of Input-output Shared Embeddings in Text Generation Models},
   author  = {Liu, Jinyang and Zhai, Yujia and Chen, Zizhong},
@@ -134,11 +142,14 @@ def _eval_results(
     ]
 
 
-def _regularizer_fields(config: TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig) -> dict[str, Any]:
+def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     """Config fields that are neither the HF parent's nor the head's/topology's: regularizers and the like.
 
-    Found generically so that fields added later (projection, weight-norm penalties, ...) appear on the card.
+    Found generically so that fields added later (projection, weight-norm penalties, ...) appear on the card. A
+    converted model has none (its config refuses them: it trains with the wrapped model's own loss).
     """
+    if config.model_type == WRAPPED:
+        return {}
     parent = FAMILIES[config.model_type][0]()
     known = set(parent.to_dict()) | {
         "head_mode", "logit_scale", "logit_scale_init", "norm_eps", "label_smoothing", "tie_topology",
@@ -148,10 +159,13 @@ def _regularizer_fields(config: TiedNormSeq2SeqConfig | TiedNormBartConfig | Tie
     return {name: value for name, value in sorted(config.to_dict().items()) if name not in known}
 
 
-def _logit_scale_text(config) -> str:
+def _logit_scale_text(config: TiedNormConfig) -> str:
     if config.logit_scale == "none":
         return "none"
-    hidden_size = config.d_model if config.is_encoder_decoder else config.hidden_size
+    if config.model_type == WRAPPED:  # the wrapped config's hidden_size (GPT-2's n_embd, T5's d_model, ...)
+        hidden_size = config.hidden_size
+    else:
+        hidden_size = config.d_model if config.is_encoder_decoder else config.hidden_size
     g = config.logit_scale_init if config.logit_scale_init is not None else math.sqrt(hidden_size)
     return {
         "fixed": f"fixed g = {g:.4g}",
@@ -172,18 +186,33 @@ def _num_parameters(folder: Path) -> str:
     return f"{total / 1e6:.2f}M" if total >= 1e5 else f"{total:,}"
 
 
-def load_tiednorm_config(
-    folder: str | os.PathLike,
-) -> TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig:
-    """The checkpoint's config, refusing folders that are not hf_tiednorm checkpoints."""
+def _architecture_text(config: TiedNormConfig) -> str:
+    if config.model_type == WRAPPED:
+        return f"`{config.text_config.model_type}` model (transformers' own code)"
+    return FAMILIES[config.model_type][1]
+
+
+def _tie_topology_text(config: TiedNormConfig) -> str:
+    if config.model_type != WRAPPED and config.is_encoder_decoder:
+        return TIE_TOPOLOGY_TEXT[config.tie_topology]
+    if not config.tie_word_embeddings:
+        return "untied"
+    if config.model_type == WRAPPED and config.is_encoder_decoder:
+        two_vocabularies = getattr(config.text_config, "share_encoder_decoder_embeddings", True) is False
+        return TIE_TOPOLOGY_TEXT["decoder"] if two_vocabularies else WRAPPED_TIE_TEXT
+    return "input = output embedding"
+
+
+def load_tiednorm_config(folder: str | os.PathLike) -> TiedNormConfig:
+    """The checkpoint's config, refusing folders that are not hf_tiednorm checkpoints (own family or converted)."""
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; pass a folder written by save_pretrained")
     config = AutoConfig.from_pretrained(folder)
-    if config.model_type not in FAMILIES:
+    if config.model_type not in (*FAMILIES, WRAPPED):
         raise ValueError(
-            f"{folder} holds a {config.model_type!r} model, not an hf_tiednorm one (one of {sorted(FAMILIES)}); "
-            "convert it first with `python -m hf_tiednorm.convert`"
+            f"{folder} holds a {config.model_type!r} model, not an hf_tiednorm one (one of "
+            f"{sorted([*FAMILIES, WRAPPED])}); convert it first with `python -m hf_tiednorm.convert`"
         )
     return config
 
@@ -209,10 +238,8 @@ def render_model_card(
     is_encoder_decoder = config.is_encoder_decoder
     mode_equation, mode_reference = MODE_EQUATIONS[config.head_mode]
     tags = ["tiednorm", config.head_mode, "translation" if is_encoder_decoder else "text-generation"]
-    if is_encoder_decoder:
-        tie_topology = TIE_TOPOLOGY_TEXT[config.tie_topology]
-    else:
-        tie_topology = "input = output embedding" if config.tie_word_embeddings else "untied"
+    if config.model_type == WRAPPED:
+        tags.append(config.text_config.model_type)
     tied = config.tie_word_embeddings
     citations = ([LIU_ET_AL_BIBTEX] if config.head_mode != "baseline" else []) + ([PRESS_WOLF_BIBTEX] if tied else [])
 
@@ -231,7 +258,7 @@ def render_model_card(
         template_path=str(template_path()),
         model_name=model_name,
         repo_id=repo_id,
-        architecture=FAMILIES[config.model_type][1],
+        architecture=_architecture_text(config),
         is_encoder_decoder=is_encoder_decoder,
         auto_class="AutoModelForSeq2SeqLM" if is_encoder_decoder else "AutoModelForCausalLM",
         # The one-line pipeline usage, shown when the folder's config records the pipeline (its code ships with it).
@@ -240,8 +267,8 @@ def render_model_card(
         mode_equation=mode_equation,
         mode_reference=mode_reference,
         logit_scale=_logit_scale_text(config),
-        tie_topology=tie_topology,
-        label_smoothing=config.label_smoothing,
+        tie_topology=_tie_topology_text(config),
+        label_smoothing=getattr(config, "label_smoothing", 0.0),  # a converted model has its architecture's loss
         num_parameters=_num_parameters(folder),
         vocab_size=config.vocab_size,
         regularizers=_regularizer_fields(config),
@@ -268,7 +295,7 @@ def write_model_card(
     """Render README.md into a saved checkpoint folder and return its path.
 
     Args:
-        folder: a folder written by ``save_pretrained`` of an hf_tiednorm model.
+        folder: a folder written by ``save_pretrained`` of an hf_tiednorm model (own family or converted).
         metrics: evaluation results, e.g. the Trainer's ``{"test_bleu": 38.1, "test_bleu_signature": "nrefs:1|...",
             "eval_loss": 1.9}``. ``bleu``/``sacrebleu`` and ``perplexity``/``ppl`` go into the ``model-index``
             (the ``eval_``/``test_`` prefix gives the split); every other number is listed in the card's body.

@@ -1,22 +1,26 @@
-"""Fine-tuning a converted checkpoint with the training scripts (--model_name_or_path), as they are.
+"""Fine-tuning a converted checkpoint with the training scripts (--model_name_or_path), model card included.
 
-Both scripts train, evaluate and save the converted model (and run_translation predicts); each run then stops at the
-model card: ``write_model_card`` accepts only hf_tiednorm's own families, not ``tiednorm_wrapped`` folders
-(/work/notes/issue15.md gives the change model_card.py needs). The tests are strict xfails until that lands.
+A converted model (``tiednorm_wrapped``) keeps its architecture's config fields and module names: T5 has relative
+positions (no ``max_position_embeddings``), GPT-2 calls its limit ``n_positions`` and its embedding ``wte``. Each run
+trains, evaluates, saves the model and writes its card, so the tied normalized head must survive the whole script.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_tokenizer
+from huggingface_hub import ModelCard
 from script_helpers import run_script, write_tiny_parallel
 from tiny_architectures import auto_class, source_model
 
 from hf_tiednorm.convert import convert_checkpoint
 from hf_tiednorm.normalized_head import TiedNormHead
 
-CARD_GAP = "model_card.py refuses tiednorm_wrapped folders (see notes/issue15.md)"
+try:
+    from testing_utils import tiny_tokenizer
+except ImportError:  # before tests/testing_utils.py existed, conftest.py held the helpers
+    from conftest import tiny_tokenizer
+
 COMMON = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--do_train",
           "--do_eval", "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false"]  # fmt: skip
 
@@ -35,31 +39,58 @@ def check_fine_tuned(output_dir, name: str, before: torch.Tensor) -> None:
     assert isinstance(head, TiedNormHead) and head.head_mode == "cosine"
     assert head.weight is model.get_input_embeddings().weight
     assert not torch.equal(head.weight, before)  # trained
-    assert (output_dir / "README.md").is_file()
+    card = ModelCard.load(output_dir / "README.md")
+    assert {"tiednorm", "cosine", name} <= set(card.data.tags)
+    assert f"`{name}` model (transformers' own code)" in card.text
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=CARD_GAP)
-def test_run_clm_fine_tunes_a_converted_qwen3(tmp_path, monkeypatch):
-    before = converted_checkpoint("qwen3", tmp_path)
+def clm_args(folder, data, block_size: int = 16) -> list:
+    return [
+        "--model_name_or_path", folder / "converted", "--output_dir", folder / "out", "--train_file", data / "train.en",
+        "--validation_file", data / "val.en", "--test_file", data / "test.en", "--block_size", str(block_size), *COMMON,
+    ]  # fmt: skip
+
+
+def translation_args(folder, data) -> list:
+    return [
+        "--model_name_or_path", folder / "converted", "--output_dir", folder / "out", *write_tiny_parallel(data),
+        "--max_source_length", "32", "--max_target_length", "32", "--do_predict", "--predict_with_generate",
+        "--generation_max_length", "8", *COMMON,
+    ]  # fmt: skip
+
+
+# qwen3: rotary positions; gpt2: learned positions (n_positions) and an embedding named wte.
+@pytest.mark.parametrize("name", ["qwen3", "gpt2"])
+def test_run_clm_fine_tunes_a_converted_checkpoint(name, tmp_path, monkeypatch):
+    before = converted_checkpoint(name, tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     write_tiny_parallel(data)
-    run_script("run_clm", [
-        "--model_name_or_path", tmp_path / "converted", "--output_dir", tmp_path / "out", "--train_file",
-        data / "train.en", "--validation_file", data / "val.en", "--test_file", data / "test.en", "--block_size", "16",
-        *COMMON,
-    ], monkeypatch)  # fmt: skip
-    check_fine_tuned(tmp_path / "out", "qwen3", before)
+    run_script("run_clm", clm_args(tmp_path, data), monkeypatch)
+    check_fine_tuned(tmp_path / "out", name, before)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=CARD_GAP)
-def test_run_translation_fine_tunes_a_converted_m2m100(tmp_path, monkeypatch):
-    before = converted_checkpoint("m2m_100", tmp_path)
+# m2m_100: sinusoidal positions (max_position_embeddings); t5: relative positions, no such field.
+@pytest.mark.parametrize("name", ["m2m_100", "t5"])
+def test_run_translation_fine_tunes_a_converted_checkpoint(name, tmp_path, monkeypatch):
+    before = converted_checkpoint(name, tmp_path)
     data = tmp_path / "data"
     data.mkdir()
-    run_script("run_translation", [
-        "--model_name_or_path", tmp_path / "converted", "--output_dir", tmp_path / "out", *write_tiny_parallel(data),
-        "--max_source_length", "32", "--max_target_length", "32", "--do_predict", "--predict_with_generate",
-        "--generation_max_length", "8", *COMMON,
-    ], monkeypatch)  # fmt: skip
-    check_fine_tuned(tmp_path / "out", "m2m_100", before)
+    run_script("run_translation", translation_args(tmp_path, data), monkeypatch)
+    check_fine_tuned(tmp_path / "out", name, before)
+
+
+def test_position_limits_of_converted_checkpoints_are_their_architectures(tmp_path, monkeypatch):
+    """GPT-2's n_positions=64 and M2M100's max_position_embeddings=64 bound the lengths, before any training."""
+    converted_checkpoint("gpt2", tmp_path / "gpt2")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_tiny_parallel(data)
+    with pytest.raises(ValueError, match="--block_size 65 exceeds the saved model's max_position_embeddings=64"):
+        run_script("run_clm", clm_args(tmp_path / "gpt2", data, block_size=65), monkeypatch)
+    converted_checkpoint("m2m_100", tmp_path / "m2m_100")
+    args = translation_args(tmp_path / "m2m_100", data)
+    args[args.index("--max_source_length") + 1] = "65"
+    with pytest.raises(ValueError, match="--max_source_length 65 exceeds the model's max_position_embeddings=64"):
+        run_script("run_translation", args, monkeypatch)
+    assert not (tmp_path / "gpt2" / "out").exists() and not (tmp_path / "m2m_100" / "out" / "README.md").exists()

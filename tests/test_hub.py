@@ -15,12 +15,18 @@ from typing import Self
 
 import pytest
 import torch
-from conftest import REPO_ROOT, model_inputs, run_without_package, tiny_model
-from huggingface_hub import constants
+from huggingface_hub import ModelCard, constants
+from tiny_architectures import inputs_for, source_model
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.hub import main, prepare_upload_folder, push_to_hub
+
+try:
+    from testing_utils import REPO_ROOT, model_inputs, run_without_package, tiny_model
+except ImportError:  # before tests/testing_utils.py existed, conftest.py held the helpers
+    from conftest import REPO_ROOT, model_inputs, run_without_package, tiny_model
 
 REPO_ID = "tester/tiny-tiednorm"
 LINES = ["a man rides a bike", "ein mann fährt fahrrad", "two dogs play in the snow", "zwei hunde spielen im schnee"]
@@ -88,6 +94,51 @@ torch.save(logits, {str(tmp_path / f"{family}_logits.pt")!r})
     run_without_package(script, cwd=tmp_path)
     for family, logits in expected.items():
         torch.testing.assert_close(torch.load(tmp_path / f"{family}_logits.pt"), logits, rtol=0, atol=0)
+
+
+def test_dry_run_of_converted_checkpoints_loads_without_package(tmp_path):
+    """Converted (tiednorm_wrapped) folders of a causal LM and an encoder-decoder stage like our own families: the
+    card describes the wrapped architecture, and the staged folder reloads from its own code (identical logits) and,
+    for the encoder-decoder, serves the translation pipeline."""
+    script = "import torch\nfrom transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, pipeline\n"
+    expected = {}
+    for name, head_mode, auto_class in (("gpt2", "cosine", "AutoModelForCausalLM"),
+                                        ("m2m_100", "l2", "AutoModelForSeq2SeqLM")):  # fmt: skip
+        folder = tmp_path / f"converted_{name}"
+        model = normalize_tied_head(source_model(name), head_mode, logit_scale="scalar").eval()
+        model.save_pretrained(folder)
+        tiny_tokenizer().save_pretrained(folder)
+        before = folder_digest(folder)
+        upload = push_to_hub(folder, REPO_ID, dry_run_dir=tmp_path / f"upload_{name}", dataset="bentrevett/multi30k")
+        assert folder_digest(folder) == before
+
+        files = {p.name for p in upload.iterdir()}
+        assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= files
+        assert {"modeling_tiednorm_wrapped.py", "configuration_tiednorm_wrapped.py", "normalized_head.py"} <= files
+        card = ModelCard.load(upload / "README.md")
+        assert {"tiednorm", head_mode, name} <= set(card.data.tags) and card.data.datasets == ["bentrevett/multi30k"]
+        assert f"`{name}` model (transformers' own code)" in card.text and REPO_ID in card.text
+
+        inputs = inputs_for(model)
+        with torch.no_grad():
+            expected[name] = model(**inputs).logits
+        torch.save(inputs, tmp_path / f"{name}_inputs.pt")
+        script += f"""
+model = {auto_class}.from_pretrained({str(upload)!r}, trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+with torch.no_grad():
+    logits = model(**torch.load({str(tmp_path / f"{name}_inputs.pt")!r})).logits
+torch.save(logits, {str(tmp_path / f"{name}_logits.pt")!r})
+"""
+    assert 'pipeline("tiednorm-translation"' in (tmp_path / "upload_m2m_100" / "README.md").read_text()
+    script += f"""
+translator = pipeline("tiednorm-translation", model={str(tmp_path / "upload_m2m_100")!r}, trust_remote_code=True)
+(out,) = translator("ein mann fährt fahrrad", max_new_tokens=4)
+assert isinstance(out["translation_text"], str), out
+"""
+    run_without_package(script, cwd=tmp_path)
+    for name, logits in expected.items():
+        torch.testing.assert_close(torch.load(tmp_path / f"{name}_logits.pt"), logits, rtol=0, atol=0)
 
 
 class FakeHub:

@@ -5,16 +5,25 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_model
 from huggingface_hub import ModelCard
+from tiny_architectures import CONFIGS, source_model
 from transformers import MarianConfig
 
+from hf_tiednorm import TiedNormWrappedConfig
+from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.model_card import (
     LIU_ET_AL_BIBTEX,
     PRESS_WOLF_BIBTEX,
+    TIE_TOPOLOGY_TEXT,
+    WRAPPED_TIE_TEXT,
     main,
     write_model_card,
 )
+
+try:
+    from testing_utils import tiny_model
+except ImportError:  # before tests/testing_utils.py existed, conftest.py held the helpers
+    from conftest import tiny_model
 
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0"
 
@@ -65,6 +74,42 @@ def test_config_fields_beyond_head_and_parent_are_listed(tmp_path):
     model.config.embedding_norm_penalty = 0.01  # how a regularizer field added to the config shows up
     model.save_pretrained(tmp_path)
     assert "| `embedding_norm_penalty` | `0.01` |" in write_model_card(tmp_path).read_text()
+
+
+def test_converted_causal_card(tmp_path):
+    """A converted GPT-2 (tiednorm_wrapped): architecture and g's init from the wrapped config (n_embd=32)."""
+    normalize_tied_head(source_model("gpt2"), "square", logit_scale="fixed").save_pretrained(tmp_path)
+    card = ModelCard.load(write_model_card(tmp_path, metrics={"eval_perplexity": 20.0}, dataset="wikitext"))
+    assert card.data.pipeline_tag == "text-generation"
+    assert {"tiednorm", "square", "text-generation", "gpt2"} <= set(card.data.tags)
+    assert card.data.eval_results[0].metric_type == "perplexity"
+    for expected in (
+        "A `gpt2` model (transformers' own code) with the **`square`** output head", "eq. 22",
+        f"fixed g = {32**0.5:.4g}", "| tie topology | input = output embedding |", "| label smoothing | 0.0 |",
+        "| vocabulary | 61 tokens |", "AutoModelForCausalLM", "trust_remote_code=True", LIU_ET_AL_BIBTEX,
+    ):  # fmt: skip
+        assert expected in card.text, expected
+    assert "Regularizers" not in card.text and "tiednorm-translation" not in card.text
+
+
+def test_converted_encoder_decoder_cards(tmp_path):
+    """A converted M2M100 (three-way tied by its architecture; its folder serves the translation pipeline), and a
+    Marian with two vocabularies, whose config says its encoder embedding is its own (config-only folder)."""
+    normalize_tied_head(source_model("m2m_100"), "l2").save_pretrained(tmp_path / "m2m")
+    card = ModelCard.load(write_model_card(tmp_path / "m2m", languages=["de", "en"]))
+    assert card.data.pipeline_tag == "translation" and {"l2", "translation", "m2m_100"} <= set(card.data.tags)
+    for expected in (
+        "A `m2m_100` model (transformers' own code)", "eq. 19", f"| tie topology | {WRAPPED_TIE_TEXT} |",
+        "| logit scale (`logit_scale`) | none |", "AutoModelForSeq2SeqLM",
+        'pipeline("tiednorm-translation", model="m2m", trust_remote_code=True)',
+    ):  # fmt: skip
+        assert expected in card.text, expected
+    assert "Regularizers" not in card.text
+
+    fields = CONFIGS["marian"].to_dict() | {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 50}
+    TiedNormWrappedConfig(text_config=fields, head_mode="cosine").save_pretrained(tmp_path / "marian")
+    text = write_model_card(tmp_path / "marian").read_text()
+    assert f"| tie topology | {TIE_TOPOLOGY_TEXT['decoder']} |" in text and "`marian` model" in text
 
 
 def test_bad_inputs_are_refused(tmp_path):
