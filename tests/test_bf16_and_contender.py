@@ -218,3 +218,15 @@ def test_choose_attention_only_for_bf16_on_cpu(tmp_path):
         args=["--output_dir", str(tmp_path), "--bf16", "true", "--use_cpu", "true"])
     choose_attention(model, bf16)
     assert model.config._attn_implementation == model.model.encoder.config._attn_implementation == CPU_BF16_ATTENTION
+
+
+def test_benchmark_arguments_refuse_unknown_runs():
+    """scripts/benchmark_trainer_loop.py (its numbers come from running it, never from tests)."""
+    arguments = load_script("benchmark_trainer_loop").BenchmarkArguments
+    assert arguments().model_list() == ["ours-baseline", "ours-cosine", "marian"]
+    with pytest.raises(ValueError, match="unknown --models/--precisions"):
+        arguments(models="ours-baseline,fairseq")
+    with pytest.raises(ValueError, match="unknown --models/--precisions"):
+        arguments(precisions="fp16")
+    with pytest.raises(ValueError, match="--skip_steps must be in"):
+        arguments(steps=5, skip_steps=5)

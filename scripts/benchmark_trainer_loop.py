@@ -1,0 +1,234 @@
+#!/usr/bin/env python
+"""Whole-Trainer-loop training speed: ours (TiedNormForConditionalGeneration) vs transformers' MarianMTModel, fp32 vs
+bf16 autocast, at the main-job size and recipe (scripts/configs/multi30k_de_en.yaml: d = 256, 3 + 3 layers, joint
+BPE 8k, batch 64, label smoothing 0.1, group_by_length, inverse-sqrt schedule).
+
+    python scripts/benchmark_trainer_loop.py                                  # ≈ 5 min on 2 CPU cores
+    python scripts/benchmark_trainer_loop.py --steps 60 --reps 3 --note "idle machine"
+    python scripts/benchmark_trainer_loop.py --profile true --reps 1 --steps 12 \
+        --output results/profile_trainer_loop.json
+
+Every (model, precision) run is a short ``TiedNormSeq2SeqTrainer.train()`` in a fresh subprocess (accelerate keeps
+one mixed-precision state per process), on the same Multi30k pairs, tokenizer, seed and therefore batches, with the
+loop of scripts/run_translation.py: its collator, Trainer class, tie check callback, attention choice (eager with an
+fp32 softmax under bf16 on CPU) and loss path (ours: the model's label-smoothed loss; Marian: the Trainer's
+LabelSmoother, as run_translation.py --model_family marian trains it).
+Repetitions are interleaved (rep 1 of every run, then rep 2, ...) so that load drifting on a shared machine hits every
+run alike. Timed: from the end of step --skip_steps to the end of the last step (the first steps allocate);
+tokens: non-padding source + target tokens of those steps' batches. The JSON in --output holds every repetition,
+the medians, the ratios and the machine (CPU, flags, threads, load average before and after). With --profile true the
+timed steps run under torch.profiler and the JSON also holds each run's top operators by self CPU time (the timings
+then include the profiler's overhead: use them for where the time goes, not for speed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN_JOB_CONFIG = ROOT / "scripts" / "configs" / "multi30k_de_en.yaml"
+# name -> (model family, head_mode)
+MODELS = {"ours-baseline": ("tiednorm", "baseline"), "ours-cosine": ("tiednorm", "cosine"), "marian": ("marian", None)}
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass
+class BenchmarkArguments:
+    data_dir: str = field(default="../shared/data/multi30k", metadata={"help": "Multi30k folder (train.{de,en}.gz)"})
+    models: str = field(default=",".join(MODELS), metadata={"help": f"comma-separated, from {list(MODELS)}"})
+    precisions: str = field(default=",".join(PRECISIONS), metadata={"help": f"comma-separated, from {PRECISIONS}"})
+    steps: int = field(default=30, metadata={"help": "training steps per run"})
+    skip_steps: int = field(default=5, metadata={"help": "untimed first steps of each run"})
+    reps: int = field(default=2, metadata={"help": "interleaved repetitions of every run"})
+    num_threads: int = field(default=2, metadata={"help": "torch CPU threads per run"})
+    output: str = field(default="results/benchmark_trainer_loop.json", metadata={"help": "JSON written here"})
+    note: str = field(default="", metadata={"help": "free text stored in the JSON (e.g. the machine's other load)"})
+    profile: bool = field(default=False, metadata={"help": "run the timed steps under torch.profiler (top ops)"})
+    child: str | None = field(default=None, metadata={"help": "internal: one run's settings as JSON"})
+
+    def __post_init__(self):
+        unknown = set(self.model_list()) - set(MODELS) | set(self.precision_list()) - set(PRECISIONS)
+        if unknown:
+            raise ValueError(f"unknown --models/--precisions {sorted(unknown)}")
+        if not 0 <= self.skip_steps < self.steps:
+            raise ValueError(f"--skip_steps must be in [0, --steps), got {self.skip_steps}")
+
+    def model_list(self) -> list[str]:
+        return [m for m in self.models.split(",") if m]
+
+    def precision_list(self) -> list[str]:
+        return [p for p in self.precisions.split(",") if p]
+
+
+def recipe() -> dict:
+    return yaml.safe_load(MAIN_JOB_CONFIG.read_text())
+
+
+def run_child(settings: dict) -> dict:
+    """One short training run in this process; returns its timing."""
+    import torch
+    from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel, TrainerCallback, set_seed
+
+    import hf_tiednorm
+    from hf_tiednorm.data import load_parallel, tokenize_parallel
+    from hf_tiednorm.loss_logging import TiedNormSeq2SeqTrainer
+    from hf_tiednorm.training import TiedNormSeq2SeqTrainingArguments, TiedWeightsCheck, choose_attention
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_translation import marian_config
+
+    torch.set_num_threads(settings["num_threads"])
+    config = recipe()
+    set_seed(config["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
+    files = {"train": str(Path(settings["data_dir"]) / "train.{lang}.gz")}
+    raw = load_parallel(files, config["source_lang"], config["target_lang"])
+    raw["train"] = raw["train"].select(range(settings["steps"] * config["per_device_train_batch_size"] * 2))
+    data = tokenize_parallel(raw, tokenizer, config["source_lang"], config["target_lang"], 128, 128)["train"]
+    dims = {k: config[k] for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+                                   "dropout", "label_smoothing", "tie_topology")}
+    ours = hf_tiednorm.TiedNormSeq2SeqConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
+        head_mode=settings["head_mode"] or "baseline", **dims,
+    )
+    marian = settings["family"] == "marian"
+    model = MarianMTModel(marian_config(ours)) if marian else hf_tiednorm.TiedNormForConditionalGeneration(ours)
+    keys = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta2", "max_grad_norm",
+            "per_device_train_batch_size", "train_sampling_strategy", "seed")
+    args = TiedNormSeq2SeqTrainingArguments(
+        output_dir=settings["output_dir"], max_steps=settings["steps"], save_strategy="no", report_to="none",
+        logging_steps=10, bf16=settings["precision"] == "bf16", disable_tqdm=True, dataloader_pin_memory=False,
+        label_smoothing_factor=config["label_smoothing"] if marian else 0.0, **{k: config[k] for k in keys},
+    )
+    choose_attention(model, args)  # as run_translation.py does
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    batch_tokens: list[int] = []
+
+    def counting_collator(features):
+        batch = collator(features)
+        sources = int(batch["attention_mask"].sum())
+        batch_tokens.append(sources + int((batch["labels"] != -100).sum()))
+        return batch
+
+    step_ends: list[float] = []
+    profiler = None
+    if settings.get("profile"):
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            step_ends.append(time.perf_counter())
+            if profiler is not None and state.global_step == settings["skip_steps"]:
+                profiler.start()
+
+    trainer = TiedNormSeq2SeqTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                                     data_collator=counting_collator, callbacks=[TiedWeightsCheck(), StepClock()])
+    trainer.train()
+    top_ops = []
+    if profiler is not None:
+        profiler.stop()
+        averages = sorted(profiler.key_averages(), key=lambda event: -event.self_cpu_time_total)
+        total = sum(event.self_cpu_time_total for event in averages)
+        top_ops = [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total,
+                    "calls": e.count} for e in averages[:25]]
+    skip = settings["skip_steps"]
+    seconds = step_ends[-1] - step_ends[skip - 1] if skip else None
+    tokens = sum(batch_tokens[skip:settings["steps"]])
+    if not skip:  # no earlier step end to start from: the Trainer's own runtime
+        seconds = trainer.state.log_history[-1]["train_runtime"]
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "steps_per_s": (settings["steps"] - skip) / seconds, "mixed_precision": args.mixed_precision,
+            "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry], "top_ops": top_ops}
+
+
+def machine() -> dict:
+    import torch
+
+    from hf_tiednorm.training import cpu_bf16_flag
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else "?"
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "bf16_flag": cpu_bf16_flag(), "torch": torch.__version__,
+            "platform": platform.platform(), "cuda": torch.cuda.is_available()}
+
+
+def main() -> None:
+    (args,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
+    if args.child is not None:
+        print("RESULT " + json.dumps(run_child(json.loads(args.child))), flush=True)
+        return
+    from hf_tiednorm.data import load_parallel, training_texts
+    from hf_tiednorm.tokenization import train_joint_tokenizer
+
+    config = recipe()
+    data_dir = Path(args.data_dir) if Path(args.data_dir).is_absolute() else (ROOT / args.data_dir).resolve()
+    work = Path(tempfile.mkdtemp(prefix="benchmark_trainer_loop_"))
+    raw = load_parallel({"train": str(data_dir / "train.{lang}.gz")}, config["source_lang"], config["target_lang"])
+    tokenizer = train_joint_tokenizer(training_texts(raw["train"], [config["source_lang"], config["target_lang"]]),
+                                      vocab_size=config["vocab_size"], model="bpe", model_max_length=128)
+    tokenizer.save_pretrained(work / "tokenizer")
+    runs = [(m, p) for m in args.model_list() for p in args.precision_list()]
+    results: dict[str, list[dict]] = {f"{m}/{p}": [] for m, p in runs}
+    load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    for rep in range(args.reps):
+        for model, precision in runs:
+            family, head_mode = MODELS[model]
+            settings = {"family": family, "head_mode": head_mode, "precision": precision, "steps": args.steps,
+                        "skip_steps": args.skip_steps, "num_threads": args.num_threads, "data_dir": str(data_dir),
+                        "profile": args.profile,
+                        "tokenizer": str(work / "tokenizer"), "output_dir": str(work / f"{model}-{precision}")}
+            done = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, check=False)
+            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                raise RuntimeError(f"{model}/{precision} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+            result = {"rep": rep, "loadavg_1min": os.getloadavg()[0], **json.loads(line.removeprefix("RESULT "))}
+            results[f"{model}/{precision}"].append(result)
+            print(f"rep {rep} {model:14s} {precision}: {result['tokens_per_s']:8.0f} tokens/s "
+                  f"({result['steps_per_s']:.3f} steps/s, load {result['loadavg_1min']:.1f})", flush=True)
+    medians = {name: statistics.median(r["tokens_per_s"] for r in reps) for name, reps in results.items()}
+    ratios = {}
+    for model in args.model_list():
+        if {"fp32", "bf16"} <= set(args.precision_list()):
+            ratios[f"{model}: bf16 / fp32"] = medians[f"{model}/bf16"] / medians[f"{model}/fp32"]
+        if model != "marian" and "marian" in args.model_list():
+            for precision in args.precision_list():
+                ours, theirs = medians[f"{model}/{precision}"], medians[f"marian/{precision}"]
+                ratios[f"{model} / marian ({precision})"] = ours / theirs
+    report = {
+        "command": shlex.join(["python", "scripts/benchmark_trainer_loop.py", *sys.argv[1:]]),
+        "arguments": asdict(args), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": machine(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "recipe": {k: config[k] for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
+                                           "vocab_size", "per_device_train_batch_size", "label_smoothing")},
+        "note": args.note, "median_tokens_per_s": medians, "ratios": ratios, "runs": results,
+    }
+    output = ROOT / args.output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1) + "\n")
+    print("\nmedian tokens/s (source + target, non-padding):")
+    for name, value in medians.items():
+        print(f"  {name:22s} {value:8.0f}")
+    for name, value in ratios.items():
+        print(f"  {name:32s} {value:.3f}")
+    print(f"written to {output}")
+
+
+if __name__ == "__main__":
+    main()
