@@ -319,8 +319,11 @@ class TiedNormSeq2SeqTrainingArguments(Bf16DefaultMixin, Seq2SeqTrainingArgument
     """``Seq2SeqTrainingArguments`` with the detected bf16 default (scripts/run_translation.py)."""
 
 
-# The attention of bf16 autocast on CPU (choose_attention).
+# The attention of bf16 autocast on CPU (choose_attention), and the model types whose own eager attention it
+# reproduces exactly (Marian / BART / Llama bodies); others (converted checkpoints: soft-capping, sliding windows, ...)
+# keep theirs.
 CPU_BF16_ATTENTION = "eager_fp32_softmax"
+CPU_BF16_ATTENTION_MODEL_TYPES = ("tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "marian")
 
 
 def eager_attention_fp32_softmax(
@@ -353,12 +356,13 @@ AttentionMaskInterface.register(CPU_BF16_ATTENTION, eager_mask)  # the additive 
 
 
 def choose_attention(model: PreTrainedModel, training_args: TrainingArguments) -> str:
-    """The attention a run trains with: ``CPU_BF16_ATTENTION`` under bf16 autocast on CPU, else the model's own.
+    """The attention a run trains with: ``CPU_BF16_ATTENTION`` under bf16 autocast on CPU for the model types of
+    ``CPU_BF16_ATTENTION_MODEL_TYPES``, else the model's own.
     torch's CPU flash-attention kernel (SDPA) is 2-4x slower in bf16 than in fp32 at these lengths (fwd+bwd of
     batch 64 × 4 heads × 24 tokens: 20 ms vs 7.5 ms, eager bf16 5 ms; in a profiled main-job bf16 step SDPA took
     a quarter of the time), so there the eager matmuls win. Returns a line for the log."""
     on_cpu = training_args.use_cpu or not torch.accelerator.is_available()
-    if not (training_args.bf16 and on_cpu):
+    if not (training_args.bf16 and on_cpu and model.config.model_type in CPU_BF16_ATTENTION_MODEL_TYPES):
         return f"attention: {model.config._attn_implementation} (the model's)"
     model.set_attn_implementation(CPU_BF16_ATTENTION)
     return f"attention: {CPU_BF16_ATTENTION} (bf16 on CPU, where SDPA's fused bf16 kernel is slower than eager)"
@@ -556,6 +560,7 @@ class TiedWeightsCheck(TrainerCallback):
 __all__ = [
     "BF16_CPU_FLAGS",
     "CPU_BF16_ATTENTION",
+    "CPU_BF16_ATTENTION_MODEL_TYPES",
     "Bf16DefaultMixin",
     "OutputDirArguments",
     "TiedNormSeq2SeqTrainingArguments",

@@ -218,6 +218,9 @@ def test_choose_attention_only_for_bf16_on_cpu(tmp_path):
         args=["--output_dir", str(tmp_path), "--bf16", "true", "--use_cpu", "true"])
     choose_attention(model, bf16)
     assert model.config._attn_implementation == model.model.encoder.config._attn_implementation == CPU_BF16_ATTENTION
+    other = MarianMTModel(load_script("run_translation").marian_config(model.config))
+    other.config.model_type = "gemma2"  # stands for any type whose eager attention ours does not reproduce
+    assert choose_attention(other, bf16) == "attention: sdpa (the model's)"
 
 
 def test_benchmark_arguments_refuse_unknown_runs():
