@@ -33,12 +33,14 @@ import torch.distributed as dist
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as tests/conftest.py sets for the test processes
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import tiny_model  # noqa: E402  (tiny configs shared with the test suite)
+from testing_utils import FAMILIES, tiny_model  # noqa: E402  (tiny configs shared with the test suite)
 
 from hf_tiednorm.tie_topology import embedding_tie, fully_shard_tied, untied_pairs  # noqa: E402
 
-FAMILIES = ("seq2seq", "bart", "causal")
 STEPS = 3
 LEARNING_RATE = 0.5  # SGD: large enough that a wrong gradient (or a split tie) shows within a few steps
 RANK_BATCH = 2  # examples per rank; the global batch is RANK_BATCH x world size (4 on 2 processes)

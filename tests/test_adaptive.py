@@ -8,15 +8,15 @@ from itertools import islice
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import model_inputs, tiny_causal_config, tiny_model, tiny_seq2seq_config
+from testing_utils import FAMILIES, model_inputs, tiny_causal_config, tiny_config, tiny_model
 
 import hf_tiednorm
 from hf_tiednorm.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
+from hf_tiednorm.modeling_common import ScaledAdaptiveInput
 from hf_tiednorm.tokenization import train_joint_tokenizer
 from hf_tiednorm.vocab_order import frequency_order, inverse_order, permute_counts, remap_ids, remap_tokenizer
 
 CUTOFFS = [20, 40]  # bands [0, 20), [20, 40), [40, 61) of the tiny vocabulary; widths 32, 8, 2
-FAMILIES = ("causal", "seq2seq")
 
 
 def _shared_embedding(model):
@@ -82,14 +82,58 @@ def test_adaptive_input_embeds_each_band_and_projects(normalize):
         embedding(torch.tensor([61]))
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_scaled_adaptive_input_multiplies_the_lookup_by_embed_scale(normalize):
+    """BART's scale_embedding inside the module: ScaledAdaptiveInput = AdaptiveInput × embed_scale, and in l2 mode
+    the unit rows ŵ are what gets projected and scaled (embed_scale · P_i ŵ)."""
+    scale = 32**0.5
+    plain = AdaptiveInput(61, 32, CUTOFFS, div_value=4.0, padding_idx=0, normalize=normalize)
+    scaled = ScaledAdaptiveInput(61, 32, CUTOFFS, div_value=4.0, padding_idx=0, normalize=normalize, embed_scale=scale)
+    with torch.no_grad():  # rows of very different norms, so a missing or misplaced normalization would show
+        for band in plain.bands:
+            band.weight.mul_(torch.rand(band.weight.shape[0], 1) * 5)
+        assert torch.equal(plain.bands[0].weight[0], torch.zeros(32))  # the padding row is zero
+    scaled.load_state_dict(plain.state_dict())
+    assert scaled.embed_scale == scale and f"embed_scale={scale:.6g}" in repr(scaled)
+    ids = torch.tensor([[0, 5, 25, 60], [39, 40, 19, 20]])
+    with torch.no_grad():
+        out = scaled(ids)
+        torch.testing.assert_close(out, plain(ids) * scale)
+        for token, vector in zip(ids.flatten().tolist(), out.reshape(-1, 32)):
+            band = sum(token >= c for c in CUTOFFS)
+            row = scaled.bands[band].weight[token - scaled.edges[band]]
+            if normalize and token != 0:  # the zero padding row stays zero
+                row = row / row.norm()
+            torch.testing.assert_close(vector, scale * scaled.projections[band](row))
+    assert torch.equal(out[0, 0], torch.zeros(32))
+
+
+@pytest.mark.parametrize("scale_embedding", [False, True])
+@pytest.mark.parametrize("head_mode", ["baseline", "l2"])
+def test_bart_with_adaptive_input_scales_its_lookups(head_mode, scale_embedding):
+    """The BART family builds a ScaledAdaptiveInput shared by encoder, decoder and head, with embed_scale sqrt(d)
+    when scale_embedding is set and 1 otherwise, as BART's BartScaledWordEmbedding does for plain lookups."""
+    model = tiny_model("bart", adaptive_cutoffs=CUTOFFS, head_mode=head_mode, scale_embedding=scale_embedding)
+    shared = model.model.shared
+    assert isinstance(shared, ScaledAdaptiveInput)
+    assert shared.embed_scale == (32**0.5 if scale_embedding else 1.0)
+    assert model.model.encoder.embed_tokens is shared and model.model.decoder.embed_tokens is shared
+    reference = AdaptiveInput(61, 32, CUTOFFS, div_value=4.0, padding_idx=0, normalize=head_mode == "l2")
+    reference.load_state_dict(shared.state_dict())
+    ids = model_inputs(model)["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(shared(ids), reference(ids) * (32**0.5 if scale_embedding else 1.0))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loss_is_the_exact_negative_log_likelihood(family):
     model = tiny_model(family, adaptive_cutoffs=CUTOFFS, head_mode="cosine", logit_scale="scalar")
     inputs = model_inputs(model)
-    labels = inputs["decoder_input_ids"] if family == "seq2seq" else inputs["input_ids"]
+    encoder_decoder = model.config.is_encoder_decoder
+    labels = inputs["decoder_input_ids"] if encoder_decoder else inputs["input_ids"]
     out = model(**inputs, labels=labels)
-    targets = labels if family == "seq2seq" else labels[:, 1:]
-    log_probs = out.logits if family == "seq2seq" else out.logits[:, :-1]
+    targets = labels if encoder_decoder else labels[:, 1:]
+    log_probs = out.logits if encoder_decoder else out.logits[:, :-1]
     nll = -log_probs.gather(-1, targets.unsqueeze(-1)).mean()
     assert out.loss.item() == pytest.approx(nll.item(), rel=1e-5)
 
@@ -98,7 +142,7 @@ def test_loss_is_the_exact_negative_log_likelihood(family):
 def test_gradient_reaches_tied_bands_from_input_and_output(family):
     model = tiny_model(family, adaptive_cutoffs=CUTOFFS, head_mode="cosine", logit_scale="scalar").train()
     inputs = model_inputs(model)
-    labels = inputs["decoder_input_ids"] if family == "seq2seq" else inputs["input_ids"]
+    labels = inputs["decoder_input_ids"] if model.config.is_encoder_decoder else inputs["input_ids"]
     model(**inputs, labels=labels).loss.backward()
     for band, projection in zip(model.lm_head.bands, model.lm_head.projections):
         assert band.weight.grad is not None and band.weight.grad.abs().sum() > 0
@@ -122,7 +166,7 @@ def test_tied_bands_survive_save_and_load(family, tie_projections, tmp_path):
     for i, band in enumerate(loaded.lm_head.bands):
         assert band.weight is embedding.bands[i].weight
         assert (loaded.lm_head.projections[i].weight is embedding.projections[i].weight) == tie_projections
-        if family == "seq2seq":  # three-way: the encoder and decoder inputs are the same tensors
+        if model.config.is_encoder_decoder:  # three-way: the encoder and decoder inputs are the same tensors
             assert loaded.model.encoder.embed_tokens.bands[i].weight is embedding.bands[i].weight
             assert loaded.model.decoder.embed_tokens.projections[i].weight is embedding.projections[i].weight
     with torch.no_grad():
@@ -149,10 +193,10 @@ def test_tied_bands_survive_save_and_load(family, tie_projections, tmp_path):
         ({"adaptive_cutoffs": [20], "head_mode": "l2", "weight_norm_regularization": 1e-3}, "head_mode='l2'"),
     ],
 )
-@pytest.mark.parametrize("make_config", [tiny_causal_config, tiny_seq2seq_config])
-def test_contradictory_adaptive_options_raise(make_config, overrides, message):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_contradictory_adaptive_options_raise(family, overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        make_config(**overrides)
+        tiny_config(family, **overrides)
 
 
 def test_adaptive_needs_tied_embeddings_for_tied_projections():
@@ -160,8 +204,10 @@ def test_adaptive_needs_tied_embeddings_for_tied_projections():
         tiny_causal_config(adaptive_cutoffs=[20], tie_word_embeddings=False)
     untied = tiny_model("causal", adaptive_cutoffs=[20], tie_word_embeddings=False, adaptive_tie_projections=False)
     assert untied.lm_head.bands[0].weight is not untied.model.embed_tokens.bands[0].weight
-    with pytest.raises(ValueError, match="three_way"):
-        tiny_seq2seq_config(adaptive_cutoffs=[20], tie_topology="decoder")
+    for family in FAMILIES:
+        if tiny_config(family).is_encoder_decoder:
+            with pytest.raises(ValueError, match="three_way"):
+                tiny_config(family, adaptive_cutoffs=[20], tie_topology="decoder")
 
 
 def test_resize_is_refused():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, run_without_package
+from testing_utils import TINY_VOCAB, run_without_package
 from tiny_architectures import ARCHITECTURES, auto_class, inputs_for, source_model
 from transformers import AutoModel, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 from script_helpers import run_script
@@ -47,12 +48,26 @@ def test_quick_benchmark_report(tmp_path, monkeypatch):
 
     # 4 mode ratios + 2 parent ratios per task, all finite positive and consistent summaries.
     assert len(result["ratios"]) == len(TASKS) * (len(HEAD_MODES) - 1 + 2)
+    expected_pairs = {(f"seq2seq:{mode}", "seq2seq:baseline") for mode in HEAD_MODES if mode != "baseline"}
+    expected_pairs |= {("seq2seq:hf_marian", "seq2seq:baseline"), ("causal:hf_llama", "causal:baseline")}
+    for task in TASKS:
+        pairs = {(r["numerator"], r["denominator"]) for r in result["ratios"] if r["task"] == task}
+        assert pairs == expected_pairs, task
     for r in result["ratios"]:
         s = r["ratio"]
         assert s["n"] == reps
         assert all(math.isfinite(v) and v > 0 for v in (s["median"], s["min"], s["max"]))
         assert s["min"] <= s["median"] <= s["max"]
-        assert isinstance(r["met"], bool)
+        # The ratio is taken per repetition from the reported times, and "met" is its median against the target.
+        numerators = result["times_s"][r["task"]][r["numerator"]]["all"]
+        denominators = result["times_s"][r["task"]][r["denominator"]]["all"]
+        per_rep = [n / d for n, d in zip(numerators, denominators)]
+        assert s["median"] == pytest.approx(statistics.median(per_rep), rel=1e-12)
+        assert (s["min"], s["max"]) == pytest.approx((min(per_rep), max(per_rep)), rel=1e-12)
+        higher_is_better = r["numerator"].startswith(("seq2seq:hf_", "causal:hf_"))  # parent time / our time
+        direction, target = r["target"].split()
+        assert direction == (">=" if higher_is_better else "<=")
+        assert r["met"] is (s["median"] >= float(target) if higher_is_better else s["median"] <= float(target))
 
 
 def test_unknown_size_is_refused(monkeypatch):

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import model_inputs, tiny_model
+from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
 from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
@@ -101,7 +101,7 @@ def test_chunked_no_grad_and_all_ignored():
         chunked_head_cross_entropy(head, hidden, labels, 0)
 
 
-@pytest.mark.parametrize("family", ("seq2seq", "causal"))
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("mode", ("baseline", "distance", "cosine", "l2"))
 def test_model_level_equivalence(family, mode):
     plain = tiny_model(family, head_mode=mode, logit_scale="scalar", label_smoothing=0.1).train()
@@ -130,9 +130,8 @@ def test_model_level_equivalence(family, mode):
     assert chunked(**inputs, labels=labels).logits is not None
 
 
-def test_config_validation():
-    from conftest import tiny_causal_config
-
+@pytest.mark.parametrize("family", FAMILIES)
+def test_config_validation(family):
     with pytest.raises(ValueError, match="loss_chunk_size"):
-        tiny_causal_config(loss_chunk_size=0)
-    assert tiny_causal_config(loss_chunk_size=128).loss_chunk_size == 128
+        tiny_config(family, loss_chunk_size=0)
+    assert tiny_config(family, loss_chunk_size=128).loss_chunk_size == 128

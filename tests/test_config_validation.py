@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import tiny_bart_config, tiny_causal_config, tiny_seq2seq_config
-
-FAMILIES = {"seq2seq": tiny_seq2seq_config, "bart": tiny_bart_config, "causal": tiny_causal_config}
+from testing_utils import FAMILIES, tiny_config, tiny_seq2seq_config
 
 # Before these checks: inf scales and eps were accepted (nan or uniform losses), negative layer counts and zero sizes
 # were accepted (ZeroDivisionError or empty models later), decoder_vocab_size=0 was silently replaced by vocab_size,
@@ -42,14 +40,14 @@ FAMILY_CASES["bart"] = FAMILY_CASES["seq2seq"]
 )
 def test_bad_value_names_the_field(family, fields, name):
     with pytest.raises(ValueError, match=rf"^{name} must be"):
-        FAMILIES[family](**fields)
+        tiny_config(family, **fields)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_good_values_still_pass(family):
-    config = FAMILIES[family](adaptive_cutoffs=[10, 30], adaptive_div_value=2.0)
+    config = tiny_config(family, adaptive_cutoffs=[10, 30], adaptive_div_value=2.0)
     assert config.adaptive_cutoffs == [10, 30]
-    FAMILIES[family](logit_scale="scalar", logit_scale_init=12.0, norm_eps=1e-5)
+    tiny_config(family, logit_scale="scalar", logit_scale_init=12.0, norm_eps=1e-5)
 
 
 def test_decoder_vocab_size_is_kept():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, model_inputs
+from testing_utils import TINY_VOCAB, model_inputs
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from script_helpers import subprocess_env
+from testing_utils import FAMILIES, tiny_config
 
 WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
-FAMILIES = ("seq2seq", "bart", "causal")
 FSDP2_ROUTES = ("fsdp2", "accelerate")
 # Measured: losses and gradients within 1e-6 of one process, logits within 3e-6 (float32 sums in another order).
 # A gradient summed over the 2 ranks instead of averaged is off by its own size (about 2 here).
@@ -94,7 +94,7 @@ def test_head_inference_cache_after_sharded_steps(results, route, family):
     assert measured["cached_logits_diff"] <= TOLERANCE["logits_diff"]
 
 
-@pytest.mark.parametrize("family", ("seq2seq", "bart"))
+@pytest.mark.parametrize("family", [family for family in FAMILIES if tiny_config(family).is_encoder_decoder])
 def test_seq2seq_trainer_predict_with_generate_under_fsdp2(results, family):
     """Seq2SeqTrainer.predict(predict_with_generate) on the accelerate-FSDP2 model: each rank generates its share
     and the gathered outputs are the 1-process model's greedy outputs."""

@@ -7,27 +7,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from testing_utils import reference_scores
 
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
-
-
-def reference_scores(weight: torch.Tensor, hidden: torch.Tensor, head_mode: str, eps: float = 1e-6) -> torch.Tensor:
-    """The equations of Liu, Zhai & Chen, written out directly (float64, no shared code with the head).
-
-    A row whose norm is at most the documented ``norm_eps`` (a dead row, e.g. padding) counts as zero and scores 0.
-    """
-    w, h = weight.double(), hidden.double()
-    norms = w.norm(dim=-1)
-    norms = torch.where(norms > eps, norms, torch.inf)  # w / inf = 0
-    if head_mode == "baseline":
-        return h @ w.T
-    if head_mode in ("l2", "cosine"):
-        return h @ (w / norms[:, None]).T
-    if head_mode == "square":
-        return (h @ w.T) / norms**2
-    if head_mode == "distance":
-        return h @ w.T - 0.5 * (w * w).sum(-1)
-    raise AssertionError(head_mode)
 
 
 def make_head(head_mode: str, vocab: int = 50, dim: int = 16, seed: int = 0, **kwargs) -> TiedNormHead:
@@ -37,14 +19,17 @@ def make_head(head_mode: str, vocab: int = 50, dim: int = 16, seed: int = 0, **k
     return head
 
 
+# 3 × 5 = 15 tokens <= d = 16 scale the logits; 4 × 10 = 40 tokens > d (every training batch, wide beam search)
+# fold the per-token scale into the rows of W instead: both branches against the same independent reference.
+@pytest.mark.parametrize("shape", [(3, 5), (4, 10)], ids=["logit-scaled", "row-scaled"])
 @pytest.mark.parametrize("logit_scale", LOGIT_SCALES)
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
-def test_scores_match_reference(head_mode, logit_scale):
+def test_scores_match_reference(head_mode, logit_scale, shape):
     init = None if logit_scale == "none" else 3.0
     head = make_head(head_mode, logit_scale=logit_scale, logit_scale_init=init)
     if logit_scale == "vector":  # distinct per-token scales, so a wrong broadcast would show
         head.logit_scale.data = torch.linspace(0.5, 2.0, head.weight.shape[0])
-    hidden = torch.randn(3, 5, 16)
+    hidden = torch.randn(*shape, 16)
     expected = reference_scores(head.weight.detach(), hidden, head_mode)
     if logit_scale == "fixed":
         expected = expected * 3.0
@@ -52,7 +37,7 @@ def test_scores_match_reference(head_mode, logit_scale):
         expected = expected * head.logit_scale.detach().double()
     with torch.no_grad():
         actual = head(hidden)
-    assert actual.shape == (3, 5, 50)
+    assert actual.shape == (*shape, 50)
     torch.testing.assert_close(actual.double(), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -60,11 +45,12 @@ def test_default_logit_scale_init_is_sqrt_d():
     assert TiedNormHead(64, 10, logit_scale="scalar").logit_scale.item() == pytest.approx(math.sqrt(64))
 
 
+@pytest.mark.parametrize("tokens", [4, 40], ids=["logit-scaled", "row-scaled"])
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
-def test_gradients_flow_through_the_normalization(head_mode):
+def test_gradients_flow_through_the_normalization(head_mode, tokens):
     head = make_head(head_mode, logit_scale="scalar", logit_scale_init=2.0)
-    hidden = torch.randn(4, 16, requires_grad=True)
-    targets = torch.randint(0, 50, (4,))
+    hidden = torch.randn(tokens, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (tokens,))
     F.cross_entropy(head(hidden), targets).backward()
 
     weight = head.weight.detach().double().requires_grad_()

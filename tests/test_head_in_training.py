@@ -7,11 +7,10 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import model_inputs, tiny_model
+from testing_utils import FAMILIES, model_inputs, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
 
-FAMILIES = ("seq2seq", "bart", "causal")
 NORMALIZED_MODES = ("l2", "square", "cosine")  # the modes that divide by a row norm
 
 
@@ -55,7 +54,7 @@ def test_low_precision_training_batch_and_beam_search(family, head_mode, dtype):
         prompts, num_beams=4, max_new_tokens=5, min_new_tokens=5, return_dict_in_generate=True, output_scores=True
     )
     assert torch.isfinite(out.sequences_scores).all()
-    assert out.sequences.shape[1] == (prompts.shape[1] if family == "causal" else 1) + 5
+    assert out.sequences.shape[1] == (1 if model.config.is_encoder_decoder else prompts.shape[1]) + 5
 
 
 @pytest.mark.parametrize("chunk_size", [None, 3])
@@ -116,7 +115,7 @@ def test_head_compiles_without_graph_breaks(head_mode):
                 torch.testing.assert_close(compiled(h), head(h))
 
 
-@pytest.mark.parametrize("family", ["seq2seq", "causal"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_forward_generates_like_eager(family):
     torch._dynamo.reset()
     model = tiny_model(family, head_mode="cosine")

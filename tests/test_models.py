@@ -6,15 +6,16 @@ import json
 
 import pytest
 import torch
-from conftest import (
+from testing_utils import (
+    FAMILIES,
     model_inputs,
+    reference_scores,
     run_without_package,
     tiny_bart_config,
     tiny_causal_config,
     tiny_model,
     tiny_seq2seq_config,
 )
-from test_head import reference_scores
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from transformers.models.bart.modeling_bart import BartScaledWordEmbedding
 
@@ -36,7 +37,6 @@ VARIANTS = [
 VARIANT_IDS = ["causal-tied", "causal-untied"] + [
     f"{prefix}-{extra['tie_topology']}" for prefix in ("s2s", "bart") for extra in TOPOLOGIES
 ]
-FAMILIES = ["seq2seq", "bart", "causal"]
 
 
 def embedding_modules(model) -> dict[str, torch.nn.Embedding]:
@@ -150,6 +150,16 @@ def test_cached_incremental_decoding_equals_full_forward(family, head_mode):
         torch.testing.assert_close(scores, step_logits[:, step], rtol=1e-4, atol=1e-4)
 
 
+def generated_lengths(model, prompts, sequences, end_ids) -> list[int]:
+    """Tokens generated per row, up to and including the first end token."""
+    new = sequences[:, 1:] if model.config.is_encoder_decoder else sequences[:, prompts.shape[1] :]
+    lengths = []
+    for row in new.tolist():
+        ends = [i for i, token in enumerate(row) if token in end_ids]
+        lengths.append(ends[0] + 1 if ends else len(row))
+    return lengths
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_beam_search_with_length_penalty(family):
     model = tiny_model(family, head_mode="cosine")
@@ -157,6 +167,26 @@ def test_beam_search_with_length_penalty(family):
     with torch.no_grad():
         out = model.generate(source, num_beams=4, length_penalty=0.6, max_new_tokens=5, num_return_sequences=2)
     assert out.shape[0] == 6
+
+    # A case where the length penalty decides: each row's most likely first token (specials excluded) ends a
+    # sequence, so beam search holds a finished 1-token hypothesis from the first step and long running ones.
+    # Beam scores are sum(log p) / length**length_penalty: -5 must pick the short one, +5 a long one.
+    with torch.no_grad():
+        first = model.generate(source, max_new_tokens=1, do_sample=False, output_logits=True,
+                               return_dict_in_generate=True).logits[0]
+    first[:, :4] = -torch.inf
+    end_ids = sorted(set(first.argmax(-1).tolist()))
+    kwargs = dict(num_beams=4, max_new_tokens=6, do_sample=False, eos_token_id=end_ids)
+    with torch.no_grad():
+        short = model.generate(source, length_penalty=-5.0, **kwargs)
+        long = model.generate(source, length_penalty=5.0, **kwargs)
+    assert generated_lengths(model, source, short, end_ids) == [1, 1, 1]
+    assert generated_lengths(model, source, long, end_ids) == [6, 6, 6]
+    # run_translation.py sets generation_config.length_penalty; generate() without the argument honours it.
+    for penalty, expected in ((-5.0, short), (5.0, long)):
+        model.generation_config.length_penalty = penalty
+        with torch.no_grad():
+            assert torch.equal(model.generate(source, **kwargs), expected)
 
 
 @pytest.mark.parametrize(("family", "extra"), VARIANTS, ids=VARIANT_IDS)
@@ -182,13 +212,14 @@ def test_resize_token_embeddings_keeps_tie_and_mode(family, extra):
     torch.testing.assert_close(logits.double(), expected, rtol=1e-4, atol=1e-4)  # new rows included
 
 
-@pytest.mark.parametrize("family", ["seq2seq", "bart"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_tie_survives_a_training_step(family):
     model = tiny_model(family, head_mode="cosine").train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     inputs = model_inputs(model)
     before = model.lm_head.weight.detach().clone()
-    model(input_ids=inputs["input_ids"], labels=inputs["decoder_input_ids"]).loss.backward()
+    labels = inputs["decoder_input_ids"] if model.config.is_encoder_decoder else inputs["input_ids"]
+    model(input_ids=inputs["input_ids"], labels=labels).loss.backward()
     optimizer.step()
     assert_tying(model)
     assert not torch.equal(before, model.lm_head.weight)
@@ -203,12 +234,12 @@ def test_tie_survives_a_training_step(family):
 def test_label_smoothing_and_ignored_labels_in_the_loss(family):
     model = tiny_model(family, head_mode="square", label_smoothing=0.1)
     inputs = model_inputs(model)
-    labels = (inputs.pop("decoder_input_ids") if family != "causal" else inputs["input_ids"]).clone()
+    labels = (inputs.pop("decoder_input_ids") if model.config.is_encoder_decoder else inputs["input_ids"]).clone()
     labels[:, -1] = -100
     with torch.no_grad():
         out = model(**inputs, labels=labels)
     logits = out.logits
-    if family == "causal":  # position t predicts token t+1
+    if not model.config.is_encoder_decoder:  # causal: position t predicts token t+1
         logits, labels = logits[:, :-1], labels[:, 1:]
     expected = torch.nn.functional.cross_entropy(
         logits.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=0.1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from testing_utils import tiny_model
 from tiny_architectures import auto_class, inputs_for, source_model
 
 from hf_tiednorm.convert import normalize_tied_head

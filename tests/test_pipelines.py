@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_without_package, tiny_model, tiny_tokenizer
+import torch
+from testing_utils import run_without_package, tiny_model, tiny_tokenizer
 from tiny_architectures import source_model
 from transformers import pipeline
 from transformers.testing_utils import CaptureLogger
@@ -18,11 +19,24 @@ from hf_tiednorm.model_card import write_model_card
 
 def test_text_generation_pipeline_with_a_saved_causal_lm(tmp_path):
     tokenizer = tiny_tokenizer()
-    tiny_model("causal", head_mode="cosine", vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    model = tiny_model("causal", head_mode="cosine", vocab_size=len(tokenizer))
+    model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     generator = pipeline("text-generation", model=str(tmp_path), trust_remote_code=True)
-    out = generator("a dog", max_new_tokens=4, do_sample=False)
-    assert out[0]["generated_text"].startswith("a dog")
+    # The pipeline returns prompt + continuation, so "starts with the prompt" held even when nothing was generated
+    # (it was: the tiny tokenizer appends </s> for translation sources and the model answered </s>). No </s> after
+    # the prompt, and min_new_tokens: the text must be the prompt followed by the model's own greedy continuation.
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    out = generator("a dog", add_special_tokens=False, **kwargs)
+    prompt = tokenizer("a dog", add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        new_ids = model.generate(**prompt, **kwargs)[0, prompt["input_ids"].shape[1] :]
+    continuation = tokenizer.decode(new_ids, skip_special_tokens=True)
+    assert len(new_ids) == 4 and continuation.strip()
+    assert out[0]["generated_text"] == "a dog" + continuation
+    assert generator("a dog", add_special_tokens=False, return_full_text=False, **kwargs)[0]["generated_text"] == (
+        continuation
+    )
 
 
 def test_translation_pipeline_saved_folder_loads_without_the_package(tmp_path):

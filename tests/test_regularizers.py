@@ -8,14 +8,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import model_inputs, tiny_causal_config, tiny_model, tiny_seq2seq_config
+from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 from transformers import Trainer, TrainingArguments
 
 import hf_tiednorm
 from hf_tiednorm.loss_logging import LossTermsLoggingMixin
 from hf_tiednorm.token_loss import token_cross_entropy
-
-FAMILIES = ("causal", "seq2seq")
 
 
 def _labels(model, inputs):
@@ -92,10 +90,10 @@ def _reference_weight_norm_penalty(weights, rho, nu) -> float:
 @pytest.mark.parametrize(
     "family,overrides",
     [
-        ("causal", {}),
-        ("seq2seq", {}),
+        *[(family, {}) for family in FAMILIES],
         ("seq2seq", {"tie_topology": "decoder"}),
-        ("causal", {"adaptive_cutoffs": [20, 40], "head_mode": "cosine"}),
+        ("bart", {"tie_topology": "decoder"}),
+        *[(family, {"adaptive_cutoffs": [20, 40], "head_mode": "cosine"}) for family in FAMILIES],
     ],
 )
 def test_weight_norm_penalty_value(family, overrides):
@@ -148,10 +146,10 @@ def test_penalties_are_shared_across_accumulated_micro_batches():
         ({"head_mode": "l2", "weight_norm_init_sigma": 1.0}, "head_mode='l2'"),
     ],
 )
-@pytest.mark.parametrize("make_config", [tiny_causal_config, tiny_seq2seq_config])
-def test_invalid_regularizer_fields_raise(make_config, overrides, message):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_invalid_regularizer_fields_raise(family, overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        make_config(**overrides)
+        tiny_config(family, **overrides)
 
 
 class _LoggingTrainer(LossTermsLoggingMixin, Trainer):

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers.modeling_utils
-from conftest import tiny_causal_config
 from script_helpers import TINY_TRANSLATION_FLAGS, run_script, write_tiny_parallel
+from testing_utils import tiny_causal_config
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 import hf_tiednorm

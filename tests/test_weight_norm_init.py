@@ -8,7 +8,7 @@ from itertools import islice
 
 import pytest
 import torch
-from conftest import tiny_causal_config, tiny_model, tiny_seq2seq_config
+from testing_utils import FAMILIES, tiny_config, tiny_model
 
 import hf_tiednorm
 from hf_tiednorm.tokenization import train_joint_tokenizer
@@ -43,9 +43,8 @@ def _check_norms(model, counts, sigma):
 @pytest.mark.parametrize(
     "family,overrides",
     [
-        ("causal", {}),
-        ("seq2seq", {}),
-        ("causal", {"head_mode": "distance", "adaptive_cutoffs": [50, 200]}),
+        *[(family, {}) for family in FAMILIES],
+        *[(family, {"head_mode": "distance", "adaptive_cutoffs": [50, 200]}) for family in FAMILIES],
     ],
 )
 def test_weight_norm_init_sets_log_count_norms(multi30k_counts, family, overrides):
@@ -92,7 +91,7 @@ def test_weight_norm_init_rejects_bad_inputs(counts, sigma, overrides, message):
         weight_norm_init_(model, counts, sigma=sigma)
 
 
-@pytest.mark.parametrize("make_config", [tiny_causal_config, tiny_seq2seq_config])
-def test_weight_norm_init_sigma_is_validated_in_the_config(make_config):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_weight_norm_init_sigma_is_validated_in_the_config(family):
     with pytest.raises(ValueError, match="weight_norm_init_sigma"):
-        make_config(weight_norm_init_sigma=0.0)
+        tiny_config(family, weight_norm_init_sigma=0.0)

@@ -6,7 +6,7 @@ import copy
 from functools import cache
 
 import torch
-from conftest import TINY_VOCAB
+from testing_utils import TINY_VOCAB
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,

@@ -1,0 +1,166 @@
+"""Helpers shared by the test modules: tiny configs built in code (HF's own tests work the same way), random
+inputs, a tokenizer trained in code, a process where ``hf_tiednorm`` cannot be imported, and the head's
+independent reference scores. Every test module imports from here; ``conftest.py`` holds only the pytest setup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+import hf_tiednorm
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+TINY_VOCAB = 61
+# Every model family of the package; the family-level checks run over all of them.
+FAMILIES = ("seq2seq", "bart", "causal")
+
+
+TINY_ENCODER_DECODER = dict(
+    vocab_size=TINY_VOCAB,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    max_position_embeddings=64,
+    dropout=0.0,
+)
+
+
+def tiny_seq2seq_config(**overrides) -> hf_tiednorm.TiedNormSeq2SeqConfig:
+    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | overrides)
+
+
+def tiny_bart_config(**overrides) -> hf_tiednorm.TiedNormBartConfig:
+    # scale_embedding=True (BART's default is False) so that the tests cover the in-module sqrt(d) scaling.
+    return hf_tiednorm.TiedNormBartConfig(**TINY_ENCODER_DECODER | {"scale_embedding": True} | overrides)
+
+
+def tiny_causal_config(**overrides) -> hf_tiednorm.TiedNormCausalConfig:
+    fields = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
+    fields.update(overrides)
+    return hf_tiednorm.TiedNormCausalConfig(**fields)
+
+
+# family -> (tiny config builder, LM class); keyed by FAMILIES.
+_FAMILY_BUILDERS = {
+    "seq2seq": (tiny_seq2seq_config, hf_tiednorm.TiedNormForConditionalGeneration),
+    "bart": (tiny_bart_config, hf_tiednorm.TiedNormBartForConditionalGeneration),
+    "causal": (tiny_causal_config, hf_tiednorm.TiedNormForCausalLM),
+}
+assert tuple(_FAMILY_BUILDERS) == FAMILIES
+
+
+def tiny_config(family: str, **overrides):
+    """The tiny config of one family of FAMILIES, with ``overrides`` applied (validated at construction)."""
+    if family not in _FAMILY_BUILDERS:
+        raise ValueError(f"unknown family {family!r}")
+    return _FAMILY_BUILDERS[family][0](**overrides)
+
+
+def tiny_model(family: str, **overrides):
+    """A tiny randomly initialized model of one family of FAMILIES, in eval mode."""
+    config = tiny_config(family, **overrides)
+    torch.manual_seed(0)
+    return _FAMILY_BUILDERS[family][1](config).eval()
+
+
+def model_inputs(model, batch_size: int = 2, length: int = 7, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random non-special token ids (and decoder ids for seq2seq) for a forward pass."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, model.config.vocab_size, (batch_size, length), generator=generator)
+    if model.config.is_encoder_decoder:
+        decoder_vocab = model.config.decoder_vocab_size
+        decoder_ids = torch.randint(4, decoder_vocab, (batch_size, length - 2), generator=generator)
+        return {"input_ids": ids, "decoder_input_ids": decoder_ids}
+    return {"input_ids": ids}
+
+
+# Prepended to code run by `run_without_package`: makes `import hf_tiednorm` fail even when the package is
+# installed (editable installs put a finder on sys.meta_path), so only remote code can provide the classes.
+_BLOCK_PACKAGE = """
+import sys
+class _BlockHfTiednorm:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hf_tiednorm" or name.startswith("hf_tiednorm."):
+            raise ImportError("hf_tiednorm is blocked in this process")
+        return None
+sys.meta_path.insert(0, _BlockHfTiednorm())
+sys.path = [p for p in sys.path if p not in ("", ".") and "hf_tiednorm" not in p]
+try:
+    import hf_tiednorm
+except ImportError:
+    pass
+else:
+    raise SystemExit("hf_tiednorm is importable in the isolated process")
+"""
+
+
+def run_without_package(code: str, cwd: Path, timeout: int = 300) -> str:
+    """Run `code` in a fresh Python process where `hf_tiednorm` cannot be imported; return its stdout."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCK_PACKAGE + code],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"isolated process failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def tiny_tokenizer(vocab_size: int = TINY_VOCAB):
+    """A BPE tokenizer trained in code on a few sentences, with hf_tiednorm's special-token layout."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    sentences = [
+        "a dog runs on the grass .", "ein hund läuft auf dem gras .", "two men play music in the street .",
+        "zwei männer spielen musik auf der straße .", "a woman reads a book .", "eine frau liest ein buch .",
+    ] * 5
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    special = ["<pad>", "<s>", "</s>", "<unk>"]
+    tokenizer.train_from_iterator(sentences, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special))
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def reference_scores(weight: torch.Tensor, hidden: torch.Tensor, head_mode: str, eps: float = 1e-6) -> torch.Tensor:
+    """The equations of Liu, Zhai & Chen, written out directly (float64, no shared code with the head).
+
+    A row whose norm is at most the documented ``norm_eps`` (a dead row, e.g. padding) counts as zero and scores 0.
+    """
+    w, h = weight.double(), hidden.double()
+    norms = w.norm(dim=-1)
+    norms = torch.where(norms > eps, norms, torch.inf)  # w / inf = 0
+    if head_mode == "baseline":
+        return h @ w.T
+    if head_mode in ("l2", "cosine"):
+        return h @ (w / norms[:, None]).T
+    if head_mode == "square":
+        return (h @ w.T) / norms**2
+    if head_mode == "distance":
+        return h @ w.T - 0.5 * (w * w).sum(-1)
+    raise AssertionError(head_mode)
