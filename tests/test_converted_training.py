@@ -11,15 +11,11 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 from script_helpers import run_script, write_tiny_parallel
+from testing_utils import tiny_tokenizer
 from tiny_architectures import auto_class, source_model
 
 from hf_tiednorm.convert import convert_checkpoint
 from hf_tiednorm.normalized_head import TiedNormHead
-
-try:
-    from testing_utils import tiny_tokenizer
-except ImportError:  # before tests/testing_utils.py existed, conftest.py held the helpers
-    from conftest import tiny_tokenizer
 
 COMMON = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--do_train",
           "--do_eval", "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false"]  # fmt: skip

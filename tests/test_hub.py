@@ -16,17 +16,13 @@ from typing import Self
 import pytest
 import torch
 from huggingface_hub import ModelCard, constants
+from testing_utils import REPO_ROOT, model_inputs, run_without_package, tiny_model
 from tiny_architectures import inputs_for, source_model
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.hub import main, prepare_upload_folder, push_to_hub
-
-try:
-    from testing_utils import REPO_ROOT, model_inputs, run_without_package, tiny_model
-except ImportError:  # before tests/testing_utils.py existed, conftest.py held the helpers
-    from conftest import REPO_ROOT, model_inputs, run_without_package, tiny_model
 
 REPO_ID = "tester/tiny-tiednorm"
 LINES = ["a man rides a bike", "ein mann fährt fahrrad", "two dogs play in the snow", "zwei hunde spielen im schnee"]

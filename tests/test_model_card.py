@@ -6,6 +6,7 @@ import json
 
 import pytest
 from huggingface_hub import ModelCard
+from testing_utils import tiny_model
 from tiny_architectures import CONFIGS, source_model
 from transformers import MarianConfig
 
@@ -19,11 +20,6 @@ from hf_tiednorm.model_card import (
     main,
     write_model_card,
 )
-
-try:
-    from testing_utils import tiny_model
-except ImportError:  # before tests/testing_utils.py existed, conftest.py held the helpers
-    from conftest import tiny_model
 
 SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0"
 
