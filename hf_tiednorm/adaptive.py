@@ -97,6 +97,14 @@ class AdaptiveInput(nn.Module):
         return out.view(*input_ids.shape, self.hidden_size)
 
 
+def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
+    """The matrices holding an input embedding's rows w_k, in token-id order: its (V, d) weight, or one (n_i, d_i)
+    matrix per band of an ``AdaptiveInput``."""
+    if isinstance(embedding, AdaptiveInput):
+        return [band.weight for band in embedding.bands]
+    return [embedding.weight]
+
+
 class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
     """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
 
@@ -173,4 +181,4 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         return torch.cat(log_probs, dim=-1)
 
 
-__all__ = ["AdaptiveInput", "AdaptiveSoftmaxHead", "band_dims", "band_edges"]
+__all__ = ["AdaptiveInput", "AdaptiveSoftmaxHead", "band_dims", "band_edges", "embedding_matrices"]

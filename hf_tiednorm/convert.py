@@ -45,7 +45,6 @@ from transformers import (
 
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
-from .hub import copy_tokenizer
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
 from .modeling_tiednorm_causal import TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration
@@ -57,6 +56,7 @@ from .modeling_tiednorm_wrapped import (
     unit_lookups,
 )
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormHead, unit_rows
+from .tokenization import copy_tokenizer
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {

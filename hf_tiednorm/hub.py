@@ -25,19 +25,10 @@ from typing import Any
 import httpx2
 from huggingface_hub import CommitInfo, HfApi, get_token
 from huggingface_hub.errors import OfflineModeIsEnabled
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from .model_card import load_tiednorm_config, read_json_object, write_model_card
-
-
-def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike) -> None:
-    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings."""
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
-    # the tokenizer; published, it would make every user's load local-only.
-    for key in ("is_local", "local_files_only"):
-        tokenizer.init_kwargs.pop(key, None)
-    tokenizer.save_pretrained(output_dir)
+from .tokenization import copy_tokenizer
 
 
 def _find_tokenizer_source(checkpoint: Path, tokenizer: str | os.PathLike | None) -> Path:

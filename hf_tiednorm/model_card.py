@@ -29,6 +29,7 @@ from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from .plots import EMBEDDING_NORM_PLOT
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
 # model_type -> (the HF parent config, the architecture named on the card)
@@ -41,7 +42,6 @@ FAMILIES = {
 WRAPPED = TiedNormWrappedConfig.model_type
 TiedNormConfig = TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig | TiedNormWrappedConfig
 # Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
-EMBEDDING_NORM_PLOT = "embedding_norms.png"
 
 MODE_EQUATIONS = {
     "baseline": ("s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"),

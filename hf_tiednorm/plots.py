@@ -13,16 +13,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 
-from .adaptive import AdaptiveInput  # noqa: E402
-from .model_card import EMBEDDING_NORM_PLOT  # noqa: E402
+from .adaptive import embedding_matrices  # noqa: E402
 
+# File names of the two plots in a model folder (the model card embeds the histogram).
+EMBEDDING_NORM_PLOT = "embedding_norms.png"
 NORM_VS_FREQUENCY_PLOT = "embedding_norms_vs_frequency.png"
 
 
 def embedding_row_norms(model: PreTrainedModel) -> torch.Tensor:
     """(V,) fp32 norms of the stored input-embedding rows, in token-id order (band after band when adaptive)."""
-    embedding = model.get_input_embeddings()
-    weights = [band.weight for band in embedding.bands] if isinstance(embedding, AdaptiveInput) else [embedding.weight]
+    weights = embedding_matrices(model.get_input_embeddings())
     return torch.cat([torch.linalg.vector_norm(w.detach().float(), dim=-1) for w in weights])
 
 
@@ -63,4 +63,4 @@ def plot_embedding_norms(
     return written
 
 
-__all__ = ["NORM_VS_FREQUENCY_PLOT", "embedding_row_norms", "plot_embedding_norms"]
+__all__ = ["EMBEDDING_NORM_PLOT", "NORM_VS_FREQUENCY_PLOT", "embedding_row_norms", "plot_embedding_norms"]
