@@ -105,38 +105,63 @@ class TiedNormModelArguments:
         "loss_chunk_size",
     )
 
-    # A saved model folder to fine-tune (its tokenizer is used); None trains a new model from our config.
-    model_name_or_path: str | None = field(default=None)
-    # A saved tokenizer folder for a new model; None trains a (joint) tokenizer on the training text.
-    tokenizer_name: str | None = field(default=None)
-    # Size of the subword vocabulary trained when there is no tokenizer.
-    vocab_size: int = field(default=8000)
-    # Subword model of that tokenizer: bpe or unigram.
-    tokenizer_model: str = field(default="bpe")
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "saved model folder to fine-tune (its tokenizer is used); None: train a new model"},
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "saved tokenizer folder for a new model; None: train a (joint) tokenizer on the train text"},
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "size of the subword vocabulary trained if none is given"})
+    tokenizer_model: str = field(default="bpe", metadata={"help": f"its subword model, {TOKENIZER_MODELS}"})
     # The flags below and a script's architecture flags override config defaults for a new model (None keeps them).
     head_mode: str | None = field(default=None, metadata={"help": f"one of {HEAD_MODES}"})
     logit_scale: str | None = field(default=None, metadata={"help": f"one of {LOGIT_SCALES}"})
-    logit_scale_init: float | None = field(default=None)
-    # Label smoothing of the model's own loss (a config field; do not use --label_smoothing_factor).
-    label_smoothing: float | None = field(default=None)
-    # Press & Wolf's projection P before the tied head, with penalty λ·‖P‖_F (paper: λ = 0.15; 0 = P unregularized).
-    projection_regularization: float | None = field(default=None)
-    # Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)² (paper: ρ = 1e-3) and its target ν (paper: 2).
-    weight_norm_regularization: float | None = field(default=None)
-    weight_norm_target: float | None = field(default=None)
-    # Herold et al.'s weight-norm initialization: sigma of the row norms sigma*log(count) of a new model's
-    # embedding, counts from the tokenized training data (hf_tiednorm/weight_norm_init.py); None = HF's random init.
+    logit_scale_init: float | None = field(default=None, metadata={"help": "initial value of the head's logit scale"})
+    label_smoothing: float | None = field(
+        default=None,
+        metadata={"help": "label smoothing of the model's own loss (a config field; not --label_smoothing_factor)"},
+    )
+    projection_regularization: float | None = field(
+        default=None,
+        metadata={
+            "help": "Press & Wolf's projection P before the tied head with penalty λ·‖P‖_F (paper: λ = 0.15; "
+            "0 = P unregularized)"
+        },
+    )
+    weight_norm_regularization: float | None = field(
+        default=None,
+        metadata={"help": "Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)² (paper: ρ = 1e-3)"},
+    )
+    weight_norm_target: float | None = field(
+        default=None, metadata={"help": "target row norm ν of --weight_norm_regularization (paper: 2)"}
+    )
     # Not in config_fields: the config records it once weight_norm_init_ has rescaled the embedding.
-    weight_norm_init_sigma: float | None = field(default=None)
-    # Adaptive input + tied adaptive softmax (Baevski & Auli): band edges in the frequency-ordered vocabulary
-    # (the encoder-decoder needs --tie_topology three_way, its default).
-    adaptive_cutoffs: str | None = field(default=None, metadata={"help": 'comma-separated token ids, e.g. "2000,6000"'})
-    # Band i has width d_model (hidden_size) // div_value^i.
-    adaptive_div_value: float | None = field(default=None)
-    # Tie each band's output projection to its input projection as well.
-    adaptive_tie_projections: bool | None = field(default=None)
-    # Compute the training loss this many tokens at a time, never materializing the (tokens x V) logits.
-    loss_chunk_size: int | None = field(default=None)
+    weight_norm_init_sigma: float | None = field(
+        default=None,
+        metadata={
+            "help": "Herold et al.'s weight-norm init: a new model's embedding rows get norm sigma*log(count), counts "
+            "from the tokenized training data; None: HF's random init"
+        },
+    )
+    adaptive_cutoffs: str | None = field(
+        default=None,
+        metadata={
+            "help": 'adaptive input + tied adaptive softmax: band edges in the frequency-ordered vocabulary, '
+            'comma-separated token ids, e.g. "2000,6000" (encoder-decoder: --tie_topology three_way)'
+        },
+    )
+    adaptive_div_value: float | None = field(
+        default=None, metadata={"help": "band i of the adaptive input/softmax has width d_model // div_value**i"}
+    )
+    adaptive_tie_projections: bool | None = field(
+        default=None, metadata={"help": "tie each adaptive band's output projection to its input projection as well"}
+    )
+    loss_chunk_size: int | None = field(
+        default=None,
+        metadata={"help": "compute the training loss this many tokens at a time, never materializing all logits"},
+    )
     embedding_init_std: float | None = field(
         default=None,
         metadata={

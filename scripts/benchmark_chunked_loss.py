@@ -37,12 +37,12 @@ class Args:
     chunk_size: int = field(default=1024, metadata={"help": "loss_chunk_size of the chunked contender"})
     head_modes: str = field(default="cosine", metadata={"help": "comma-separated head modes"})
     logit_scale: str = field(default="scalar", metadata={"help": "logit scale of the head"})
-    label_smoothing: float = field(default=0.1)
+    label_smoothing: float = field(default=0.1, metadata={"help": "label smoothing of both losses"})
     strategies: str = field(default="fused", metadata={"help": "chunked strategies: fused,recompute"})
     reps: int = field(default=3, metadata={"help": "interleaved repetitions (one subprocess each)"})
     iters: int = field(default=1, metadata={"help": "timed iterations per subprocess (after the memory one)"})
     threads: int = field(default=0, metadata={"help": "torch threads in the child; 0 = torch's default"})
-    output: str = field(default="results/benchmark_chunked_loss.json")
+    output: str = field(default="results/benchmark_chunked_loss.json", metadata={"help": "JSON written here"})
     child: str = field(default="", metadata={"help": "internal: run one contender and print JSON"})
 
 

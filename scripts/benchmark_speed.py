@@ -85,8 +85,8 @@ class Args:
     gen_batches: str = field(default="1,32", metadata={"help": "comma-separated generation batch sizes"})
     beams: str = field(default="1,4", metadata={"help": "comma-separated beam sizes (1 = greedy)"})
     peak_size: int = field(default=0, metadata={"help": "side of the peak matmul; 0 = 2048 on CPU, 8192 on CUDA"})
-    seed: int = field(default=0)
-    output: str = field(default="results/benchmark_speed.json")
+    seed: int = field(default=0, metadata={"help": "torch seed of the models and inputs"})
+    output: str = field(default="results/benchmark_speed.json", metadata={"help": "JSON written here"})
 
     def __post_init__(self):
         if self.quick:  # tiny dims and few calls: seconds in total

@@ -23,14 +23,18 @@ from hf_tiednorm.plots import plot_embedding_norms
 
 @dataclass
 class PlotArguments:
-    # A folder written by save_pretrained (a run's --output_dir or a checkpoint).
-    model_folder: str = field(metadata={"help": "saved model folder"})
-    # Where the PNGs go; default: the model folder.
-    output_dir: str | None = field(default=None)
-    # Token counts (a (vocab,) tensor saved with torch.save); default: <model_folder>/token_counts.pt if present.
-    counts: str | None = field(default=None)
-    # Histogram bins.
-    bins: int = field(default=60)
+    model_folder: str = field(
+        metadata={"help": "folder written by save_pretrained (a run's --output_dir or a checkpoint)"}
+    )
+    output_dir: str | None = field(default=None, metadata={"help": "where the PNGs go; default: the model folder"})
+    counts: str | None = field(
+        default=None,
+        metadata={
+            "help": "token counts (a (vocab,) tensor saved with torch.save); default: <model_folder>/token_counts.pt "
+            "if present"
+        },
+    )
+    bins: int = field(default=60, metadata={"help": "histogram bins"})
 
 
 def main() -> None:

@@ -78,42 +78,68 @@ PRIMARY = {
 
 @dataclass
 class GridArguments:
-    # Which grids to run (comma-separated): translation, clm, techniques.
-    grids: str = field(default=",".join(GRIDS))
-    # Budget preset shared by every cell of a grid: smoke (seconds), reduced (2-core CPU), full (README recipe).
-    budget: str = field(default="reduced", metadata={"help": f"one of {BUDGETS}"})
-    # Multi30k folder with train/val/test_2016_flickr.{de,en}.gz; relative paths are taken from the repo root.
-    data_dir: str = field(default="../shared/data/multi30k")
-    # JSONL of finished cells (one row a cell, appended).
-    results: str = field(default="results/paper_grid.jsonl")
-    # One output folder per cell (gitignored); a half-done cell resumes from its last complete checkpoint (full
-    # budget), or starts over when it has none.
-    runs_dir: str = field(default="runs/paper")
-    # Translation variants to run: head modes and the HF contender "marian".
-    modes: str = field(default=",".join(TRANSLATION_VARIANTS), metadata={"help": f"from {TRANSLATION_VARIANTS}"})
-    # Seeds run for every cell of every chosen grid.
-    seeds: str = field(default="0")
-    # Further translation seeds for the baseline, marian and the --best_modes best head modes (by mean val BLEU).
-    extra_seeds: str = field(default="1,2")
+    grids: str = field(default=",".join(GRIDS), metadata={"help": f"grids to run, comma-separated, from {GRIDS}"})
+    budget: str = field(
+        default="reduced",
+        metadata={
+            "help": f"one of {BUDGETS}, shared by every cell: smoke (seconds), reduced (2-core CPU), full (README "
+            "recipe)"
+        },
+    )
+    data_dir: str = field(
+        default="../shared/data/multi30k",
+        metadata={"help": "Multi30k folder with train/val/test_2016_flickr.{de,en}.gz; relative to the repo root"},
+    )
+    results: str = field(
+        default="results/paper_grid.jsonl", metadata={"help": "JSONL of finished cells (one row a cell, appended)"}
+    )
+    runs_dir: str = field(
+        default="runs/paper",
+        metadata={
+            "help": "one output folder per cell (gitignored); a half-done cell resumes from its last complete "
+            "checkpoint (full budget) or starts over"
+        },
+    )
+    modes: str = field(
+        default=",".join(TRANSLATION_VARIANTS),
+        metadata={"help": f"translation variants, comma-separated, from {TRANSLATION_VARIANTS}"},
+    )
+    seeds: str = field(default="0", metadata={"help": "seeds run for every cell of every chosen grid"})
+    extra_seeds: str = field(
+        default="1,2",
+        metadata={
+            "help": "further translation seeds for baseline, marian and the --best_modes best head modes (by mean "
+            "val BLEU)"
+        },
+    )
     best_modes: int = field(default=2, metadata={"help": "head modes (besides baseline) given --extra_seeds"})
     precision: str = field(
         default="auto",
         metadata={"help": f"one of {PRECISIONS}; auto: bf16 autocast for the full budget, fp32 for smoke/reduced"},
     )
-    # Run --extra_seeds for every cell of every grid at once instead (no wait for the best mode; suits --workers).
-    extra_seeds_all: bool = field(default=False)
-    # Cells run at the same time (each a subprocess).
-    workers: int = field(default=1)
-    # torch CPU threads per cell; None: the machine's cores divided by --workers.
-    num_threads: int | None = field(default=None)
-    # Start no new cell after this many minutes (running ones finish; the rest wait for the next resume): fits the
-    # grid into commands of limited length, e.g. 10-minute calls on a borrowed GPU machine. None: no limit.
-    max_minutes: float | None = field(default=None)
+    extra_seeds_all: bool = field(
+        default=False,
+        metadata={"help": "run --extra_seeds for every cell at once (no wait for the best modes; suits --workers)"},
+    )
+    workers: int = field(default=1, metadata={"help": "cells run at the same time (each a subprocess)"})
+    num_threads: int | None = field(
+        default=None, metadata={"help": "torch CPU threads per cell; None: the machine's cores divided by --workers"}
+    )
+    # Fits the grid into commands of limited length, e.g. 10-minute calls on a borrowed GPU machine.
+    max_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "start no new cell after this many minutes (running ones finish, the rest wait for the next "
+            "resume); None: no limit"
+        },
+    )
     # σ of the weight-norm initialization ‖w_k‖ = σ·log(max(c_k, 2)). With the full budget's 8k BPE vocabulary on
     # Multi30k English the mean of log(max(c_k, 2)) is 2.26, so σ = 0.14 keeps the mean initial row norm at the
     # default init's 0.02·√256 = 0.32: the input side sees embeddings of the usual scale, only their spread now
     # follows frequency (rare tokens 0.10, "a" with 3.2·10⁴ occurrences 1.45).
-    wn_init_sigma: float = field(default=0.14)
+    wn_init_sigma: float = field(
+        default=0.14, metadata={"help": "σ of the weight-norm initialization ‖w_k‖ = σ·log(max(c_k, 2))"}
+    )
     embedding_init_std: float | None = field(
         default=None,
         metadata={
@@ -122,10 +148,13 @@ class GridArguments:
             "val BLEU. Part of the budget (other cells)."
         },
     )
-    # Only rebuild the report (tables, verdicts, PNG) from --results for --budget.
-    report_only: bool = field(default=False)
-    # Report outputs: the summary JSON; the Markdown and PNG are written next to it (same stem).
-    report_json: str = field(default="results/paper_summary.json")
+    report_only: bool = field(
+        default=False, metadata={"help": "only rebuild the report (tables, verdicts, PNG) from --results for --budget"}
+    )
+    report_json: str = field(
+        default="results/paper_summary.json",
+        metadata={"help": "summary JSON of the report; its Markdown and PNG are written next to it (same stem)"},
+    )
 
     def __post_init__(self):
         if self.budget not in BUDGETS:

@@ -83,32 +83,49 @@ class ModelArguments(TiedNormModelArguments):
         "tie_word_embeddings", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     )
 
-    # False trains the untied control.
-    tie_word_embeddings: bool | None = field(default=None)
-    hidden_size: int | None = field(default=None)
-    intermediate_size: int | None = field(default=None)
-    num_hidden_layers: int | None = field(default=None)
-    num_attention_heads: int | None = field(default=None)
-    # torch CPU threads per process; None: all cores shared among the processes of the launch.
-    num_threads: int | None = field(default=None)
+    tie_word_embeddings: bool | None = field(default=None, metadata={"help": "False trains the untied control"})
+    hidden_size: int | None = field(default=None, metadata={"help": "model dimension d"})
+    intermediate_size: int | None = field(default=None, metadata={"help": "feed-forward dimension"})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "decoder layers"})
+    num_attention_heads: int | None = field(default=None, metadata={"help": "attention heads per layer"})
+    num_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch CPU threads per process; None: all cores shared among the launch's processes"},
+    )
 
 
 @dataclass
 class DataArguments:
-    # Text files (one line a row; .gz works) or .json/.jsonl/.csv files with a --text_column.
-    train_file: str = field(default=str(MULTI30K / "train.en.gz"))
-    validation_file: str | None = field(default=str(MULTI30K / "val.en.gz"))
-    test_file: str | None = field(default=str(MULTI30K / "test_2016_flickr.en.gz"))
-    text_column: str = field(default="text")
-    # Tokens per training block; lines are concatenated across line ends.
-    block_size: int = field(default=128)
-    # Use only the first N lines of a split (quick runs, tests).
-    max_train_samples: int | None = field(default=None)
-    max_eval_samples: int | None = field(default=None)
-    preprocessing_num_workers: int | None = field(default=None)
-    # Data set named in the model card: a Hub id; None: bentrevett/multi30k for the default files, else the
-    # training file's name.
-    dataset_name: str | None = field(default=None)
+    train_file: str = field(
+        default=str(MULTI30K / "train.en.gz"),
+        metadata={"help": "training text: a text file (one line a row; .gz works) or a .json/.jsonl/.csv file"},
+    )
+    validation_file: str | None = field(
+        default=str(MULTI30K / "val.en.gz"), metadata={"help": "validation text (same formats); None: no evaluation"}
+    )
+    test_file: str | None = field(
+        default=str(MULTI30K / "test_2016_flickr.en.gz"), metadata={"help": "test text (same formats); None: no test"}
+    )
+    text_column: str = field(default="text", metadata={"help": "column of the text in .json/.jsonl/.csv files"})
+    block_size: int = field(
+        default=128, metadata={"help": "tokens per training block; lines are concatenated across line ends"}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "use only the first N training lines (quick runs, tests)"}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "use only the first N lines of the validation and test files"}
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes for the tokenization map"}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
+            "else the training file's name"
+        },
+    )
 
     def __post_init__(self):
         if self.dataset_name is None:

@@ -110,18 +110,22 @@ class ModelArguments(TiedNormModelArguments):
     finetune_fields = TiedNormModelArguments.finetune_fields + ("dropout", "attention_dropout")
 
     tie_topology: str | None = field(default=None, metadata={"help": f"one of {hf_tiednorm.TIE_TOPOLOGIES}"})
-    d_model: int | None = field(default=None)
-    encoder_layers: int | None = field(default=None)
-    decoder_layers: int | None = field(default=None)
-    encoder_ffn_dim: int | None = field(default=None)
-    decoder_ffn_dim: int | None = field(default=None)
-    encoder_attention_heads: int | None = field(default=None)
-    decoder_attention_heads: int | None = field(default=None)
-    max_position_embeddings: int | None = field(default=None)
-    dropout: float | None = field(default=None)
-    attention_dropout: float | None = field(default=None)
-    # Beam-search length penalty (exponent on length); the beam size is --generation_num_beams.
-    length_penalty: float = field(default=1.0)
+    d_model: int | None = field(default=None, metadata={"help": "model dimension d"})
+    encoder_layers: int | None = field(default=None, metadata={"help": "encoder layers"})
+    decoder_layers: int | None = field(default=None, metadata={"help": "decoder layers"})
+    encoder_ffn_dim: int | None = field(default=None, metadata={"help": "encoder feed-forward dimension"})
+    decoder_ffn_dim: int | None = field(default=None, metadata={"help": "decoder feed-forward dimension"})
+    encoder_attention_heads: int | None = field(default=None, metadata={"help": "attention heads per encoder layer"})
+    decoder_attention_heads: int | None = field(default=None, metadata={"help": "attention heads per decoder layer"})
+    max_position_embeddings: int | None = field(default=None, metadata={"help": "longest sequence in positions"})
+    dropout: float | None = field(default=None, metadata={"help": "dropout probability (fine-tuning may change it)"})
+    attention_dropout: float | None = field(
+        default=None, metadata={"help": "dropout on the attention weights (fine-tuning may change it)"}
+    )
+    length_penalty: float = field(
+        default=1.0,
+        metadata={"help": "beam-search length penalty (exponent on length); the beam size is --generation_num_beams"},
+    )
     model_family: str = field(
         default="tiednorm",
         metadata={
@@ -146,24 +150,38 @@ class ModelArguments(TiedNormModelArguments):
 
 @dataclass
 class DataArguments:
-    # Source and target language codes: columns of json/jsonl/csv files, or {lang} in text-file patterns.
-    source_lang: str = field(default="de")
-    target_lang: str = field(default="en")
-    # Each split: a .json/.jsonl/.csv file, or aligned text files named by a pattern holding {lang}.
-    train_file: str = field(default=str(MULTI30K / "train.{lang}.gz"))
-    validation_file: str | None = field(default=str(MULTI30K / "val.{lang}.gz"))
-    test_file: str | None = field(default=str(MULTI30K / "test_2016_flickr.{lang}.gz"))
-    # Truncation lengths in subword tokens (with </s>).
-    max_source_length: int = field(default=128)
-    max_target_length: int = field(default=128)
-    # Use only the first N examples of a split (quick runs, tests).
-    max_train_samples: int | None = field(default=None)
-    max_eval_samples: int | None = field(default=None)
-    max_predict_samples: int | None = field(default=None)
-    preprocessing_num_workers: int | None = field(default=None)
-    # Data set named in the model card: a Hub id; None: bentrevett/multi30k for the default files, else the
-    # training file's name.
-    dataset_name: str | None = field(default=None)
+    source_lang: str = field(
+        default="de",
+        metadata={"help": "source language code: a column of json/jsonl/csv files, or {lang} in text-file patterns"},
+    )
+    target_lang: str = field(default="en", metadata={"help": "target language code (as --source_lang)"})
+    train_file: str = field(
+        default=str(MULTI30K / "train.{lang}.gz"),
+        metadata={"help": "training pairs: a .json/.jsonl/.csv file, or a text-file pattern holding {lang}"},
+    )
+    validation_file: str | None = field(
+        default=str(MULTI30K / "val.{lang}.gz"), metadata={"help": "validation pairs (same forms); None: none"}
+    )
+    test_file: str | None = field(
+        default=str(MULTI30K / "test_2016_flickr.{lang}.gz"), metadata={"help": "test pairs (same forms); None: none"}
+    )
+    max_source_length: int = field(default=128, metadata={"help": "source truncation length in subwords (with </s>)"})
+    max_target_length: int = field(default=128, metadata={"help": "target truncation length in subwords (with </s>)"})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "use only the first N training pairs (quick runs, tests)"}
+    )
+    max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N validation pairs"})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "use only the first N test pairs"})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes for the tokenization map"}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
+            "else the training file's name"
+        },
+    )
 
     def __post_init__(self):
         if self.dataset_name is None:
@@ -175,12 +193,21 @@ class DataArguments:
 
 @dataclass
 class RunArguments:
-    # torch CPU threads per process; None: all cores shared among the processes of the launch.
-    num_threads: int | None = field(default=None)
-    # Stop training after this many minutes (all ranks at the same step); the run is then evaluated as usual.
-    max_train_minutes: float | None = field(default=None)
-    # Early stopping after N evaluations without improving --metric_for_best_model (needs --load_best_model_at_end).
-    early_stopping_patience: int | None = field(default=None)
+    num_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch CPU threads per process; None: all cores shared among the launch's processes"},
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={"help": "stop training after this many minutes (all ranks at one step), then evaluate as usual"},
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": "stop after N evaluations without improving --metric_for_best_model (needs "
+            "--load_best_model_at_end)"
+        },
+    )
 
 
 class TimeBudgetCallback(TrainerCallback):
