@@ -69,22 +69,10 @@ def parse_arguments(dataclass_types: tuple[type, ...]) -> tuple:
             raise ValueError(f"config file {argv[0]} must hold a mapping of argument names to values")
         flags = []
         for key, value in values.items():
-            if key == "adaptive_cutoffs" and isinstance(value, list):  # the flag takes one comma-separated string
-                value = ",".join(map(str, value))
             items = value if isinstance(value, list) else [value]
             flags += [f"--{key}", *(str(item) for item in items)]
         argv = flags + argv[1:]
     return parser.parse_args_into_dataclasses(args=argv)
-
-
-def parse_cutoffs(text: str) -> list[int]:
-    """--adaptive_cutoffs "2000,6000" -> [2000, 6000]; the config checks that they increase and fit the vocabulary."""
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise ValueError(
-            f"--adaptive_cutoffs must be comma-separated token ids such as '2000,6000', got {text!r}"
-        ) from None
 
 
 @dataclass
@@ -92,7 +80,7 @@ class TiedNormModelArguments:
     """Model flags of both training scripts. A script subclasses it with its architecture flags and appends their
     names to ``config_fields`` (and to ``finetune_fields`` those that change no parameter)."""
 
-    # Flags that map one-to-one onto fields of both TiedNorm configs (adaptive_cutoffs once parsed).
+    # Flags that map one-to-one onto fields of both TiedNorm configs.
     config_fields: ClassVar[tuple[str, ...]] = (
         "head_mode", "logit_scale", "logit_scale_init", "label_smoothing", "projection_regularization",
         "weight_norm_regularization", "weight_norm_target", "adaptive_cutoffs", "adaptive_div_value",
@@ -145,11 +133,12 @@ class TiedNormModelArguments:
             "from the tokenized training data; None: HF's random init"
         },
     )
-    adaptive_cutoffs: str | None = field(
+    adaptive_cutoffs: list[int] | None = field(
         default=None,
         metadata={
-            "help": 'adaptive input + tied adaptive softmax: band edges in the frequency-ordered vocabulary, '
-            'comma-separated token ids, e.g. "2000,6000" (encoder-decoder: --tie_topology three_way)'
+            "help": "adaptive input + tied adaptive softmax: band edges in the frequency-ordered vocabulary, token "
+            "ids such as 2000 6000 (the config checks that they increase and fit; encoder-decoder: --tie_topology "
+            "three_way)"
         },
     )
     adaptive_div_value: float | None = field(
@@ -187,8 +176,6 @@ class TiedNormModelArguments:
                 )
             if self.weight_norm_init_sigma is not None:
                 raise ValueError("--weight_norm_init_sigma initializes a new model; drop it or --model_name_or_path")
-        if self.adaptive_cutoffs is not None:
-            parse_cutoffs(self.adaptive_cutoffs)  # fail on a malformed value before any work
 
     @classmethod
     def architecture_fields(cls) -> tuple[str, ...]:
@@ -197,10 +184,7 @@ class TiedNormModelArguments:
 
     def config_overrides(self) -> dict[str, Any]:
         """The config fields given as flags; for a saved model (checked above) only fine-tunable ones."""
-        overrides = {name: getattr(self, name) for name in self.config_fields if getattr(self, name) is not None}
-        if self.adaptive_cutoffs is not None:
-            overrides["adaptive_cutoffs"] = parse_cutoffs(self.adaptive_cutoffs)
-        return overrides
+        return {name: getattr(self, name) for name in self.config_fields if getattr(self, name) is not None}
 
     def finetune_config(self) -> PretrainedConfig:
         """The saved model's config with the fine-tunable flags given (``__post_init__`` refuses the others);
@@ -602,7 +586,6 @@ __all__ = [
     "is_complete_checkpoint",
     "last_complete_checkpoint",
     "parse_arguments",
-    "parse_cutoffs",
     "prepare_output_dir",
     "resolve_bf16",
     "resolve_resume_checkpoint",

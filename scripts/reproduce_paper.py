@@ -234,8 +234,8 @@ def clm_budget(name: str) -> dict:
 def technique_flags(vocab_size: int, wn_init_sigma: float) -> dict[str, dict]:
     """run_clm.py flags of each technique on top of the tied baseline LM (papers' hyper-parameters)."""
     # Adaptive bands: the most frequent quarter of the vocabulary at full width, the next half at d/4, the rest
-    # at d/16 (8k vocabulary: 2000,6000; Baevski & Auli's k = 4 shrink factor).
-    cutoffs = f"{vocab_size // 4},{3 * vocab_size // 4}"
+    # at d/16 (8k vocabulary: 2000 6000; Baevski & Auli's k = 4 shrink factor).
+    cutoffs = [vocab_size // 4, 3 * vocab_size // 4]
     adaptive = {"adaptive_cutoffs": cutoffs, "adaptive_div_value": 4.0, "adaptive_tie_projections": True}
     return {
         "baseline": {"head_mode": "baseline"},
@@ -416,7 +416,8 @@ def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
              "num_threads": args.threads(), **saving, "dataset_name": "bentrevett/multi30k"}
     argv = [sys.executable, str(ROOT / "scripts" / script)]
     for name, value in flags.items():
-        argv += [f"--{name}", str(value).lower() if isinstance(value, bool) else str(value)]
+        values = value if isinstance(value, list) else [value]  # a list flag (--adaptive_cutoffs) takes nargs
+        argv += [f"--{name}", *(str(item).lower() if isinstance(item, bool) else str(item) for item in values)]
     return argv
 
 

@@ -68,7 +68,7 @@ def test_grid_cells_cover_modes_tying_and_techniques(grid):
     assert techniques["projection_reg"]["projection_regularization"] == 0.15
     assert techniques["wn_reg"] == {"head_mode": "baseline", "weight_norm_regularization": 1e-3,
                                     "weight_norm_target": 2.0}
-    assert techniques["adaptive"]["adaptive_cutoffs"] == "2000,6000"  # 8k vocabulary
+    assert techniques["adaptive"]["adaptive_cutoffs"] == [2000, 6000]  # 8k vocabulary
     assert techniques["adaptive_cosine"]["head_mode"] == "cosine"
     assert techniques["wn_init"]["weight_norm_init_sigma"] == args.wn_init_sigma
 
@@ -77,12 +77,18 @@ def test_command_passes_data_dir_threads_and_cell_flags(grid, tmp_path):
     args = _args(grid, data_dir=str(tmp_path), num_threads=3)
     cell = grid.grid_cells("techniques", args, [7], ["adaptive"])[0]
     argv = grid.command(args, cell, tmp_path / "out")
-    flags = dict(zip(argv[2::2], argv[3::2]))
+    flags: dict[str, list[str]] = {}
+    for token in argv[2:]:  # each flag with the values after it (--adaptive_cutoffs takes several)
+        if token.startswith("--"):
+            name = token
+            flags[name] = []
+        else:
+            flags[name].append(token)
     assert argv[1].endswith("run_clm.py")
-    assert flags["--train_file"] == str(tmp_path / "train.en.gz")
-    assert flags["--test_file"] == str(tmp_path / "test_2016_flickr.en.gz")
-    assert (flags["--seed"], flags["--num_threads"], flags["--adaptive_cutoffs"]) == ("7", "3", "75,225")
-    assert flags["--do_train"] == "true" and flags["--save_strategy"] == "no"
+    assert flags["--train_file"] == [str(tmp_path / "train.en.gz")]
+    assert flags["--test_file"] == [str(tmp_path / "test_2016_flickr.en.gz")]
+    assert (flags["--seed"], flags["--num_threads"], flags["--adaptive_cutoffs"]) == (["7"], ["3"], ["75", "225"])
+    assert flags["--do_train"] == ["true"] and flags["--save_strategy"] == ["no"]
 
 
 def _load_script(name: str):

@@ -82,7 +82,7 @@ def adaptive_clm(multi30k_dir, tmp_path_factory):
     """run_clm with adaptive input/softmax (bands [0, 40), [40, 120), [120, 300)): 3 steps."""
     output_dir = tmp_path_factory.mktemp("clm_adaptive")
     run_module_script("run_clm", clm_flags(
-        multi30k_dir, output_dir, *TINY_CLM_ARCHITECTURE, "--adaptive_cutoffs", "40,120", "--adaptive_div_value",
+        multi30k_dir, output_dir, *TINY_CLM_ARCHITECTURE, "--adaptive_cutoffs", "40", "120", "--adaptive_div_value",
         "2", "--do_train", "--do_eval", "--max_steps", "3", "--save_strategy", "no",
     ))
     return output_dir
@@ -200,7 +200,7 @@ def test_translation_with_technique_flags(multi30k_dir, tmp_path, monkeypatch):
         "--train_file", multi30k_dir / "train.{lang}.gz", "--validation_file", multi30k_dir / "val.{lang}.gz",
         "--test_file", multi30k_dir / "test_2016_flickr.{lang}.gz", "--output_dir", output_dir,
         "--max_train_samples", "200", "--max_eval_samples", "8", "--max_predict_samples", "8",
-        *TINY_TRANSLATION_FLAGS, "--adaptive_cutoffs", "50,150", "--adaptive_tie_projections", "false",
+        *TINY_TRANSLATION_FLAGS, "--adaptive_cutoffs", "50", "150", "--adaptive_tie_projections", "false",
         "--projection_regularization", "0.15", "--weight_norm_regularization", "1e-3", "--weight_norm_init_sigma",
         "0.5", "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--max_steps", "3",
         "--per_device_train_batch_size", "16", "--logging_steps", "1", "--save_strategy", "no",
@@ -221,10 +221,8 @@ def test_translation_with_technique_flags(multi30k_dir, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--adaptive_cutoffs", "40,x"], "--adaptive_cutoffs must be comma-separated token ids"),
-        (["--adaptive_cutoffs", "40,"], "--adaptive_cutoffs must be comma-separated token ids"),
-        (["--adaptive_cutoffs", "40,400"], r"strictly increasing ints in \[1, vocab_size - 1\] = \[1, 299\]"),
-        (["--adaptive_cutoffs", "120,40"], "adaptive_cutoffs must be strictly increasing"),
+        (["--adaptive_cutoffs", "40", "400"], r"strictly increasing ints in \[1, vocab_size - 1\] = \[1, 299\]"),
+        (["--adaptive_cutoffs", "120", "40"], "adaptive_cutoffs must be strictly increasing"),
         (["--adaptive_cutoffs", "40", "--loss_chunk_size", "64"], "does not apply to the adaptive softmax"),
         (["--head_mode", "l2", "--weight_norm_init_sigma", "1"], "head_mode='l2'"),
         (["--head_mode", "l2", "--weight_norm_regularization", "1e-3"], "head_mode='l2'"),
@@ -236,6 +234,18 @@ def test_bad_technique_flags(script, flags, message, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=message):
         run_script(script, ["--output_dir", tmp_path, "--vocab_size", "300", "--report_to", "none", *flags],
                    monkeypatch)
+
+
+@pytest.mark.parametrize("script", ["run_clm", "run_translation"])
+@pytest.mark.parametrize(
+    ("values", "bad"), [(["40", "x"], "x"), (["40,"], "40,"), (["40,120"], "40,120")],  # the last: the old form
+)
+def test_malformed_cutoffs_name_the_flag(script, values, bad, tmp_path, monkeypatch, capsys):
+    """--adaptive_cutoffs takes token ids (nargs); anything else is refused before any work, naming the flag."""
+    with pytest.raises(SystemExit):
+        run_script(script, ["--output_dir", tmp_path, "--report_to", "none", "--adaptive_cutoffs", *values],
+                   monkeypatch)
+    assert f"argument --adaptive_cutoffs/--adaptive-cutoffs: invalid int value: '{bad}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
