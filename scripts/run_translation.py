@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import evaluate
@@ -242,6 +243,20 @@ def init_shared_embedding(model: MarianMTModel, std: float) -> None:
     weight[model.config.pad_token_id].zero_()
 
 
+def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], split: str) -> dict:
+    """sacreBLEU of the generated ids against ``references``, the untouched reference text of ``split`` (not decoded
+    labels, which lose <unk> characters). The script binds all but ``eval_prediction`` with ``functools.partial``,
+    once per split it scores."""
+    predictions = eval_prediction.predictions
+    predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+    if len(references) != len(hypotheses):
+        raise RuntimeError(f"{len(hypotheses)} predictions for {len(references)} {split} references")
+    result = bleu.compute(predictions=hypotheses, references=[[text] for text in references])
+    lengths = [np.count_nonzero(row != tokenizer.pad_token_id) for row in predictions]
+    return {"bleu": result["score"], "gen_len": float(np.mean(lengths)), "bleu_signature": result["signature"]}
+
+
 def main() -> None:
     model_args, data_args, run_args, output_args, training_args = parse_arguments(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments)
@@ -359,21 +374,13 @@ def main() -> None:
             weight_norm_init_(model, counts, model_args.weight_norm_init_sigma)
 
     bleu = evaluate.load(SACREBLEU_LOCAL)
-
-    def compute_metrics(eval_prediction) -> dict:
-        predictions = eval_prediction.predictions
-        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
-        hypotheses = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
-        # Score against the untouched reference text (not decoded labels, which lose <unk> characters).
-        split = scoring["split"]
-        references = [[text] for text in raw[split][data_args.target_lang]]
-        if len(references) != len(hypotheses):
-            raise RuntimeError(f"{len(hypotheses)} predictions for {len(references)} {split} references")
-        result = bleu.compute(predictions=hypotheses, references=references)
-        lengths = [np.count_nonzero(row != tokenizer.pad_token_id) for row in predictions]
-        return {"bleu": result["score"], "gen_len": float(np.mean(lengths)), "bleu_signature": result["signature"]}
-
-    scoring = {"split": "validation"}  # which raw split compute_metrics scores against
+    # One scorer per split, each bound to that split's reference text; evaluation (during training too) scores the
+    # validation split, prediction the test split.
+    scorers = {
+        split: partial(bleu_metrics, tokenizer=tokenizer, bleu=bleu, references=list(raw[split][data_args.target_lang]),
+                       split=split)
+        for split in ("validation", "test") if split in raw and training_args.predict_with_generate
+    }
     callbacks: list[TrainerCallback] = [TiedWeightsCheck()]
     if run_args.max_train_minutes is not None:
         callbacks.append(TimeBudgetCallback(run_args.max_train_minutes))
@@ -386,7 +393,7 @@ def main() -> None:
         eval_dataset=tokenized.get("validation"),
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        compute_metrics=compute_metrics if training_args.predict_with_generate else None,
+        compute_metrics=scorers.get("validation"),
         callbacks=callbacks,
     )
 
@@ -402,7 +409,6 @@ def main() -> None:
         trainer.save_state()
         results.update(metrics)
     if training_args.do_eval and "validation" in tokenized:
-        scoring["split"] = "validation"
         metrics = trainer.evaluate(metric_key_prefix="eval")
         # The loss adds the regularizers' penalties to the mean cross-entropy; perplexity is of the latter.
         add_perplexity(metrics, "eval", trainer.model)
@@ -410,7 +416,7 @@ def main() -> None:
         trainer.save_metrics("eval", metrics)
         results.update(metrics)
     if training_args.do_predict and "test" in tokenized:
-        scoring["split"] = "test"
+        trainer.compute_metrics = scorers.get("test")
         prediction = trainer.predict(tokenized["test"], metric_key_prefix="test")
         trainer.log_metrics("test", prediction.metrics)
         trainer.save_metrics("test", prediction.metrics)
