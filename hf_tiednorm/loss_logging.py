@@ -11,7 +11,8 @@ Every training log then carries ``cross_entropy`` and each enabled penalty, aver
 steps as ``loss``, so that ``loss == cross_entropy + projection_penalty + weight_norm_penalty`` in the logs too.
 
 An evaluation loss is the mean cross-entropy plus the same penalties (they depend on the weights only, not on the
-batch); ``penalty_terms`` gives them, and ``add_perplexity`` takes the perplexity of the cross-entropy alone.
+batch); the model's ``penalty_terms()`` gives them, and ``add_perplexity`` takes the perplexity of the cross-entropy
+alone.
 """
 
 from __future__ import annotations
@@ -30,12 +31,18 @@ from .regularizers import LOSS_TERMS
 class LossTermsLoggingMixin:
     """Put before ``Trainer`` (or ``Seq2SeqTrainer``) in the bases of a Trainer class."""
 
+    def __init__(self, *args, **kwargs):
+        # Per-term sums of the training steps since the last log, and the last step completed before they began.
+        self._loss_term_sums: dict[str, torch.Tensor] = {}
+        self._loss_terms_last_step = 0
+        super().__init__(*args, **kwargs)
+
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         loss, outputs = super().compute_loss(
             model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
         )
         if model.training and isinstance(outputs, dict):
-            sums = self.__dict__.setdefault("_loss_term_sums", {})
+            sums = self._loss_term_sums
             if not sums:  # the first micro-batch since the last log: remember the last completed step
                 self._loss_terms_last_step = self.state.global_step
             # The Trainer divides a per-batch loss by the accumulation steps; a loss normalized by
@@ -48,7 +55,7 @@ class LossTermsLoggingMixin:
         return (loss, outputs) if return_outputs else loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        sums = self.__dict__.get("_loss_term_sums")
+        sums = self._loss_term_sums
         if "loss" in logs and sums:  # a training log: average the terms over the steps since the last one
             # Counted from the first step that added to the sums (not from 0), so a resumed run averages right too.
             steps = max(self.state.global_step - self._loss_terms_last_step, 1)
@@ -61,14 +68,11 @@ class LossTermsLoggingMixin:
 @torch.no_grad()
 def penalty_terms(model) -> dict[str, float]:
     """The enabled penalties of ``model``'s loss (``projection_penalty``, ``weight_norm_penalty``) at its current
-    weights, as they enter a loss without gradient accumulation (an evaluation loss); none for a transformers model
-    (the HF Marian contender of scripts/run_translation.py)."""
-    if not hasattr(model, "compose_loss"):
+    weights, as they enter a loss without gradient accumulation (an evaluation loss); none for a model without
+    penalties (a wrapped architecture, the HF Marian contender of scripts/run_translation.py)."""
+    if not hasattr(model, "penalty_terms"):
         return {}
-    weight = next(model.parameters())
-    # targets only weigh the penalties under gradient accumulation (num_items_in_batch), which is not the case here.
-    _, terms = model.compose_loss(torch.zeros((), device=weight.device), targets=None)
-    return {name: float(value) for name, value in terms.items() if name != "cross_entropy"}
+    return {name: float(value) for name, value in model.penalty_terms().items()}
 
 
 def add_perplexity(metrics: dict[str, float], prefix: str, model) -> None:

@@ -106,7 +106,8 @@ class TiedNormCausalLMOutput(CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus the terms of ``loss`` (their sum), when labels are given.
 
     cross_entropy: the token cross-entropy; projection_penalty / weight_norm_penalty: the regularizers (None when
-    off). Each term is the share of this batch in the accumulated batch, like the Trainer-scaled loss.
+    off). Each term is the share of this batch in the accumulated batch, like the Trainer-scaled loss. The term
+    fields are ``regularizers.LOSS_TERMS``, in that order (tests/test_regularizers.py holds them to it).
     """
 
     cross_entropy: torch.FloatTensor | None = None
@@ -201,11 +202,18 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
         Under gradient accumulation (``num_items_in_batch``: target tokens of the accumulated batch) each micro-batch
         adds its token share of the penalties, so they count once per optimizer step, as the cross-entropy does.
         """
-        config = self.config
-        terms = {"cross_entropy": cross_entropy}
         share = 1.0
         if num_items_in_batch is not None:
             share = (targets != -100).sum().to(cross_entropy.device) / token_count(targets, num_items_in_batch)
+        terms = {"cross_entropy": cross_entropy, **self.penalty_terms(share)}
+        return sum(terms.values()), terms
+
+    def penalty_terms(self, share: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
+        """The enabled regularizers at the current weights (``projection_penalty``, ``weight_norm_penalty``; they
+        depend on the weights only), each times ``share``: a micro-batch's token share of the accumulated batch, 1
+        for a whole batch (an evaluation loss)."""
+        config = self.config
+        terms = {}
         if config.projection_regularization:
             terms["projection_penalty"] = share * projection_penalty(
                 self.output_projection.weight, config.projection_regularization
@@ -214,7 +222,7 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
             terms["weight_norm_penalty"] = share * weight_norm_penalty(
                 self.output_embedding_weights(), config.weight_norm_regularization, config.weight_norm_target
             )
-        return sum(terms.values()), terms
+        return terms
 
     def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         if isinstance(new_embeddings, TiedNormHead):

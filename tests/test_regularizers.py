@@ -3,6 +3,7 @@ loss composition, configuration errors and Trainer logging."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,9 @@ from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 from transformers import Trainer, TrainingArguments
 
 import hf_tiednorm
-from hf_tiednorm.loss_logging import LossTermsLoggingMixin
+from hf_tiednorm.loss_logging import LossTermsLoggingMixin, penalty_terms
+from hf_tiednorm.modeling_common import TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput
+from hf_tiednorm.regularizers import LOSS_TERMS
 from hf_tiednorm.token_loss import token_cross_entropy
 
 
@@ -193,3 +196,38 @@ def test_trainer_logs_each_loss_term(tmp_path, overrides, accumulation):
         assert expected_terms <= entry.keys()
         assert entry["loss"] == pytest.approx(sum(entry[name] for name in expected_terms), rel=1e-4)
         assert entry["weight_norm_penalty"] > 0
+
+
+@pytest.mark.parametrize("output_class", [TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput])
+def test_loss_term_names_exist_once(output_class):
+    """The output dataclasses carry exactly the LOSS_TERMS fields (last, in order) and inference drops them all."""
+    names = [field.name for field in dataclasses.fields(output_class)]
+    assert names[-len(LOSS_TERMS):] == list(LOSS_TERMS)
+    for family in FAMILIES:
+        assert set(LOSS_TERMS) <= set(tiny_config(family).keys_to_ignore_at_inference)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_penalty_terms_alone_match_the_loss(family):
+    """The model's penalty_terms() are the penalties compose_loss adds (no accumulation), and the evaluation helper
+    reads them without a cross-entropy; a model without penalties gives none."""
+    model = tiny_model(family, projection_regularization=0.15, weight_norm_regularization=1e-3)
+    _randomize_projection(model)
+    cross_entropy = torch.tensor(1.5)
+    loss, terms = model.compose_loss(cross_entropy, torch.zeros(2, 3, dtype=torch.long))
+    alone = model.penalty_terms()
+    assert set(alone) == {"projection_penalty", "weight_norm_penalty"}
+    for name, value in alone.items():
+        torch.testing.assert_close(value, terms[name])
+    torch.testing.assert_close(loss, cross_entropy + sum(alone.values()))
+    assert penalty_terms(model) == pytest.approx({name: value.detach().item() for name, value in alone.items()})
+    assert penalty_terms(tiny_model(family)) == {}
+
+
+def test_logging_state_exists_from_construction(tmp_path):
+    model = tiny_model("causal", weight_norm_regularization=1e-3)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = _LoggingTrainer(model=model, args=args)
+    assert trainer._loss_term_sums == {} and trainer._loss_terms_last_step == 0
+    trainer.log({"loss": 1.0})  # a log before any step adds no terms
+    assert "cross_entropy" not in trainer.state.log_history[-1]
