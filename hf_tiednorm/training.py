@@ -12,7 +12,6 @@
   ``save_final_model``: one run per --output_dir (HF examples' --overwrite_output_dir rule), resuming only the last
   *complete* checkpoint of a run with the same architecture, and a final save that never leaves a new config.json
   over old weights.
-* ``frequency_ordered``: the tokenizer renumbering that adaptive input/softmax needs.
 * ``TiedWeightsCheck``: a Trainer callback that checks the tie after the Trainer prepared the model, on every rank.
 """
 
@@ -36,7 +35,6 @@ from transformers import (
     AutoTokenizer,
     HfArgumentParser,
     PretrainedConfig,
-    PreTrainedTokenizerBase,
     Seq2SeqTrainingArguments,
     Trainer,
     TrainerCallback,
@@ -51,7 +49,6 @@ from transformers.utils import CONFIG_NAME
 from .adaptive import AdaptiveInput
 from .normalized_head import HEAD_MODES, LOGIT_SCALES
 from .tokenization import TOKENIZER_MODELS
-from .vocab_order import frequency_order, remap_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -518,26 +515,6 @@ def save_final_model(trainer: Trainer) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def frequency_ordered(
-    tokenizer: PreTrainedTokenizerBase, counts: torch.Tensor, tokenizer_name: str | None, output_dir: Path
-) -> PreTrainedTokenizerBase:
-    """``tokenizer`` renumbered by decreasing ``counts`` (its token counts in the training data), its special tokens
-    first: adaptive bands need band 0 to hold the frequent tokens (hf_tiednorm/vocab_order.py). Warns when that
-    renumbers the tokenizer given as ``tokenizer_name``, whose ids then no longer fit the new model."""
-    order = frequency_order(counts, keep_first=sorted(tokenizer.all_special_ids))
-    try:
-        ordered = remap_tokenizer(tokenizer, order)
-    except ValueError as error:
-        raise ValueError(f"--adaptive_cutoffs needs a frequency-ordered vocabulary, but {error}") from None
-    if tokenizer_name is not None and ordered.get_vocab() != tokenizer.get_vocab():
-        logger.warning(
-            "--adaptive_cutoffs: the ids of --tokenizer_name %s were renumbered by training-data frequency; "
-            "the renumbered tokenizer is saved in %s and must be used with this model",
-            tokenizer_name, output_dir,
-        )
-    return ordered
-
-
 class TiedWeightsCheck(TrainerCallback):
     """Checks on every rank, once the Trainer has prepared (wrapped) the model, that the output layer still shares
     the decoder's input embedding matrix (one per band of an adaptive model), and logs how many steps each rank
@@ -582,7 +559,6 @@ __all__ = [
     "choose_attention",
     "cpu_bf16_flag",
     "eager_attention_fp32_softmax",
-    "frequency_ordered",
     "is_complete_checkpoint",
     "last_complete_checkpoint",
     "parse_arguments",

@@ -3,7 +3,8 @@
 Adaptive bands only mean something when token ids are sorted by decreasing frequency (band 0 = the frequent
 tokens). ``frequency_order`` builds that order from training counts, keeping the special tokens first;
 ``remap_tokenizer`` renumbers a 🤗 tokenizer's vocabulary accordingly (so it directly emits the new ids), and
-``remap_ids`` / ``permute_counts`` move already-tokenized data and counts to the new numbering.
+``remap_ids`` / ``permute_counts`` move already-tokenized data and counts to the new numbering;
+``frequency_ordered`` is the training scripts' step: a tokenizer renumbered by its training-data counts.
 
 An order is a list ``order`` with ``order[new_id] = old_id``.
 """
@@ -11,11 +12,15 @@ An order is a list ``order`` with ``order[new_id] = old_id``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
 
 
 def frequency_order(counts: torch.Tensor | Sequence[int], keep_first: Sequence[int] = (0, 1, 2, 3)) -> list[int]:
@@ -106,4 +111,24 @@ def remap_tokenizer(tokenizer: PreTrainedTokenizerFast, order: Sequence[int]) ->
     )
 
 
-__all__ = ["frequency_order", "inverse_order", "permute_counts", "remap_ids", "remap_tokenizer"]
+def frequency_ordered(
+    tokenizer: PreTrainedTokenizerBase, counts: torch.Tensor, tokenizer_name: str | None, output_dir: Path
+) -> PreTrainedTokenizerBase:
+    """``tokenizer`` renumbered by decreasing ``counts`` (its token counts in the training data), its special tokens
+    first: adaptive bands need band 0 to hold the frequent tokens. Warns when that renumbers the tokenizer given as
+    ``tokenizer_name``, whose ids then no longer fit the new model."""
+    order = frequency_order(counts, keep_first=sorted(tokenizer.all_special_ids))
+    try:
+        ordered = remap_tokenizer(tokenizer, order)
+    except ValueError as error:
+        raise ValueError(f"--adaptive_cutoffs needs a frequency-ordered vocabulary, but {error}") from None
+    if tokenizer_name is not None and ordered.get_vocab() != tokenizer.get_vocab():
+        logger.warning(
+            "--adaptive_cutoffs: the ids of --tokenizer_name %s were renumbered by training-data frequency; "
+            "the renumbered tokenizer is saved in %s and must be used with this model",
+            tokenizer_name, output_dir,
+        )
+    return ordered
+
+
+__all__ = ["frequency_order", "frequency_ordered", "inverse_order", "permute_counts", "remap_ids", "remap_tokenizer"]

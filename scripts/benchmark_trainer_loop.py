@@ -84,7 +84,7 @@ def run_child(settings: dict) -> dict:
 
     import hf_tiednorm
     from hf_tiednorm.data import load_parallel, tokenize_parallel
-    from hf_tiednorm.loss_logging import TiedNormSeq2SeqTrainer
+    from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer
     from hf_tiednorm.training import TiedNormSeq2SeqTrainingArguments, TiedWeightsCheck, choose_attention
 
     sys.path.insert(0, str(ROOT / "scripts"))

@@ -64,11 +64,11 @@ from transformers import (
 
 import hf_tiednorm
 from hf_tiednorm.data import load_parallel, token_counts, tokenize_parallel, training_texts
-from hf_tiednorm.loss_logging import TiedNormSeq2SeqTrainer, add_perplexity
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
 from hf_tiednorm.model_card import write_model_card
 from hf_tiednorm.plots import plot_embedding_norms
 from hf_tiednorm.tokenization import train_joint_tokenizer
+from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 from hf_tiednorm.training import (
     OutputDirArguments,
     TiedNormModelArguments,
@@ -78,12 +78,12 @@ from hf_tiednorm.training import (
     check_world_size,
     choose_attention,
     configure_threads,
-    frequency_ordered,
     parse_arguments,
     prepare_output_dir,
     resolve_resume_checkpoint,
     save_final_model,
 )
+from hf_tiednorm.vocab_order import frequency_ordered
 from hf_tiednorm.weight_norm_init import weight_norm_init_
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 from transformers import Trainer, TrainingArguments
 
 import hf_tiednorm
-from hf_tiednorm.loss_logging import LossTermsLoggingMixin, penalty_terms
 from hf_tiednorm.modeling_common import TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput
 from hf_tiednorm.regularizers import LOSS_TERMS
 from hf_tiednorm.token_loss import token_cross_entropy
+from hf_tiednorm.trainers import LossTermsLoggingMixin, penalty_terms
 
 
 def _labels(model, inputs):

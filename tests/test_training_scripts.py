@@ -219,7 +219,7 @@ def test_evaluation_keeps_dataset_order_under_group_by_length(tmp_path):
     from datasets import Dataset
     from transformers import Seq2SeqTrainingArguments
 
-    from hf_tiednorm.loss_logging import TiedNormSeq2SeqTrainer
+    from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer
 
     lengths = [3, 9, 1, 7, 2, 8, 5, 4, 6, 10] * 4  # unsorted, so that any length grouping reorders
     dataset = Dataset.from_dict({"input_ids": [[5] * n for n in lengths]})

@@ -1,9 +1,11 @@
-"""Log each term of the model's loss (cross-entropy, projection and weight-norm penalties) next to ``loss``.
+"""The Trainers of the training scripts: ``TiedNormTrainer`` (scripts/run_clm.py) and ``TiedNormSeq2SeqTrainer``
+(scripts/run_translation.py, which also evaluates in dataset order). Both log each term of the model's loss
+(cross-entropy, projection and weight-norm penalties) next to ``loss``; ``add_perplexity`` completes evaluation metrics.
 
 transformers' ``Trainer`` logs only the total ``loss`` (as of v5 there is no built-in hook for auxiliary loss
 terms; huggingface/transformers#45270 and #45558 propose one), and its documented extension points are
-``compute_loss`` and ``log`` ("Subclass and override"). This mixin overrides exactly those two; the scripts in
-scripts/ train with ``TiedNormTrainer`` and ``TiedNormSeq2SeqTrainer``, which put it in front of the HF classes::
+``compute_loss`` and ``log`` ("Subclass and override"). ``LossTermsLoggingMixin`` overrides exactly those two;
+``TiedNormTrainer`` and ``TiedNormSeq2SeqTrainer`` put it in front of the HF classes::
 
     class TiedNormSeq2SeqTrainer(LossTermsLoggingMixin, Seq2SeqTrainer): ...
 
