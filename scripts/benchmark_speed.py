@@ -1,4 +1,4 @@
-"""Training and generation speed of the normalized tied head vs plain tying and vs the HF parent models (issue 6).
+"""Training and generation speed of the normalized tied head vs plain tying and vs the HF parent models.
 
 Contenders, all built with the same dimensions (``SIZES``) and all with tied embeddings (checked: the output layer's
 weight is the input embedding's tensor):

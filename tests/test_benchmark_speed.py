@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 
 import pytest
-from script_helpers import run_script
+from script_helpers import SCRIPTS, run_script
 
 from hf_tiednorm import HEAD_MODES
 
@@ -19,6 +20,9 @@ def test_quick_benchmark_report(tmp_path, monkeypatch):
     output = tmp_path / "speed.json"
     run_script("benchmark_speed", ["--quick", "--device", "cpu", "--threads", "1", "--output", output], monkeypatch)
     report = json.loads(output.read_text())
+    # Neither the script nor its report cites the project's issue tracker (readers of a benchmark have no access).
+    for text in (output.read_text(), (SCRIPTS / "benchmark_speed.py").read_text()):
+        assert not re.search(r"(?i)\bissues?\s*#?\d|\(#\d", text)
 
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch"]
     assert report["peak_flops"]["float32"] > 0
