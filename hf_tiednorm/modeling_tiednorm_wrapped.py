@@ -154,12 +154,6 @@ class TiedNormWrappedPreTrainedModel(PreTrainedModel):
         """The output embedding matrix (V, d), shared with the input embedding (the training scripts' tie check)."""
         return [self.get_output_embeddings().weight]
 
-    def compose_loss(
-        self, cross_entropy: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss and its terms, as the model families report them: the wrapped model's loss has no penalties."""
-        return cross_entropy, {"cross_entropy": cross_entropy}
-
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Embedding:
