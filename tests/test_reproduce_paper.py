@@ -1,5 +1,6 @@
-"""scripts/reproduce_paper.py: the grid's pure logic (keys, resume, appends, statistics, verdicts, report) and one
-end-to-end run of a 2-cell translation grid with the smoke budget."""
+"""scripts/reproduce_paper.py and hf_tiednorm/paper_grid.py: the grid's pure logic (budgets and their pinned hashes,
+keys, resume, appends, statistics, verdicts, report) and one end-to-end run of a 3-cell translation grid with the smoke
+budget."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from script_helpers import SCRIPTS, subprocess_env
+
+from hf_tiednorm import paper_grid
 
 
 @pytest.fixture(scope="module")
 def grid():
-    spec = importlib.util.spec_from_file_location("script_reproduce_paper", SCRIPTS / "reproduce_paper.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return paper_grid
 
 
 def _args(grid, **overrides):
@@ -44,6 +44,53 @@ def test_budget_hash_is_order_independent_and_changes_with_any_value(grid):
     assert grid.budget_hash(techniques[0]) != grid.budget_hash(techniques[1])
     cell = grid.grid_cells("translation", _args(grid), [3], ["cosine"])[0]
     assert cell["key"] == f"translation-cosine-s3-{grid.budget_hash(budget)}"
+
+
+# The budget hashes of the grids run so far: results/paper_grid.jsonl rows and a running grid's cell folders and
+# checkpoints are keyed by them, so a budget file or code change that moves one orphans those cells.
+PINNED_BUDGET_HASHES = {
+    ("reduced", "translation"): "ad678edc70",
+    ("reduced", "clm"): "c394ca437b",
+    ("reduced", "techniques"): "d54e90b767",
+    ("full", "translation"): "cdbfc1e6f1",
+    ("full", "clm"): "b2a0002789",
+    ("full", "techniques"): "4e623f58e4",
+    ("smoke", "translation"): "1c157159d9",
+    ("smoke", "clm"): "10a5120fca",
+    ("smoke", "techniques"): "621686afe2",
+}
+
+
+@pytest.mark.parametrize(("budget", "grid_name"), sorted(PINNED_BUDGET_HASHES))
+def test_budget_hashes_are_pinned(grid, budget, grid_name):
+    args = _args(grid, budget=budget)
+    expected = PINNED_BUDGET_HASHES[budget, grid_name]
+    assert grid.budget_hash(grid.grid_budget(grid_name, args)) == expected
+    assert grid.grid_cells(grid_name, args, [0])[0]["key"].endswith(f"-s0-{expected}")
+
+
+def test_pinned_hashes_of_the_other_full_budget_options(grid):
+    """The full budget's other choices (fp32 instead of bf16, the fairseq embedding init) keep their hashes too."""
+    fp32, init = _args(grid, budget="full", precision="fp32"), _args(grid, budget="full", embedding_init_std=0.0625)
+    assert grid.budget_hash(grid.grid_budget("translation", fp32)) == "4bbd5744f0"
+    assert grid.budget_hash(grid.grid_budget("clm", fp32)) == "6804bae90a"
+    assert grid.budget_hash(grid.grid_budget("translation", init)) == "95c6ae4d70"
+    assert grid.budget_hash(grid.grid_budget("translation", _args(grid, budget="reduced",
+                                                                  embedding_init_std=0.0625))) == "08d0d981cb"
+
+
+def test_budgets_are_the_config_files(grid):
+    """Each preset is its YAML file (flags in the file's order); the full translation budget is the main-job recipe
+    without its per-cell keys."""
+    for kind, read in (("translation", grid.translation_budget), ("clm", grid.clm_budget)):
+        for name in grid.BUDGETS:
+            path = grid.budget_config(kind, name)
+            assert path.is_file(), path
+            config = yaml.safe_load(path.read_text())
+            assert read(name) == {k: v for k, v in config.items() if k not in grid.PER_CELL_KEYS}
+            assert list(read(name)) == [k for k in config if k not in grid.PER_CELL_KEYS]
+    assert grid.budget_config("translation", "full") == grid.MAIN_JOB_CONFIG
+    assert not set(grid.PER_CELL_KEYS) & {k for n in grid.BUDGETS for k in grid.clm_budget(n)}
 
 
 def test_full_budget_is_the_main_job_recipe(grid):

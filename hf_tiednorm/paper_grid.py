@@ -1,0 +1,592 @@
+"""The paper's comparison grid: its cells, budgets (scripts/configs/paper_grid_*.yaml and the main-job recipe), cell
+keys (a hash of the budget), the JSONL of finished cells (read, append, what is pending), running the cells, and the
+statistics, verdicts and report. scripts/reproduce_paper.py is its command line (see its docstring for the grids).
+
+Every cell is one run of scripts/run_translation.py or scripts/run_clm.py in a subprocess; its result is appended as
+one JSON line to the results file. A cell whose key (grid, variant, seed and a hash of the grid's budget) already has an
+"ok" row is skipped, so rerunning the same command resumes the grid; changing the budget starts new cells.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("baseline", "l2", "square", "distance", "cosine")
+# The HF contender of the translation grid: transformers' MarianMTModel (run_translation.py --model_family marian).
+MARIAN = "marian"
+TRANSLATION_VARIANTS = (*MODES, MARIAN)
+PRECISIONS = ("auto", "bf16", "fp32")
+CLM_MODES = ("baseline", "cosine", "l2")
+GRIDS = ("translation", "clm", "techniques")
+BUDGETS = ("smoke", "reduced", "full")
+# The full translation budget is the README main-job recipe, read from its config so that the two cannot drift.
+CONFIGS = ROOT / "scripts" / "configs"
+MAIN_JOB_CONFIG = CONFIGS / "multi30k_de_en.yaml"
+# Config keys that are per cell or per machine, not part of the budget.
+PER_CELL_KEYS = ("output_dir", "head_mode", "seed", "num_threads", "dataset_name", "save_strategy", "save_total_limit")
+# What the grid reads from a finished run's all_results.json.
+METRICS = ("eval_bleu", "test_bleu", "eval_gen_len", "test_gen_len", "eval_loss", "test_loss", "eval_perplexity",
+           "test_perplexity", "train_loss", "train_runtime")
+# Per grid: the metric reported (test split), its validation twin (which chooses), whether higher is better, and the
+# reference group.
+PRIMARY = {
+    "translation": ("test_bleu", "eval_bleu", True, "baseline"),
+    "clm": ("test_perplexity", "eval_perplexity", False, "baseline-tied"),
+    "techniques": ("test_perplexity", "eval_perplexity", False, "baseline"),
+}
+
+
+@dataclass
+class GridArguments:
+    """The command-line arguments of scripts/reproduce_paper.py: which grids, budget, seeds and workers."""
+
+    grids: str = field(default=",".join(GRIDS), metadata={"help": f"grids to run, comma-separated, from {GRIDS}"})
+    budget: str = field(
+        default="reduced",
+        metadata={
+            "help": f"one of {BUDGETS}, shared by every cell: smoke (seconds), reduced (2-core CPU), full (README "
+            "recipe)"
+        },
+    )
+    data_dir: str = field(
+        default="../shared/data/multi30k",
+        metadata={"help": "Multi30k folder with train/val/test_2016_flickr.{de,en}.gz; relative to the repo root"},
+    )
+    results: str = field(
+        default="results/paper_grid.jsonl", metadata={"help": "JSONL of finished cells (one row a cell, appended)"}
+    )
+    runs_dir: str = field(
+        default="runs/paper",
+        metadata={
+            "help": "one output folder per cell (gitignored); a half-done cell resumes from its last complete "
+            "checkpoint (full budget) or starts over"
+        },
+    )
+    modes: str = field(
+        default=",".join(TRANSLATION_VARIANTS),
+        metadata={"help": f"translation variants, comma-separated, from {TRANSLATION_VARIANTS}"},
+    )
+    seeds: str = field(default="0", metadata={"help": "seeds run for every cell of every chosen grid"})
+    extra_seeds: str = field(
+        default="1,2",
+        metadata={
+            "help": "further translation seeds for baseline, marian and the --best_modes best head modes (by mean "
+            "val BLEU)"
+        },
+    )
+    best_modes: int = field(default=2, metadata={"help": "head modes (besides baseline) given --extra_seeds"})
+    precision: str = field(
+        default="auto",
+        metadata={"help": f"one of {PRECISIONS}; auto: bf16 autocast for the full budget, fp32 for smoke/reduced"},
+    )
+    extra_seeds_all: bool = field(
+        default=False,
+        metadata={"help": "run --extra_seeds for every cell at once (no wait for the best modes; suits --workers)"},
+    )
+    workers: int = field(default=1, metadata={"help": "cells run at the same time (each a subprocess)"})
+    num_threads: int | None = field(
+        default=None, metadata={"help": "torch CPU threads per cell; None: the machine's cores divided by --workers"}
+    )
+    # Fits the grid into commands of limited length, e.g. 10-minute calls on a borrowed GPU machine.
+    max_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "start no new cell after this many minutes (running ones finish, the rest wait for the next "
+            "resume); None: no limit"
+        },
+    )
+    # σ of the weight-norm initialization ‖w_k‖ = σ·log(max(c_k, 2)). With the full budget's 8k BPE vocabulary on
+    # Multi30k English the mean of log(max(c_k, 2)) is 2.26, so σ = 0.14 keeps the mean initial row norm at the
+    # default init's 0.02·√256 = 0.32: the input side sees embeddings of the usual scale, only their spread now
+    # follows frequency (rare tokens 0.10, "a" with 3.2·10⁴ occurrences 1.45).
+    wn_init_sigma: float = field(
+        default=0.14, metadata={"help": "σ of the weight-norm initialization ‖w_k‖ = σ·log(max(c_k, 2))"}
+    )
+    embedding_init_std: float | None = field(
+        default=None,
+        metadata={
+            "help": "std of the token embeddings of every translation cell, ours and marian alike (the paper's fairseq "
+            "init: d**-0.5 = 0.0625 at d = 256; square mode needs it); None: HF's 0.02. A recipe choice: pick it on "
+            "val BLEU. Part of the budget (other cells)."
+        },
+    )
+    report_only: bool = field(
+        default=False, metadata={"help": "only rebuild the report (tables, verdicts, PNG) from --results for --budget"}
+    )
+    report_json: str = field(
+        default="results/paper_summary.json",
+        metadata={"help": "summary JSON of the report; its Markdown and PNG are written next to it (same stem)"},
+    )
+
+    def __post_init__(self):
+        if self.budget not in BUDGETS:
+            raise ValueError(f"--budget must be one of {BUDGETS}, got {self.budget!r}")
+        unknown = set(self.grid_list()) - set(GRIDS)
+        if unknown:
+            raise ValueError(f"--grids: unknown {sorted(unknown)}; choose from {GRIDS}")
+        unknown = set(self.mode_list()) - set(TRANSLATION_VARIANTS)
+        if unknown:
+            raise ValueError(f"--modes: unknown {sorted(unknown)}; choose from {TRANSLATION_VARIANTS}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+
+    def grid_list(self) -> list[str]:
+        return [g for g in self.grids.split(",") if g]
+
+    def mode_list(self) -> list[str]:
+        return [m for m in self.modes.split(",") if m]
+
+    def threads(self) -> int:
+        return self.num_threads or max(1, (os.cpu_count() or 1) // self.workers)
+
+    def bf16(self) -> bool:
+        """Whether the cells train under bf16 autocast (passed to every cell as --bf16 true/false)."""
+        return self.precision == "bf16" or (self.precision == "auto" and self.budget == "full")
+
+
+# ---------------------------------------------------------------- budgets
+def budget_config(kind: str, name: str) -> Path:
+    """The YAML file of one budget preset: ``kind`` "translation" (run_translation.py flags) or "clm" (run_clm.py
+    flags, shared by the clm and techniques grids); the full translation budget is the main-job recipe."""
+    if kind == "translation" and name == "full":
+        return MAIN_JOB_CONFIG
+    return CONFIGS / f"paper_grid_{kind}_{name}.yaml"
+
+
+def load_budget(kind: str, name: str) -> dict:
+    """The flags of one budget preset, in the file's order, without the per-cell and per-machine keys."""
+    config = yaml.safe_load(budget_config(kind, name).read_text())
+    return {k: v for k, v in config.items() if k not in PER_CELL_KEYS}
+
+
+def translation_budget(name: str) -> dict:
+    """run_translation.py flags shared by every translation cell."""
+    return load_budget("translation", name)
+
+
+def clm_budget(name: str) -> dict:
+    """run_clm.py flags shared by every causal-LM cell (clm and techniques grids)."""
+    return load_budget("clm", name)
+
+
+def technique_flags(vocab_size: int, wn_init_sigma: float) -> dict[str, dict]:
+    """run_clm.py flags of each technique on top of the tied baseline LM (papers' hyper-parameters)."""
+    # Adaptive bands: the most frequent quarter of the vocabulary at full width, the next half at d/4, the rest
+    # at d/16 (8k vocabulary: 2000 6000; Baevski & Auli's k = 4 shrink factor).
+    cutoffs = [vocab_size // 4, 3 * vocab_size // 4]
+    adaptive = {"adaptive_cutoffs": cutoffs, "adaptive_div_value": 4.0, "adaptive_tie_projections": True}
+    return {
+        "baseline": {"head_mode": "baseline"},
+        "projection_reg": {"head_mode": "baseline", "projection_regularization": 0.15},
+        "wn_init": {"head_mode": "baseline", "weight_norm_init_sigma": wn_init_sigma},
+        "wn_reg": {"head_mode": "baseline", "weight_norm_regularization": 1e-3, "weight_norm_target": 2.0},
+        "adaptive": {"head_mode": "baseline", **adaptive},
+        "adaptive_cosine": {"head_mode": "cosine", **adaptive},
+    }
+
+
+def translation_recipe(args: GridArguments) -> dict:
+    """Recipe flags of every translation cell that the grid's arguments choose (entering the budget only when set)."""
+    return {} if args.embedding_init_std is None else {"embedding_init_std": args.embedding_init_std}
+
+
+def grid_budget(grid: str, args: GridArguments) -> dict:
+    """Everything that must be equal across the cells of one grid (hashed into the cell keys). bf16 enters only when
+    on, so that the fp32 budgets keep the hashes of the rows written before precision was a choice (all fp32)."""
+    precision = {"bf16": True} if args.bf16() else {}
+    if grid == "translation":
+        return {"preset": args.budget, **translation_budget(args.budget), **translation_recipe(args), **precision}
+    budget = {"preset": args.budget, **clm_budget(args.budget), **precision}
+    if grid == "techniques":
+        budget["techniques"] = technique_flags(budget["vocab_size"], args.wn_init_sigma)
+    return budget
+
+
+# ---------------------------------------------------------------- pure logic (tests/test_reproduce_paper.py)
+def budget_hash(budget: dict) -> str:
+    return hashlib.sha1(json.dumps(budget, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def cell_key(grid: str, variant: str, seed: int, budget: dict) -> str:
+    return f"{grid}-{variant}-s{seed}-{budget_hash(budget)}"
+
+
+def make_cell(grid: str, variant: str, seed: int, budget: dict, flags: dict) -> dict:
+    """One grid cell: ``variant`` names its group in the report; ``flags`` are its run-specific script flags."""
+    return {"key": cell_key(grid, variant, seed, budget), "grid": grid, "variant": variant, "seed": seed,
+            "budget": budget["preset"], "budget_hash": budget_hash(budget), "flags": flags}
+
+
+def load_rows(path: Path) -> list[dict]:
+    """Rows of the JSONL; a truncated line (a run killed mid-write) is ignored."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+_APPEND_LOCK = threading.Lock()
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append one row as one write of one line (O_APPEND), under a lock; if the file ends in a truncated line, the
+    row starts on a fresh line so that it is not glued onto the broken one."""
+    with _APPEND_LOCK:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            broken = size > 0 and Path(path).read_bytes()[-1:] != b"\n"
+            os.write(fd, (("\n" if broken else "") + json.dumps(row) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def pending(cells: list[dict], rows: list[dict]) -> list[dict]:
+    """Cells without an "ok" row (failed cells run again)."""
+    done = {row.get("key") for row in rows if row.get("status") == "ok"}
+    return [cell for cell in cells if cell["key"] not in done]
+
+
+def mean_std(values: list[float]) -> dict:
+    return {
+        "mean": statistics.fmean(values) if values else math.nan,
+        "std": statistics.stdev(values) if len(values) > 1 else math.nan,
+        "n": len(values),
+    }
+
+
+def summarize(rows: list[dict], grid: str, metric: str, budget_hash_: str) -> dict[str, dict]:
+    """{variant: mean/std/n of metric} over the ok rows of one grid and budget."""
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        if (row.get("status") == "ok" and row.get("grid") == grid and row.get("budget_hash") == budget_hash_
+                and row.get(metric) is not None):
+            groups.setdefault(row["variant"], []).append(float(row[metric]))
+    return {variant: mean_std(values) for variant, values in groups.items()}
+
+
+def verdict(summary: dict[str, dict], reference: str, higher_is_better: bool) -> dict[str, dict]:
+    """Per variant: difference of means to the reference, whether it is an improvement, and whether it exceeds the
+    seed spread, i.e. |diff| > combined std √(s_ref² + s_variant²) (the spread of the difference of two single
+    runs); None when either side has a single seed."""
+    ref = summary.get(reference)
+    if ref is None:
+        return {}
+    out = {}
+    for variant, stats in summary.items():
+        if variant == reference:
+            continue
+        diff = stats["mean"] - ref["mean"]
+        spread = math.sqrt(stats["std"] ** 2 + ref["std"] ** 2)
+        out[variant] = {
+            "diff": diff,
+            "better": diff > 0 if higher_is_better else diff < 0,
+            "combined_std": None if math.isnan(spread) else spread,
+            "exceeds_seed_spread": None if math.isnan(spread) else abs(diff) > spread,
+        }
+    return out
+
+
+def verdict_sentences(verdicts: dict[str, dict], reference: str, metric: str) -> list[str]:
+    """Plain-language lines for the report."""
+    lines = []
+    for variant, v in verdicts.items():
+        word = "beats" if v["better"] else "does not beat"
+        if v["exceeds_seed_spread"] is None:
+            spread = "seed spread unknown (one seed on a side)"
+        else:
+            side = "beyond" if v["exceeds_seed_spread"] else "within"
+            spread = f"{side} the seed spread (combined std {v['combined_std']:.2f})"
+        lines.append(f"- {variant} {word} {reference}: {metric} {v['diff']:+.2f}, {spread}")
+    return lines
+
+
+def best_variants(summary: dict[str, dict], exclude: tuple[str, ...], higher_is_better: bool, count: int) -> list[str]:
+    """Up to ``count`` variants not in ``exclude`` with the best means, best first."""
+    candidates = [v for v in summary if v not in exclude and not math.isnan(summary[v]["mean"])]
+    sign = 1 if higher_is_better else -1
+    return sorted(candidates, key=lambda v: -sign * summary[v]["mean"])[:count]
+
+
+# ---------------------------------------------------------------- cells and runs
+def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[str] | None = None) -> list[dict]:
+    """The cells of one grid for ``seeds`` (all its variants, or only ``variants``)."""
+    budget = grid_budget(grid, args)
+    if grid == "translation":
+        table = {v: {"model_family": MARIAN} if v == MARIAN else {"head_mode": v} for v in args.mode_list()}
+    elif grid == "clm":
+        table = {f"{mode}-{'tied' if tied else 'untied'}": {"head_mode": mode, "tie_word_embeddings": tied}
+                 for tied in (True, False) for mode in CLM_MODES}
+    else:
+        table = budget["techniques"]
+    chosen = [v for v in table if variants is None or v in variants]
+    return [make_cell(grid, v, s, budget, table[v]) for s in seeds for v in chosen]
+
+
+def data_dir(args: GridArguments) -> Path:
+    path = Path(args.data_dir)
+    return path if path.is_absolute() else (ROOT / path).resolve()
+
+
+def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
+    data = data_dir(args)
+    if cell["grid"] == "translation":
+        script = "run_translation.py"
+        files = {f"{split}_file": str(data / f"{name}.{{lang}}.gz")
+                 for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
+        budget = {**translation_budget(args.budget), **translation_recipe(args)}
+    else:
+        script = "run_clm.py"
+        files = {f"{split}_file": str(data / f"{name}.en.gz")
+                 for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
+        budget = clm_budget(args.budget)
+    # The full budget saves a checkpoint per epoch, so that a killed cell resumes (run_cell); the others start over.
+    saving = {"save_strategy": "epoch", "save_total_limit": 1} if args.budget == "full" else {"save_strategy": "no"}
+    flags = {**budget, **files, **cell["flags"], "output_dir": out, "seed": cell["seed"], "bf16": args.bf16(),
+             "num_threads": args.threads(), **saving, "dataset_name": "bentrevett/multi30k"}
+    argv = [sys.executable, str(ROOT / "scripts" / script)]
+    for name, value in flags.items():
+        values = value if isinstance(value, list) else [value]  # a list flag (--adaptive_cutoffs) takes nargs
+        argv += [f"--{name}", *(str(item).lower() if isinstance(item, bool) else str(item) for item in values)]
+    return argv
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def embedding_norms(folder: Path) -> dict:
+    """Row norms of the output (tied) embedding of a saved model: summary and a 40-bin histogram; {} when the model
+    has no single output matrix (adaptive softmax bands)."""
+    import torch
+    from safetensors.torch import load_file
+
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return {}
+    state = load_file(str(path))
+    for name in ("lm_head.weight", "model.shared.weight", "model.decoder.embed_tokens.weight",
+                 "model.embed_tokens.weight"):
+        if name in state:
+            norms = torch.linalg.vector_norm(state[name].float(), dim=-1)
+            break
+    else:
+        return {}
+    top = float(norms.max())
+    quantiles = torch.quantile(norms, torch.tensor([0.05, 0.5, 0.95])).tolist()
+    return {"mean": float(norms.mean()), "std": float(norms.std()), "q05": quantiles[0], "median": quantiles[1],
+            "q95": quantiles[2], "hist_max": top, "hist_counts": torch.histc(norms, bins=40, min=0.0, max=top).tolist()}
+
+
+def prepare_cell_dir(out: Path) -> Path | None:
+    """The checkpoint a cell killed half-way resumes from (its folder kept); None after wiping a folder without one
+    (a fresh start, e.g. smoke/reduced cells, which save none)."""
+    from hf_tiednorm.training import last_complete_checkpoint
+
+    checkpoint = last_complete_checkpoint(out) if out.is_dir() else None
+    if checkpoint is None:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+    return checkpoint
+
+
+def run_cell(args: GridArguments, cell: dict, device: str) -> dict:
+    out = ROOT / args.runs_dir / cell["key"]
+    checkpoint = prepare_cell_dir(out)
+    argv = command(args, cell, out)
+    if checkpoint is not None:
+        argv += ["--resume_from_checkpoint", "last"]  # the run's own newest complete checkpoint
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    start = time.monotonic()
+    with open(out / "run.log", "a" if checkpoint else "w") as log:
+        rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    # wall_minutes: this slice only (a resumed cell's earlier slices ran in earlier commands).
+    row = {**cell, "status": "ok" if rc == 0 else f"failed rc={rc}", "wall_minutes": (time.monotonic() - start) / 60,
+           "device": device, "num_threads": args.threads(), "precision": "bf16" if args.bf16() else "fp32",
+           "resumed_from": None if checkpoint is None else checkpoint.name,
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join(argv[1:])}
+    results = out / "all_results.json"
+    if rc == 0 and results.is_file():
+        metrics = json.loads(results.read_text())
+        row.update({name: metrics[name] for name in METRICS if name in metrics})
+        row["embedding_norms"] = embedding_norms(out)
+    elif rc == 0:
+        row["status"] = "failed: no all_results.json"
+    if row["status"] != "ok":
+        row["log_tail"] = (out / "run.log").read_text(errors="replace").splitlines()[-15:]
+    return row
+
+
+def run_cells(args: GridArguments, cells: list[dict], results: Path) -> None:
+    """Run the pending cells, --workers at a time; each appends its row as soon as it finishes."""
+    todo = pending(cells, load_rows(results))
+    print(f"{len(cells) - len(todo)} of {len(cells)} cells already done; running {len(todo)} with "
+          f"{args.workers} worker(s) × {args.threads()} thread(s)", flush=True)
+    device = device_name()
+    deadline = math.inf if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
+
+    def work(cell: dict) -> None:
+        if time.monotonic() > deadline:
+            print(f"[{time.strftime('%H:%M:%S')}] --max_minutes reached: {cell['key']} left for the next resume",
+                  flush=True)
+            return
+        print(f"[{time.strftime('%H:%M:%S')}] start {cell['key']}", flush=True)
+        try:
+            row = run_cell(args, cell, device)
+        # One cell's broken post-processing must not stop the others; its "failed" row makes it rerun on resume.
+        except Exception as error:  # noqa: BLE001
+            row = {**cell, "status": f"failed: {type(error).__name__}: {error}"[:500], "wall_minutes": 0.0,
+                   "device": device}
+        append_row(results, row)
+        shown = {k: round(row[k], 3) for k in ("eval_bleu", "test_bleu", "test_perplexity") if k in row}
+        print(f"[{time.strftime('%H:%M:%S')}] {row['status']} {cell['key']} {shown} ({row['wall_minutes']:.1f} min)",
+              flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        list(pool.map(work, todo))  # list(): re-raise what a worker could not record (a failed append)
+
+
+def extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
+    """The translation variants that get --extra_seeds: baseline, marian and the --best_modes head modes with the
+    best mean *validation* BLEU (choosing on test would tune on it), among those of --modes."""
+    val = summarize(rows, "translation", "eval_bleu", budget_hash(grid_budget("translation", args)))
+    best = best_variants(val, ("baseline", MARIAN), higher_is_better=True, count=args.best_modes)
+    return [v for v in ("baseline", MARIAN, *best) if v in args.mode_list()]
+
+
+# ---------------------------------------------------------------- report
+def report(args: GridArguments) -> dict:
+    """Tables (mean ± std, n) and verdicts per grid for --budget, written as JSON + Markdown, plus the PNG."""
+    rows = load_rows(ROOT / args.results)
+    summary: dict = {"budget": args.budget, "results": args.results, "grids": {}}
+    markdown = [f"# The paper's comparison, budget `{args.budget}`", ""]
+    for grid in GRIDS:
+        budget = grid_budget(grid, args)
+        metric, val_metric, higher, reference = PRIMARY[grid]
+        test = summarize(rows, grid, metric, budget_hash(budget))
+        if not test:
+            continue
+        order = [cell["variant"] for cell in grid_cells(grid, args, [0])]  # the grid's own order, then the rest
+        test = {v: test[v] for v in sorted(test, key=lambda v: order.index(v) if v in order else len(order))}
+        val = summarize(rows, grid, val_metric, budget_hash(budget))
+        verdicts = verdict(test, reference, higher)
+        ok = [r for r in rows if r.get("grid") == grid and r.get("budget_hash") == budget_hash(budget)
+              and r.get("status") == "ok"]
+        devices = sorted({r.get("device", "?") for r in ok})
+        precisions = sorted({r.get("precision", "fp32") for r in ok})  # rows before the field were all fp32
+        minutes = summarize([{**r, "wall": r.get("wall_minutes")} for r in ok], grid, "wall", budget_hash(budget))
+        # The HF contender is a second reference where the grid has it.
+        references = [reference] + ([MARIAN] if MARIAN in test and reference != MARIAN else [])
+        verdicts_by_ref = {ref: verdict(test, ref, higher) for ref in references}
+        val_verdicts = verdict(val, reference, higher)
+        summary["grids"][grid] = {"budget": budget, "budget_hash": budget_hash(budget), "metric": metric,
+                                  "test": test, "val": val, "verdict": verdicts, "devices": devices,
+                                  "precisions": precisions, "wall_minutes": minutes,
+                                  "verdict_by_reference": verdicts_by_ref, "val_verdict": val_verdicts}
+        name = "BLEU" if grid == "translation" else "perplexity"
+        markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {', '.join(devices)}; "
+                     f"precision: {', '.join(precisions)})", "",
+                     f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ val vs {reference} | "
+                     + " | ".join(f"Δ test vs {ref}" for ref in references) + " | wall min (mean) |",
+                     "|---|---|---|---|" + "---|" * len(references) + "---|"]
+        for variant, t in test.items():
+            v = val.get(variant, mean_std([]))
+            deltas = [val_verdicts.get(variant, {}).get("diff")]
+            deltas += [verdicts_by_ref[ref].get(variant, {}).get("diff") for ref in references]
+            cells = " | ".join("" if d is None else f"{d:+.2f}" for d in deltas)
+            wall = minutes.get(variant, mean_std([]))["mean"]
+            markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {cells} | {wall:.1f} |")
+        markdown += [""]
+        for ref in references:
+            markdown += verdict_sentences(verdicts_by_ref[ref], ref, f"test {name}")
+        markdown += [""]
+    summary["markdown"] = "\n".join(markdown)
+    json_path = ROOT / args.report_json
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(summary, indent=1))
+    json_path.with_suffix(".md").write_text(summary["markdown"] + "\n")
+    translation_hash = budget_hash(grid_budget("translation", args))
+    plot_histograms([r for r in rows if r.get("budget_hash") == translation_hash], json_path.with_suffix(".png"))
+    print(summary["markdown"], flush=True)
+    return summary
+
+
+def _fmt(stats: dict) -> str:
+    std = "–" if math.isnan(stats["std"]) else f"{stats['std']:.2f}"
+    return f"{stats['mean']:.2f} ± {std} ({stats['n']})"
+
+
+def plot_histograms(rows: list[dict], path: Path) -> None:
+    """One embedding-norm histogram per translation mode (its lowest seed)."""
+    hists = {}
+    for row in sorted(rows, key=lambda r: r["seed"]):
+        if row.get("status") == "ok" and row.get("grid") == "translation" and row.get("embedding_norms"):
+            hists.setdefault(row["variant"], row["embedding_norms"])
+    if not hists:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in TRANSLATION_VARIANTS if m in hists]
+    figure, axes = plt.subplots(1, len(modes), figsize=(3.2 * len(modes), 2.8), squeeze=False)
+    for axis, mode in zip(axes[0], modes):
+        h = hists[mode]
+        width = h["hist_max"] / len(h["hist_counts"])
+        axis.bar([width * (i + 0.5) for i in range(len(h["hist_counts"]))], h["hist_counts"], width=width)
+        axis.set_title(f"{mode} (median {h['median']:.2f})", fontsize=9)
+        axis.set_xlabel("row norm ‖w_i‖")
+    axes[0][0].set_ylabel("tokens")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def run_grid(args: GridArguments) -> None:
+    """Run (or resume) the chosen grids, then the extra seeds, then write the report."""
+    results = ROOT / args.results
+    started = time.monotonic()
+    if not args.report_only:
+        if not (data_dir(args) / "train.de.gz").is_file():
+            raise FileNotFoundError(f"Multi30k not found in --data_dir {data_dir(args)} (train.de.gz etc.)")
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+        extra = [int(s) for s in args.extra_seeds.split(",") if s]
+        first = seeds + extra if args.extra_seeds_all else seeds
+        run_cells(args, [cell for grid in args.grid_list() for cell in grid_cells(grid, args, first)], results)
+        out_of_time = args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes
+        if extra and not args.extra_seeds_all and "translation" in args.grid_list() and not out_of_time:
+            chosen = extra_seed_variants(args, load_rows(results))
+            print(f"extra seeds {extra} for {chosen} (best modes by mean val BLEU)", flush=True)
+            run_cells(args, grid_cells("translation", args, extra, chosen), results)
+    report(args)
