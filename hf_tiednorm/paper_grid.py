@@ -222,7 +222,18 @@ def grid_budget(grid: str, args: GridArguments) -> dict:
 
 # ---------------------------------------------------------------- pure logic (tests/test_reproduce_paper.py)
 def budget_hash(budget: dict) -> str:
-    return hashlib.sha1(json.dumps(budget, sort_keys=True).encode()).hexdigest()[:10]
+    return hashlib.sha1(json.dumps(_hash_form(budget), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _hash_form(value):
+    """``value`` with every list of ints written as the comma-separated string the flags once took: the first
+    techniques rows were keyed when ``--adaptive_cutoffs`` was the string "1000,3000", and the same cells must keep
+    their keys now that it is a list."""
+    if isinstance(value, dict):
+        return {key: _hash_form(item) for key, item in value.items()}
+    if isinstance(value, list) and value and all(isinstance(item, int) for item in value):
+        return ",".join(map(str, value))
+    return value
 
 
 def cell_key(grid: str, variant: str, seed: int, budget: dict) -> str:
