@@ -22,6 +22,8 @@ import logging
 import os
 import shutil
 import sys
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,8 +35,10 @@ from transformers import (
     AttentionMaskInterface,
     AutoConfig,
     AutoTokenizer,
+    EarlyStoppingCallback,
     HfArgumentParser,
     PretrainedConfig,
+    PreTrainedTokenizerBase,
     Seq2SeqTrainingArguments,
     Trainer,
     TrainerCallback,
@@ -47,8 +51,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
 from .adaptive import AdaptiveInput
+from .data import token_counts
+from .model_card import write_model_card
 from .normalized_head import HEAD_MODES, LOGIT_SCALES
-from .tokenization import TOKENIZER_MODELS
+from .plots import plot_embedding_norms
+from .tokenization import TOKENIZER_MODELS, train_joint_tokenizer
+from .vocab_order import frequency_ordered
+from .weight_norm_init import weight_norm_init_
 
 logger = logging.getLogger(__name__)
 
@@ -543,27 +552,225 @@ class TiedWeightsCheck(TrainerCallback):
         logger.warning("rank %d: trained %d steps", args.process_index, state.global_step)
 
 
+@dataclass
+class RunArguments:
+    """How a run uses the machine and when its training stops: the same flags in both training scripts."""
+
+    num_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch CPU threads per process; None: all cores shared among the launch's processes"},
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={"help": "stop training after this many minutes (all ranks at one step), then evaluate as usual"},
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": "stop after N evaluations without improving --metric_for_best_model (needs "
+            "--load_best_model_at_end)"
+        },
+    )
+
+
+def setup_run(run_args: RunArguments, training_args: TrainingArguments) -> None:
+    """The checks and settings a training script makes before any work: every launched process joined the group,
+    torch's CPU threads, and the flags that cannot serve (the Trainer's label smoothing, early stopping without a
+    best model to return to)."""
+    check_world_size(training_args)
+    configure_threads(run_args.num_threads)
+    if training_args.label_smoothing_factor:
+        raise ValueError("use --label_smoothing (the model's loss) instead of --label_smoothing_factor")
+    if run_args.early_stopping_patience is not None and not training_args.load_best_model_at_end:
+        raise ValueError("--early_stopping_patience needs --load_best_model_at_end true and an eval/save strategy")
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stops training once the budget is spent; ranks agree through an all-reduce so that none waits forever."""
+
+    def __init__(self, minutes: float):
+        self.deadline = time.monotonic() + 60 * minutes
+
+    def on_step_end(self, args, state, control, **kwargs):
+        over = torch.tensor(float(time.monotonic() > self.deadline))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
+        if over.item():
+            logger.warning("max_train_minutes reached at step %d: stopping training", state.global_step)
+            control.should_training_stop = True
+            control.should_save = True
+
+
+def run_callbacks(run_args: RunArguments) -> list[TrainerCallback]:
+    """The Trainer callbacks of a run: the tie check, and the time limit and early stopping when asked for."""
+    callbacks: list[TrainerCallback] = [TiedWeightsCheck()]
+    if run_args.max_train_minutes is not None:
+        callbacks.append(TimeBudgetCallback(run_args.max_train_minutes))
+    if run_args.early_stopping_patience is not None:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=run_args.early_stopping_patience))
+    return callbacks
+
+
+def split_files(train_file: str, validation_file: str | None, test_file: str | None) -> dict[str, str]:
+    """The data files by split name; a split without a file (None or empty) is left out."""
+    files = {"train": train_file}
+    if validation_file:
+        files["validation"] = validation_file
+    if test_file:
+        files["test"] = test_file
+    return files
+
+
+def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dict[str, str | None]:
+    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses an --output_dir holding one)."""
+    return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
+            **{f"--{split}_file": path for split, path in files.items()}}
+
+
+def select_first(raw: dict, limits: dict[str, int | None]) -> None:
+    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place); None keeps them all."""
+    for split, limit in limits.items():
+        if split in raw and limit is not None:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+
+
+def load_or_train_tokenizer(
+    model_args: TiedNormModelArguments,
+    training_args: TrainingArguments,
+    resume: str | None,
+    texts: Callable[[], Iterable[list[str]]],
+    model_max_length: int,
+    count_tokens: Callable[[PreTrainedTokenizerBase], torch.Tensor],
+) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: the checkpoint's, a given one, the one a previous run saved in --output_dir, or a new
+    one trained on ``texts()`` (batches of training text). With --adaptive_cutoffs it is renumbered by decreasing
+    ``count_tokens(tokenizer)`` (training-data frequencies), special tokens first. A trained or renumbered
+    tokenizer is saved in --output_dir by the main process, which goes first so that the others load nothing
+    half-written."""
+    output_dir = Path(training_args.output_dir)
+    with training_args.main_process_first(desc="tokenizer"):
+        source = model_args.tokenizer_source(resume, output_dir)
+        if source is not None:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        else:
+            tokenizer = train_joint_tokenizer(
+                texts(), vocab_size=model_args.vocab_size, model=model_args.tokenizer_model,
+                model_max_length=model_max_length,
+            )
+        if model_args.adaptive_cutoffs is not None:  # a new model (fine-tuning refuses the flag)
+            tokenizer = frequency_ordered(tokenizer, count_tokens(tokenizer), model_args.tokenizer_name, output_dir)
+        if (source is None or model_args.adaptive_cutoffs is not None) and training_args.process_index == 0:
+            tokenizer.save_pretrained(output_dir)
+    logger.info("tokenizer from %s: %d tokens", source or "training data", len(tokenizer))
+    return tokenizer
+
+
+def check_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, training_args: TrainingArguments) -> None:
+    """Choose the model's attention for the run's precision (logged), and fail when the tokenizer has more tokens
+    than the model has embedding rows."""
+    logger.info(choose_attention(model, training_args))
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
+
+
+def save_token_counts_and_init(
+    model: PreTrainedModel,
+    train_dataset,
+    columns: tuple[str, ...],
+    model_args: TiedNormModelArguments,
+    training_args: TrainingArguments,
+) -> None:
+    """For a new model: the token frequencies of the tokenized training data (``columns``) saved as
+    token_counts.pt in --output_dir (for the embedding-norm plots and analyses), and Herold et al.'s weight-norm
+    initialization from them with --weight_norm_init_sigma, on every process, before the Trainer wraps the model."""
+    if model_args.model_name_or_path is not None:
+        return
+    counts = token_counts(train_dataset, model.config.vocab_size, columns)
+    if training_args.process_index == 0:
+        output_dir = Path(training_args.output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(counts, output_dir / "token_counts.pt")
+    if model_args.weight_norm_init_sigma is not None:
+        weight_norm_init_(model, counts, model_args.weight_norm_init_sigma)
+
+
+def train_and_save(trainer: Trainer, resume: str | None, num_examples: dict[str, int]) -> dict:
+    """Train (continuing ``resume``), save the final model and tokenizer (``save_final_model``), and log and save the
+    training metrics with ``num_examples`` (e.g. ``{"train_samples": n}``) and the minutes spent; returns them."""
+    start = time.monotonic()
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    save_final_model(trainer)  # model + tokenizer
+    minutes = (time.monotonic() - start) / 60
+    metrics = dict(train_result.metrics, **num_examples, train_minutes=minutes)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    return metrics
+
+
+def card_training(model_args: TiedNormModelArguments, training_args: TrainingArguments, **extra: Any) -> dict:
+    """The training settings a model card lists: the model flags, the schedule's main arguments and ``extra``."""
+    return {
+        **model_args.config_overrides(),
+        "num_train_epochs": training_args.num_train_epochs,
+        "max_steps": training_args.max_steps,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "learning_rate": training_args.learning_rate,
+        **extra,
+        "seed": training_args.seed,
+    }
+
+
+def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[str, Any] | None) -> None:
+    """On the main process: the embedding-norm plots (with token_counts.pt when the run saved it; not under FSDP,
+    whose sharded weights would need a gather) and, unless ``card`` is None, the model card rendered from
+    ``write_model_card(output_dir, **card)``."""
+    if not trainer.is_world_process_zero():
+        return
+    output_dir = Path(trainer.args.output_dir)
+    if not trainer.is_fsdp_enabled:
+        counts_file = output_dir / "token_counts.pt"
+        counts = torch.load(counts_file) if counts_file.is_file() else None
+        plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
+    if card is not None:
+        write_model_card(output_dir, **card)
+    logger.info("model, tokenizer, metrics and card are in %s", output_dir.resolve())
+
+
 __all__ = [
     "BF16_CPU_FLAGS",
     "CPU_BF16_ATTENTION",
     "CPU_BF16_ATTENTION_MODEL_TYPES",
     "Bf16DefaultMixin",
     "OutputDirArguments",
+    "RunArguments",
+    "TimeBudgetCallback",
     "TiedNormSeq2SeqTrainingArguments",
     "TiedNormTrainingArguments",
     "TiedNormModelArguments",
     "TiedWeightsCheck",
     "check_resume_config",
+    "card_training",
+    "check_model",
     "check_world_size",
     "configure_threads",
     "choose_attention",
     "cpu_bf16_flag",
     "eager_attention_fp32_softmax",
     "is_complete_checkpoint",
+    "load_or_train_tokenizer",
     "last_complete_checkpoint",
     "parse_arguments",
     "prepare_output_dir",
     "resolve_bf16",
     "resolve_resume_checkpoint",
+    "run_callbacks",
+    "run_inputs",
     "save_final_model",
+    "save_token_counts_and_init",
+    "select_first",
+    "setup_run",
+    "split_files",
+    "train_and_save",
+    "write_plots_and_card",
 ]

@@ -37,37 +37,33 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import transformers
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    default_data_collator,
-    set_seed,
-)
+from transformers import AutoModelForCausalLM, default_data_collator, set_seed
 
 import hf_tiednorm
 from hf_tiednorm.data import group_texts, load_monolingual, token_counts, training_texts
-from hf_tiednorm.model_card import write_model_card
-from hf_tiednorm.plots import plot_embedding_norms
-from hf_tiednorm.tokenization import train_joint_tokenizer
 from hf_tiednorm.trainers import TiedNormTrainer, add_perplexity
 from hf_tiednorm.training import (
     OutputDirArguments,
+    RunArguments,
     TiedNormModelArguments,
     TiedNormTrainingArguments,
-    TiedWeightsCheck,
+    card_training,
+    check_model,
     check_resume_config,
-    check_world_size,
-    choose_attention,
-    configure_threads,
+    load_or_train_tokenizer,
     parse_arguments,
     prepare_output_dir,
     resolve_resume_checkpoint,
-    save_final_model,
+    run_callbacks,
+    run_inputs,
+    save_token_counts_and_init,
+    select_first,
+    setup_run,
+    split_files,
+    train_and_save,
+    write_plots_and_card,
 )
-from hf_tiednorm.vocab_order import frequency_ordered
-from hf_tiednorm.weight_norm_init import weight_norm_init_
 
 logger = logging.getLogger(__name__)
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -75,8 +71,8 @@ MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 @dataclass
 class ModelArguments(TiedNormModelArguments):
-    """The shared model flags (checkpoint, tokenizer, output layer, technique flags: hf_tiednorm/training.py), the
-    causal LM's architecture and the process's threads."""
+    """The shared model flags (checkpoint, tokenizer, output layer, technique flags: hf_tiednorm/training.py) and the
+    causal LM's architecture."""
 
     # Architecture flags that map one-to-one onto TiedNormCausalConfig fields (none may change a saved model).
     config_fields = TiedNormModelArguments.config_fields + (
@@ -88,10 +84,6 @@ class ModelArguments(TiedNormModelArguments):
     intermediate_size: int | None = field(default=None, metadata={"help": "feed-forward dimension"})
     num_hidden_layers: int | None = field(default=None, metadata={"help": "decoder layers"})
     num_attention_heads: int | None = field(default=None, metadata={"help": "attention heads per layer"})
-    num_threads: int | None = field(
-        default=None,
-        metadata={"help": "torch CPU threads per process; None: all cores shared among the launch's processes"},
-    )
 
 
 @dataclass
@@ -136,18 +128,15 @@ class DataArguments:
 
 
 def main() -> None:
-    model_args, data_args, output_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, OutputDirArguments, TiedNormTrainingArguments)
+    model_args, data_args, run_args, output_args, training_args = parse_arguments(
+        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments)
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.info("precision: %s", training_args.precision_note)
-    check_world_size(training_args)
-    configure_threads(model_args.num_threads)
-    if training_args.label_smoothing_factor:
-        raise ValueError("use --label_smoothing (the model's loss) instead of --label_smoothing_factor")
-    output_dir = Path(training_args.output_dir)
+    setup_run(run_args, training_args)
     resume = resolve_resume_checkpoint(training_args)
+
     # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.
     run_config = model_args.run_config(hf_tiednorm.TiedNormCausalConfig)
     # A new model gets max(--block_size, 512) positions (below); a saved one has its own.
@@ -159,38 +148,26 @@ def main() -> None:
             "lower --block_size to at most that"
         )
     check_resume_config(resume, run_config, model_args.architecture_fields())
-    split_files = {"train": data_args.train_file}
-    if data_args.validation_file:
-        split_files["validation"] = data_args.validation_file
-    if data_args.test_file:
-        split_files["test"] = data_args.test_file
-    inputs = {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-              **{f"--{split}_file": path for split, path in split_files.items()}}
-    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, inputs)
+    files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
+    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
     set_seed(training_args.seed)
 
-    raw = load_monolingual(split_files, data_args.text_column)
-    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
-                         ("test", data_args.max_eval_samples)):
-        if split in raw and limit is not None:
-            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    # Data: one ``text`` column a split.
+    raw = load_monolingual(files, data_args.text_column)
+    select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                       "test": data_args.max_eval_samples})
 
-    with training_args.main_process_first(desc="tokenizer"):
-        tokenizer_source = model_args.tokenizer_source(resume, output_dir)
-        if tokenizer_source is not None:
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
-        else:
-            tokenizer = train_joint_tokenizer(
-                training_texts(raw["train"], ["text"]), vocab_size=model_args.vocab_size,
-                model=model_args.tokenizer_model, model_max_length=data_args.block_size,
-            )
-        if model_args.adaptive_cutoffs is not None:  # a new model (fine-tuning refuses the flag)
-            train_blocks = group_texts(raw["train"], tokenizer, data_args.block_size)
-            counts = token_counts(train_blocks, len(tokenizer), ("input_ids",))
-            tokenizer = frequency_ordered(tokenizer, counts, model_args.tokenizer_name, output_dir)
-        if (tokenizer_source is None or model_args.adaptive_cutoffs is not None) and training_args.process_index == 0:
-            tokenizer.save_pretrained(output_dir)
+    # Tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new one.
+    tokenizer = load_or_train_tokenizer(
+        model_args, training_args, resume,
+        texts=lambda: training_texts(raw["train"], ["text"]),
+        model_max_length=data_args.block_size,
+        count_tokens=lambda tok: token_counts(
+            group_texts(raw["train"], tok, data_args.block_size), len(tok), ("input_ids",)
+        ),
+    )
 
+    # Model: a saved (or converted) one, or a new TiedNormForCausalLM sized to the tokenizer.
     if model_args.model_name_or_path is not None:
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=run_config)
     else:
@@ -203,22 +180,15 @@ def main() -> None:
             **model_args.config_overrides(),
         )
         model = hf_tiednorm.TiedNormForCausalLM(config)
-    logger.info(choose_attention(model, training_args))
-    if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
+    check_model(model, tokenizer, training_args)
 
+    # Blocks of --block_size tokens; a new model's token counts and weight-norm initialization.
     with training_args.main_process_first(desc="grouping texts"):
         blocks = group_texts(raw, tokenizer, data_args.block_size, data_args.preprocessing_num_workers)
     for split in blocks:
         if len(blocks[split]) == 0:
             raise ValueError(f"the {split} text is shorter than one block of {data_args.block_size} tokens")
-    if model_args.model_name_or_path is None:
-        counts = token_counts(blocks["train"], model.config.vocab_size, ("input_ids",))
-        if training_args.process_index == 0:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            torch.save(counts, output_dir / "token_counts.pt")
-        if model_args.weight_norm_init_sigma is not None:  # on every process, before the Trainer wraps the model
-            weight_norm_init_(model, counts, model_args.weight_norm_init_sigma)
+    save_token_counts_and_init(model, blocks["train"], ("input_ids",), model_args, training_args)
 
     trainer = TiedNormTrainer(
         model=model,
@@ -227,17 +197,13 @@ def main() -> None:
         eval_dataset=blocks.get("validation"),
         processing_class=tokenizer,
         data_collator=default_data_collator,
-        callbacks=[TiedWeightsCheck()],
+        callbacks=run_callbacks(run_args),
     )
+
+    # Training, then perplexity on the validation and test blocks.
     results: dict = {}
     if training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=resume)
-        save_final_model(trainer)  # model + tokenizer
-        metrics = dict(train_result.metrics, train_blocks=len(blocks["train"]))
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
-        trainer.save_state()
-        results.update(metrics)
+        results.update(train_and_save(trainer, resume, {"train_blocks": len(blocks["train"])}))
     if training_args.do_eval:
         for split, prefix in (("validation", "eval"), ("test", "test")):
             if split not in blocks:
@@ -248,28 +214,11 @@ def main() -> None:
             trainer.log_metrics(prefix, metrics)
             trainer.save_metrics(prefix, metrics)
             results.update(metrics)
-    if trainer.is_world_process_zero():
-        if not trainer.is_fsdp_enabled:  # the histogram the card shows (sharded FSDP weights would need a gather)
-            counts_file = output_dir / "token_counts.pt"
-            counts = torch.load(counts_file) if counts_file.is_file() else None
-            plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
-        write_model_card(
-            output_dir,
-            metrics=results,
-            dataset=data_args.dataset_name,
-            languages=None,
-            training={
-                **model_args.config_overrides(),
-                "block_size": data_args.block_size,
-                "num_train_epochs": training_args.num_train_epochs,
-                "max_steps": training_args.max_steps,
-                "per_device_train_batch_size": training_args.per_device_train_batch_size,
-                "learning_rate": training_args.learning_rate,
-                "seed": training_args.seed,
-            },
-        )
-        logger.info("model, tokenizer, metrics and card are in %s", output_dir.resolve())
 
+    # Embedding-norm plots and the model card.
+    card = {"metrics": results, "dataset": data_args.dataset_name, "languages": None,
+            "training": card_training(model_args, training_args, block_size=data_args.block_size)}
+    write_plots_and_card(trainer, model, card)
 
 if __name__ == "__main__":
     main()

@@ -41,7 +41,6 @@ special tokens first, before the data is tokenized, and that renumbered tokenize
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -52,39 +51,38 @@ import torch
 import transformers
 from transformers import (
     AutoModelForSeq2SeqLM,
-    AutoTokenizer,
     DataCollatorForSeq2Seq,
-    EarlyStoppingCallback,
     MarianConfig,
     MarianMTModel,
     PretrainedConfig,
-    TrainerCallback,
     set_seed,
 )
 
 import hf_tiednorm
 from hf_tiednorm.data import load_parallel, token_counts, tokenize_parallel, training_texts
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
-from hf_tiednorm.model_card import write_model_card
-from hf_tiednorm.plots import plot_embedding_norms
-from hf_tiednorm.tokenization import train_joint_tokenizer
 from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 from hf_tiednorm.training import (
     OutputDirArguments,
+    RunArguments,
     TiedNormModelArguments,
     TiedNormSeq2SeqTrainingArguments,
-    TiedWeightsCheck,
+    card_training,
+    check_model,
     check_resume_config,
-    check_world_size,
-    choose_attention,
-    configure_threads,
+    load_or_train_tokenizer,
     parse_arguments,
     prepare_output_dir,
     resolve_resume_checkpoint,
-    save_final_model,
+    run_callbacks,
+    run_inputs,
+    save_token_counts_and_init,
+    select_first,
+    setup_run,
+    split_files,
+    train_and_save,
+    write_plots_and_card,
 )
-from hf_tiednorm.vocab_order import frequency_ordered
-from hf_tiednorm.weight_norm_init import weight_norm_init_
 
 logger = logging.getLogger(__name__)
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -192,41 +190,6 @@ class DataArguments:
             raise ValueError(f"--source_lang and --target_lang are both {self.source_lang!r}; they must differ")
 
 
-@dataclass
-class RunArguments:
-    num_threads: int | None = field(
-        default=None,
-        metadata={"help": "torch CPU threads per process; None: all cores shared among the launch's processes"},
-    )
-    max_train_minutes: float | None = field(
-        default=None,
-        metadata={"help": "stop training after this many minutes (all ranks at one step), then evaluate as usual"},
-    )
-    early_stopping_patience: int | None = field(
-        default=None,
-        metadata={
-            "help": "stop after N evaluations without improving --metric_for_best_model (needs "
-            "--load_best_model_at_end)"
-        },
-    )
-
-
-class TimeBudgetCallback(TrainerCallback):
-    """Stops training once the budget is spent; ranks agree through an all-reduce so that none waits forever."""
-
-    def __init__(self, minutes: float):
-        self.deadline = time.monotonic() + 60 * minutes
-
-    def on_step_end(self, args, state, control, **kwargs):
-        over = torch.tensor(float(time.monotonic() > self.deadline))
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
-        if over.item():
-            logger.warning("max_train_minutes reached at step %d: stopping training", state.global_step)
-            control.should_training_stop = True
-            control.should_save = True
-
-
 def marian_config(config: hf_tiednorm.TiedNormSeq2SeqConfig) -> MarianConfig:
     """The ``MarianConfig`` with every Marian field of ``config`` (dims, dropouts, init_std, scale_embedding, special
     token ids, decoder_start_token_id), three-way tied as transformers spells it."""
@@ -265,14 +228,10 @@ def main() -> None:
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.info("precision: %s", training_args.precision_note)
     marian = model_args.model_family == "marian"
-    check_world_size(training_args)
-    configure_threads(run_args.num_threads)
-    if training_args.label_smoothing_factor:
-        raise ValueError("use --label_smoothing (the model's loss) instead of --label_smoothing_factor")
-    if run_args.early_stopping_patience is not None and not training_args.load_best_model_at_end:
-        raise ValueError("--early_stopping_patience needs --load_best_model_at_end true and an eval/save strategy")
+    setup_run(run_args, training_args)
     output_dir = Path(training_args.output_dir)
     resume = resolve_resume_checkpoint(training_args)
+
     # Bad flags fail before any work: the config, sequence lengths the positions cannot hold, a resumed architecture.
     run_config: PretrainedConfig = model_args.run_config(hf_tiednorm.TiedNormSeq2SeqConfig)
     if marian:
@@ -289,46 +248,31 @@ def main() -> None:
                 f"index past its position table mid-training; lower {flag} to at most {positions}{remedy}"
             )
     check_resume_config(resume, run_config, model_args.architecture_fields())
-    split_files = {"train": data_args.train_file}
-    if data_args.validation_file:
-        split_files["validation"] = data_args.validation_file
-    if data_args.test_file:
-        split_files["test"] = data_args.test_file
-    inputs = {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-              **{f"--{split}_file": path for split, path in split_files.items()}}
-    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, inputs)
+    files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
+    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
     set_seed(training_args.seed)
 
-    raw = load_parallel(split_files, data_args.source_lang, data_args.target_lang)
-    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples),
-                         ("test", data_args.max_predict_samples)):
-        if split in raw and limit is not None:
-            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    # Data: one column a language.
+    raw = load_parallel(files, data_args.source_lang, data_args.target_lang)
+    select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                       "test": data_args.max_predict_samples})
 
-    # The tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new one.
-    with training_args.main_process_first(desc="tokenizer"):
-        tokenizer_source = model_args.tokenizer_source(resume, output_dir)
-        if tokenizer_source is not None:
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
-        else:
-            tokenizer = train_joint_tokenizer(
-                training_texts(raw["train"], [data_args.source_lang, data_args.target_lang]),
-                vocab_size=model_args.vocab_size,
-                model=model_args.tokenizer_model,
-                model_max_length=max(data_args.max_source_length, data_args.max_target_length),
-            )
-        if model_args.adaptive_cutoffs is not None:  # a new model (fine-tuning refuses the flag)
-            # Counted on both sides of the training data: the adaptive embedding is shared three-way.
-            train_pairs = tokenize_parallel(
-                raw["train"], tokenizer, data_args.source_lang, data_args.target_lang, data_args.max_source_length,
+    # Tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new joint one.
+    # --adaptive_cutoffs counts on both sides of the training data: the adaptive embedding is shared three-way.
+    tokenizer = load_or_train_tokenizer(
+        model_args, training_args, resume,
+        texts=lambda: training_texts(raw["train"], [data_args.source_lang, data_args.target_lang]),
+        model_max_length=max(data_args.max_source_length, data_args.max_target_length),
+        count_tokens=lambda tok: token_counts(
+            tokenize_parallel(
+                raw["train"], tok, data_args.source_lang, data_args.target_lang, data_args.max_source_length,
                 data_args.max_target_length, data_args.preprocessing_num_workers,
-            )
-            counts = token_counts(train_pairs, len(tokenizer))
-            tokenizer = frequency_ordered(tokenizer, counts, model_args.tokenizer_name, output_dir)
-        if (tokenizer_source is None or model_args.adaptive_cutoffs is not None) and training_args.process_index == 0:
-            tokenizer.save_pretrained(output_dir)
-    logger.info("tokenizer from %s: %d tokens", tokenizer_source or "training data", len(tokenizer))
+            ),
+            len(tok),
+        ),
+    )
 
+    # Model: a saved (or converted) one, a new TiedNormForConditionalGeneration, or the HF Marian contender.
     if model_args.model_name_or_path is not None:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=run_config)
     else:
@@ -348,9 +292,7 @@ def main() -> None:
             training_args.label_smoothing_factor = config.label_smoothing
         else:
             model = hf_tiednorm.TiedNormForConditionalGeneration(config)
-    logger.info(choose_attention(model, training_args))
-    if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
+    check_model(model, tokenizer, training_args)
     model.generation_config.length_penalty = model_args.length_penalty
     model.generation_config.max_length = training_args.generation_max_length or data_args.max_target_length
     if training_args.generation_num_beams is not None:
@@ -358,21 +300,16 @@ def main() -> None:
     family = f"head_mode={model.config.head_mode}" if hasattr(model.config, "head_mode") else type(model).__name__
     logger.info("model: %s, %.1fM parameters", family, model.num_parameters() / 1e6)
 
+    # Tokenized pairs; a new model's token counts (both sides: three-way tying shares one matrix) and weight-norm
+    # initialization.
     with training_args.main_process_first(desc="tokenizing"):
         tokenized = tokenize_parallel(
             raw, tokenizer, data_args.source_lang, data_args.target_lang,
             data_args.max_source_length, data_args.max_target_length, data_args.preprocessing_num_workers,
         )
-    if model_args.model_name_or_path is None:
-        # Token frequencies of the training data (both sides: three-way tying shares one matrix), for analyses
-        # such as scripts/plot_embedding_norms.py and frequency-based initializations.
-        counts = token_counts(tokenized["train"], model.config.vocab_size)
-        if training_args.process_index == 0:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            torch.save(counts, output_dir / "token_counts.pt")
-        if model_args.weight_norm_init_sigma is not None:  # on every process, before the Trainer wraps the model
-            weight_norm_init_(model, counts, model_args.weight_norm_init_sigma)
+    save_token_counts_and_init(model, tokenized["train"], ("input_ids", "labels"), model_args, training_args)
 
+    # sacreBLEU on generated translations.
     bleu = evaluate.load(SACREBLEU_LOCAL)
     # One scorer per split, each bound to that split's reference text; evaluation (during training too) scores the
     # validation split, prediction the test split.
@@ -381,11 +318,6 @@ def main() -> None:
                        split=split)
         for split in ("validation", "test") if split in raw and training_args.predict_with_generate
     }
-    callbacks: list[TrainerCallback] = [TiedWeightsCheck()]
-    if run_args.max_train_minutes is not None:
-        callbacks.append(TimeBudgetCallback(run_args.max_train_minutes))
-    if run_args.early_stopping_patience is not None:
-        callbacks.append(EarlyStoppingCallback(early_stopping_patience=run_args.early_stopping_patience))
     trainer = TiedNormSeq2SeqTrainer(
         model=model,
         args=training_args,
@@ -394,20 +326,13 @@ def main() -> None:
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         compute_metrics=scorers.get("validation"),
-        callbacks=callbacks,
+        callbacks=run_callbacks(run_args),
     )
 
+    # Training, then perplexity on the validation pairs and BLEU on the test pairs.
     results: dict = {}
     if training_args.do_train:
-        start = time.monotonic()
-        train_result = trainer.train(resume_from_checkpoint=resume)
-        save_final_model(trainer)  # model + tokenizer
-        minutes = (time.monotonic() - start) / 60
-        metrics = dict(train_result.metrics, train_samples=len(tokenized["train"]), train_minutes=minutes)
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
-        trainer.save_state()
-        results.update(metrics)
+        results.update(train_and_save(trainer, resume, {"train_samples": len(tokenized["train"])}))
     if training_args.do_eval and "validation" in tokenized:
         metrics = trainer.evaluate(metric_key_prefix="eval")
         # The loss adds the regularizers' penalties to the mean cross-entropy; perplexity is of the latter.
@@ -425,32 +350,21 @@ def main() -> None:
             ids = np.where(prediction.predictions < 0, tokenizer.pad_token_id, prediction.predictions)
             lines = [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
             (output_dir / "test_predictions.txt").write_text("\n".join(lines) + "\n")
-    if trainer.is_world_process_zero():
-        if not trainer.is_fsdp_enabled:  # the histogram the card shows (sharded FSDP weights would need a gather)
-            counts_file = output_dir / "token_counts.pt"
-            counts = torch.load(counts_file) if counts_file.is_file() else None
-            plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
-        if not marian:  # the card describes hf_tiednorm models only
-            write_model_card(
-                output_dir,
-                metrics=results,
-                dataset=data_args.dataset_name,
-                languages=[data_args.source_lang, data_args.target_lang],
-                training={
-                    **model_args.config_overrides(),
-                    "num_train_epochs": training_args.num_train_epochs,
-                    "max_steps": training_args.max_steps,
-                    "per_device_train_batch_size": training_args.per_device_train_batch_size,
-                    "learning_rate": training_args.learning_rate,
-                    "lr_scheduler_type": str(training_args.lr_scheduler_type),
-                    "warmup_steps": training_args.warmup_steps,
-                    "generation_num_beams": training_args.generation_num_beams,
-                    "length_penalty": model_args.length_penalty,
-                    "seed": training_args.seed,
-                },
-            )
-        logger.info("model, tokenizer, metrics and card are in %s", output_dir.resolve())
 
+    # Embedding-norm plots and the model card (which describes hf_tiednorm models only).
+    card = None if marian else {
+        "metrics": results,
+        "dataset": data_args.dataset_name,
+        "languages": [data_args.source_lang, data_args.target_lang],
+        "training": card_training(
+            model_args, training_args,
+            lr_scheduler_type=str(training_args.lr_scheduler_type),
+            warmup_steps=training_args.warmup_steps,
+            generation_num_beams=training_args.generation_num_beams,
+            length_penalty=model_args.length_penalty,
+        ),
+    }
+    write_plots_and_card(trainer, model, card)
 
 if __name__ == "__main__":
     main()

@@ -211,6 +211,31 @@ def test_clm_bad_arguments(tmp_path, monkeypatch):
         run_script("run_clm", ["--output_dir", tmp_path, "--train_file", tmp_path / "none.txt"], monkeypatch)
     with pytest.raises(ValueError, match="block_size must be >= 2"):
         run_script("run_clm", ["--output_dir", tmp_path, "--block_size", "1"], monkeypatch)
+    # The run flags shared with run_translation.py (hf_tiednorm.training.RunArguments, setup_run).
+    with pytest.raises(ValueError, match="needs --load_best_model_at_end"):
+        run_script("run_clm", ["--output_dir", tmp_path, "--early_stopping_patience", "2"], monkeypatch)
+    with pytest.raises(ValueError, match="use --label_smoothing"):
+        run_script("run_clm", ["--output_dir", tmp_path, "--label_smoothing_factor", "0.1"], monkeypatch)
+    assert not (tmp_path / "token_counts.pt").exists()  # stopped before any work
+
+
+def test_clm_max_train_minutes_stops_training(multi30k_dir, tmp_path, monkeypatch, caplog):
+    """--max_train_minutes (shared with run_translation.py): a spent budget stops training after the first step,
+    saves that step's model, and the run still evaluates and reports its training minutes."""
+    output_dir = tmp_path / "clm"
+    run_script("run_clm", [
+        "--train_file", multi30k_dir / "train.en.gz", "--validation_file", multi30k_dir / "val.en.gz",
+        "--test_file", "", "--output_dir", output_dir, "--max_train_samples", "200", "--max_eval_samples", "20",
+        "--vocab_size", "300", "--hidden_size", "32", "--intermediate_size", "64", "--num_hidden_layers", "1",
+        "--num_attention_heads", "2", "--block_size", "32", "--do_train", "--do_eval", "--max_steps", "6",
+        "--per_device_train_batch_size", "8", "--save_strategy", "no", "--report_to", "none", "--num_threads", "1",
+        "--dataloader_pin_memory", "false", "--max_train_minutes", "0",
+    ], monkeypatch)
+    assert "max_train_minutes reached at step 1: stopping training" in caplog.text
+    assert "rank 0: trained 1 steps" in caplog.text
+    results = json.loads((output_dir / "all_results.json").read_text())
+    assert results["train_minutes"] >= 0 and "eval_perplexity" in results
+    assert (output_dir / "model.safetensors").is_file()
 
 
 def test_evaluation_keeps_dataset_order_under_group_by_length(tmp_path):
