@@ -222,6 +222,32 @@ class TiedNormModelArguments:
         )
 
 
+# The Multi30k files the training scripts read by default (outside the repository, beside it under shared/).
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+@dataclass
+class DataArgumentsBase:
+    """The data flags both training scripts share; each script's DataArguments adds its files (``train_file`` among
+    them) and lengths."""
+
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes for the tokenization map"}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
+            "else the training file's name"
+        },
+    )
+
+    def __post_init__(self):
+        if self.dataset_name is None:
+            default = Path(self.train_file).parent == MULTI30K
+            self.dataset_name = "bentrevett/multi30k" if default else Path(self.train_file).name
+
+
 @dataclass
 class OutputDirArguments:
     """--overwrite_output_dir, which transformers 5 dropped from TrainingArguments; the scripts keep HF examples'
@@ -742,6 +768,8 @@ __all__ = [
     "CPU_BF16_ATTENTION",
     "CPU_BF16_ATTENTION_MODEL_TYPES",
     "Bf16DefaultMixin",
+    "DataArgumentsBase",
+    "MULTI30K",
     "OutputDirArguments",
     "RunArguments",
     "TimeBudgetCallback",

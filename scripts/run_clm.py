@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import transformers
 from transformers import AutoModelForCausalLM, default_data_collator, set_seed
@@ -44,6 +43,8 @@ import hf_tiednorm
 from hf_tiednorm.data import group_texts, load_monolingual, token_counts, training_texts
 from hf_tiednorm.trainers import TiedNormTrainer, add_perplexity
 from hf_tiednorm.training import (
+    MULTI30K,
+    DataArgumentsBase,
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
@@ -66,7 +67,6 @@ from hf_tiednorm.training import (
 )
 
 logger = logging.getLogger(__name__)
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
 @dataclass
@@ -87,7 +87,7 @@ class ModelArguments(TiedNormModelArguments):
 
 
 @dataclass
-class DataArguments:
+class DataArguments(DataArgumentsBase):
     train_file: str = field(
         default=str(MULTI30K / "train.en.gz"),
         metadata={"help": "training text: a text file (one line a row; .gz works) or a .json/.jsonl/.csv file"},
@@ -108,21 +108,9 @@ class DataArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "use only the first N lines of the validation and test files"}
     )
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "processes for the tokenization map"}
-    )
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
-            "else the training file's name"
-        },
-    )
 
     def __post_init__(self):
-        if self.dataset_name is None:
-            default = Path(self.train_file).parent == MULTI30K
-            self.dataset_name = "bentrevett/multi30k" if default else Path(self.train_file).name
+        super().__post_init__()  # the model card's dataset_name
         if self.block_size < 2:
             raise ValueError(f"--block_size must be >= 2, got {self.block_size}")
 

@@ -63,6 +63,8 @@ from hf_tiednorm.data import load_parallel, token_counts, tokenize_parallel, tra
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
 from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 from hf_tiednorm.training import (
+    MULTI30K,
+    DataArgumentsBase,
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
@@ -85,7 +87,6 @@ from hf_tiednorm.training import (
 )
 
 logger = logging.getLogger(__name__)
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 MODEL_FAMILIES = ("tiednorm", "marian")
 # Flags of the normalized head and its techniques, which transformers' MarianMTModel does not have.
 TIEDNORM_ONLY_FLAGS = (
@@ -148,7 +149,7 @@ class ModelArguments(TiedNormModelArguments):
 
 
 @dataclass
-class DataArguments:
+class DataArguments(DataArgumentsBase):
     source_lang: str = field(
         default="de",
         metadata={"help": "source language code: a column of json/jsonl/csv files, or {lang} in text-file patterns"},
@@ -171,21 +172,9 @@ class DataArguments:
     )
     max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N validation pairs"})
     max_predict_samples: int | None = field(default=None, metadata={"help": "use only the first N test pairs"})
-    preprocessing_num_workers: int | None = field(
-        default=None, metadata={"help": "processes for the tokenization map"}
-    )
-    dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
-            "else the training file's name"
-        },
-    )
 
     def __post_init__(self):
-        if self.dataset_name is None:
-            default = Path(self.train_file).parent == MULTI30K
-            self.dataset_name = "bentrevett/multi30k" if default else Path(self.train_file).name
+        super().__post_init__()  # the model card's dataset_name
         if self.source_lang == self.target_lang:
             raise ValueError(f"--source_lang and --target_lang are both {self.source_lang!r}; they must differ")
 
