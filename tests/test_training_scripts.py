@@ -14,7 +14,7 @@ import sacrebleu
 import torch
 import yaml
 from safetensors.torch import load_file
-from script_helpers import SCRIPTS, TINY_TRANSLATION_FLAGS, read_lines, run_script, subprocess_env
+from script_helpers import SCRIPTS, TINY_TRANSLATION_FLAGS, load_script, read_lines, run_script, subprocess_env
 
 import hf_tiednorm
 
@@ -255,3 +255,13 @@ def test_evaluation_keeps_dataset_order_under_group_by_length(tmp_path):
                                           encoder_ffn_dim=8, decoder_ffn_dim=8, encoder_attention_heads=1,
                                           decoder_attention_heads=1)), args=args)
     assert list(trainer._get_eval_sampler(dataset)) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize("script", ["run_translation", "run_clm"])
+def test_dataset_name_defaults_from_the_training_file(script, tmp_path):
+    """The model card's data set (hf_tiednorm.training.DataArgumentsBase, shared by both scripts): the Hub id for
+    the default Multi30k files, else the training file's name; an explicit --dataset_name wins."""
+    data_arguments = load_script(script).DataArguments
+    assert data_arguments().dataset_name == "bentrevett/multi30k"
+    assert data_arguments(train_file=str(tmp_path / "mine.txt")).dataset_name == "mine.txt"
+    assert data_arguments(train_file=str(tmp_path / "mine.txt"), dataset_name="org/set").dataset_name == "org/set"
