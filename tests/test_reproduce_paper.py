@@ -170,7 +170,7 @@ def test_every_cell_command_parses_and_builds_a_valid_config(grid, budget, tmp_p
                     assert translation.marian_config(config).d_model == config.d_model
                 assert training_args.bf16 is (budget == "full")
             else:
-                model_args, *_ = clm.parse_arguments((clm.ModelArguments, clm.DataArguments,
+                model_args, *_ = clm.parse_arguments((clm.ModelArguments, clm.DataArguments, clm.RunArguments,
                                                       TiedNormTrainingArguments))
                 config = hf_tiednorm.TiedNormCausalConfig(vocab_size=model_args.vocab_size,
                                                           **model_args.config_overrides())
