@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from huggingface_hub.dataclasses import strict
 from transformers import BartConfig, LlamaConfig, MarianConfig
 
-from .normalized_head import HEAD_MODES, LOGIT_SCALES
+from .normalized_head import LOGIT_SCALES, check_head_mode
 from .regularizers import LOSS_TERMS
 
 TIE_TOPOLOGIES = ("untied", "decoder", "three_way")
@@ -139,10 +139,7 @@ class TiedNormHeadConfigMixin:
             )
 
     def _validate_head_fields(self) -> None:
-        if self.head_mode not in HEAD_MODES:
-            raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {self.head_mode!r}")
-        if self.logit_scale not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {self.logit_scale!r}")
+        check_head_mode(self.head_mode, self.logit_scale)
         if self.logit_scale == "none" and self.logit_scale_init is not None:
             raise ValueError(
                 f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'; "

@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import AutoConfig, PreTrainedConfig
 
-from .normalized_head import HEAD_MODES, LOGIT_SCALES
+from .normalized_head import check_head_mode
 
 # Fields of hf_tiednorm's own families (configuration_tiednorm.py) that a wrapped model has no code for: it trains with
 # the wrapped model's own loss and head, so accepting them would silently ignore them.
@@ -71,10 +71,7 @@ class TiedNormWrappedConfig(PreTrainedConfig):
         # PreTrainedConfig defines is_encoder_decoder itself (default False), so it would not fall through.
         self.is_encoder_decoder = self.text_config.is_encoder_decoder
         super().__post_init__(**kwargs)
-        if self.head_mode not in HEAD_MODES:
-            raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {self.head_mode!r}")
-        if self.logit_scale not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {self.logit_scale!r}")
+        check_head_mode(self.head_mode, self.logit_scale)
         if self.logit_scale == "none" and self.logit_scale_init is not None:
             raise ValueError(f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'")
         if self.logit_scale_init is not None and not 0 < self.logit_scale_init < float("inf"):

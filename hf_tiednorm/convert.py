@@ -55,7 +55,7 @@ from .modeling_tiednorm_wrapped import (
     shared_embedding_modules,
     unit_lookups,
 )
-from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormHead, unit_rows
+from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormHead, check_head_mode, unit_rows
 from .tokenization import copy_tokenizer
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
@@ -255,10 +255,7 @@ def convert_checkpoint(
     source = Path(source)
     if not (source / "config.json").is_file():
         raise FileNotFoundError(f"{source} has no config.json; pass a local folder written by save_pretrained")
-    if head_mode not in HEAD_MODES:
-        raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
-    if logit_scale not in LOGIT_SCALES:
-        raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
+    check_head_mode(head_mode, logit_scale)
     if output_dir is not None:
         output_dir = Path(output_dir)
         if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:

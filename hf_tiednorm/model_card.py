@@ -29,6 +29,7 @@ from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from .normalized_head import default_logit_scale
 from .plots import EMBEDDING_NORM_PLOT
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
@@ -166,7 +167,7 @@ def _logit_scale_text(config: TiedNormConfig) -> str:
         hidden_size = config.hidden_size
     else:
         hidden_size = config.d_model if config.is_encoder_decoder else config.hidden_size
-    g = config.logit_scale_init if config.logit_scale_init is not None else math.sqrt(hidden_size)
+    g = config.logit_scale_init if config.logit_scale_init is not None else default_logit_scale(hidden_size)
     return {
         "fixed": f"fixed g = {g:.4g}",
         "scalar": f"one learned g (initialized to {g:.4g})",

@@ -103,6 +103,11 @@ def check_head_mode(head_mode: str, logit_scale: str) -> None:
         raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
 
 
+def default_logit_scale(hidden_size: int) -> float:
+    """√d: the scale a unit-norm score needs to reach the sharpness of an unnormalized one (the default g)."""
+    return math.sqrt(hidden_size)
+
+
 class NormalizedScoresMixin:
     """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
     learned logit-scale parameter, and column terms that are held fixed during one generation.
@@ -123,8 +128,9 @@ class NormalizedScoresMixin:
         check_head_mode(head_mode, logit_scale)
         self.head_mode = head_mode
         self.logit_scale_kind = logit_scale
-        # √d is the scale a unit-norm score needs to reach the sharpness of an unnormalized one.
-        self.logit_scale_init = float(logit_scale_init) if logit_scale_init is not None else math.sqrt(hidden_size)
+        self.logit_scale_init = (
+            float(logit_scale_init) if logit_scale_init is not None else default_logit_scale(hidden_size)
+        )
         self.norm_eps = norm_eps
         if logit_scale == "scalar":
             self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
