@@ -27,7 +27,7 @@ from huggingface_hub import CommitInfo, HfApi, get_token
 from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from .model_card import load_tiednorm_config, read_json_object, write_model_card
+from .model_card import add_card_arguments, card_inputs_from_args, load_tiednorm_config, write_model_card
 from .tokenization import copy_tokenizer
 
 
@@ -135,10 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commit-message", default="Upload hf_tiednorm model")
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the token saved by `hf auth login`)")
     parser.add_argument("--dry-run", metavar="DIR", help="only write the folder that would be uploaded into DIR")
-    parser.add_argument("--metrics", help="JSON file of evaluation metrics for the model card")
-    parser.add_argument("--training", help="JSON file of training settings and budget for the model card")
-    parser.add_argument("--dataset", help="Hub id of the data set, for the model card")
-    parser.add_argument("--languages", nargs="+", help="ISO language codes, for the model card")
+    add_card_arguments(parser)
     args = parser.parse_args(argv)
     result = push_to_hub(
         args.checkpoint,
@@ -148,10 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         commit_message=args.commit_message,
         token=args.token,
         dry_run_dir=args.dry_run,
-        metrics=read_json_object(args.metrics, "--metrics"),
-        dataset=args.dataset,
-        languages=args.languages,
-        training=read_json_object(args.training, "--training"),
+        **card_inputs_from_args(args),
     )
     print(f"wrote the upload folder {result}" if args.dry_run else f"uploaded: {result.commit_url}")
 

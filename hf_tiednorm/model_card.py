@@ -228,7 +228,19 @@ def render_model_card(
     repo_id: str | None = None,
     license: str = "apache-2.0",
 ) -> ModelCard:
-    """The model card of a saved checkpoint folder, without writing it. See ``write_model_card``."""
+    """The model card of a saved checkpoint folder, without writing it (``write_model_card`` writes it).
+
+    Args:
+        folder: a folder written by ``save_pretrained`` of an hf_tiednorm model (own family or converted).
+        metrics: evaluation results, e.g. the Trainer's ``{"test_bleu": 38.1, "test_bleu_signature": "nrefs:1|...",
+            "eval_loss": 1.9}``. ``bleu``/``sacrebleu`` and ``perplexity``/``ppl`` go into the ``model-index``
+            (the ``eval_``/``test_`` prefix gives the split); every other number is listed in the card's body.
+        dataset: Hub id of the training and evaluation data set, e.g. ``"bentrevett/multi30k"``.
+        languages: ISO codes of the languages, e.g. ``["de", "en"]``.
+        training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
+        repo_id: Hub repository the card describes (used in the loading snippet); defaults to the folder name.
+        license: license identifier of the weights.
+    """
     folder = Path(folder)
     config = load_tiednorm_config(folder)
     results, signature = _parse_metrics(metrics or {})
@@ -283,33 +295,13 @@ def render_model_card(
     )
 
 
-def write_model_card(
-    folder: str | os.PathLike,
-    *,
-    metrics: dict[str, Any] | None = None,
-    dataset: str | None = None,
-    languages: list[str] | None = None,
-    training: dict[str, Any] | None = None,
-    repo_id: str | None = None,
-    license: str = "apache-2.0",
-) -> Path:
+def write_model_card(folder: str | os.PathLike, **card_options: Any) -> Path:
     """Render README.md into a saved checkpoint folder and return its path.
 
-    Args:
-        folder: a folder written by ``save_pretrained`` of an hf_tiednorm model (own family or converted).
-        metrics: evaluation results, e.g. the Trainer's ``{"test_bleu": 38.1, "test_bleu_signature": "nrefs:1|...",
-            "eval_loss": 1.9}``. ``bleu``/``sacrebleu`` and ``perplexity``/``ppl`` go into the ``model-index``
-            (the ``eval_``/``test_`` prefix gives the split); every other number is listed in the card's body.
-        dataset: Hub id of the training and evaluation data set, e.g. ``"bentrevett/multi30k"``.
-        languages: ISO codes of the languages, e.g. ``["de", "en"]``.
-        training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
-        repo_id: Hub repository the card describes (used in the loading snippet); defaults to the folder name.
-        license: license identifier of the weights.
+    ``card_options`` are the keyword arguments of ``render_model_card`` (metrics, dataset, languages, training,
+    repo_id, license), documented there.
     """
-    card = render_model_card(
-        folder, metrics=metrics, dataset=dataset, languages=languages, training=training, repo_id=repo_id,
-        license=license,
-    )  # fmt: skip
+    card = render_model_card(folder, **card_options)
     path = Path(folder) / "README.md"
     # Write next to the target and rename, so an interrupted write never leaves a truncated card.
     with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False) as tmp:
@@ -327,25 +319,34 @@ def read_json_object(path: str | None, what: str) -> dict[str, Any] | None:
     return data
 
 
+def add_card_arguments(parser: argparse.ArgumentParser) -> None:
+    """The card's content options, shared by this CLI and ``tiednorm-push`` (which renders the card it uploads)."""
+    parser.add_argument(
+        "--metrics", help="JSON file of evaluation metrics for the card (e.g. the Trainer's test_results.json)"
+    )
+    parser.add_argument("--training", help="JSON file of training settings and budget for the card")
+    parser.add_argument("--dataset", help="Hub id of the data set for the card, e.g. bentrevett/multi30k")
+    parser.add_argument("--languages", nargs="+", help="ISO language codes for the card, e.g. de en")
+
+
+def card_inputs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``render_model_card`` keyword arguments parsed by ``add_card_arguments``, the JSON files read."""
+    return {
+        "metrics": read_json_object(args.metrics, "--metrics"),
+        "dataset": args.dataset,
+        "languages": args.languages,
+        "training": read_json_object(args.training, "--training"),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Render README.md (model card) into a saved hf_tiednorm folder.")
     parser.add_argument("folder", help="checkpoint folder written by save_pretrained")
-    parser.add_argument("--metrics", help="JSON file of evaluation metrics (e.g. the Trainer's test_results.json)")
-    parser.add_argument("--training", help="JSON file of training settings and budget")
-    parser.add_argument("--dataset", help="Hub id of the data set, e.g. bentrevett/multi30k")
-    parser.add_argument("--languages", nargs="+", help="ISO language codes, e.g. de en")
+    add_card_arguments(parser)
     parser.add_argument("--repo-id", help="Hub repository id used in the loading snippet")
     parser.add_argument("--license", default="apache-2.0")
     args = parser.parse_args(argv)
-    path = write_model_card(
-        args.folder,
-        metrics=read_json_object(args.metrics, "--metrics"),
-        dataset=args.dataset,
-        languages=args.languages,
-        training=read_json_object(args.training, "--training"),
-        repo_id=args.repo_id,
-        license=args.license,
-    )
+    path = write_model_card(args.folder, repo_id=args.repo_id, license=args.license, **card_inputs_from_args(args))
     print(f"wrote {path}")
 
 
