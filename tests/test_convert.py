@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from testing_utils import TINY_VOCAB, model_inputs
+from testing_utils import model_inputs
+from tiny_architectures import ENCODER_DECODER, SPECIAL
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -22,12 +23,7 @@ from transformers import (
 import hf_tiednorm
 from hf_tiednorm.convert import convert_checkpoint, main
 
-SMALL = {"vocab_size": TINY_VOCAB, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-SEQ2SEQ = dict(
-    d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, decoder_start_token_id=1, **SMALL,
-)  # fmt: skip
-CAUSAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **SMALL)
+CAUSAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **SPECIAL)
 
 
 def save_source(folder: Path, model_class, config) -> tuple[Path, torch.nn.Module]:
@@ -39,15 +35,14 @@ def save_source(folder: Path, model_class, config) -> tuple[Path, torch.nn.Modul
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory):
-    return save_source(tmp_path_factory.mktemp("marian"), MarianMTModel, MarianConfig(**SEQ2SEQ))
+    return save_source(tmp_path_factory.mktemp("marian"), MarianMTModel, MarianConfig(**ENCODER_DECODER))
 
 
 @pytest.fixture(scope="module")
 def bart(tmp_path_factory):
     # scale_embedding=True (BART's default is False) so that the in-module sqrt(d) scaling must be reproduced too.
-    return save_source(
-        tmp_path_factory.mktemp("bart"), BartForConditionalGeneration, BartConfig(scale_embedding=True, **SEQ2SEQ)
-    )
+    config = BartConfig(scale_embedding=True, **ENCODER_DECODER)
+    return save_source(tmp_path_factory.mktemp("bart"), BartForConditionalGeneration, config)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +100,7 @@ def test_marian_decoder_tying_maps_to_decoder_topology(tmp_path):
     source, source_model = save_source(
         tmp_path / "marian_two_vocabs",
         MarianMTModel,
-        MarianConfig(share_encoder_decoder_embeddings=False, **SEQ2SEQ | {"decoder_vocab_size": 50}),
+        MarianConfig(share_encoder_decoder_embeddings=False, **ENCODER_DECODER | {"decoder_vocab_size": 50}),
     )
     model = convert_checkpoint(source)
     assert model.config.tie_topology == "decoder" and model.config.decoder_vocab_size == 50
@@ -125,7 +120,7 @@ def test_unsupported_sources_are_refused_clearly(marian, tmp_path):
     untied, _ = save_source(tmp_path / "untied", LlamaForCausalLM, LlamaConfig(tie_word_embeddings=False, **CAUSAL))
     with pytest.raises(ValueError, match="untied output embeddings"):
         convert_checkpoint(untied)
-    BartConfig(tie_word_embeddings=False, **SEQ2SEQ).save_pretrained(tmp_path / "untied_bart")
+    BartConfig(tie_word_embeddings=False, **ENCODER_DECODER).save_pretrained(tmp_path / "untied_bart")
     with pytest.raises(ValueError, match="the bart checkpoint has untied output embeddings"):
         convert_checkpoint(tmp_path / "untied_bart")
     with pytest.raises(FileNotFoundError, match="no config.json"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ import yaml
 from datasets import Dataset
 from safetensors.torch import load_file
 from script_helpers import TINY_TRANSLATION_FLAGS, read_lines, run_script
+from testing_utils import interrupted_run
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tiednorm
@@ -126,11 +126,7 @@ def test_clm_perplexity_excludes_penalties(regularized_clm):
 
 def test_clm_resume_keeps_terms_consistent(regularized_clm, multi30k_dir, tmp_path, monkeypatch):
     """The first log after resuming averages the terms over the steps since the resume, not since step 0."""
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    shutil.copytree(regularized_clm / "checkpoint-2", resumed / "checkpoint-2")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(regularized_clm / name, resumed / name)
+    resumed = interrupted_run(regularized_clm, "checkpoint-2", tmp_path / "resumed")
     run_script("run_clm", clm_flags(
         multi30k_dir, resumed, *TINY_CLM_ARCHITECTURE, *REGULARIZED, "--do_train", "--max_steps", "4",
         "--save_strategy", "no", "--resume_from_checkpoint", "last",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 from script_helpers import SCRIPTS, TINY_TRANSLATION_FLAGS, load_script, read_lines, run_script, subprocess_env
+from testing_utils import interrupted_run
 
 import hf_tiednorm
 
@@ -81,11 +81,7 @@ def test_tokenizer_saved_with_model(trained_de_en):
 
 def test_resume_reaches_same_final_loss(trained_de_en, multi30k_dir, tmp_path, monkeypatch):
     """Resume from the step-4 checkpoint of the 8-step run: same final loss and weights as uninterrupted."""
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    shutil.copytree(trained_de_en / "checkpoint-4", resumed / "checkpoint-4")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(trained_de_en / name, resumed / name)
+    resumed = interrupted_run(trained_de_en, "checkpoint-4", tmp_path / "resumed")
     run_script("run_translation", translation_flags(
         multi30k_dir, resumed, "--head_mode", "distance", "--label_smoothing", "0.1", "--do_train",
         "--max_steps", "8", "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--logging_steps",

@@ -5,6 +5,7 @@ independent reference scores. Every test module imports from here; ``conftest.py
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -18,6 +19,8 @@ TINY_VOCAB = 61
 FAMILIES = ("seq2seq", "bart", "causal")
 
 
+# The sizes of every tiny test model: of our families here and of the transformers architectures in
+# tiny_architectures.py alike.
 TINY_ENCODER_DECODER = dict(
     vocab_size=TINY_VOCAB,
     d_model=32,
@@ -28,30 +31,29 @@ TINY_ENCODER_DECODER = dict(
     encoder_ffn_dim=64,
     decoder_ffn_dim=64,
     max_position_embeddings=64,
-    dropout=0.0,
+)
+TINY_DECODER = dict(
+    vocab_size=TINY_VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
 )
 
 
 def tiny_seq2seq_config(**overrides) -> hf_tiednorm.TiedNormSeq2SeqConfig:
-    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | overrides)
+    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | {"dropout": 0.0} | overrides)
 
 
 def tiny_bart_config(**overrides) -> hf_tiednorm.TiedNormBartConfig:
     # scale_embedding=True (BART's default is False) so that the tests cover the in-module sqrt(d) scaling.
-    return hf_tiednorm.TiedNormBartConfig(**TINY_ENCODER_DECODER | {"scale_embedding": True} | overrides)
+    fields = TINY_ENCODER_DECODER | {"dropout": 0.0, "scale_embedding": True}
+    return hf_tiednorm.TiedNormBartConfig(**fields | overrides)
 
 
 def tiny_causal_config(**overrides) -> hf_tiednorm.TiedNormCausalConfig:
-    fields = dict(
-        vocab_size=TINY_VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-    )
-    fields.update(overrides)
-    return hf_tiednorm.TiedNormCausalConfig(**fields)
+    return hf_tiednorm.TiedNormCausalConfig(**TINY_DECODER | overrides)
 
 
 # family -> (tiny config builder, LM class); keyed by FAMILIES.
@@ -125,6 +127,16 @@ def run_without_package(code: str, cwd: Path, timeout: int = 300) -> str:
     if result.returncode != 0:
         raise AssertionError(f"isolated process failed:\n{result.stdout}\n{result.stderr}")
     return result.stdout
+
+
+def interrupted_run(finished_run: Path, checkpoint: str, output_dir: Path) -> Path:
+    """A new ``output_dir`` holding only ``checkpoint`` of ``finished_run`` and its tokenizer: the run as if it had
+    stopped there, for resume tests to finish and compare with the uninterrupted one."""
+    output_dir.mkdir()
+    shutil.copytree(finished_run / checkpoint, output_dir / checkpoint)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(finished_run / name, output_dir / name)
+    return output_dir
 
 
 def tiny_tokenizer(vocab_size: int = TINY_VOCAB):

@@ -6,7 +6,7 @@ import copy
 from functools import cache
 
 import torch
-from testing_utils import TINY_VOCAB
+from testing_utils import TINY_DECODER, TINY_ENCODER_DECODER, TINY_VOCAB
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
@@ -28,14 +28,8 @@ from transformers import (
 )
 
 SPECIAL = {"vocab_size": TINY_VOCAB, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-DECODER = dict(
-    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=64, tie_word_embeddings=True, **SPECIAL,
-)  # fmt: skip
-ENCODER_DECODER = dict(
-    d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, decoder_start_token_id=1, **SPECIAL,
-)  # fmt: skip
+DECODER = TINY_DECODER | SPECIAL | {"num_key_value_heads": 2, "tie_word_embeddings": True}
+ENCODER_DECODER = TINY_ENCODER_DECODER | SPECIAL | {"decoder_start_token_id": 1}
 
 # name -> config; what each exercises around the head is noted where it is more than a final norm.
 CONFIGS: dict[str, PretrainedConfig] = {
