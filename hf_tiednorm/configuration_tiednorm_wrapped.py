@@ -7,46 +7,33 @@ attribute the wrapper config does not define itself (``vocab_size``, ``hidden_si
 wrapped architecture reads the wrapper's config unchanged.
 """
 
-from __future__ import annotations
-
+from dataclasses import fields
 from typing import Any
 
+from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
 
-from .normalized_head import check_head_mode
+from .configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 
-# Fields of hf_tiednorm's own families (configuration_tiednorm.py) that a wrapped model has no code for: it trains with
-# the wrapped model's own loss and head, so accepting them would silently ignore them.
-OWN_FAMILY_FIELDS = (
-    "label_smoothing", "loss_chunk_size", "projection_regularization", "weight_norm_regularization",
-    "weight_norm_target", "weight_norm_init_sigma", "adaptive_cutoffs", "adaptive_div_value",
-    "adaptive_tie_projections", "tie_topology",
-)  # fmt: skip
+# Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
+# loss and head, so accepting them would silently ignore them.
+OWN_FAMILY_FIELDS = (*(field.name for field in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
 
 
-class TiedNormWrappedConfig(PreTrainedConfig):
+@strict
+class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     r"""
     text_config (`dict` or `PreTrainedConfig`):
         The config of the wrapped model (its ``model_type`` selects the architecture); it must tie its output layer to
         its input embedding (``tie_word_embeddings=True``).
-    head_mode (`str`, defaults to `"cosine"`):
-        How the output layer scores token i against the final hidden state h: one of ``HEAD_MODES``
-        (hf_tiednorm/normalized_head.py). ``"baseline"`` computes exactly the wrapped model's logits.
-    logit_scale (`str`, defaults to `"none"`):
-        Multiplier g on the scores: "none", "fixed", "scalar" or "vector".
-    logit_scale_init (`float`, *optional*):
-        g for "fixed", its initial value for "scalar"/"vector"; None means sqrt(hidden size).
-    norm_eps (`float`, defaults to 1e-6):
-        Floor on the row norms, so zero rows never divide by zero.
+
+    The head fields (``head_mode``, ``logit_scale``, ``logit_scale_init``, ``norm_eps``) are
+    ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes exactly the wrapped model's logits.
     """
 
     model_type = "tiednorm_wrapped"
 
     text_config: dict | PreTrainedConfig | None = None
-    head_mode: str = "cosine"
-    logit_scale: str = "none"
-    logit_scale_init: float | None = None
-    norm_eps: float = 1e-6
 
     def __post_init__(self, **kwargs):
         unsupported = sorted(set(kwargs) & set(OWN_FAMILY_FIELDS))
@@ -71,13 +58,6 @@ class TiedNormWrappedConfig(PreTrainedConfig):
         # PreTrainedConfig defines is_encoder_decoder itself (default False), so it would not fall through.
         self.is_encoder_decoder = self.text_config.is_encoder_decoder
         super().__post_init__(**kwargs)
-        check_head_mode(self.head_mode, self.logit_scale)
-        if self.logit_scale == "none" and self.logit_scale_init is not None:
-            raise ValueError(f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'")
-        if self.logit_scale_init is not None and not 0 < self.logit_scale_init < float("inf"):
-            raise ValueError(f"logit_scale_init must be finite and > 0, got {self.logit_scale_init}")
-        if not 0 < self.norm_eps < float("inf"):
-            raise ValueError(f"norm_eps must be finite and > 0, got {self.norm_eps}")
 
     def __getattr__(self, name: str) -> Any:
         # Called only when normal lookup fails: fall through to the wrapped model's config. Private names and

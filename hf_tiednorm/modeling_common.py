@@ -15,7 +15,7 @@ from .chunked_loss import chunked_head_cross_entropy
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_not_bypassed, refuse_bypassed_head
 from .pipeline_translation import add_translation_pipeline
-from .regularizers import OutputProjection, projection_penalty, weight_norm_penalty
+from .regularizers import LossTerms, OutputProjection, projection_penalty, weight_norm_penalty
 from .tie_topology import TiedEmbeddingsMixin
 from .token_loss import token_count, token_cross_entropy
 
@@ -101,27 +101,15 @@ def build_output_projection(config, hidden_size: int) -> OutputProjection | None
     return None if config.projection_regularization is None else OutputProjection(hidden_size)
 
 
+# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
 @dataclass
-class TiedNormCausalLMOutput(CausalLMOutputWithPast):
-    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (their sum), when labels are given.
-
-    cross_entropy: the token cross-entropy; projection_penalty / weight_norm_penalty: the regularizers (None when
-    off). Each term is the share of this batch in the accumulated batch, like the Trainer-scaled loss. The term
-    fields are ``regularizers.LOSS_TERMS``, in that order (tests/test_regularizers.py holds them to it).
-    """
-
-    cross_entropy: torch.FloatTensor | None = None
-    projection_penalty: torch.FloatTensor | None = None
-    weight_norm_penalty: torch.FloatTensor | None = None
+class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
 
 
 @dataclass
-class TiedNormSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` plus the terms of ``loss``, as in ``TiedNormCausalLMOutput``."""
-
-    cross_entropy: torch.FloatTensor | None = None
-    projection_penalty: torch.FloatTensor | None = None
-    weight_norm_penalty: torch.FloatTensor | None = None
+class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
+    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
 
 
 class TiedNormLMMixin(TiedEmbeddingsMixin):

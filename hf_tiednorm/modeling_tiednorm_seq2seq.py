@@ -16,7 +16,12 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
-from transformers.models.marian.modeling_marian import MarianModel, MarianPreTrainedModel, shift_tokens_right
+from transformers.models.marian.modeling_marian import (
+    MarianModel,
+    MarianMTModel,
+    MarianPreTrainedModel,
+    shift_tokens_right,
+)
 
 from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .modeling_common import (
@@ -88,35 +93,25 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
         self.lm_head = build_head(config, config.d_model, config.decoder_vocab_size)
         self.post_init()
 
-    def resize_token_embeddings(self, *args, **kwargs):
-        embeddings = super().resize_token_embeddings(*args, **kwargs)
-        if self.config.share_encoder_decoder_embeddings:
-            self.config.decoder_vocab_size = self.config.vocab_size
-        return embeddings
+    # Marian's rule for the decoder's own vocabulary (tie topology "decoder" / "untied"), used as written: it
+    # resizes the decoder input embedding (and an untied output layer), updates config.decoder_vocab_size and re-ties;
+    # where Marian then resizes its final_logits_bias, our head, which has none, follows the new vocabulary.
+    resize_decoder_token_embeddings = MarianMTModel.resize_decoder_token_embeddings
+
+    def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
+        self.lm_head.match_vocab_size()
 
     def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
-        # Marian's rule: resize_token_embeddings resizes the encoder's vocabulary, and the output layer only
-        # when it shares that vocabulary (three-way); the decoder's own vocabulary has resize_decoder_token_embeddings.
+        # Marian's rule for resize_token_embeddings: the encoder's vocabulary, and the decoder's and the output
+        # layer's with it only when three-way tied. Written out because MarianMTModel._resize_token_embeddings
+        # drops mean_resizing.
         embeddings = self._get_resized_embeddings(
             self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
         )
         self.model.set_input_embeddings(embeddings)
-        return self.get_input_embeddings()
-
-    def resize_decoder_token_embeddings(self, new_num_tokens: int):
         if self.config.share_encoder_decoder_embeddings:
-            raise ValueError(
-                "resize_decoder_token_embeddings needs tie_topology 'decoder' or 'untied'; with 'three_way' "
-                "use resize_token_embeddings"
-            )
-        decoder_embeddings = self._get_resized_embeddings(self.model.get_decoder_input_embeddings(), new_num_tokens)
-        self.model.set_decoder_input_embeddings(decoder_embeddings)
-        if not self.config.tie_word_embeddings:
-            self.set_output_embeddings(self._get_resized_lm_head(self.lm_head, new_num_tokens))
-        self.config.decoder_vocab_size = new_num_tokens
-        self.tie_weights()
-        self.lm_head.match_vocab_size()
-        return decoder_embeddings
+            self.config.decoder_vocab_size = embeddings.num_embeddings
+        return self.get_input_embeddings()
 
     def forward(
         self,

@@ -48,13 +48,18 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
-LOGIT_SCALES = ("none", "fixed", "scalar", "vector")
+# The one list of each: configs annotate their fields with these types (``@strict`` checks them), modules and
+# functions built without a config call ``check_head_mode``.
+HeadMode = Literal["baseline", "l2", "square", "distance", "cosine"]
+LogitScale = Literal["none", "fixed", "scalar", "vector"]
+HEAD_MODES: tuple[str, ...] = get_args(HeadMode)
+LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
 
 
 def inverse_row_norms(weight: torch.Tensor, eps: float, power: int = 1) -> torch.Tensor:

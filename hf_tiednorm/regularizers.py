@@ -20,11 +20,28 @@ row norms carry in a tied softmax.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 from torch import nn
 
-# Names of the loss terms a model output carries next to ``loss`` (their sum); the Trainer logs each one.
-LOSS_TERMS = ("cross_entropy", "projection_penalty", "weight_norm_penalty")
+
+@dataclass
+class LossTerms:
+    """The terms of a model's ``loss`` (their sum), carried next to it by the model outputs (which inherit these
+    fields) and logged one by one by the Trainer. Each is the share of this batch in the accumulated batch, like the
+    Trainer-scaled loss; a regularizer that is off is None.
+
+    cross_entropy: the token cross-entropy; projection_penalty / weight_norm_penalty: the two regularizers.
+    """
+
+    cross_entropy: torch.FloatTensor | None = None
+    projection_penalty: torch.FloatTensor | None = None
+    weight_norm_penalty: torch.FloatTensor | None = None
+
+
+# The loss-term names, in field order: what the Trainer logs and evaluation ignores.
+LOSS_TERMS: tuple[str, ...] = tuple(field.name for field in fields(LossTerms))
 
 
 class OutputProjection(nn.Linear):
@@ -57,4 +74,4 @@ def weight_norm_penalty(weights: list[torch.Tensor], strength: float, target_nor
     return strength * total
 
 
-__all__ = ["LOSS_TERMS", "OutputProjection", "projection_penalty", "weight_norm_penalty"]
+__all__ = ["LOSS_TERMS", "LossTerms", "OutputProjection", "projection_penalty", "weight_norm_penalty"]

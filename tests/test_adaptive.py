@@ -8,6 +8,7 @@ from itertools import islice
 import pytest
 import torch
 import torch.nn.functional as F
+from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, model_inputs, tiny_causal_config, tiny_config, tiny_model
 
 import hf_tiednorm
@@ -195,18 +196,18 @@ def test_tied_bands_survive_save_and_load(family, tie_projections, tmp_path):
 )
 @pytest.mark.parametrize("family", FAMILIES)
 def test_contradictory_adaptive_options_raise(family, overrides, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    with pytest.raises(StrictDataclassError, match=message.replace("(", r"\(")):
         tiny_config(family, **overrides)
 
 
 def test_adaptive_needs_tied_embeddings_for_tied_projections():
-    with pytest.raises(ValueError, match="adaptive_tie_projections"):
+    with pytest.raises(StrictDataclassError, match="adaptive_tie_projections"):
         tiny_causal_config(adaptive_cutoffs=[20], tie_word_embeddings=False)
     untied = tiny_model("causal", adaptive_cutoffs=[20], tie_word_embeddings=False, adaptive_tie_projections=False)
     assert untied.lm_head.bands[0].weight is not untied.model.embed_tokens.bands[0].weight
     for family in FAMILIES:
         if tiny_config(family).is_encoder_decoder:
-            with pytest.raises(ValueError, match="three_way"):
+            with pytest.raises(StrictDataclassError, match="three_way"):
                 tiny_config(family, adaptive_cutoffs=[20], tie_topology="decoder")
 
 

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
@@ -132,6 +133,6 @@ def test_model_level_equivalence(family, mode):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_config_validation(family):
-    with pytest.raises(ValueError, match="loss_chunk_size"):
+    with pytest.raises(StrictDataclassError, match="loss_chunk_size"):
         tiny_config(family, loss_chunk_size=0)
     assert tiny_config(family, loss_chunk_size=128).loss_chunk_size == 128

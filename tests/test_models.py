@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from testing_utils import (
     FAMILIES,
     model_inputs,
@@ -212,6 +213,18 @@ def test_resize_token_embeddings_keeps_tie_and_mode(family, extra):
     torch.testing.assert_close(logits.double(), expected, rtol=1e-4, atol=1e-4)  # new rows included
 
 
+@pytest.mark.parametrize("family", ["seq2seq", "bart"])
+def test_decoder_resize_is_refused_when_three_way_tied(family):
+    """Marian's rule, for both encoder-decoder families: one shared vocabulary is resized with
+    resize_token_embeddings (decoder and output layer follow), never through the decoder alone."""
+    model = tiny_model(family, tie_topology="three_way")
+    with pytest.raises(ValueError, match="use `resize_token_embeddings` instead"):
+        model.resize_decoder_token_embeddings(model.config.vocab_size + 3)
+    model.resize_token_embeddings(model.config.vocab_size + 3)
+    assert model.config.decoder_vocab_size == model.config.vocab_size == model.lm_head.weight.shape[0]
+    assert_tying(model)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tie_survives_a_training_step(family):
     model = tiny_model(family, head_mode="cosine").train()
@@ -308,27 +321,30 @@ print("OK", type(model).__name__, type(bare).__name__)
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: tiny_seq2seq_config(head_mode="unit"), "head_mode must be one of"),
-        (lambda: tiny_causal_config(head_mode="COSINE"), "head_mode must be one of"),
-        (lambda: tiny_seq2seq_config(logit_scale="learned"), "logit_scale must be one of"),
+        (lambda: tiny_seq2seq_config(head_mode="unit"), "Field 'head_mode' expected one of"),
+        (lambda: tiny_causal_config(head_mode="COSINE"), "Field 'head_mode' expected one of"),
+        (lambda: tiny_seq2seq_config(logit_scale="learned"), "Field 'logit_scale' expected one of"),
         (lambda: tiny_causal_config(logit_scale_init=2.0), "logit_scale='none'"),
-        (lambda: tiny_causal_config(logit_scale="fixed", logit_scale_init=-1.0), "logit_scale_init must be > 0"),
-        (lambda: tiny_causal_config(norm_eps=0.0), "norm_eps must be > 0"),
+        (
+            lambda: tiny_causal_config(logit_scale="fixed", logit_scale_init=-1.0),
+            r"'logit_scale_init':\s+ValueError: Value must be > 0",
+        ),
+        (lambda: tiny_causal_config(norm_eps=0.0), r"'norm_eps':\s+ValueError: Value must be > 0"),
         (lambda: tiny_causal_config(label_smoothing=1.0), "label_smoothing"),
-        (lambda: tiny_seq2seq_config(tie_topology="two_way"), "tie_topology must be one of"),
+        (lambda: tiny_seq2seq_config(tie_topology="two_way"), "Field 'tie_topology' expected one of"),
         (lambda: tiny_seq2seq_config(tie_topology="untied", tie_word_embeddings=True), "contradicts"),
         (lambda: tiny_seq2seq_config(tie_topology="decoder", share_encoder_decoder_embeddings=True), "contradicts"),
         (lambda: tiny_seq2seq_config(tie_topology="three_way", decoder_vocab_size=70), "shared vocabulary"),
         # The BART family shares the topology validation.
-        (lambda: tiny_bart_config(tie_topology="two_way"), "tie_topology must be one of"),
+        (lambda: tiny_bart_config(tie_topology="two_way"), "Field 'tie_topology' expected one of"),
         (lambda: tiny_bart_config(tie_topology="untied", tie_word_embeddings=True), "contradicts"),
         (lambda: tiny_bart_config(tie_topology="three_way", decoder_vocab_size=70), "shared vocabulary"),
         (lambda: tiny_bart_config(tie_topology="decoder", adaptive_cutoffs=[20]), "adaptive_cutoffs needs"),
-        (lambda: tiny_bart_config(head_mode="unit"), "head_mode must be one of"),
+        (lambda: tiny_bart_config(head_mode="unit"), "Field 'head_mode' expected one of"),
     ],
 )
 def test_bad_configs_raise_clear_errors(build, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(StrictDataclassError, match=message):
         build()
 
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 from transformers import Trainer, TrainingArguments
 
@@ -151,7 +152,7 @@ def test_penalties_are_shared_across_accumulated_micro_batches():
 )
 @pytest.mark.parametrize("family", FAMILIES)
 def test_invalid_regularizer_fields_raise(family, overrides, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    with pytest.raises(StrictDataclassError, match=message.replace("(", r"\(")):
         tiny_config(family, **overrides)
 
 
@@ -200,9 +201,11 @@ def test_trainer_logs_each_loss_term(tmp_path, overrides, accumulation):
 
 @pytest.mark.parametrize("output_class", [TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput])
 def test_loss_term_names_exist_once(output_class):
-    """The output dataclasses carry exactly the LOSS_TERMS fields (last, in order) and inference drops them all."""
+    """The output dataclasses carry the LOSS_TERMS fields last, so that tuple outputs still start with (loss, logits)
+    as the parents' do, and inference drops them all."""
     names = [field.name for field in dataclasses.fields(output_class)]
-    assert names[-len(LOSS_TERMS):] == list(LOSS_TERMS)
+    assert names[:2] == ["loss", "logits"] and names[-len(LOSS_TERMS):] == list(LOSS_TERMS)
+    assert len(names) == len(set(names)) == len(dataclasses.fields(output_class.__mro__[2])) + len(LOSS_TERMS)
     for family in FAMILIES:
         assert set(LOSS_TERMS) <= set(tiny_config(family).keys_to_ignore_at_inference)
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from datasets import Dataset
+from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
 from script_helpers import TINY_TRANSLATION_FLAGS, read_lines, run_script
 from testing_utils import interrupted_run
@@ -222,12 +223,12 @@ def test_translation_with_technique_flags(multi30k_dir, tmp_path, monkeypatch):
         (["--adaptive_cutoffs", "40", "--loss_chunk_size", "64"], "does not apply to the adaptive softmax"),
         (["--head_mode", "l2", "--weight_norm_init_sigma", "1"], "head_mode='l2'"),
         (["--head_mode", "l2", "--weight_norm_regularization", "1e-3"], "head_mode='l2'"),
-        (["--projection_regularization", "-1"], "projection_regularization must be >= 0"),
-        (["--loss_chunk_size", "0"], "loss_chunk_size must be a positive int"),
+        (["--projection_regularization", "-1"], r"'projection_regularization':\s+ValueError: Value must be >= 0"),
+        (["--loss_chunk_size", "0"], r"'loss_chunk_size':\s+ValueError: Value must be a positive integer"),
     ],
 )
 def test_bad_technique_flags(script, flags, message, tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(StrictDataclassError, match=message):
         run_script(script, ["--output_dir", tmp_path, "--vocab_size", "300", "--report_to", "none", *flags],
                    monkeypatch)
 
@@ -260,7 +261,7 @@ def test_finetune_rejects_architecture_technique_flags(adaptive_clm, flags, mess
 
 def test_finetune_rechecks_changed_fields(adaptive_clm, multi30k_dir, tmp_path, monkeypatch):
     """A loss field that conflicts with the saved architecture fails with the config's own error."""
-    with pytest.raises(ValueError, match="does not apply to the adaptive softmax"):
+    with pytest.raises(StrictDataclassError, match="does not apply to the adaptive softmax"):
         run_script("run_clm", clm_flags(
             multi30k_dir, tmp_path, "--model_name_or_path", adaptive_clm, "--do_train", "--loss_chunk_size", "64",
         ), monkeypatch)
@@ -299,9 +300,9 @@ def test_embedding_init_std_untied_output_and_errors():
     for weight in (model.model.encoder.embed_tokens.weight, model.model.decoder.embed_tokens.weight,
                    model.lm_head.weight):
         assert torch.linalg.vector_norm(weight, dim=-1)[1:].mean().item() == pytest.approx(1.0, abs=0.05)
-    with pytest.raises(ValueError, match="embedding_init_std must be > 0"):
+    with pytest.raises(StrictDataclassError, match=r"'embedding_init_std':\s+ValueError: Value must be > 0"):
         hf_tiednorm.TiedNormSeq2SeqConfig(embedding_init_std=0.0)
-    with pytest.raises(ValueError, match="leave one of embedding_init_std / adaptive_cutoffs unset"):
+    with pytest.raises(StrictDataclassError, match="leave one of embedding_init_std / adaptive_cutoffs unset"):
         hf_tiednorm.TiedNormCausalConfig(embedding_init_std=0.06, adaptive_cutoffs=[2000])
 
 

@@ -12,6 +12,7 @@ import pytest
 import sacrebleu
 import torch
 import yaml
+from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
 from script_helpers import SCRIPTS, TINY_TRANSLATION_FLAGS, load_script, read_lines, run_script, subprocess_env
 from testing_utils import interrupted_run
@@ -159,12 +160,12 @@ def test_plot_embedding_norms(trained_de_en, tmp_path):
     ("flags", "error", "message"),
     [
         (["--train_file", "/nonexistent/train.{lang}.txt"], FileNotFoundError, "train file not found"),
-        (["--head_mode", "bogus"], ValueError, "head_mode must be one of"),
-        (["--tie_topology", "four_way"], ValueError, "tie_topology must be one of"),
+        (["--head_mode", "bogus"], StrictDataclassError, "Field 'head_mode' expected one of"),
+        (["--tie_topology", "four_way"], StrictDataclassError, "Field 'tie_topology' expected one of"),
         (["--source_lang", "en", "--target_lang", "en"], ValueError, "must differ"),
         (["--source_lang", "fr"], FileNotFoundError, "train.fr.gz"),
         (["--label_smoothing_factor", "0.1"], ValueError, "use --label_smoothing"),
-        (["--label_smoothing", "1.5"], ValueError, "label_smoothing must be in"),
+        (["--label_smoothing", "1.5"], StrictDataclassError, r"'label_smoothing':\s+ValueError: Value must be"),
         (["--model_name_or_path", "/nonexistent/model"], FileNotFoundError, "holds no config.json"),
         (["--resume_from_checkpoint", "last"], FileNotFoundError, "no complete checkpoint in"),
         (["--tokenizer_model", "wordpiece"], ValueError, "--tokenizer_model must be one of"),

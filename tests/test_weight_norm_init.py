@@ -8,6 +8,7 @@ from itertools import islice
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, tiny_config, tiny_model
 
 import hf_tiednorm
@@ -93,5 +94,5 @@ def test_weight_norm_init_rejects_bad_inputs(counts, sigma, overrides, message):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_weight_norm_init_sigma_is_validated_in_the_config(family):
-    with pytest.raises(ValueError, match="weight_norm_init_sigma"):
+    with pytest.raises(StrictDataclassError, match="weight_norm_init_sigma"):
         tiny_config(family, weight_norm_init_sigma=0.0)
