@@ -205,7 +205,9 @@ def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], spl
     if len(references) != len(hypotheses):
         raise RuntimeError(f"{len(hypotheses)} predictions for {len(references)} {split} references")
     result = bleu.compute(predictions=hypotheses, references=[[text] for text in references])
-    lengths = [np.count_nonzero(row != tokenizer.pad_token_id) for row in predictions]
+    # Generated tokens without the special ones: beam search fills finished hypotheses with </s>, not <pad>, so
+    # counting non-pad ids measured the batch's longest hypothesis.
+    lengths = np.isin(predictions, tokenizer.all_special_ids, invert=True).sum(axis=-1)
     return {"bleu": result["score"], "gen_len": float(np.mean(lengths)), "bleu_signature": result["signature"]}
 
 

@@ -16,6 +16,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
 from script_helpers import SCRIPTS, TINY_TRANSLATION_FLAGS, load_script, read_lines, run_script, subprocess_env
 from testing_utils import interrupted_run
+from transformers import AutoTokenizer
 
 import hf_tiednorm
 
@@ -61,6 +62,10 @@ def test_translation_outputs_and_real_sacrebleu(trained_de_en, multi30k_dir):
     expected = sacrebleu.corpus_bleu(predictions, [references])
     assert results["test_bleu"] == pytest.approx(expected.score, abs=1e-9)
     assert results["test_bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    # gen_len: the mean number of generated tokens, specials excluded (the written predictions, re-tokenized).
+    tokenizer = AutoTokenizer.from_pretrained(trained_de_en)
+    lengths = [len(tokenizer(text, add_special_tokens=False).input_ids) for text in predictions]
+    assert results["test_gen_len"] == pytest.approx(sum(lengths) / len(lengths), abs=0.5)
     assert "eval_bleu" in results and math.isfinite(results["eval_loss"])
     config = hf_tiednorm.TiedNormSeq2SeqConfig.from_pretrained(trained_de_en)
     assert (config.head_mode, config.label_smoothing, config.vocab_size) == ("distance", 0.1, 300)
