@@ -166,6 +166,33 @@ def machine() -> dict:
             "platform": platform.platform(), "cuda": torch.cuda.is_available()}
 
 
+def summarize(results: dict[str, list[dict]], args: BenchmarkArguments) -> dict:
+    """Median tokens/s per run, the ratios of those medians, and each ratio within a repetition (runs of one
+    repetition are minutes apart) as median [min, max]; over the repetitions finished so far."""
+    done = {name: reps for name, reps in results.items() if reps}
+    medians = {name: statistics.median(r["tokens_per_s"] for r in reps) for name, reps in done.items()}
+    pairs = []  # (ratio name, numerator run, denominator run)
+    for model in args.model_list():
+        if {"fp32", "bf16"} <= set(args.precision_list()):
+            pairs.append((f"{model}: bf16 / fp32", f"{model}/bf16", f"{model}/fp32"))
+        if model != "marian" and "marian" in args.model_list():
+            pairs += [(f"{model} / marian ({p})", f"{model}/{p}", f"marian/{p}") for p in args.precision_list()]
+    pairs = [(name, top, bottom) for name, top, bottom in pairs if top in done and bottom in done]
+    per_rep = {
+        name: [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(done[top], done[bottom], strict=False)]
+        for name, top, bottom in pairs
+    }
+    return {
+        "median_tokens_per_s": medians,
+        "ratios": {name: medians[top] / medians[bottom] for name, top, bottom in pairs},
+        "paired_ratios": {
+            name: {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            for name, values in per_rep.items()
+            if values
+        },
+    }
+
+
 def main() -> None:
     (args,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses()
     if args.child is not None:
@@ -186,8 +213,27 @@ def main() -> None:
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    output = ROOT / args.output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    recipe_fields = ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "vocab_size",
+                     "per_device_train_batch_size", "label_smoothing")
+
+    def write_report(complete: bool) -> dict:
+        summary = summarize(results, args)
+        report = {
+            "command": shlex.join(["python", "scripts/benchmark_trainer_loop.py", *sys.argv[1:]]),
+            "arguments": asdict(args), "complete": complete, "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(), "recipe": {k: config[k] for k in recipe_fields}, "note": args.note,
+            **summary, "runs": results,
+        }
+        output.write_text(json.dumps(report, indent=1) + "\n")
+        return summary
+
     for rep in range(args.reps):
-        for model, precision in runs:
+        # Each repetition starts one run later in the list, so that no contender always takes the same place (the
+        # first run after a pause or after another contender's run was measurably slower).
+        for model, precision in runs[rep % len(runs):] + runs[: rep % len(runs)]:
             family, head_mode = MODELS[model]
             settings = {"family": family, "head_mode": head_mode, "precision": precision, "steps": args.steps,
                         "skip_steps": args.skip_steps, "num_threads": args.num_threads, "data_dir": str(data_dir),
@@ -202,31 +248,15 @@ def main() -> None:
             results[f"{model}/{precision}"].append(result)
             print(f"rep {rep} {model:14s} {precision}: {result['tokens_per_s']:8.0f} tokens/s "
                   f"({result['steps_per_s']:.3f} steps/s, load {result['loadavg_1min']:.1f})", flush=True)
-    medians = {name: statistics.median(r["tokens_per_s"] for r in reps) for name, reps in results.items()}
-    ratios = {}
-    for model in args.model_list():
-        if {"fp32", "bf16"} <= set(args.precision_list()):
-            ratios[f"{model}: bf16 / fp32"] = medians[f"{model}/bf16"] / medians[f"{model}/fp32"]
-        if model != "marian" and "marian" in args.model_list():
-            for precision in args.precision_list():
-                ours, theirs = medians[f"{model}/{precision}"], medians[f"marian/{precision}"]
-                ratios[f"{model} / marian ({precision})"] = ours / theirs
-    report = {
-        "command": shlex.join(["python", "scripts/benchmark_trainer_loop.py", *sys.argv[1:]]),
-        "arguments": asdict(args), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": machine(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "recipe": {k: config[k] for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
-                                           "vocab_size", "per_device_train_batch_size", "label_smoothing")},
-        "note": args.note, "median_tokens_per_s": medians, "ratios": ratios, "runs": results,
-    }
-    output = ROOT / args.output
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=1) + "\n")
+            write_report(complete=False)  # a killed benchmark keeps every finished run
+    summary = write_report(complete=True)
     print("\nmedian tokens/s (source + target, non-padding):")
-    for name, value in medians.items():
+    for name, value in summary["median_tokens_per_s"].items():
         print(f"  {name:22s} {value:8.0f}")
-    for name, value in ratios.items():
-        print(f"  {name:32s} {value:.3f}")
+    print("ratio of medians, and per repetition: median [min-max]")
+    for name, value in summary["ratios"].items():
+        paired = summary["paired_ratios"][name]
+        print(f"  {name:32s} {value:.3f}   {paired['median']:.3f} [{paired['min']:.2f}-{paired['max']:.2f}]")
     print(f"written to {output}")
 
 
