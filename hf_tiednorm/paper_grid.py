@@ -515,7 +515,9 @@ def report(args: GridArguments) -> dict:
               and r.get("status") == "ok"]
         devices = sorted({r.get("device", "?") for r in ok})
         precisions = sorted({r.get("precision", "fp32") for r in ok})  # rows before the field were all fp32
-        minutes = summarize([{**r, "wall": r.get("wall_minutes")} for r in ok], grid, "wall", budget_hash(budget))
+        # Wall time of the cells that ran whole in one command: a resumed cell's row holds its last slice only.
+        whole = [{**r, "wall": r.get("wall_minutes")} for r in ok if not r.get("resumed_from")]
+        minutes = summarize(whole, grid, "wall", budget_hash(budget))
         # The HF contender is a second reference where the grid has it.
         references = [reference] + ([MARIAN] if MARIAN in test and reference != MARIAN else [])
         verdicts_by_ref = {ref: verdict(test, ref, higher) for ref in references}
@@ -528,15 +530,15 @@ def report(args: GridArguments) -> dict:
         markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {', '.join(devices)}; "
                      f"precision: {', '.join(precisions)})", "",
                      f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ val vs {reference} | "
-                     + " | ".join(f"Δ test vs {ref}" for ref in references) + " | wall min (mean) |",
+                     + " | ".join(f"Δ test vs {ref}" for ref in references) + " | wall min (mean, unresumed cells) |",
                      "|---|---|---|---|" + "---|" * len(references) + "---|"]
         for variant, t in test.items():
             v = val.get(variant, mean_std([]))
             deltas = [val_verdicts.get(variant, {}).get("diff")]
             deltas += [verdicts_by_ref[ref].get(variant, {}).get("diff") for ref in references]
             cells = " | ".join("" if d is None else f"{d:+.2f}" for d in deltas)
-            wall = minutes.get(variant, mean_std([]))["mean"]
-            markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {cells} | {wall:.1f} |")
+            wall = f"{minutes[variant]['mean']:.1f}" if variant in minutes else "–"
+            markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {cells} | {wall} |")
         markdown += [""]
         for ref in references:
             markdown += verdict_sentences(verdicts_by_ref[ref], ref, f"test {name}")
