@@ -4,7 +4,8 @@
 * ``TiedNormModelArguments``: the model flags of both scripts (checkpoint, tokenizer, the tied output layer and the
   technique flags of its loss) with their checks and the fine-tuning rules; each script subclasses it with the
   architecture flags of its model family.
-* ``check_world_size``, ``configure_threads``: launch set-up.
+* ``check_world_size``, ``configure_threads``, ``setup_run``: launch set-up (and, on CPU, freed tensor memory kept for
+  reuse: ``cpu_memory.keep_freed_memory``).
 * ``TiedNormTrainingArguments``, ``TiedNormSeq2SeqTrainingArguments``: HF's arguments with bf16 autocast as the
   detected default on CPUs with native bf16 matmuls (``resolve_bf16``), and ``--bf16 true`` working on CPU;
   ``choose_attention``: eager attention with an fp32 softmax for bf16 on CPU, where torch's fused kernel is slow.
@@ -51,6 +52,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
 from .adaptive import AdaptiveInput
+from .cpu_memory import keep_freed_memory
 from .data import token_counts
 from .model_card import write_model_card
 from .normalized_head import HEAD_MODES, LOGIT_SCALES
@@ -586,6 +588,13 @@ class RunArguments:
         default=None,
         metadata={"help": "torch CPU threads per process; None: all cores shared among the launch's processes"},
     )
+    keep_freed_cpu_memory: bool = field(
+        default=True,
+        metadata={
+            "help": "training on CPU: keep the memory freed tensors release in the process for the next step (glibc "
+            "malloc without mmap/trim) instead of page-faulting it in again every step (hf_tiednorm.cpu_memory)"
+        },
+    )
     max_train_minutes: float | None = field(
         default=None,
         metadata={"help": "stop training after this many minutes (all ranks at one step), then evaluate as usual"},
@@ -601,10 +610,12 @@ class RunArguments:
 
 def setup_run(run_args: RunArguments, training_args: TrainingArguments) -> None:
     """The checks and settings a training script makes before any work: every launched process joined the group,
-    torch's CPU threads, and the flags that cannot serve (the Trainer's label smoothing, early stopping without a
-    best model to return to)."""
+    torch's CPU threads, freed CPU memory kept for reuse, and the flags that cannot serve (the Trainer's label
+    smoothing, early stopping without a best model to return to)."""
     check_world_size(training_args)
     configure_threads(run_args.num_threads)
+    if run_args.keep_freed_cpu_memory and training_args.device.type == "cpu":
+        logger.info(keep_freed_memory())
     if training_args.label_smoothing_factor:
         raise ValueError("use --label_smoothing (the model's loss) instead of --label_smoothing_factor")
     if run_args.early_stopping_patience is not None and not training_args.load_best_model_at_end:

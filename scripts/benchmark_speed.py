@@ -13,7 +13,9 @@ contender decodes exactly ``--new_tokens`` steps (asserted on the output length)
 Method: all contenders live in one process; after ``--warmup`` untimed calls each, every repetition runs each task
 once per contender in turn (round-robin, rotating the start), so slow drifts of the machine hit all contenders
 alike. A measurement is the mean of ``--iters`` calls. Ratios are taken within a repetition (contender time /
-reference time) and reported as median and min–max over repetitions.
+reference time) and reported as median and min–max over repetitions. Each measurement also counts the process's
+minor page faults (fresh memory mapped by the kernel); on CPU the process keeps freed tensor memory for reuse, as the
+training scripts do (``--keep_freed_cpu_memory false``: glibc's defaults, which page-fault large temporaries anew).
 FLOPs of a training step are counted exactly with ``torch.utils.flop_counter.FlopCounterMode`` on one forward +
 backward, with SDPA forced onto its math backend so that attention decomposes into counted matmuls (CPU's fused
 SDPA kernel has no FLOP formula); AdamW's elementwise work is not counted. The peak is the best time of a large
@@ -29,6 +31,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -55,6 +58,7 @@ from hf_tiednorm import (
     TiedNormForConditionalGeneration,
     TiedNormSeq2SeqConfig,
 )
+from hf_tiednorm.cpu_memory import keep_freed_memory
 
 # Model dimensions. "layers" is per stack of the encoder-decoder; the causal LM gets 2 x layers so that both families
 # have the same depth. "large" is Transformer-base (Vaswani et al.) with a 32k vocabulary.
@@ -83,8 +87,12 @@ class Args:
     seq_len: int = field(default=32, metadata={"help": "source = target length in training; prompt length"})
     new_tokens: int = field(default=32, metadata={"help": "tokens every generate() call produces"})
     gen_batches: str = field(default="1,32", metadata={"help": "comma-separated generation batch sizes"})
-    beams: str = field(default="1,4", metadata={"help": "comma-separated beam sizes (1 = greedy)"})
+    beams: str = field(default="1,4", metadata={"help": "comma-separated beam sizes (1 = greedy; empty: train only)"})
     peak_size: int = field(default=0, metadata={"help": "side of the peak matmul; 0 = 2048 on CPU, 8192 on CUDA"})
+    keep_freed_cpu_memory: bool = field(
+        default=True,
+        metadata={"help": "on CPU, keep freed tensor memory for reuse, as the training scripts do (cpu_memory.py)"},
+    )
     seed: int = field(default=0, metadata={"help": "torch seed of the models and inputs"})
     output: str = field(default="results/benchmark_speed.json", metadata={"help": "JSON written here"})
 
@@ -112,6 +120,12 @@ def timed(fn: Callable[[], object], device: torch.device, iters: int = 1) -> flo
         fn()
     synchronize(device)
     return (time.perf_counter() - start) / iters
+
+
+def minor_page_faults() -> int:
+    """Page faults of this process so far that needed no disk: the kernel mapping (and zeroing) fresh memory, e.g.
+    for every large tensor glibc's malloc takes from mmap and gives back on free (hf_tiednorm/cpu_memory.py)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, iters: int = 3) -> float:
@@ -285,7 +299,7 @@ def bench_size(size_name: str, args: Args, device: torch.device) -> dict:
             "train_tokens_per_step": tokens,
             "train_flops_per_step": training_flops(model, batch),
         }
-    for beams in map(int, args.beams.split(",")):
+    for beams in [int(b) for b in args.beams.split(",") if b]:
         for gen_batch in map(int, args.gen_batches.split(",")):
             task = f"{'greedy' if beams == 1 else f'beam{beams}'}_b{gen_batch}"
             tasks[task] = {
@@ -297,6 +311,7 @@ def bench_size(size_name: str, args: Args, device: torch.device) -> dict:
             for _ in range(args.warmup):
                 fn()
     times: dict[str, dict[str, list[float]]] = {task: {name: [] for name in fns} for task, fns in tasks.items()}
+    faults: dict[str, dict[str, list[float]]] = {task: {name: [] for name in fns} for task, fns in tasks.items()}
     names = list(models)
     for rep in range(args.reps):
         # Round-robin: every contender once per task and repetition, starting one later each repetition so that
@@ -304,7 +319,9 @@ def bench_size(size_name: str, args: Args, device: torch.device) -> dict:
         order = names[rep % len(names):] + names[: rep % len(names)]
         for task, fns in tasks.items():
             for name in order:
+                before = minor_page_faults()
                 times[task][name].append(timed(fns[name], device, args.iters))
+                faults[task][name].append((minor_page_faults() - before) / args.iters)
         print(f"[{size_name}] rep {rep + 1}/{args.reps} done", flush=True)
     ratios = []
     for task, label, numerator, denominator, target, higher in comparisons(list(models), list(tasks)):
@@ -317,10 +334,14 @@ def bench_size(size_name: str, args: Args, device: torch.device) -> dict:
         train_s = statistics.median(times["train"][name])
         info[name]["train_flops_per_s"] = info[name]["train_flops_per_step"] / train_s
         info[name]["train_tokens_per_s"] = info[name]["train_tokens_per_step"] / train_s
+        info[name]["train_page_faults_per_step"] = statistics.median(faults["train"][name])
     return {
         "dims": size,
         "contenders": info,
         "times_s": {task: {name: {**summary(t), "all": t} for name, t in per.items()} for task, per in times.items()},
+        "minor_page_faults_per_call": {
+            task: {name: {**summary(f), "all": f} for name, f in per.items()} for task, per in faults.items()
+        },
         "ratios": ratios,
     }
 
@@ -354,11 +375,12 @@ def print_report(report: dict) -> None:
             s = r["ratio"]
             print(f"{r['task']:11s} {r['comparison']:42s} {s['median']:7.3f} {s['min']:7.3f}-{s['max']:<7.3f} "
                   f"{r['target']:>8s} {'PASS' if r['met'] else 'MISS'}")
-        print(f"{'contender':18s} {'params':>10s} {'train s':>8s} {'tok/s':>9s} {'GFLOP/s':>9s} {'of fp32 peak':>12s}")
+        print(f"{'contender':18s} {'params':>10s} {'train s':>8s} {'tok/s':>9s} {'GFLOP/s':>9s} {'of fp32 peak':>12s} "
+              f"{'faults/step':>11s}")
         for name, c in result["contenders"].items():
             print(f"{name:18s} {c['parameters']:10d} {result['times_s']['train'][name]['median']:8.4f} "
                   f"{c['train_tokens_per_s']:9.0f} {c['train_flops_per_s'] / 1e9:9.2f} "
-                  f"{c['train_flops_per_s'] / peak:12.1%}")
+                  f"{c['train_flops_per_s'] / peak:12.1%} {c['train_page_faults_per_step']:11.0f}")
     print("\npeak matmul: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in report["peak_flops"].items()))
     machine = report["machine"]
     print(f"load average at start {machine['loadavg_at_start']}, at end {machine['loadavg_at_end']}")
@@ -369,13 +391,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    cpu_memory = keep_freed_memory() if args.keep_freed_cpu_memory and device.type == "cpu" else "allocator defaults"
+    print(cpu_memory, flush=True)
     peak_size = args.peak_size or (8192 if device.type == "cuda" else 2048)
     peak_flops = {"float32": matmul_peak(device, torch.float32, peak_size)}
     if device.type == "cuda":
         peak_flops["bfloat16"] = matmul_peak(device, torch.bfloat16, peak_size)
     report = {
         "args": asdict(args),
-        "machine": machine_info(device),
+        "machine": {**machine_info(device), "cpu_memory": cpu_memory},
         "method": "all contenders in one process; after warm-up, every repetition runs each task once per contender "
         "(round-robin, start rotated each repetition); a measurement is the mean of --iters calls; ratios are taken "
         "within a repetition and summarized as median and min-max; training FLOPs from FlopCounterMode on one "

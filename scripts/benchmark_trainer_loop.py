@@ -54,6 +54,9 @@ class BenchmarkArguments:
     skip_steps: int = field(default=5, metadata={"help": "untimed first steps of each run"})
     reps: int = field(default=2, metadata={"help": "interleaved repetitions of every run"})
     num_threads: int = field(default=2, metadata={"help": "torch CPU threads per run"})
+    keep_freed_cpu_memory: bool = field(
+        default=True, metadata={"help": "keep freed tensor memory for reuse, as run_translation.py does on CPU"}
+    )
     output: str = field(default="results/benchmark_trainer_loop.json", metadata={"help": "JSON written here"})
     note: str = field(default="", metadata={"help": "free text stored in the JSON (e.g. the machine's other load)"})
     profile: bool = field(default=False, metadata={"help": "run the timed steps under torch.profiler (top ops)"})
@@ -83,6 +86,7 @@ def run_child(settings: dict) -> dict:
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel, TrainerCallback, set_seed
 
     import hf_tiednorm
+    from hf_tiednorm.cpu_memory import keep_freed_memory
     from hf_tiednorm.data import load_parallel, tokenize_parallel
     from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer
     from hf_tiednorm.training import TiedNormSeq2SeqTrainingArguments, TiedWeightsCheck, choose_attention
@@ -91,6 +95,8 @@ def run_child(settings: dict) -> dict:
     from run_translation import marian_config
 
     torch.set_num_threads(settings["num_threads"])
+    if settings["keep_freed_cpu_memory"]:
+        keep_freed_memory()
     config = recipe()
     set_seed(config["seed"])
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
@@ -237,7 +243,7 @@ def main() -> None:
             family, head_mode = MODELS[model]
             settings = {"family": family, "head_mode": head_mode, "precision": precision, "steps": args.steps,
                         "skip_steps": args.skip_steps, "num_threads": args.num_threads, "data_dir": str(data_dir),
-                        "profile": args.profile,
+                        "profile": args.profile, "keep_freed_cpu_memory": args.keep_freed_cpu_memory,
                         "tokenizer": str(work / "tokenizer"), "output_dir": str(work / f"{model}-{precision}")}
             done = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)], cwd=ROOT, env=env,
                                   capture_output=True, text=True, check=False)

@@ -25,6 +25,7 @@ def test_quick_benchmark_report(tmp_path, monkeypatch):
         assert not re.search(r"(?i)\bissues?\s*#?\d|\(#\d", text)
 
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch"]
+    assert report["machine"]["cpu_memory"].startswith("CPU memory: ")  # what cpu_memory.keep_freed_memory did
     assert report["peak_flops"]["float32"] > 0
     reps = report["args"]["reps"]
     result = report["sizes"]["quick"]
@@ -34,6 +35,7 @@ def test_quick_benchmark_report(tmp_path, monkeypatch):
         for name in CONTENDERS:
             times = result["times_s"][task][name]["all"]
             assert len(times) == reps and all(t > 0 for t in times)
+            assert len(result["minor_page_faults_per_call"][task][name]["all"]) == reps
 
     contenders = result["contenders"]
     assert all(c["tied"] for c in contenders.values())
