@@ -515,9 +515,7 @@ def report(args: GridArguments) -> dict:
               and r.get("status") == "ok"]
         devices = sorted({r.get("device", "?") for r in ok})
         precisions = sorted({r.get("precision", "fp32") for r in ok})  # rows before the field were all fp32
-        # Wall time of the cells that ran whole in one command: a resumed cell's row holds its last slice only.
-        whole = [{**r, "wall": r.get("wall_minutes")} for r in ok if not r.get("resumed_from")]
-        minutes = summarize(whole, grid, "wall", budget_hash(budget))
+        minutes = wall_minutes_by_threads(ok)
         # The HF contender is a second reference where the grid has it.
         references = [reference] + ([MARIAN] if MARIAN in test and reference != MARIAN else [])
         verdicts_by_ref = {ref: verdict(test, ref, higher) for ref in references}
@@ -530,14 +528,16 @@ def report(args: GridArguments) -> dict:
         markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {', '.join(devices)}; "
                      f"precision: {', '.join(precisions)})", "",
                      f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ val vs {reference} | "
-                     + " | ".join(f"Δ test vs {ref}" for ref in references) + " | wall min (mean, unresumed cells) |",
+                     + " | ".join(f"Δ test vs {ref}" for ref in references)
+                     + " | wall min (mean of unresumed cells, by threads per cell) |",
                      "|---|---|---|---|" + "---|" * len(references) + "---|"]
         for variant, t in test.items():
             v = val.get(variant, mean_std([]))
             deltas = [val_verdicts.get(variant, {}).get("diff")]
             deltas += [verdicts_by_ref[ref].get(variant, {}).get("diff") for ref in references]
             cells = " | ".join("" if d is None else f"{d:+.2f}" for d in deltas)
-            wall = f"{minutes[variant]['mean']:.1f}" if variant in minutes else "–"
+            wall = "; ".join(f"{stats['mean']:.1f} ({threads} thr)"
+                             for threads, stats in minutes.get(variant, {}).items()) or "–"
             markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {cells} | {wall} |")
         markdown += [""]
         for ref in references:
@@ -552,6 +552,19 @@ def report(args: GridArguments) -> dict:
     plot_histograms([r for r in rows if r.get("budget_hash") == translation_hash], json_path.with_suffix(".png"))
     print(summary["markdown"], flush=True)
     return summary
+
+
+def wall_minutes_by_threads(rows: list[dict]) -> dict[str, dict[str, dict]]:
+    """{variant: {threads per cell: mean/std/n of wall minutes}} over the cells that ran whole in one command (a
+    resumed cell's row holds its last slice only). Split by threads because two 1-thread cells side by side on a
+    2-core machine each take ~1.5x as long as one 2-thread cell alone."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        if not row.get("resumed_from") and row.get("wall_minutes") is not None:
+            threads = str(row.get("num_threads", "?"))
+            groups.setdefault(row["variant"], {}).setdefault(threads, []).append(float(row["wall_minutes"]))
+    return {variant: {threads: mean_std(values) for threads, values in sorted(by_threads.items(), reverse=True)}
+            for variant, by_threads in groups.items()}
 
 
 def _fmt(stats: dict) -> str:

@@ -383,15 +383,18 @@ def test_report_has_deltas_vs_baseline_and_marian_wall_times_and_precision(grid,
             cell = grid.grid_cells("translation", args, [seed], [variant])[0]
             # A resumed cell's wall time is its last slice only: left out of the wall-time mean.
             resumed = {"resumed_from": "checkpoint-2270", "wall_minutes": 4.0} if variant == "marian" and seed else {}
+            # Wall times are shown per threads per cell: cosine's seed 1 ran on one thread beside another cell.
+            threads = {"num_threads": 1, "wall_minutes": 15.0} if variant == "cosine" and seed else {}
             grid.append_row(tmp_path / "grid.jsonl", {**cell, "status": "ok", "test_bleu": bleu, "eval_bleu": bleu - 1,
                                                       "device": "CPU", "precision": "fp32", "wall_minutes": 10.0,
-                                                      **resumed})
+                                                      "num_threads": 2, **resumed, **threads})
     summary = grid.report(args)
     markdown = summary["markdown"]
     header = ("| variant | val BLEU (mean ± std, n) | test BLEU (mean ± std, n) | Δ val vs baseline "
-              "| Δ test vs baseline | Δ test vs marian | wall min (mean, unresumed cells) |")
+              "| Δ test vs baseline | Δ test vs marian | wall min (mean of unresumed cells, by threads per cell) |")
     assert header in markdown
-    assert "| cosine | 32.50 ± 0.71 (2) | 33.50 ± 0.71 (2) | +3.00 | +3.00 | +1.50 | 10.0 |" in markdown
-    assert "| marian | 31.00 ± 0.00 (2) | 32.00 ± 0.00 (2) | +1.50 | +1.50 |  | 10.0 |" in markdown
+    assert ("| cosine | 32.50 ± 0.71 (2) | 33.50 ± 0.71 (2) | +3.00 | +3.00 | +1.50 | 10.0 (2 thr); 15.0 (1 thr) |"
+            in markdown)
+    assert "| marian | 31.00 ± 0.00 (2) | 32.00 ± 0.00 (2) | +1.50 | +1.50 |  | 10.0 (2 thr) |" in markdown
     assert "precision: fp32" in markdown and "- cosine beats marian: test BLEU +1.50" in markdown
     assert summary["grids"]["translation"]["verdict_by_reference"]["marian"]["baseline"]["diff"] == -1.5
