@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -325,15 +325,19 @@ def verdict(summary: dict[str, dict], reference: str, higher_is_better: bool) ->
 
 
 def verdict_sentences(verdicts: dict[str, dict], reference: str, metric: str) -> list[str]:
-    """Plain-language lines for the report."""
+    """Plain-language lines for the report. A difference within the seed spread is called level, not a win: the
+    sign of a difference smaller than the spread of two single runs says nothing."""
     lines = []
     for variant, v in verdicts.items():
-        word = "beats" if v["better"] else "does not beat"
         if v["exceeds_seed_spread"] is None:
+            word = "is ahead of" if v["better"] else "is behind"
             spread = "seed spread unknown (one seed on a side)"
+        elif v["exceeds_seed_spread"]:
+            word = "beats" if v["better"] else "is worse than"
+            spread = f"beyond the seed spread (combined std {v['combined_std']:.2f})"
         else:
-            side = "beyond" if v["exceeds_seed_spread"] else "within"
-            spread = f"{side} the seed spread (combined std {v['combined_std']:.2f})"
+            word = "is level with"
+            spread = f"within the seed spread (combined std {v['combined_std']:.2f})"
         lines.append(f"- {variant} {word} {reference}: {metric} {v['diff']:+.2f}, {spread}")
     return lines
 
@@ -487,6 +491,12 @@ def run_cells(args: GridArguments, cells: list[dict], results: Path) -> None:
         list(pool.map(work, todo))  # list(): re-raise what a worker could not record (a failed append)
 
 
+def head_modes_by_val_bleu(val: dict[str, dict]) -> list[str]:
+    """The head modes (baseline included, the HF contender not) by mean val BLEU, best first: the first is the main
+    job's head_mode (scripts/configs/multi30k_de_en.yaml)."""
+    return best_variants({v: s for v, s in val.items() if v in MODES}, (), True, len(MODES))
+
+
 def extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
     """The translation variants that get --extra_seeds: baseline, marian and the --best_modes head modes with the
     best mean *validation* BLEU (choosing on test would tune on it), among those of --modes."""
@@ -543,6 +553,14 @@ def report(args: GridArguments) -> dict:
         for ref in references:
             markdown += verdict_sentences(verdicts_by_ref[ref], ref, f"test {name}")
         markdown += [""]
+        if grid == "translation":
+            ranking = head_modes_by_val_bleu(val)
+            summary["grids"][grid]["val_ranking"] = ranking
+            markdown += ["Head modes by mean val BLEU (the main job's `head_mode` is the first): "
+                         + " > ".join(f"{v} {val[v]['mean']:.2f} ({val[v]['n']})" for v in ranking), ""]
+            parity = precision_parity(rows, args, test)
+            summary["grids"][grid]["precision_parity"] = parity
+            markdown += parity_markdown(parity)
     summary["markdown"] = "\n".join(markdown)
     json_path = ROOT / args.report_json
     json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -552,6 +570,41 @@ def report(args: GridArguments) -> dict:
     plot_histograms([r for r in rows if r.get("budget_hash") == translation_hash], json_path.with_suffix(".png"))
     print(summary["markdown"], flush=True)
     return summary
+
+
+def precision_parity(rows: list[dict], args: GridArguments, test: dict[str, dict]) -> list[dict]:
+    """bf16 vs fp32 of the same translation cells: each (variant, seed) with an ok row in the report's precision and
+    in the other one (same budget otherwise), next to the variant's seed std of test BLEU in the report's precision,
+    the yardstick for "parity"."""
+    precisions = ("bf16", "fp32") if args.bf16() else ("fp32", "bf16")
+    hashes = [budget_hash(grid_budget("translation", replace(args, precision=p))) for p in precisions]
+    cells = [{(r["variant"], r["seed"]): r for r in rows if r.get("status") == "ok" and r.get("grid") == "translation"
+              and r.get("budget_hash") == h} for h in hashes]
+    pairs = []
+    for variant, seed in sorted(cells[0].keys() & cells[1].keys()):
+        runs = [c[(variant, seed)] for c in cells]
+        metrics = ("eval_bleu", "test_bleu", "wall_minutes", "num_threads")
+        pairs.append({"variant": variant, "seed": seed, "precisions": list(precisions),
+                      **{m: [r.get(m) for r in runs] for m in metrics},
+                      "test_bleu_seed_std": test.get(variant, mean_std([]))["std"]})
+    return pairs
+
+
+def parity_markdown(pairs: list[dict]) -> list[str]:
+    if not pairs:
+        return []
+    first, second = pairs[0]["precisions"]
+    lines = [f"### {first} vs {second}, same cells", "",
+             f"| variant | seed | val BLEU {first} / {second} | test BLEU {first} / {second} | Δ test ({second} − "
+             f"{first}) | test std over seeds ({first}) | wall min {first} / {second} (threads) |",
+             "|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        val, test, wall, threads = p["eval_bleu"], p["test_bleu"], p["wall_minutes"], p["num_threads"]
+        std = "–" if math.isnan(p["test_bleu_seed_std"]) else f"{p['test_bleu_seed_std']:.2f}"
+        lines.append(f"| {p['variant']} | {p['seed']} | {val[0]:.2f} / {val[1]:.2f} | {test[0]:.2f} / {test[1]:.2f} "
+                     f"| {test[1] - test[0]:+.2f} | {std} "
+                     f"| {wall[0]:.1f} ({threads[0]}) / {wall[1]:.1f} ({threads[1]}) |")
+    return lines + [""]
 
 
 def wall_minutes_by_threads(rows: list[dict]) -> dict[str, dict[str, dict]]:

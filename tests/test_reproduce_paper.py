@@ -241,6 +241,11 @@ def test_verdict_compares_the_difference_with_the_combined_seed_spread(grid):
     assert perplexity["cosine"]["better"] and perplexity["cosine"]["exceeds_seed_spread"]
     lines = grid.verdict_sentences(result, "baseline", "test BLEU")
     assert "- cosine beats baseline: test BLEU +3.00, beyond the seed spread" in lines[0]
+    # A difference inside the spread of two single runs is no win, whatever its sign.
+    assert "- square is level with baseline: test BLEU +1.00, within the seed spread" in lines[1]
+    assert "- l2 is ahead of baseline: test BLEU +9.00, seed spread unknown" in lines[2]
+    worse = grid.verdict({"baseline": summary["cosine"], "square": summary["baseline"]}, "baseline", True)
+    assert "- square is worse than baseline: x -3.00, beyond" in grid.verdict_sentences(worse, "baseline", "x")[0]
     assert grid.best_variants(summary, ("baseline",), higher_is_better=True, count=2) == ["l2", "cosine"]
     assert grid.best_variants(summary, ("baseline", "l2"), higher_is_better=False, count=1) == ["square"]
     assert grid.verdict({"cosine": summary["cosine"]}, "baseline", True) == {}
@@ -398,3 +403,38 @@ def test_report_has_deltas_vs_baseline_and_marian_wall_times_and_precision(grid,
     assert "| marian | 31.00 ± 0.00 (2) | 32.00 ± 0.00 (2) | +1.50 | +1.50 |  | 10.0 (2 thr) |" in markdown
     assert "precision: fp32" in markdown and "- cosine beats marian: test BLEU +1.50" in markdown
     assert summary["grids"]["translation"]["verdict_by_reference"]["marian"]["baseline"]["diff"] == -1.5
+
+
+def test_report_ranks_head_modes_by_val_bleu_and_pairs_bf16_with_fp32_cells(grid, tmp_path):
+    """The default head_mode is the head mode with the best mean *val* BLEU (marian is no head mode; test BLEU does
+    not choose). Cells trained in both precisions are set side by side with the variant's seed spread."""
+    args = _args(grid, budget="full", results=str(tmp_path / "grid.jsonl"), report_json=str(tmp_path / "s.json"))
+    fp32 = _args(grid, budget="full", precision="fp32")
+    runs = [(args, "baseline", 0, 39.2, 38.0), (args, "baseline", 1, 39.4, 38.4), (args, "cosine", 0, 39.0, 39.5),
+            (args, "marian", 0, 40.0, 40.0), (fp32, "baseline", 0, 39.1, 38.3), (fp32, "cosine", 1, 38.0, 38.0)]
+    for cell_args, variant, seed, val, test in runs:
+        cell = grid.grid_cells("translation", cell_args, [seed], [variant])[0]
+        grid.append_row(tmp_path / "grid.jsonl", {**cell, "status": "ok", "eval_bleu": val, "test_bleu": test,
+                                                  "wall_minutes": 30.0, "num_threads": 2, "device": "CPU",
+                                                  "precision": "bf16" if cell_args.bf16() else "fp32"})
+    summary = grid.report(args)
+    translation = summary["grids"]["translation"]
+    assert translation["val_ranking"] == ["baseline", "cosine"]
+    ranking = "(the main job's `head_mode` is the first): baseline 39.30 (2) > cosine 39.00 (1)"
+    assert f"Head modes by mean val BLEU {ranking}" in summary["markdown"]
+    # Only baseline seed 0 ran in both precisions; the fp32-only cosine seed 1 has no pair and no place in the table.
+    [pair] = translation["precision_parity"]
+    assert (pair["variant"], pair["seed"], pair["precisions"]) == ("baseline", 0, ["bf16", "fp32"])
+    assert pair["test_bleu"] == [38.0, 38.3] and pair["test_bleu_seed_std"] == pytest.approx(math.sqrt(0.08))
+    row = "| baseline | 0 | 39.20 / 39.10 | 38.00 / 38.30 | +0.30 | 0.28 | 30.0 (2) / 30.0 (2) |"
+    assert row in summary["markdown"]
+
+
+def test_the_main_job_trains_the_head_mode_the_full_grid_ranks_first_by_val_bleu(grid):
+    """The default earns its place: the main job's head_mode is the first of the committed full-budget grid's head
+    modes by mean val BLEU (rerun the grid, then change the config, never the other way round)."""
+    full = _args(grid, budget="full")
+    rows = grid.load_rows(grid.ROOT / full.results)
+    val = grid.summarize(rows, "translation", "eval_bleu", grid.budget_hash(grid.grid_budget("translation", full)))
+    assert set(val) >= set(grid.MODES), "every head mode has a full-budget cell"
+    assert yaml.safe_load(grid.MAIN_JOB_CONFIG.read_text())["head_mode"] == grid.head_modes_by_val_bleu(val)[0]
