@@ -13,7 +13,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -395,9 +394,11 @@ def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
 def device_name() -> str:
     import torch
 
+    from hf_tiednorm.training import cpu_description
+
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
-    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    return cpu_description()
 
 
 def embedding_norms(folder: Path) -> dict:
@@ -525,7 +526,7 @@ def report(args: GridArguments) -> dict:
               and r.get("status") == "ok"]
         devices = sorted({r.get("device", "?") for r in ok})
         precisions = sorted({r.get("precision", "fp32") for r in ok})  # rows before the field were all fp32
-        minutes = wall_minutes_by_threads(ok)
+        minutes = wall_minutes_by_run_kind(ok, devices)
         # The HF contender is a second reference where the grid has it.
         references = [reference] + ([MARIAN] if MARIAN in test and reference != MARIAN else [])
         verdicts_by_ref = {ref: verdict(test, ref, higher) for ref in references}
@@ -535,19 +536,18 @@ def report(args: GridArguments) -> dict:
                                   "precisions": precisions, "wall_minutes": minutes,
                                   "verdict_by_reference": verdicts_by_ref, "val_verdict": val_verdicts}
         name = "BLEU" if grid == "translation" else "perplexity"
-        markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {', '.join(devices)}; "
+        markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {device_legend(devices)}; "
                      f"precision: {', '.join(precisions)})", "",
                      f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ val vs {reference} | "
                      + " | ".join(f"Δ test vs {ref}" for ref in references)
-                     + " | wall min (mean of unresumed cells, by threads per cell) |",
+                     + f" | wall min (mean of unresumed cells, by threads per cell{device_note(devices)}) |",
                      "|---|---|---|---|" + "---|" * len(references) + "---|"]
         for variant, t in test.items():
             v = val.get(variant, mean_std([]))
             deltas = [val_verdicts.get(variant, {}).get("diff")]
             deltas += [verdicts_by_ref[ref].get(variant, {}).get("diff") for ref in references]
             cells = " | ".join("" if d is None else f"{d:+.2f}" for d in deltas)
-            wall = "; ".join(f"{stats['mean']:.1f} ({threads} thr)"
-                             for threads, stats in minutes.get(variant, {}).items()) or "–"
+            wall = "; ".join(f"{stats['mean']:.1f} ({kind})" for kind, stats in minutes.get(variant, {}).items()) or "–"
             markdown.append(f"| {variant} | {_fmt(v)} | {_fmt(t)} | {cells} | {wall} |")
         markdown += [""]
         for ref in references:
@@ -560,7 +560,7 @@ def report(args: GridArguments) -> dict:
                          + " > ".join(f"{v} {val[v]['mean']:.2f} ({val[v]['n']})" for v in ranking), ""]
             parity = precision_parity(rows, args, test)
             summary["grids"][grid]["precision_parity"] = parity
-            markdown += parity_markdown(parity)
+            markdown += parity_markdown(parity, devices)
     summary["markdown"] = "\n".join(markdown)
     json_path = ROOT / args.report_json
     json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -583,41 +583,67 @@ def precision_parity(rows: list[dict], args: GridArguments, test: dict[str, dict
     pairs = []
     for variant, seed in sorted(cells[0].keys() & cells[1].keys()):
         runs = [c[(variant, seed)] for c in cells]
-        metrics = ("eval_bleu", "test_bleu", "wall_minutes", "num_threads")
+        metrics = ("eval_bleu", "test_bleu", "wall_minutes", "num_threads", "device")
         pairs.append({"variant": variant, "seed": seed, "precisions": list(precisions),
                       **{m: [r.get(m) for r in runs] for m in metrics},
                       "test_bleu_seed_std": test.get(variant, mean_std([]))["std"]})
     return pairs
 
 
-def parity_markdown(pairs: list[dict]) -> list[str]:
+def parity_markdown(pairs: list[dict], devices: list[str]) -> list[str]:
     if not pairs:
         return []
     first, second = pairs[0]["precisions"]
     lines = [f"### {first} vs {second}, same cells", "",
              f"| variant | seed | val BLEU {first} / {second} | test BLEU {first} / {second} | Δ test ({second} − "
-             f"{first}) | test std over seeds ({first}) | wall min {first} / {second} (threads) |",
+             f"{first}) | test std over seeds ({first}) | wall min {first} / {second} "
+             f"(threads{device_note(devices)}) |",
              "|---|---|---|---|---|---|---|"]
     for p in pairs:
-        val, test, wall, threads = p["eval_bleu"], p["test_bleu"], p["wall_minutes"], p["num_threads"]
+        val, test = p["eval_bleu"], p["test_bleu"]
         std = "–" if math.isnan(p["test_bleu_seed_std"]) else f"{p['test_bleu_seed_std']:.2f}"
+        walls = [f"{minutes:.1f} ({run_kind(threads, device, devices)})"
+                 for minutes, threads, device in zip(p["wall_minutes"], p["num_threads"], p["device"], strict=True)]
         lines.append(f"| {p['variant']} | {p['seed']} | {val[0]:.2f} / {val[1]:.2f} | {test[0]:.2f} / {test[1]:.2f} "
-                     f"| {test[1] - test[0]:+.2f} | {std} "
-                     f"| {wall[0]:.1f} ({threads[0]}) / {wall[1]:.1f} ({threads[1]}) |")
+                     f"| {test[1] - test[0]:+.2f} | {std} | {' / '.join(walls)} |")
     return lines + [""]
 
 
-def wall_minutes_by_threads(rows: list[dict]) -> dict[str, dict[str, dict]]:
-    """{variant: {threads per cell: mean/std/n of wall minutes}} over the cells that ran whole in one command (a
-    resumed cell's row holds its last slice only). Split by threads because two 1-thread cells side by side on a
-    2-core machine each take ~1.5x as long as one 2-thread cell alone."""
+def device_legend(devices: list[str]) -> str:
+    """The report's devices, numbered [1], [2], ... when there are several (wall times then name theirs)."""
+    return devices[0] if len(devices) == 1 else ", ".join(f"[{i}] {d}" for i, d in enumerate(devices, 1))
+
+
+def device_note(devices: list[str]) -> str:
+    return ", device" if len(devices) > 1 else ""
+
+
+def run_kind(threads, device: str | None, devices: list[str]) -> str:
+    """A cell's threads ("2 thr"), and its device ("2 thr, [1]") when the report has several: wall times compare
+    only on one processor."""
+    label = f"{threads} thr"
+    if device is not None and device not in devices:  # a cell from outside the report's rows (the other precision)
+        label += f", {device}"
+    elif len(devices) > 1:
+        label += f", [{devices.index(device) + 1}]"
+    return label
+
+
+def wall_minutes_by_run_kind(rows: list[dict], devices: list[str]) -> dict[str, dict[str, dict]]:
+    """{variant: {run_kind: mean/std/n of wall minutes}} over the cells that ran whole in one command (a resumed
+    cell's row holds its last slice only). Split by threads per cell, because two 1-thread cells side by side on a
+    2-core machine each take ~1.5x as long as one 2-thread cell alone, and by device where the rows have several."""
     groups: dict[str, dict[str, list[float]]] = {}
     for row in rows:
         if not row.get("resumed_from") and row.get("wall_minutes") is not None:
-            threads = str(row.get("num_threads", "?"))
-            groups.setdefault(row["variant"], {}).setdefault(threads, []).append(float(row["wall_minutes"]))
-    return {variant: {threads: mean_std(values) for threads, values in sorted(by_threads.items(), reverse=True)}
-            for variant, by_threads in groups.items()}
+            kind = run_kind(row.get("num_threads", "?"), row.get("device"), devices)
+            groups.setdefault(row["variant"], {}).setdefault(kind, []).append(float(row["wall_minutes"]))
+    def order(kind: str) -> tuple[int, str]:  # most threads first, then by device
+        threads = kind.split()[0]
+        return -int(threads) if threads.isdigit() else 0, kind
+
+    return {variant: {kind: mean_std(by_kind[kind]) for kind in sorted(by_kind, key=order)}
+            for variant, by_kind in groups.items()}
 
 
 def _fmt(stats: dict) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import shutil
 import sys
 import time
@@ -290,17 +291,36 @@ def configure_threads(num_threads: int | None) -> None:
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """The first of ``BF16_CPU_FLAGS`` that the CPU reports; None without them or without /proc/cpuinfo (not Linux)."""
+def cpuinfo_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The value of the first ``name`` line of /proc/cpuinfo; None without it or without the file (not Linux)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            return next((flag for flag in BF16_CPU_FLAGS if flag in flags), None)
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
     return None
+
+
+def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """Those of ``BF16_CPU_FLAGS`` that the CPU reports, in that order; [] without /proc/cpuinfo (not Linux)."""
+    flags = set((cpuinfo_field("flags", cpuinfo) or "").split())
+    return [flag for flag in BF16_CPU_FLAGS if flag in flags]
+
+
+def cpu_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first of ``BF16_CPU_FLAGS`` that the CPU reports; None without them or without /proc/cpuinfo (not Linux)."""
+    return next(iter(cpu_bf16_flags(cpuinfo)), None)
+
+
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU as "CPU (<model name>, <bf16 flags>, <n> cores)". Machines of one kind differ (an AMD EPYC with
+    avx512_bf16, an Intel Xeon with AMX too), and wall times and bf16 speed-ups compare only on the same processor."""
+    model = cpuinfo_field("model name", cpuinfo) or platform.processor() or platform.machine()
+    flags = "+".join(cpu_bf16_flags(cpuinfo)) or "no native bf16"
+    return f"CPU ({model}, {flags}, {os.cpu_count()} cores)"
 
 
 def resolve_bf16(requested: bool | None, use_cpu: bool, accelerator: bool, cpu_flag: str | None) -> tuple[bool, str]:
@@ -795,6 +815,9 @@ __all__ = [
     "configure_threads",
     "choose_attention",
     "cpu_bf16_flag",
+    "cpu_bf16_flags",
+    "cpu_description",
+    "cpuinfo_field",
     "eager_attention_fp32_softmax",
     "is_complete_checkpoint",
     "load_or_train_tokenizer",

@@ -59,6 +59,7 @@ from hf_tiednorm import (
     TiedNormSeq2SeqConfig,
 )
 from hf_tiednorm.cpu_memory import keep_freed_memory
+from hf_tiednorm.training import cpu_description
 
 # Model dimensions. "layers" is per stack of the encoder-decoder; the causal LM gets 2 x layers so that both families
 # have the same depth. "large" is Transformer-base (Vaswani et al.) with a 32k vocabulary.
@@ -356,6 +357,7 @@ def machine_info(device: torch.device) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor(),
+        "cpu": cpu_description(),
         "loadavg_at_start": os.getloadavg(),  # other processes competing for the cores make the timings noisy
     }
     if device.type == "cuda":

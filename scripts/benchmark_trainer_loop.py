@@ -164,12 +164,11 @@ def run_child(settings: dict) -> dict:
 def machine() -> dict:
     import torch
 
-    from hf_tiednorm.training import cpu_bf16_flag
+    from hf_tiednorm.training import cpu_bf16_flags, cpuinfo_field
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else "?"
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "bf16_flag": cpu_bf16_flag(), "torch": torch.__version__,
-            "platform": platform.platform(), "cuda": torch.cuda.is_available()}
+    return {"cpu": cpuinfo_field("model name") or platform.processor(), "cpu_count": os.cpu_count(),
+            "bf16_flags": cpu_bf16_flags(), "torch": torch.__version__, "platform": platform.platform(),
+            "cuda": torch.cuda.is_available()}
 
 
 def summarize(results: dict[str, list[dict]], args: BenchmarkArguments) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from hf_tiednorm.training import (
     TiedNormTrainingArguments,
     choose_attention,
     cpu_bf16_flag,
+    cpu_description,
     resolve_bf16,
 )
 
@@ -55,6 +57,15 @@ def test_cpu_bf16_flag_reads_the_flags_line(tmp_path):
     cpuinfo.write_text("flags\t\t: fpu avx512f avx512_vnni\n")  # AVX-512 without bf16: emulated
     assert cpu_bf16_flag(cpuinfo) is None
     assert cpu_bf16_flag(tmp_path / "missing") is None
+
+
+def test_cpu_description_names_the_processor_and_every_bf16_flag(tmp_path):
+    """Grid rows and benchmark JSONs record which processor ran them: machines of one kind differ."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R)\nflags\t\t: fpu amx_bf16 avx512_bf16\n")
+    assert cpu_description(cpuinfo) == f"CPU (Intel(R) Xeon(R), avx512_bf16+amx_bf16, {os.cpu_count()} cores)"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx512f\n")
+    assert cpu_description(cpuinfo).startswith("CPU (AMD EPYC, no native bf16, ")
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="checks the CPU-only path")

@@ -426,8 +426,27 @@ def test_report_ranks_head_modes_by_val_bleu_and_pairs_bf16_with_fp32_cells(grid
     [pair] = translation["precision_parity"]
     assert (pair["variant"], pair["seed"], pair["precisions"]) == ("baseline", 0, ["bf16", "fp32"])
     assert pair["test_bleu"] == [38.0, 38.3] and pair["test_bleu_seed_std"] == pytest.approx(math.sqrt(0.08))
-    row = "| baseline | 0 | 39.20 / 39.10 | 38.00 / 38.30 | +0.30 | 0.28 | 30.0 (2) / 30.0 (2) |"
+    row = "| baseline | 0 | 39.20 / 39.10 | 38.00 / 38.30 | +0.30 | 0.28 | 30.0 (2 thr) / 30.0 (2 thr) |"
     assert row in summary["markdown"]
+
+
+def test_report_numbers_the_devices_when_cells_ran_on_several(grid, tmp_path):
+    """Wall times compare only on one processor: with rows from two devices every wall time names its device."""
+    args = _args(grid, budget="full", results=str(tmp_path / "grid.jsonl"), report_json=str(tmp_path / "s.json"))
+    fp32 = _args(grid, budget="full", precision="fp32")
+    amd, intel = "CPU (AMD EPYC, avx512_bf16, 2 cores)", "CPU (Intel(R) Xeon(R), avx512_bf16+amx_bf16, 2 cores)"
+    runs = [(args, 0, amd, 30.0), (args, 1, intel, 20.0), (args, 2, intel, 22.0), (fp32, 0, "CPU (other)", 40.0)]
+    for cell_args, seed, device, minutes in runs:
+        cell = grid.grid_cells("translation", cell_args, [seed], ["baseline"])[0]
+        grid.append_row(tmp_path / "grid.jsonl", {**cell, "status": "ok", "eval_bleu": 39.0, "test_bleu": 38.0,
+                                                  "wall_minutes": minutes, "num_threads": 2, "device": device,
+                                                  "precision": "bf16" if cell_args.bf16() else "fp32"})
+    markdown = grid.report(args)["markdown"]
+    assert f"devices: [1] {amd}, [2] {intel}; precision: bf16" in markdown
+    assert "by threads per cell, device) |" in markdown
+    assert "| 38.00 ± 0.00 (3) |  |  | 30.0 (2 thr, [1]); 21.0 (2 thr, [2]) |" in markdown
+    # The fp32 cell ran on a device none of the bf16 rows did: its wall time names that device in full.
+    assert "| +0.00 | 0.00 | 30.0 (2 thr, [1]) / 40.0 (2 thr, CPU (other)) |" in markdown
 
 
 def test_the_main_job_trains_the_head_mode_the_full_grid_ranks_first_by_val_bleu(grid):
