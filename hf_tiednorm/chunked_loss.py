@@ -23,6 +23,10 @@ Two strategies for the backward pass:
   (4 matmuls). Use it when the loss is computed but not always differentiated.
 
 Either way, tokens whose label is ``ignore_index`` are dropped before any matmul. Neither supports double backward.
+
+Under autocast the three matmuls run in autocast's dtype, as the plain path's ``F.linear`` and its backward do, and
+everything else (logits, softmax, loss, the accumulated weight gradient) in fp32: autocast itself is switched off
+inside, because it would also lower the ``addmm`` with the bias and the in-place softmax to bf16.
 """
 
 from __future__ import annotations
@@ -34,10 +38,18 @@ from .token_loss import token_count
 STRATEGIES = ("fused", "recompute")
 
 
-def _chunk_logits(h_c, weight_scaled, bias):
-    """z = h_c (W * scale)ᵀ + bias, the chunk's logits (c, V) in the compute dtype."""
-    h_c = h_c.to(weight_scaled.dtype)
-    return torch.addmm(bias, h_c, weight_scaled.t()) if bias is not None else h_c @ weight_scaled.t()
+def _matmul(a, b, matmul_dtype, out_dtype):
+    """a @ b in ``matmul_dtype`` (autocast's, or the compute dtype), returned in ``out_dtype``."""
+    return (a.to(matmul_dtype) @ b.to(matmul_dtype)).to(out_dtype)
+
+
+def _chunk_logits(h_c, weight_scaled, bias, matmul_dtype):
+    """z = h_c (W * scale)ᵀ + bias, the chunk's logits (c, V) in the compute dtype (that of ``weight_scaled``)."""
+    if matmul_dtype == weight_scaled.dtype:
+        h_c = h_c.to(weight_scaled.dtype)
+        return torch.addmm(bias, h_c, weight_scaled.t()) if bias is not None else h_c @ weight_scaled.t()
+    z = _matmul(h_c, weight_scaled.t(), matmul_dtype, weight_scaled.dtype)
+    return z.add_(bias) if bias is not None else z
 
 
 def _chunk_loss_and_softmax(z, y_c, label_smoothing):
@@ -55,7 +67,7 @@ def _chunk_loss_and_softmax(z, y_c, label_smoothing):
     return loss, lse
 
 
-def _chunk_backward(p, h_c, y_c, weight_scaled, label_smoothing, need, grads):
+def _chunk_backward(p, h_c, y_c, weight_scaled, label_smoothing, need, grads, matmul_dtype):
     """From the chunk's softmax p (overwritten with d loss / d z), accumulates Σ dzᵀ h_c and Σ dz into ``grads``;
     returns d loss / d h_c (or None)."""
     dz = p
@@ -64,9 +76,12 @@ def _chunk_backward(p, h_c, y_c, weight_scaled, label_smoothing, need, grads):
         dz -= label_smoothing / dz.shape[1]
     if need["bias"]:
         grads["bias"] += dz.sum(dim=0)
-    if need["weight"] or need["scale"]:
-        grads["dzT_h"].addmm_(dz.t(), h_c.to(dz.dtype))  # (V, d): Σ_i dz_ij h_i
-    return (dz @ weight_scaled).to(h_c.dtype) if need["hidden"] else None
+    if need["weight"] or need["scale"]:  # (V, d): Σ_i dz_ij h_i
+        if matmul_dtype == dz.dtype:
+            grads["dzT_h"].addmm_(dz.t(), h_c.to(dz.dtype))
+        else:
+            grads["dzT_h"] += _matmul(dz.t(), h_c, matmul_dtype, dz.dtype)
+    return _matmul(dz, weight_scaled, matmul_dtype, h_c.dtype) if need["hidden"] else None
 
 
 class ChunkedHeadCrossEntropy(torch.autograd.Function):
@@ -85,6 +100,17 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index, strategy):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        device_type = hidden.device.type
+        compute_dtype = torch.promote_types(weight.dtype, torch.float32)
+        autocast = torch.is_autocast_enabled(device_type)
+        ctx.matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else compute_dtype
+        with torch.autocast(device_type, enabled=False):
+            return ChunkedHeadCrossEntropy._forward(
+                ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index, strategy
+            )
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index, strategy):
         needs = ctx.needs_input_grad
         need = {
             "hidden": needs[0],
@@ -92,7 +118,7 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
             "scale": needs[2] and scale is not None,
             "bias": needs[3] and bias is not None,
         }
-        compute_dtype = torch.promote_types(weight.dtype, torch.float32)
+        compute_dtype, matmul_dtype = torch.promote_types(weight.dtype, torch.float32), ctx.matmul_dtype
         weight_scaled = weight.to(compute_dtype)
         if scale is not None:
             weight_scaled = weight_scaled * scale.to(compute_dtype)[:, None]
@@ -111,11 +137,11 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
             h_c, y_c = h[start:stop], y[start:stop]
-            z = _chunk_logits(h_c, weight_scaled, bias_c)
+            z = _chunk_logits(h_c, weight_scaled, bias_c, matmul_dtype)
             loss, lse_all[start:stop] = _chunk_loss_and_softmax(z, y_c, label_smoothing)
             total += loss.sum()
             if fused:
-                g = _chunk_backward(z, h_c, y_c, weight_scaled, label_smoothing, need, grads)
+                g = _chunk_backward(z, h_c, y_c, weight_scaled, label_smoothing, need, grads, matmul_dtype)
                 if g is not None:
                     grad_h.index_copy_(0, keep[start:stop], g)
             del z
@@ -132,6 +158,11 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
+        with torch.autocast(grad_output.device.type, enabled=False):  # a backward called inside autocast
+            return ChunkedHeadCrossEntropy._backward(ctx, grad_output)
+
+    @staticmethod
+    def _backward(ctx, grad_output):
         need = ctx.need
         if ctx.fused:
             weight, scale = ctx.saved_tensors
@@ -145,8 +176,8 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
             for start in range(0, h.shape[0], ctx.chunk_size):
                 stop = min(start + ctx.chunk_size, h.shape[0])
                 h_c, y_c = h[start:stop], y[start:stop]
-                p = _chunk_logits(h_c, weight_scaled, bias_c).sub_(lse_all[start:stop, None]).exp_()
-                g = _chunk_backward(p, h_c, y_c, weight_scaled, ctx.label_smoothing, need, grads)
+                p = _chunk_logits(h_c, weight_scaled, bias_c, ctx.matmul_dtype).sub_(lse_all[start:stop, None]).exp_()
+                g = _chunk_backward(p, h_c, y_c, weight_scaled, ctx.label_smoothing, need, grads, ctx.matmul_dtype)
                 if g is not None:
                     grad_h.index_copy_(0, keep[start:stop], g)
                 del p

@@ -136,3 +136,55 @@ def test_config_validation(family):
     with pytest.raises(StrictDataclassError, match="loss_chunk_size"):
         tiny_config(family, loss_chunk_size=0)
     assert tiny_config(family, loss_chunk_size=128).loss_chunk_size == 128
+
+
+@pytest.mark.parametrize("mode", HEAD_MODES)
+@pytest.mark.parametrize("strategy", ("fused", "recompute"))
+def test_chunked_under_bf16_autocast_runs_its_matmuls_in_bf16_and_the_rest_in_fp32(mode, strategy):
+    """bf16 autocast is the training scripts' default on CPUs with native bf16: the chunked path then multiplies in
+    bf16 (as the plain path's F.linear does) and keeps logits, softmax and loss in fp32. Reference: the plain loss
+    of logits from explicit bf16 matmuls, with fp32 weights, scale and bias."""
+    head = _head(mode, "scalar", torch.float32)
+    hidden, labels = _data(torch.float32, ignore=True)
+    scale, bias = head.column_terms()
+    weight_scaled = head.weight if scale is None else head.weight * scale[:, None]
+
+    def reference(h):
+        logits = (h.bfloat16() @ weight_scaled.bfloat16().t()).float()
+        return token_cross_entropy(logits if bias is None else logits + bias, labels, 0.1)
+
+    h = hidden.clone().requires_grad_(True)
+    expected = reference(h)
+    (expected_grad,) = torch.autograd.grad(expected, h)
+    h = hidden.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = chunked_head_cross_entropy(head, h, labels, 5, 0.1, strategy=strategy)
+        loss.backward()  # inside autocast too: the recompute strategy's matmuls must not change dtype
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    # d loss / d h: dz (fp32) rounded to bf16 for the matmul, as autocast's backward of F.linear rounds it
+    torch.testing.assert_close(h.grad, expected_grad, rtol=2e-2, atol=1e-3)
+    assert head.weight.grad.dtype == torch.float32 and head.weight.grad.isfinite().all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ("baseline", "cosine"))
+def test_model_level_equivalence_under_bf16_autocast(family, mode):
+    """A model with loss_chunk_size trains under bf16 autocast (it raised a dtype error in the weight-gradient
+    matmul) with the plain path's loss and gradients up to bf16 rounding."""
+    plain = tiny_model(family, head_mode=mode, label_smoothing=0.1).train()
+    chunked = tiny_model(family, head_mode=mode, label_smoothing=0.1, loss_chunk_size=3).train()
+    chunked.load_state_dict(plain.state_dict())
+    inputs = model_inputs(plain, batch_size=2, length=7)
+    labels = inputs.pop("decoder_input_ids", inputs["input_ids"]).clone()
+    labels[0, :2] = -100
+    results = []
+    for model in (plain, chunked):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        results.append((loss, model.get_input_embeddings().weight.grad))
+    (ref_loss, ref_grad), (loss, grad) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-2 * ref_grad.abs().max().item())
