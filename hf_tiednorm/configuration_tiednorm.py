@@ -72,7 +72,7 @@ class TiedNormTechniquesConfigMixin:
     model (TiedNormWrappedConfig) trains with its architecture's own loss and refuses them."""
 
     # The Trainer's evaluation collects every other output field as predictions; the loss terms are scalars.
-    keys_to_ignore_at_inference = ["past_key_values", *LOSS_TERMS]
+    keys_to_ignore_at_inference = ["cache", "past_key_values", *LOSS_TERMS]  # the KV cache's names since / before 5.24
 
     # Label smoothing of the model's own cross-entropy (set it here rather than in the Trainer, so that
     # regularizer terms added to the model's loss are kept).

@@ -112,6 +112,12 @@ class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
     """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
 
 
+# The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
+# ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
+# and return it under the installed version's name, so either version's generate() finds it, without a warning.
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
 class TiedNormLMMixin(TiedEmbeddingsMixin):
     """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``; the tie itself is
     declared by ``TiedEmbeddingsMixin`` (``tie_topology.py``)."""

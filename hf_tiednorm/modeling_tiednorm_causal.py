@@ -14,6 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrained
 
 from .configuration_tiednorm import TiedNormCausalConfig
 from .modeling_common import (
+    CACHE_FIELD,
     TiedNormCausalLMOutput,
     TiedNormLMMixin,
     build_embedding,
@@ -52,7 +53,6 @@ class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, Genera
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values=None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -64,7 +64,6 @@ class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, Genera
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -78,7 +77,7 @@ class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, Genera
         return TiedNormCausalLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             **loss_terms,

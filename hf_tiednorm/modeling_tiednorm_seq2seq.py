@@ -25,6 +25,7 @@ from transformers.models.marian.modeling_marian import (
 
 from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .modeling_common import (
+    CACHE_FIELD,
     TiedNormLMMixin,
     TiedNormSeq2SeqLMOutput,
     build_embedding,
@@ -120,7 +121,6 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
-        past_key_values=None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -138,7 +138,6 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
             decoder_input_ids=decoder_input_ids,
             encoder_outputs=encoder_outputs,
             decoder_attention_mask=decoder_attention_mask,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -149,7 +148,7 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
         return TiedNormSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

@@ -173,7 +173,7 @@ class TiedNormWrappedPreTrainedModel(PreTrainedModel):
         labels: torch.LongTensor | None = None,
         **kwargs,
     ):
-        """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``past_key_values``),
+        """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head."""
         check_head_not_bypassed(self)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)

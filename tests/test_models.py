@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from transformers.models.bart.modeling_bart import BartScaledWordEmbedding
 
 import hf_tiednorm
 from hf_tiednorm import HEAD_MODES, TiedNormHead
+from hf_tiednorm.modeling_common import CACHE_FIELD
 
 # (family, extra config) pairs: the causal LM tied and untied, both encoder-decoders in their three topologies.
 TOPOLOGIES = [
@@ -149,6 +151,20 @@ def test_cached_incremental_decoding_equals_full_forward(family, head_mode):
             step_logits = full[:, prompt_len - 1 :]
     for step, scores in enumerate(cached.logits):
         torch.testing.assert_close(scores, step_logits[:, step], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_cache_goes_by_the_installed_transformers_name(family):
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``: the forward returns the cache under the installed
+    version's name, and cached generation raises no deprecation warning (ours named both and warned at each call)."""
+    model = tiny_model(family)
+    inputs = model_inputs(model, batch_size=2, length=6)
+    with torch.no_grad():
+        out = model(**inputs, use_cache=True)
+        assert getattr(out, CACHE_FIELD) is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            model.generate(input_ids=inputs["input_ids"], max_new_tokens=3, do_sample=False, use_cache=True)
 
 
 def generated_lengths(model, prompts, sequences, end_ids) -> list[int]:
