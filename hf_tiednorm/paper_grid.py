@@ -32,6 +32,7 @@ MARIAN = "marian"
 TRANSLATION_VARIANTS = (*MODES, MARIAN)
 PRECISIONS = ("auto", "bf16", "fp32")
 CLM_MODES = ("baseline", "cosine", "l2")
+CLM_VARIANTS = tuple(f"{mode}-{tie}" for tie in ("tied", "untied") for mode in CLM_MODES)
 GRIDS = ("translation", "clm", "techniques")
 BUDGETS = ("smoke", "reduced", "full")
 # The full translation budget is the README main-job recipe, read from its config so that the two cannot drift.
@@ -81,6 +82,10 @@ class GridArguments:
         default=",".join(TRANSLATION_VARIANTS),
         metadata={"help": f"translation variants, comma-separated, from {TRANSLATION_VARIANTS}"},
     )
+    clm_variants: str = field(
+        default=",".join(CLM_VARIANTS),
+        metadata={"help": f"causal-LM variants, comma-separated, from {CLM_VARIANTS}"},
+    )
     seeds: str = field(default="0", metadata={"help": "seeds run for every cell of every chosen grid"})
     extra_seeds: str = field(
         default="1,2",
@@ -128,9 +133,13 @@ class GridArguments:
     report_only: bool = field(
         default=False, metadata={"help": "only rebuild the report (tables, verdicts, PNG) from --results for --budget"}
     )
-    report_json: str = field(
-        default="results/paper_summary.json",
-        metadata={"help": "summary JSON of the report; its Markdown and PNG are written next to it (same stem)"},
+    report_json: str | None = field(
+        default=None,
+        metadata={
+            "help": "summary JSON of the report; its Markdown and PNG are written next to it (same stem). None: "
+            "results/paper_summary_<budget>.json (_<precision> appended when --precision is not auto), so that a run "
+            "of one budget never overwrites another's report"
+        },
     )
 
     def __post_init__(self):
@@ -142,6 +151,9 @@ class GridArguments:
         unknown = set(self.mode_list()) - set(TRANSLATION_VARIANTS)
         if unknown:
             raise ValueError(f"--modes: unknown {sorted(unknown)}; choose from {TRANSLATION_VARIANTS}")
+        unknown = set(self.clm_variant_list()) - set(CLM_VARIANTS)
+        if unknown:
+            raise ValueError(f"--clm_variants: unknown {sorted(unknown)}; choose from {CLM_VARIANTS}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.workers < 1:
@@ -153,8 +165,17 @@ class GridArguments:
     def mode_list(self) -> list[str]:
         return [m for m in self.modes.split(",") if m]
 
+    def clm_variant_list(self) -> list[str]:
+        return [v for v in self.clm_variants.split(",") if v]
+
     def threads(self) -> int:
         return self.num_threads or max(1, (os.cpu_count() or 1) // self.workers)
+
+    def report_path(self) -> Path:
+        if self.report_json is not None:
+            return ROOT / self.report_json
+        precision = "" if self.precision == "auto" else f"_{self.precision}"
+        return ROOT / "results" / f"paper_summary_{self.budget}{precision}.json"
 
     def bf16(self) -> bool:
         """Whether the cells train under bf16 autocast (passed to every cell as --bf16 true/false)."""
@@ -357,6 +378,7 @@ def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[
     elif grid == "clm":
         table = {f"{mode}-{'tied' if tied else 'untied'}": {"head_mode": mode, "tie_word_embeddings": tied}
                  for tied in (True, False) for mode in CLM_MODES}
+        table = {variant: table[variant] for variant in args.clm_variant_list()}
     else:
         table = budget["techniques"]
     chosen = [v for v in table if variants is None or v in variants]
@@ -562,7 +584,7 @@ def report(args: GridArguments) -> dict:
             summary["grids"][grid]["precision_parity"] = parity
             markdown += parity_markdown(parity, devices)
     summary["markdown"] = "\n".join(markdown)
-    json_path = ROOT / args.report_json
+    json_path = args.report_path()
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(summary, indent=1))
     json_path.with_suffix(".md").write_text(summary["markdown"] + "\n")

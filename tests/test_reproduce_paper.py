@@ -111,6 +111,11 @@ def test_grid_cells_cover_modes_tying_and_techniques(grid):
     assert len(clm) == 12 and len({c["key"] for c in clm}) == 12
     assert {(c["flags"]["head_mode"], c["flags"]["tie_word_embeddings"]) for c in clm} == {
         (m, t) for m in grid.CLM_MODES for t in (True, False)}
+    # --clm_variants picks some, with the same keys (e.g. the tied ones of the full budget's extra seeds)
+    tied = grid.grid_cells("clm", _args(grid, budget="full", clm_variants="baseline-tied,l2-tied"), [0, 1])
+    assert [c["key"] for c in tied] == [c["key"] for c in clm if c["variant"] in ("baseline-tied", "l2-tied")]
+    with pytest.raises(ValueError, match="--clm_variants: unknown"):
+        _args(grid, clm_variants="cosine-tied,square-tied")
     techniques = {c["variant"]: c["flags"] for c in grid.grid_cells("techniques", args, [0])}
     assert techniques["projection_reg"]["projection_regularization"] == 0.15
     assert techniques["wn_reg"] == {"head_mode": "baseline", "weight_norm_regularization": 1e-3,
@@ -457,3 +462,15 @@ def test_the_main_job_trains_the_head_mode_the_full_grid_ranks_first_by_val_bleu
     val = grid.summarize(rows, "translation", "eval_bleu", grid.budget_hash(grid.grid_budget("translation", full)))
     assert set(val) >= set(grid.MODES), "every head mode has a full-budget cell"
     assert yaml.safe_load(grid.MAIN_JOB_CONFIG.read_text())["head_mode"] == grid.head_modes_by_val_bleu(val)[0]
+
+
+def test_each_budget_and_precision_reports_to_its_own_files(grid, tmp_path):
+    """A grid run ends with a report: running the full budget's fp32 twin cells must not overwrite the reduced or the
+    bf16 full report (it overwrote results/paper_summary.json, the reduced budget's, before)."""
+    paths = {(budget, precision): _args(grid, budget=budget, precision=precision).report_path()
+             for budget in ("reduced", "full") for precision in ("auto", "fp32")}
+    assert paths[("reduced", "auto")] == grid.ROOT / "results" / "paper_summary_reduced.json"
+    assert paths[("full", "auto")] == grid.ROOT / "results" / "paper_summary_full.json"
+    assert paths[("full", "fp32")] == grid.ROOT / "results" / "paper_summary_full_fp32.json"
+    assert len(set(paths.values())) == len(paths)
+    assert _args(grid, report_json=str(tmp_path / "x.json")).report_path() == tmp_path / "x.json"
