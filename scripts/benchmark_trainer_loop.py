@@ -40,8 +40,14 @@ from transformers import HfArgumentParser
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB_CONFIG = ROOT / "scripts" / "configs" / "multi30k_de_en.yaml"
-# name -> (model family, head_mode)
-MODELS = {"ours-baseline": ("tiednorm", "baseline"), "ours-cosine": ("tiednorm", "cosine"), "marian": ("marian", None)}
+# name -> (model family, head_mode, loss_chunk_size). "-chunked": the fused chunked loss (hf_tiednorm/chunked_loss.py),
+# which drops the padding positions before the head and never materializes the (tokens × V) logits.
+MODELS = {
+    "ours-baseline": ("tiednorm", "baseline", None),
+    "ours-baseline-chunked": ("tiednorm", "baseline", 4096),
+    "ours-cosine": ("tiednorm", "cosine", None),
+    "marian": ("marian", None, None),
+}
 PRECISIONS = ("fp32", "bf16")
 
 
@@ -109,7 +115,7 @@ def run_child(settings: dict) -> dict:
     ours = hf_tiednorm.TiedNormSeq2SeqConfig(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
-        head_mode=settings["head_mode"] or "baseline", **dims,
+        head_mode=settings["head_mode"] or "baseline", loss_chunk_size=settings["loss_chunk_size"], **dims,
     )
     marian = settings["family"] == "marian"
     model = MarianMTModel(marian_config(ours)) if marian else hf_tiednorm.TiedNormForConditionalGeneration(ours)
@@ -182,6 +188,9 @@ def summarize(results: dict[str, list[dict]], args: BenchmarkArguments) -> dict:
             pairs.append((f"{model}: bf16 / fp32", f"{model}/bf16", f"{model}/fp32"))
         if model != "marian" and "marian" in args.model_list():
             pairs += [(f"{model} / marian ({p})", f"{model}/{p}", f"marian/{p}") for p in args.precision_list()]
+        plain = model.removesuffix("-chunked")
+        if plain != model and plain in args.model_list():
+            pairs += [(f"{model} / {plain} ({p})", f"{model}/{p}", f"{plain}/{p}") for p in args.precision_list()]
     pairs = [(name, top, bottom) for name, top, bottom in pairs if top in done and bottom in done]
     per_rep = {
         name: [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(done[top], done[bottom], strict=False)]
@@ -239,9 +248,10 @@ def main() -> None:
         # Each repetition starts one run later in the list, so that no contender always takes the same place (the
         # first run after a pause or after another contender's run was measurably slower).
         for model, precision in runs[rep % len(runs):] + runs[: rep % len(runs)]:
-            family, head_mode = MODELS[model]
-            settings = {"family": family, "head_mode": head_mode, "precision": precision, "steps": args.steps,
-                        "skip_steps": args.skip_steps, "num_threads": args.num_threads, "data_dir": str(data_dir),
+            family, head_mode, loss_chunk_size = MODELS[model]
+            settings = {"family": family, "head_mode": head_mode, "loss_chunk_size": loss_chunk_size,
+                        "precision": precision, "steps": args.steps, "skip_steps": args.skip_steps,
+                        "num_threads": args.num_threads, "data_dir": str(data_dir),
                         "profile": args.profile, "keep_freed_cpu_memory": args.keep_freed_cpu_memory,
                         "tokenizer": str(work / "tokenizer"), "output_dir": str(work / f"{model}-{precision}")}
             done = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)], cwd=ROOT, env=env,
@@ -251,17 +261,17 @@ def main() -> None:
                 raise RuntimeError(f"{model}/{precision} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
             result = {"rep": rep, "loadavg_1min": os.getloadavg()[0], **json.loads(line.removeprefix("RESULT "))}
             results[f"{model}/{precision}"].append(result)
-            print(f"rep {rep} {model:14s} {precision}: {result['tokens_per_s']:8.0f} tokens/s "
+            print(f"rep {rep} {model:21s} {precision}: {result['tokens_per_s']:8.0f} tokens/s "
                   f"({result['steps_per_s']:.3f} steps/s, load {result['loadavg_1min']:.1f})", flush=True)
             write_report(complete=False)  # a killed benchmark keeps every finished run
     summary = write_report(complete=True)
     print("\nmedian tokens/s (source + target, non-padding):")
     for name, value in summary["median_tokens_per_s"].items():
-        print(f"  {name:22s} {value:8.0f}")
+        print(f"  {name:26s} {value:8.0f}")
     print("ratio of medians, and per repetition: median [min-max]")
     for name, value in summary["ratios"].items():
         paired = summary["paired_ratios"][name]
-        print(f"  {name:32s} {value:.3f}   {paired['median']:.3f} [{paired['min']:.2f}-{paired['max']:.2f}]")
+        print(f"  {name:45s} {value:.3f}   {paired['median']:.3f} [{paired['min']:.2f}-{paired['max']:.2f}]")
     print(f"written to {output}")
 
 

@@ -237,7 +237,7 @@ def test_choose_attention_only_for_bf16_on_cpu(tmp_path):
 def test_benchmark_arguments_refuse_unknown_runs():
     """scripts/benchmark_trainer_loop.py (its numbers come from running it, never from tests)."""
     arguments = load_script("benchmark_trainer_loop").BenchmarkArguments
-    assert arguments().model_list() == ["ours-baseline", "ours-cosine", "marian"]
+    assert arguments().model_list() == ["ours-baseline", "ours-baseline-chunked", "ours-cosine", "marian"]
     with pytest.raises(ValueError, match="unknown --models/--precisions"):
         arguments(models="ours-baseline,fairseq")
     with pytest.raises(ValueError, match="unknown --models/--precisions"):
