@@ -349,7 +349,10 @@ def verdict_sentences(verdicts: dict[str, dict], reference: str, metric: str) ->
     sign of a difference smaller than the spread of two single runs says nothing."""
     lines = []
     for variant, v in verdicts.items():
-        if v["exceeds_seed_spread"] is None:
+        if round(v["diff"], 2) == 0:  # no difference at the precision the line prints
+            word = "is level with"
+            spread = "no difference"
+        elif v["exceeds_seed_spread"] is None:
             word = "is ahead of" if v["better"] else "is behind"
             spread = "seed spread unknown (one seed on a side)"
         elif v["exceeds_seed_spread"]:
@@ -605,7 +608,7 @@ def precision_parity(rows: list[dict], args: GridArguments, test: dict[str, dict
     pairs = []
     for variant, seed in sorted(cells[0].keys() & cells[1].keys()):
         runs = [c[(variant, seed)] for c in cells]
-        metrics = ("eval_bleu", "test_bleu", "wall_minutes", "num_threads", "device")
+        metrics = ("eval_bleu", "test_bleu", "wall_minutes", "num_threads", "device", "resumed_from")
         pairs.append({"variant": variant, "seed": seed, "precisions": list(precisions),
                       **{m: [r.get(m) for r in runs] for m in metrics},
                       "test_bleu_seed_std": test.get(variant, mean_std([]))["std"]})
@@ -624,8 +627,9 @@ def parity_markdown(pairs: list[dict], devices: list[str]) -> list[str]:
     for p in pairs:
         val, test = p["eval_bleu"], p["test_bleu"]
         std = "–" if math.isnan(p["test_bleu_seed_std"]) else f"{p['test_bleu_seed_std']:.2f}"
-        walls = [f"{minutes:.1f} ({run_kind(threads, device, devices)})"
-                 for minutes, threads, device in zip(p["wall_minutes"], p["num_threads"], p["device"], strict=True)]
+        walls = [f"{minutes:.1f} ({run_kind(threads, device, devices)}{', a resumed slice' if resumed else ''})"
+                 for minutes, threads, device, resumed
+                 in zip(p["wall_minutes"], p["num_threads"], p["device"], p["resumed_from"], strict=True)]
         lines.append(f"| {p['variant']} | {p['seed']} | {val[0]:.2f} / {val[1]:.2f} | {test[0]:.2f} / {test[1]:.2f} "
                      f"| {test[1] - test[0]:+.2f} | {std} | {' / '.join(walls)} |")
     return lines + [""]

@@ -454,6 +454,20 @@ def test_report_numbers_the_devices_when_cells_ran_on_several(grid, tmp_path):
     assert "| +0.00 | 0.00 | 30.0 (2 thr, [1]) / 40.0 (2 thr, CPU (other)) |" in markdown
 
 
+def test_a_difference_that_prints_as_zero_is_level_and_a_resumed_slice_is_marked(grid, tmp_path):
+    args = _args(grid, budget="full", results=str(tmp_path / "grid.jsonl"), report_json=str(tmp_path / "s.json"))
+    fp32 = _args(grid, budget="full", precision="fp32")
+    runs = [(args, "baseline", 38.6914, {"resumed_from": "checkpoint-2270"}), (args, "distance", 38.6925, {}),
+            (fp32, "baseline", 38.78, {})]
+    for cell_args, variant, test, extra in runs:
+        cell = grid.grid_cells("translation", cell_args, [0], [variant])[0]
+        grid.append_row(tmp_path / "grid.jsonl", {**cell, "status": "ok", "eval_bleu": 39.0, "test_bleu": test,
+                                                  "wall_minutes": 20.0, "num_threads": 2, "device": "CPU", **extra})
+    markdown = grid.report(args)["markdown"]
+    assert "- distance is level with baseline: test BLEU +0.00, no difference" in markdown
+    assert "| 20.0 (2 thr, a resumed slice) / 20.0 (2 thr) |" in markdown
+
+
 def test_the_main_job_trains_the_head_mode_the_full_grid_ranks_first_by_val_bleu(grid):
     """The default earns its place: the main job's head_mode is the first of the committed full-budget grid's head
     modes by mean val BLEU (rerun the grid, then change the config, never the other way round)."""
