@@ -38,18 +38,13 @@ from .token_loss import token_count
 STRATEGIES = ("fused", "recompute")
 
 
-def _matmul(a, b, matmul_dtype, out_dtype):
-    """a @ b in ``matmul_dtype`` (autocast's, or the compute dtype), returned in ``out_dtype``."""
-    return (a.to(matmul_dtype) @ b.to(matmul_dtype)).to(out_dtype)
-
-
-def _chunk_logits(h_c, weight_scaled, bias, matmul_dtype):
-    """z = h_c (W * scale)ᵀ + bias, the chunk's logits (c, V) in the compute dtype (that of ``weight_scaled``)."""
-    if matmul_dtype == weight_scaled.dtype:
-        h_c = h_c.to(weight_scaled.dtype)
-        return torch.addmm(bias, h_c, weight_scaled.t()) if bias is not None else h_c @ weight_scaled.t()
-    z = _matmul(h_c, weight_scaled.t(), matmul_dtype, weight_scaled.dtype)
-    return z.add_(bias) if bias is not None else z
+def _chunk_logits(h_c, weight_mm, bias, compute_dtype):
+    """z = h_c (W * scale)ᵀ + bias, the chunk's logits (c, V) in ``compute_dtype``. ``h_c`` and ``weight_mm``
+    (= W * scale) come in the matmul dtype: autocast's, or the compute dtype itself."""
+    if bias is not None and weight_mm.dtype == compute_dtype:
+        return torch.addmm(bias, h_c, weight_mm.t())
+    z = (h_c @ weight_mm.t()).to(compute_dtype)  # no copy without autocast
+    return z if bias is None else z.add_(bias)
 
 
 def _chunk_loss_and_softmax(z, y_c, label_smoothing):
@@ -67,21 +62,22 @@ def _chunk_loss_and_softmax(z, y_c, label_smoothing):
     return loss, lse
 
 
-def _chunk_backward(p, h_c, y_c, weight_scaled, label_smoothing, need, grads, matmul_dtype):
-    """From the chunk's softmax p (overwritten with d loss / d z), accumulates Σ dzᵀ h_c and Σ dz into ``grads``;
-    returns d loss / d h_c (or None)."""
+def _chunk_backward(p, h_c, y_c, weight_mm, label_smoothing, need, grads, hidden_dtype):
+    """From the chunk's softmax p (overwritten with d loss / d z), accumulates Σ dzᵀ h_c and Σ dz into ``grads``
+    (compute dtype); returns d loss / d h_c in ``hidden_dtype`` (or None). ``h_c``, ``weight_mm``: matmul dtype."""
     dz = p
     dz.scatter_add_(1, y_c[:, None], torch.full((dz.shape[0], 1), label_smoothing - 1.0, dtype=dz.dtype))
     if label_smoothing:
         dz -= label_smoothing / dz.shape[1]
     if need["bias"]:
         grads["bias"] += dz.sum(dim=0)
+    dz_mm = dz.to(weight_mm.dtype)  # one cast for both matmuls; none without autocast
     if need["weight"] or need["scale"]:  # (V, d): Σ_i dz_ij h_i
-        if matmul_dtype == dz.dtype:
-            grads["dzT_h"].addmm_(dz.t(), h_c.to(dz.dtype))
+        if dz_mm.dtype == grads["dzT_h"].dtype:
+            grads["dzT_h"].addmm_(dz_mm.t(), h_c)
         else:
-            grads["dzT_h"] += _matmul(dz.t(), h_c, matmul_dtype, dz.dtype)
-    return _matmul(dz, weight_scaled, matmul_dtype, h_c.dtype) if need["hidden"] else None
+            grads["dzT_h"] += dz_mm.t() @ h_c
+    return (dz_mm @ weight_mm).to(hidden_dtype) if need["hidden"] else None
 
 
 class ChunkedHeadCrossEntropy(torch.autograd.Function):
@@ -123,8 +119,9 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
         if scale is not None:
             weight_scaled = weight_scaled * scale.to(compute_dtype)[:, None]
         bias_c = bias.to(compute_dtype) if bias is not None else None
+        weight_mm = weight_scaled.to(matmul_dtype)  # cast once for every chunk's matmuls
         keep = (labels != ignore_index).nonzero().squeeze(1)  # (n,) rows that have a target
-        h = hidden.index_select(0, keep)  # (n, d)
+        h = hidden.index_select(0, keep).to(matmul_dtype)  # (n, d)
         y = labels.index_select(0, keep)  # (n,)
         n, vocab = h.shape[0], weight.shape[0]
         if ((y < 0) | (y >= vocab)).any():
@@ -137,11 +134,11 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
             h_c, y_c = h[start:stop], y[start:stop]
-            z = _chunk_logits(h_c, weight_scaled, bias_c, matmul_dtype)
+            z = _chunk_logits(h_c, weight_mm, bias_c, compute_dtype)
             loss, lse_all[start:stop] = _chunk_loss_and_softmax(z, y_c, label_smoothing)
             total += loss.sum()
             if fused:
-                g = _chunk_backward(z, h_c, y_c, weight_scaled, label_smoothing, need, grads, matmul_dtype)
+                g = _chunk_backward(z, h_c, y_c, weight_mm, label_smoothing, need, grads, hidden.dtype)
                 if g is not None:
                     grad_h.index_copy_(0, keep[start:stop], g)
             del z
@@ -172,12 +169,13 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
             weight, scale, hidden, weight_scaled, bias_c, keep, y, lse_all = ctx.saved_tensors
             grads = _new_grads(weight, weight_scaled.dtype, need)
             grad_h = hidden.new_zeros(hidden.shape) if need["hidden"] else None
-            h = hidden.index_select(0, keep)
+            weight_mm = weight_scaled.to(ctx.matmul_dtype)
+            h = hidden.index_select(0, keep).to(ctx.matmul_dtype)
             for start in range(0, h.shape[0], ctx.chunk_size):
                 stop = min(start + ctx.chunk_size, h.shape[0])
                 h_c, y_c = h[start:stop], y[start:stop]
-                p = _chunk_logits(h_c, weight_scaled, bias_c, ctx.matmul_dtype).sub_(lse_all[start:stop, None]).exp_()
-                g = _chunk_backward(p, h_c, y_c, weight_scaled, ctx.label_smoothing, need, grads, ctx.matmul_dtype)
+                p = _chunk_logits(h_c, weight_mm, bias_c, weight_scaled.dtype).sub_(lse_all[start:stop, None]).exp_()
+                g = _chunk_backward(p, h_c, y_c, weight_mm, ctx.label_smoothing, need, grads, hidden.dtype)
                 if g is not None:
                     grad_h.index_copy_(0, keep[start:stop], g)
                 del p
