@@ -102,16 +102,22 @@ def test_chunked_no_grad_and_all_ignored():
         chunked_head_cross_entropy(head, hidden, labels, 0)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("mode", ("baseline", "distance", "cosine", "l2"))
-def test_model_level_equivalence(family, mode):
-    plain = tiny_model(family, head_mode=mode, logit_scale="scalar", label_smoothing=0.1).train()
-    chunked = tiny_model(family, head_mode=mode, logit_scale="scalar", label_smoothing=0.1, loss_chunk_size=3)
-    chunked = chunked.train()  # fp32 (the plain path computes its loss in fp32 anyway)
+def _plain_and_chunked(family, **config):
+    """The same tiny model in training mode with the plain and the chunked loss, its inputs and labels (-100 some)."""
+    plain = tiny_model(family, label_smoothing=0.1, **config).train()
+    chunked = tiny_model(family, label_smoothing=0.1, loss_chunk_size=3, **config).train()
     chunked.load_state_dict(plain.state_dict())
     inputs = model_inputs(plain, batch_size=2, length=7)
     labels = inputs.pop("decoder_input_ids", inputs["input_ids"]).clone()
     labels[0, :2] = -100
+    return plain, chunked, inputs, labels
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ("baseline", "distance", "cosine", "l2"))
+def test_model_level_equivalence(family, mode):
+    # fp32 (the plain path computes its loss in fp32 anyway)
+    plain, chunked, inputs, labels = _plain_and_chunked(family, head_mode=mode, logit_scale="scalar")
     outs = []
     for model in (plain, chunked):
         model.zero_grad()
@@ -172,12 +178,7 @@ def test_chunked_under_bf16_autocast_runs_its_matmuls_in_bf16_and_the_rest_in_fp
 def test_model_level_equivalence_under_bf16_autocast(family, mode):
     """A model with loss_chunk_size trains under bf16 autocast (it raised a dtype error in the weight-gradient
     matmul) with the plain path's loss and gradients up to bf16 rounding."""
-    plain = tiny_model(family, head_mode=mode, label_smoothing=0.1).train()
-    chunked = tiny_model(family, head_mode=mode, label_smoothing=0.1, loss_chunk_size=3).train()
-    chunked.load_state_dict(plain.state_dict())
-    inputs = model_inputs(plain, batch_size=2, length=7)
-    labels = inputs.pop("decoder_input_ids", inputs["input_ids"]).clone()
-    labels[0, :2] = -100
+    plain, chunked, inputs, labels = _plain_and_chunked(family, head_mode=mode)
     results = []
     for model in (plain, chunked):
         model.zero_grad()
