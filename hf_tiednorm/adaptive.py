@@ -122,9 +122,12 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         logit_scale: str = "none",
         logit_scale_init: float | None = None,
         norm_eps: float = 1e-6,
+        logit_bias: bool = False,
     ) -> None:
         super().__init__()
-        self.init_normalized_scores(head_mode, logit_scale, logit_scale_init, norm_eps, hidden_size, vocab_size)
+        self.init_normalized_scores(
+            head_mode, logit_scale, logit_scale_init, norm_eps, hidden_size, vocab_size, logit_bias=logit_bias
+        )
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)
@@ -152,7 +155,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
                 g_band = g[lo:hi] if g.dim() else g.expand(hi - lo)
                 scale = g_band if scale is None else scale * g_band
                 bias = None if bias is None else bias * g_band
-            terms.append((scale, bias))
+            terms.append((scale, self.add_logit_bias(bias, lo, hi)))
         return terms
 
     def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:

@@ -54,6 +54,9 @@ class TiedNormHeadConfigMixin:
     logit_scale: LogitScale = "none"
     # g for "fixed", its initial value for "scalar"/"vector"; None means sqrt(hidden size).
     logit_scale_init: float | int | None = positive_finite_field(default=None)
+    # A learned per-token bias b added to the scores (zero at initialization): s_i = g·score_i + b_i. It gives a
+    # normalized head back a place for the unigram prior that the row norms carried (normalized_head.py).
+    logit_bias: bool = False
     # Floor on the row norms, so zero rows never divide by zero.
     norm_eps: float = positive_finite_field(default=1e-6)
 

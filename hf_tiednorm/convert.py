@@ -13,8 +13,32 @@ Two targets, chosen by the source's ``model_type``:
 
 With ``head_mode="baseline"`` the converted model computes exactly the source's logits. Other modes keep every
 weight and change only how the output layer scores tokens (and, in l2 mode, the input lookups); the model then needs
-fine-tuning. Untied sources are refused: the normalized head scores with the input embedding, so a separate output
-matrix would be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
+fine-tuning — unless it starts lossless (``lossless_start=True``, CLI ``--lossless-start``): the head is normalized,
+but the per-token terms that multiply or shift its scores start where they give back the source's logits exactly, so
+fine-tuning moves from the source's own function instead of from a broken one:
+
+=========== ======================================================== =============================================
+head_mode   lossless start                                           exact because
+=========== ======================================================== =============================================
+baseline    nothing to set                                           s_i = w_i·h already
+cosine      ``logit_scale="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
+square      ``logit_scale="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
+distance    ``logit_bias=True``, b_i = ½‖w_i‖²                       w_i·h − ½‖w_i‖² + b_i = w_i·h
+l2          refused                                                  the input lookups become ŵ_i too, so every
+                                                                     layer sees other inputs; no head term undoes it
+=========== ======================================================== =============================================
+
+Dead rows (‖w_i‖ ≤ ``norm_eps``, normalized_head.py) score 0 in cosine/square: exact for an all-zero row (the
+source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
+a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. Resized-in tokens get g = the
+config's ``logit_scale_init`` (√d by default) and b = 0.
+
+GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``pip install
+hf_tiednorm[gguf]``); the converted model carries no quantization state (the dequantized weights are plain
+tensors), so it saves and fine-tunes like any other. Models still quantized (bitsandbytes, GPTQ, ...) are refused.
+
+Untied sources are refused: the normalized head scores with the input embedding, so a separate output matrix would
+be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
 matrix is refused too. The source folder is only read.
 
 ``normalize_tied_head`` does the same for a model already loaded in memory.
@@ -22,6 +46,7 @@ matrix is refused too. The source folder is only read.
 CLI::
 
     python -m hf_tiednorm.convert path/to/gpt2 converted/ --head-mode cosine
+    tiednorm-convert path/to/SmolLM2-135M-Instruct.Q4_1.gguf converted/ --head-mode cosine --lossless-start
 """
 
 from __future__ import annotations
@@ -74,9 +99,9 @@ _DROPPED_CONFIG_KEYS = (
     "tie_word_embeddings", "share_encoder_decoder_embeddings",
 )  # fmt: skip
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale
-# that only the logit_scale options "scalar"/"vector" add (initialized by the model).
+# and bias that only the options logit_scale="scalar"/"vector" and logit_bias add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
-_TARGET_ONLY_KEYS = {"lm_head.logit_scale"}
+_TARGET_ONLY_KEYS = {"lm_head.logit_scale", "lm_head.logit_bias"}
 
 
 def _auto_class(config) -> type:
@@ -155,29 +180,109 @@ def _check_unit_lookups(model: PreTrainedModel, norm_eps: float) -> None:
             )
 
 
+def _drop_quantization_state(model: PreTrainedModel) -> None:
+    """Remove the GGUF loader's quantization state from ``model`` (and its config) in place; refuse a model whose
+    weights are still quantized.
+
+    transformers dequantizes a GGUF file into plain tensors but keeps ``quantization_config`` (quant_method "gguf")
+    and an ``hf_quantizer``: such a model refuses ``save_pretrained``, and a folder saved with that config reloads
+    as "quantized", which the Trainer refuses to fine-tune.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    config = getattr(model.config, "quantization_config", None)
+    if quantizer is None and config is None:
+        return
+    method = getattr(config, "quant_method", None) if not isinstance(config, dict) else config.get("quant_method")
+    method = getattr(method, "value", method)
+    if method != "gguf":
+        raise ValueError(
+            f"{type(model).__name__} is quantized ({method}): its weights are not plain tensors, so the normalized "
+            "head could not read their row norms and the conversion could not be saved; load it unquantized"
+        )
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    elif hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+LOSSLESS_TERMS = {"baseline": None, "cosine": "logit_scale", "square": "logit_scale", "distance": "logit_bias"}
+
+
+def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
+    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs, or ``ValueError`` naming the
+    option that makes it impossible (see the module docstring's table)."""
+    if head_mode == "l2":
+        raise ValueError(
+            "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input "
+            "too, so every layer receives other inputs than in the source and no term of the output head can restore "
+            "its logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
+            "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
+        )
+    if LOSSLESS_TERMS[head_mode] == "logit_scale":
+        if logit_scale not in ("none", "vector"):
+            raise ValueError(
+                f"lossless_start for head_mode {head_mode!r} sets a per-token logit scale (logit_scale='vector', "
+                f"g_i = ‖w_i‖{'²' if head_mode == 'square' else ''}); logit_scale={logit_scale!r} cannot give back "
+                "the source's logits: leave logit_scale unset or 'vector'"
+            )
+        return "vector", logit_bias
+    if logit_scale != "none":
+        raise ValueError(
+            f"lossless_start for head_mode {head_mode!r} needs no logit scale (its scores are w_i·h already"
+            f"{' once the bias ½‖w_i‖² is added back' if head_mode == 'distance' else ''}); "
+            f"logit_scale={logit_scale!r} would multiply them: leave logit_scale='none'"
+        )
+    return logit_scale, logit_bias or head_mode == "distance"
+
+
+@torch.no_grad()
+def start_lossless(model: PreTrainedModel) -> None:
+    """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
+
+    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
+    ``lossless_head_options``: cosine g_i = ‖w_i‖, square g_i = ‖w_i‖², distance b_i = ½‖w_i‖² (fp32).
+    """
+    head = model.get_output_embeddings()
+    norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)  # (V,)
+    if head.head_mode in ("cosine", "square"):
+        head.logit_scale.copy_(norms if head.head_mode == "cosine" else norms.square())
+    elif head.head_mode == "distance":
+        head.logit_bias.copy_(0.5 * head.weight.float().square().sum(dim=-1))  # as mode_column_terms computes it
+
+
 def normalize_tied_head(
     model: PreTrainedModel,
     head_mode: str,
     *,
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
+    logit_bias: bool = False,
     norm_eps: float = 1e-6,
+    lossless_start: bool = False,
 ) -> TiedNormWrappedPreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
     The model itself is adopted, not copied: the result holds it as ``.model`` with its output layer replaced by a
     ``TiedNormHead`` (and, in l2 mode, unit-row lookups), and shares its weights. ``head_mode="baseline"`` gives
-    exactly ``model``'s logits. The result saves and reloads with ``AutoModelFor*.from_pretrained(folder,
-    trust_remote_code=True)``.
+    exactly ``model``'s logits, and so does every other mode but l2 with ``lossless_start``. The result saves and
+    reloads with ``AutoModelFor*.from_pretrained(folder, trust_remote_code=True)``. A model loaded from a GGUF file
+    loses its (stale) quantization state.
 
     Args:
-        model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings.
+        model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
+            works too).
         head_mode: one of ``HEAD_MODES``.
-        logit_scale, logit_scale_init, norm_eps: the head's fields (configuration_tiednorm_wrapped.py).
+        logit_scale, logit_scale_init, logit_bias, norm_eps: the head's fields (configuration_tiednorm.py).
+        lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
 
     Returns:
         ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
     """
+    check_head_mode(head_mode, logit_scale)
+    if lossless_start:
+        logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
+    _drop_quantization_state(model)
     check_tied(model)
     if head_mode == "l2":
         _check_unit_lookups(model, norm_eps)
@@ -192,17 +297,21 @@ def normalize_tied_head(
         head_mode=head_mode,
         logit_scale=logit_scale,
         logit_scale_init=logit_scale_init,
+        logit_bias=logit_bias,
         norm_eps=norm_eps,
     )
     wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
-    return wrapper_class(config, body=model).train(model.training)
+    wrapped = wrapper_class(config, body=model).train(model.training)
+    if lossless_start:
+        start_lossless(wrapped)
+    return wrapped
 
 
-def _target_config(source_config, head_mode: str, logit_scale: str, logit_scale_init: float | None):
-    """The config of our own family for a marian / bart / llama source."""
+def _target_config(source_config, head_fields: dict):
+    """The config of our own family for a marian / bart / llama source, with ``head_fields`` (head_mode, ...)."""
     model_type = source_config.model_type
     fields = {k: v for k, v in source_config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
-    head_fields = {"head_mode": head_mode, "logit_scale": logit_scale, "logit_scale_init": logit_scale_init}
+    head_fields = dict(head_fields)
     if model_type == "marian":
         head_fields["tie_topology"] = "three_way" if source_config.share_encoder_decoder_embeddings else "decoder"
     elif model_type == "bart":  # BART's encoder and decoder always share model.shared
@@ -210,11 +319,9 @@ def _target_config(source_config, head_mode: str, logit_scale: str, logit_scale_
     return SUPPORTED_SOURCES[model_type][1](**fields, **head_fields)
 
 
-def _to_own_family(
-    source: Path, source_model: PreTrainedModel, head_mode: str, logit_scale: str, logit_scale_init: float | None
-) -> PreTrainedModel:
+def _to_own_family(source: Path, source_model: PreTrainedModel, head_fields: dict) -> PreTrainedModel:
     """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
-    config = _target_config(source_model.config, head_mode, logit_scale, logit_scale_init)
+    config = _target_config(source_model.config, head_fields)
     target_class = SUPPORTED_SOURCES[source_model.config.model_type][2]
     state = source_model.state_dict()
     if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
@@ -243,7 +350,10 @@ def convert_checkpoint(
     head_mode: str = "baseline",
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
+    logit_bias: bool = False,
     generic: bool = False,
+    gguf_file: str | None = None,
+    lossless_start: bool = False,
 ) -> PreTrainedModel:
     """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
@@ -251,11 +361,27 @@ def convert_checkpoint(
     encoder-decoder is wrapped (``normalize_tied_head``). With ``output_dir`` (new or empty, outside ``source``), the
     converted model is saved there with its remote code, and the source's tokenizer if it has one. Returns the
     converted model in eval mode.
+
+    Args:
+        source: a folder written by ``save_pretrained``; with ``gguf_file``, the folder holding that GGUF file; or
+            the path of a ``.gguf`` file itself.
+        gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs ``pip install gguf``).
+        lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
+        head_mode, logit_scale, logit_scale_init, logit_bias: the head's fields (configuration_tiednorm.py).
     """
     source = Path(source)
-    if not (source / "config.json").is_file():
-        raise FileNotFoundError(f"{source} has no config.json; pass a local folder written by save_pretrained")
+    if gguf_file is None and source.suffix == ".gguf":
+        source, gguf_file = source.parent, source.name
+    if gguf_file is not None:
+        if not (source / gguf_file).is_file():
+            raise FileNotFoundError(f"GGUF file {source / gguf_file} does not exist")
+    elif not (source / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
+        )
     check_head_mode(head_mode, logit_scale)
+    if lossless_start:
+        logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
     if output_dir is not None:
         output_dir = Path(output_dir)
         if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:
@@ -263,32 +389,57 @@ def convert_checkpoint(
         if output_dir.exists() and any(output_dir.iterdir()):
             raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the converted model")
 
-    source_config = AutoConfig.from_pretrained(source)
+    load = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    source_config = AutoConfig.from_pretrained(source, **load)
     auto = _check_convertible(source_config)  # before loading any weight
-    source_model = auto.from_pretrained(source, dtype="auto").eval()
+    source_model = auto.from_pretrained(source, dtype="auto", **load).eval()
+    _drop_quantization_state(source_model)
     check_tied(source_model)
+    head_fields = {
+        "head_mode": head_mode, "logit_scale": logit_scale, "logit_scale_init": logit_scale_init,
+        "logit_bias": logit_bias,
+    }  # fmt: skip
     if source_config.model_type in SUPPORTED_SOURCES and not generic:
-        model = _to_own_family(source, source_model, head_mode, logit_scale, logit_scale_init)
+        model = _to_own_family(source, source_model, head_fields)
+        if lossless_start:
+            start_lossless(model)
     else:
-        model = normalize_tied_head(
-            source_model, head_mode, logit_scale=logit_scale, logit_scale_init=logit_scale_init
-        )
+        model = normalize_tied_head(source_model, **head_fields, lossless_start=lossless_start)
     model.eval()
 
     if output_dir is not None:
         model.save_pretrained(output_dir)
-        if (source / "tokenizer_config.json").is_file() or (source / "tokenizer.json").is_file():
-            copy_tokenizer(source, output_dir)
+        if (
+            gguf_file is not None
+            or (source / "tokenizer_config.json").is_file()
+            or (source / "tokenizer.json").is_file()
+        ):
+            copy_tokenizer(source, output_dir, **load)
     return model
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=f"Give a tied checkpoint ({_SUPPORTED_TEXT}) the normalized head.")
-    parser.add_argument("source", help="local folder of the source checkpoint")
+    parser.add_argument(
+        "source",
+        help="local folder of the source checkpoint (with --gguf-file: the folder holding it), or a .gguf file",
+    )
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
     parser.add_argument("--head-mode", default="baseline", choices=HEAD_MODES)
     parser.add_argument("--logit-scale", default="none", choices=LOGIT_SCALES)
     parser.add_argument("--logit-scale-init", type=float, help="g for 'fixed', initial g for 'scalar'/'vector'")
+    parser.add_argument(
+        "--logit-bias", action="store_true", help="add a learned per-token bias to the scores (zero at first)"
+    )
+    parser.add_argument(
+        "--gguf-file", help="name of a GGUF file inside SOURCE (dequantized on load; needs pip install gguf)"
+    )
+    parser.add_argument(
+        "--lossless-start",
+        action="store_true",
+        help="start at the source's logits: cosine/square get a per-token logit scale ‖w_i‖ / ‖w_i‖², distance a "
+        "logit bias ½‖w_i‖² (l2 is refused: its input lookups change too)",
+    )
     parser.add_argument(
         "--generic",
         action="store_true",
@@ -302,7 +453,10 @@ def main(argv: list[str] | None = None) -> None:
         head_mode=args.head_mode,
         logit_scale=args.logit_scale,
         logit_scale_init=args.logit_scale_init,
+        logit_bias=args.logit_bias,
         generic=args.generic,
+        gguf_file=args.gguf_file,
+        lossless_start=args.lossless_start,
     )
     print(f"wrote {args.output_dir}")
 

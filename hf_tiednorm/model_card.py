@@ -153,7 +153,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
         return {}
     parent = FAMILIES[config.model_type][0]()
     known = set(parent.to_dict()) | {
-        "head_mode", "logit_scale", "logit_scale_init", "norm_eps", "label_smoothing", "tie_topology",
+        "head_mode", "logit_scale", "logit_scale_init", "logit_bias", "norm_eps", "label_smoothing", "tie_topology",
         "share_encoder_decoder_embeddings", "auto_map", "architectures", "transformers_version", "model_type",
         "_name_or_path", "dtype",
     }  # fmt: skip
@@ -280,6 +280,9 @@ def render_model_card(
         mode_equation=mode_equation,
         mode_reference=mode_reference,
         logit_scale=_logit_scale_text(config),
+        logit_bias="a learned b_i per token, added to the scores (zero at initialization)"
+        if getattr(config, "logit_bias", False)
+        else "none",
         tie_topology=_tie_topology_text(config),
         label_smoothing=getattr(config, "label_smoothing", 0.0),  # a converted model has its architecture's loss
         num_parameters=_num_parameters(folder),

@@ -85,6 +85,7 @@ def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | Adap
             logit_scale=config.logit_scale,
             logit_scale_init=config.logit_scale_init,
             norm_eps=config.norm_eps,
+            logit_bias=config.logit_bias,
         )
     return TiedNormHead(
         hidden_size,
@@ -93,6 +94,7 @@ def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | Adap
         logit_scale=config.logit_scale,
         logit_scale_init=config.logit_scale_init,
         norm_eps=config.norm_eps,
+        logit_bias=config.logit_bias,
     )
 
 
@@ -133,6 +135,8 @@ class TiedNormLMMixin(TiedEmbeddingsMixin):
         super()._init_weights(module)
         if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_scale is not None:
             init.constant_(module.logit_scale, module.logit_scale_init)
+        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_bias is not None:
+            init.zeros_(module.logit_bias)
         if isinstance(module, OutputProjection):
             init.eye_(module.weight)  # P = I: a fresh model scores as if there were no projection
         std = getattr(self.config, "embedding_init_std", None)

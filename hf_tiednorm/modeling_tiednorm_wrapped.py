@@ -81,12 +81,15 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
         logit_scale=config.logit_scale,
         logit_scale_init=config.logit_scale_init,
         norm_eps=config.norm_eps,
+        logit_bias=config.logit_bias,
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )
     head.weight = weight  # Press & Wolf: the output embedding is the input embedding
     if head.logit_scale is not None:  # the learned g, created on meta with the weight: give it storage, at g's init
         head.logit_scale = nn.Parameter(torch.full_like(head.logit_scale, head.logit_scale_init, device=weight.device))
+    if head.logit_bias is not None:  # the learned b, zero at first
+        head.logit_bias = nn.Parameter(torch.zeros_like(head.logit_bias, device=weight.device))
     body.set_output_embeddings(head)
     if config.head_mode == "l2":
         # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.

@@ -41,6 +41,12 @@ What the head guarantees where real training puts it:
 An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
 ``fixed`` (FixNorm's r²), ``scalar`` (a learned g ≈ √d as in Transformers without Tears) or ``vector``
 (one learned g_i per token, as in nGPT).
+
+An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
+``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
+2023), which a normalized head deletes, and b is where a model can keep it (HF Marian's ``final_logits_bias`` is a
+buffer, not a parameter). Being one more (V,) bias of the affine map, it costs O(V) and reaches the chunked loss
+through ``column_terms()`` like the mode's own bias.
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ class NormalizedScoresMixin:
         hidden_size: int,
         vocab_size: int,
         device=None,
+        logit_bias: bool = False,
     ) -> None:
         check_head_mode(head_mode, logit_scale)
         self.head_mode = head_mode
@@ -143,8 +150,17 @@ class NormalizedScoresMixin:
             self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init, device=device))
         else:  # "fixed" is a constant, not a parameter; "none" has no scale
             self.logit_scale = None
+        # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
+        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if logit_bias else None
         self._frozen_depth = 0
         self._frozen_terms = None
+
+    def add_logit_bias(self, bias: torch.Tensor | None, lo: int = 0, hi: int | None = None) -> torch.Tensor | None:
+        """``bias`` (fp32, (n,) or None) plus the learned logit bias of tokens [lo, hi), if the head has one."""
+        if self.logit_bias is None:
+            return bias
+        learned = self.logit_bias[lo:hi].float()
+        return learned if bias is None else bias + learned
 
     def logit_scale_values(self, device: torch.device) -> torch.Tensor | None:
         """g as an fp32 tensor: 0-dim ("fixed", "scalar") or (V,) ("vector"); None for "none"."""
@@ -195,37 +211,46 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         norm_eps: float = 1e-6,
         device=None,
         dtype=None,
+        logit_bias: bool = False,
     ) -> None:
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
         self.init_normalized_scores(
-            head_mode, logit_scale, logit_scale_init, norm_eps, hidden_size, vocab_size, device=device
+            head_mode,
+            logit_scale,
+            logit_scale_init,
+            norm_eps,
+            hidden_size,
+            vocab_size,
+            device=device,
+            logit_bias=logit_bias,
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}"
+        return (
+            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}, "
+            f"logit_bias={self.logit_bias is not None}"
+        )
 
     def match_vocab_size(self) -> None:
-        """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value."""
+        """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
+        zero logit bias."""
         vocab_size = self.weight.shape[0]
         self.out_features = vocab_size
         if self.logit_scale_kind == "vector" and self.logit_scale.shape[0] != vocab_size:
-            old = self.logit_scale.data
-            new = torch.full((vocab_size,), self.logit_scale_init, dtype=old.dtype, device=old.device)
-            kept = min(vocab_size, old.shape[0])
-            new[:kept] = old[:kept]
-            self.logit_scale = nn.Parameter(new)
+            self.logit_scale = nn.Parameter(_resized(self.logit_scale.data, vocab_size, self.logit_scale_init))
+        if self.logit_bias is not None and self.logit_bias.shape[0] != vocab_size:
+            self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
 
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = mode_column_terms(self.weight, self.head_mode, self.norm_eps)
         g = self.logit_scale_values(self.weight.device)
-        if g is None:
-            return scale, bias
-        # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
-        scale = g if scale is None else scale * g
-        if scale.dim() == 0:  # a single g for every token
-            scale = scale.expand(self.weight.shape[0])
-        bias = None if bias is None else bias * g
-        return scale, bias
+        if g is not None:
+            # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
+            scale = g if scale is None else scale * g
+            if scale.dim() == 0:  # a single g for every token
+                scale = scale.expand(self.weight.shape[0])
+            bias = None if bias is None else bias * g
+        return scale, self.add_logit_bias(bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
@@ -245,6 +270,14 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         if bias is not None:
             logits = logits + bias
         return logits
+
+
+def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
+    """``values`` (V,) cut or extended to (size,), new entries set to ``fill``."""
+    new = torch.full((size,), fill, dtype=values.dtype, device=values.device)
+    kept = min(size, values.shape[0])
+    new[:kept] = values[:kept]
+    return new
 
 
 class TiedNormEmbedding(nn.Embedding):

@@ -51,9 +51,10 @@ def train_joint_tokenizer(
     return wrapped
 
 
-def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike) -> None:
-    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings."""
-    tokenizer = AutoTokenizer.from_pretrained(source)
+def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options) -> None:
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings.
+    ``load_options``: more arguments of ``AutoTokenizer.from_pretrained`` (``gguf_file``)."""
+    tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
     # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
     # the tokenizer; published, it would make every user's load local-only.
     for key in ("is_local", "local_files_only"):
