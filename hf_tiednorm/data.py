@@ -156,11 +156,27 @@ def tokenize_parallel(
 
 
 def group_texts(dataset: DatasetDict | Dataset, tokenizer, block_size: int, num_proc: int | None = None):
-    """Tokenize the ``text`` column (each line ends with </s>) and cut the concatenation into ``block_size`` blocks;
-    the remainder shorter than a block is dropped, as in HF's run_clm."""
+    """Tokenize the ``text`` column, end every line with the tokenizer's EOS token, and cut the concatenation into
+    ``block_size`` blocks; the remainder shorter than a block is dropped, as in HF's run_clm.
+
+    The EOS is appended here unless the tokenizer's own post-processor already ended the line with it (ours adds
+    </s>; most modern tokenizers, SmolLM2's and Llama's among them, add none): without it consecutive lines would be
+    glued ("…near many bushes.Several men…") and the model would learn, and be scored on, text that never occurs.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(
+            f"the tokenizer ({type(tokenizer).__name__}) has no eos_token: lines would be concatenated with no "
+            "separator; set one (tokenizer.eos_token = ...) before grouping the text into blocks"
+        )
 
     def encode(batch):
-        return tokenizer(batch["text"])
+        encoded = tokenizer(batch["text"])
+        ends = [bool(ids) and ids[-1] == eos for ids in encoded["input_ids"]]
+        for key, pad in (("input_ids", eos), ("attention_mask", 1), ("token_type_ids", 0)):
+            if key in encoded:
+                encoded[key] = [row if end else row + [pad] for row, end in zip(encoded[key], ends)]
+        return encoded
 
     def chunk(batch):
         ids = np.concatenate([np.asarray(row, dtype=np.int64) for row in batch["input_ids"]] or [np.zeros(0, np.int64)])
