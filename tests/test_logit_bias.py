@@ -18,7 +18,6 @@ from hf_tiednorm.adaptive import AdaptiveSoftmaxHead
 from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.model_card import write_model_card
-from hf_tiednorm.token_loss import token_cross_entropy
 
 VOCAB, DIM = 37, 8
 
@@ -27,7 +26,9 @@ def biased_head(head_mode: str, logit_scale: str, dtype=torch.float32) -> TiedNo
     """A head with random rows (one dead), distinct per-token scales and a non-zero bias."""
     torch.manual_seed(0)
     init = None if logit_scale == "none" else 3.0
-    head = TiedNormHead(DIM, VOCAB, head_mode=head_mode, logit_scale=logit_scale, logit_scale_init=init, logit_bias=True)
+    head = TiedNormHead(
+        DIM, VOCAB, head_mode=head_mode, logit_scale=logit_scale, logit_scale_init=init, logit_bias=True
+    )
     head = head.to(dtype)
     with torch.no_grad():
         head.weight.normal_()

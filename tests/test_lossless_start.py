@@ -42,7 +42,9 @@ def test_in_memory_lossless_start_gives_the_source_logits(name, head_mode):
     long = {"input_ids": torch.randint(4, TINY_VOCAB, (4, 16))}
     if source.config.is_encoder_decoder:
         long["decoder_input_ids"] = torch.randint(4, TINY_VOCAB, (4, 12))
-    torch.testing.assert_close(source_logits(model, long), source_logits(source_model(name), long), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        source_logits(model, long), source_logits(source_model(name), long), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("head_mode", LOSSLESS_MODES)
