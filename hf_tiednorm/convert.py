@@ -95,7 +95,7 @@ _SUPPORTED_TEXT = (
 )
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
-    "model_type", "architectures", "transformers_version", "_name_or_path", "auto_map",
+    "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
     "tie_word_embeddings", "share_encoder_decoder_embeddings",
 )  # fmt: skip
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale

