@@ -62,6 +62,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
+    AutoTokenizer,
     BartForConditionalGeneration,
     LlamaForCausalLM,
     MarianMTModel,
@@ -81,7 +82,6 @@ from .modeling_tiednorm_wrapped import (
     unit_lookups,
 )
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormHead, check_head_mode, unit_rows
-from .tokenization import copy_tokenizer
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -102,6 +102,18 @@ _DROPPED_CONFIG_KEYS = (
 # and bias that only the options logit_scale="scalar"/"vector" and logit_bias add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 _TARGET_ONLY_KEYS = {"lm_head.logit_scale", "lm_head.logit_bias"}
+
+
+def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options) -> None:
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the
+    converter and ``tiednorm-push`` ship a tokenizer this way). ``load_options``: more arguments of
+    ``AutoTokenizer.from_pretrained`` (``gguf_file``)."""
+    tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
+    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
+    # the tokenizer; published, it would make every user's load local-only.
+    for key in ("is_local", "local_files_only"):
+        tokenizer.init_kwargs.pop(key, None)
+    tokenizer.save_pretrained(output_dir)
 
 
 def _auto_class(config) -> type:

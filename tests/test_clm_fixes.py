@@ -17,9 +17,9 @@ from script_helpers import run_script, write_tiny_parallel
 from testing_utils import tiny_tokenizer
 from tiny_architectures import source_model
 
-import hf_tiednorm.training as training
+import hf_tiednorm.training.precision as precision
 from hf_tiednorm.convert import convert_checkpoint
-from hf_tiednorm.data import group_texts
+from hf_tiednorm.training.data import group_texts
 
 LINES = ["a dog runs on the grass .", "a woman reads a book .", "two men play music in the street ."]
 
@@ -116,8 +116,8 @@ def test_the_cards_tokenizer_line_does_not_prompt(converted_llama, tmp_path, mon
 
 
 def test_emulated_bf16_warns_how_much_slower(tmp_path, monkeypatch):
-    monkeypatch.setattr(training, "cpu_bf16_flag", lambda *args: None)  # a CPU without avx512_bf16 / amx_bf16
-    monkeypatch.setattr(training.torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(precision, "cpu_bf16_flag", lambda *args: None)  # a CPU without avx512_bf16 / amx_bf16
+    monkeypatch.setattr(precision.torch.accelerator, "is_available", lambda: False)
     with pytest.warns(UserWarning, match=r"24x slower per step than fp32 \(120.6 vs 4.9 s"):
-        args = training.TiedNormTrainingArguments(output_dir=str(tmp_path), bf16=True)
+        args = precision.TiedNormTrainingArguments(output_dir=str(tmp_path), bf16=True)
     assert args.bf16 and "24x slower" in args.precision_note

@@ -17,7 +17,7 @@ from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormHead
 from hf_tiednorm.adaptive import AdaptiveSoftmaxHead
 from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
-from hf_tiednorm.model_card import write_model_card
+from hf_tiednorm.publishing.model_card import write_model_card
 
 VOCAB, DIM = 37, 8
 

@@ -2,7 +2,7 @@
 """What a user should expect when converting a real pretrained model: fine-tune conversions of one source through
 scripts/run_clm.py with one budget for all, and measure validation / test perplexity along the way.
 
-    flock /tmp/heavy.lock nice -n 10 python scripts/converted_recovery.py --work_dir /work/scratch-realmodel
+    flock /tmp/heavy.lock nice -n 10 python experiments/converted_recovery.py --work_dir /work/scratch-realmodel
 
 For every variant (a ``tiednorm-convert`` of the source: head mode, lossless start, logit bias) it converts the source
 once, fine-tunes the conversion with ``scripts/run_clm.py`` (``--max_steps`` steps, a checkpoint every
@@ -70,6 +70,7 @@ def run_clm_flags(args) -> list[str]:
         "--per_device_eval_batch_size", str(args.batch_size),
         "--bf16", str(args.bf16).lower(),
         "--report_to", "none",
+        *(["--max_eval_samples", str(args.max_eval_samples)] if args.max_eval_samples else []),
     ]  # fmt: skip
 
 
@@ -95,6 +96,9 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=8, help="blocks per training (and evaluation) batch")
     parser.add_argument("--learning_rate", type=float, default=5e-5, help="peak learning rate (linear decay)")
     parser.add_argument("--seed", type=int, default=42, help="training seed")
+    parser.add_argument(
+        "--max_eval_samples", type=int, default=None, help="evaluate on the first N lines of val and test"
+    )
     parser.add_argument("--bf16", type=lambda s: s.lower() == "true", default=True, help="bf16 autocast (true/false)")
     parser.add_argument(
         "--results", default=str(REPO / "results" / "converted_recovery"), help="JSON + PNG path without suffix"
@@ -161,7 +165,7 @@ def write_results(args, work: Path) -> None:
         "machine": "shared by several agents (busy)",
         "precision": "bf16 autocast" if args.bf16 else "fp32",
         "settings": {k: getattr(args, k) for k in ("max_steps", "eval_every", "block_size", "batch_size",
-                                                   "learning_rate", "seed")},
+                                                   "learning_rate", "seed", "max_eval_samples")},
         "variants": {},
     }  # fmt: skip
     for name in VARIANTS:

@@ -9,7 +9,7 @@ converted model of any tied architecture (``tiednorm_wrapped``: ``hf_tiednorm.co
 
 CLI::
 
-    python -m hf_tiednorm.model_card runs/cosine --dataset bentrevett/multi30k --languages de en \
+    python -m hf_tiednorm.publishing.model_card runs/cosine --dataset bentrevett/multi30k --languages de en \
         --metrics runs/cosine/test_results.json
 """
 
@@ -20,6 +20,7 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,16 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
-from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
-from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
-from .normalized_head import default_logit_scale
-from .plots import EMBEDDING_NORM_PLOT
+from ..configuration_tiednorm import (
+    TiedNormBartConfig,
+    TiedNormCausalConfig,
+    TiedNormHeadConfigMixin,
+    TiedNormSeq2SeqConfig,
+    TieTopologyConfigMixin,
+)
+from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from ..normalized_head import default_logit_scale
+from ..training.plots import EMBEDDING_NORM_PLOT
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
 # model_type -> (the HF parent config, the architecture named on the card)
@@ -82,7 +89,7 @@ _PERPLEXITY_NAMES = ("perplexity", "ppl")
 
 def template_path() -> Path:
     """The card template: inside the installed package if shipped there, else in the source checkout."""
-    package_dir = Path(__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parents[1]  # hf_tiednorm/
     for candidate in (package_dir / "model_cards" / TEMPLATE_NAME, package_dir.parent / "model_cards" / TEMPLATE_NAME):
         if candidate.is_file():
             return candidate
@@ -152,10 +159,10 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     if config.model_type == WRAPPED:
         return {}
     parent = FAMILIES[config.model_type][0]()
-    known = set(parent.to_dict()) | {
-        "head_mode", "logit_scale", "logit_scale_init", "logit_bias", "norm_eps", "label_smoothing", "tie_topology",
-        "share_encoder_decoder_embeddings", "auto_map", "architectures", "transformers_version", "model_type",
-        "_name_or_path", "dtype",
+    # The head's and the tie topology's fields have their own rows (label smoothing too), and so do the parent's.
+    own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
+    known = set(parent.to_dict()) | {field.name for field in own_rows} | {
+        "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
     }  # fmt: skip
     # "_"-prefixed entries are bookkeeping, not settings (a GGUF source's config carries "_model_name_or_path").
     return {

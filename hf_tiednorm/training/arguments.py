@@ -1,0 +1,289 @@
+"""The flags both training scripts share, read by ``HfArgumentParser``.
+
+* ``parse_arguments``: flags, or a .json/.yaml config file followed by flags that override it.
+* ``TiedNormModelArguments``: the model flags (checkpoint, tokenizer, the tied output layer and the technique flags of
+  its loss) with their checks and the fine-tuning rules; each script subclasses it with the architecture flags of its
+  model family. Its config-field flags are derived from the config mixins' field metadata (``model_arguments_class``):
+  the help text and the fine-tuning rule of a field are written once, in ``configuration_tiednorm.py``.
+* ``DataArgumentsBase``: the data flags both scripts share; each script adds its files and lengths (and names the
+  folder of its default files in ``default_data_dir``: the library assumes no checkout).
+* ``OutputDirArguments``: --overwrite_output_dir (see ``run_directory.prepare_output_dir``).
+* ``RunArguments``: how a run uses the machine and when its training stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import UnionType
+from typing import Any, ClassVar, Literal, Optional, Union, get_args, get_origin, get_type_hints
+
+import yaml
+from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig
+
+from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .tokenization import TOKENIZER_MODELS
+
+# The usage line and the note that --help prints first: how scripts/main_job.sh calls the scripts.
+USAGE = "%(prog)s [CONFIG.yaml | CONFIG.json] [--FLAG VALUE ...]"
+CONFIG_FILE_NOTE = (
+    "A .yaml or .json config file may come first: its values are the defaults, and the flags after it override "
+    "them, e.g. %(prog)s CONFIG.yaml --output_dir runs/x (scripts/main_job.sh runs run_translation.py with "
+    "scripts/configs/multi30k_de_en.yaml this way)."
+)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """HF's help formatter, except that a help text that states its default itself ("default: ...") keeps it: the
+    config-field flags default to None (keep the config's value) and name the config's default instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "default:" in text else super()._get_help_string(action)
+
+
+def argument_parser(dataclass_types: tuple[type, ...], description: str | None = None) -> HfArgumentParser:
+    """The parser of a training script: its dataclasses' flags, the config-file usage and ``description``."""
+    text = CONFIG_FILE_NOTE if description is None else f"{description.strip()}\n\n{CONFIG_FILE_NOTE}"
+    return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
+
+
+def parse_arguments(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
+    """Flags, or a .json/.yaml config file as first argument followed by flags that override it."""
+    parser = argument_parser(dataclass_types, description)
+    argv = sys.argv[1:]
+    if argv and argv[0].endswith((".json", ".yaml", ".yml")):
+        if not Path(argv[0]).is_file():
+            raise FileNotFoundError(f"config file not found: {argv[0]}")
+        text = Path(argv[0]).read_text()
+        values = json.loads(text) if argv[0].endswith(".json") else yaml.safe_load(text)
+        if not isinstance(values, dict):
+            raise ValueError(f"config file {argv[0]} must hold a mapping of argument names to values")
+        flags = []
+        for key, value in values.items():
+            items = value if isinstance(value, list) else [value]
+            flags += [f"--{key}", *(str(item) for item in items)]
+        argv = flags + argv[1:]
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+@dataclass
+class ModelSourceArguments:
+    """The model flags that are no config field (the checkpoint or tokenizer to start from), and the rules of the
+    config-field flags that ``model_arguments_class`` adds: which a saved model fixes, which fine-tuning may change.
+    A script subclasses the result with its architecture flags and appends their names to ``config_fields`` (and to
+    ``finetune_fields`` those that change no parameter)."""
+
+    # Flags that map one-to-one onto config fields; those of them that fine-tuning a saved checkpoint may still
+    # change; and those that only a new model takes (applied when it is built). Filled by model_arguments_class.
+    config_fields: ClassVar[tuple[str, ...]] = ()
+    finetune_fields: ClassVar[tuple[str, ...]] = ()
+    new_model_fields: ClassVar[tuple[str, ...]] = ()
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "saved model folder to fine-tune (its tokenizer is used); None: train a new model"},
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "saved tokenizer folder for a new model; None: train a (joint) tokenizer on the train text"},
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "size of the subword vocabulary trained if none is given"})
+    tokenizer_model: str = field(default="bpe", metadata={"help": f"its subword model, one of {TOKENIZER_MODELS}"})
+
+    def __post_init__(self):
+        if self.tokenizer_model not in TOKENIZER_MODELS:
+            raise ValueError(f"--tokenizer_model must be one of {TOKENIZER_MODELS}, got {self.tokenizer_model!r}")
+        if self.model_name_or_path is not None:
+            if not Path(self.model_name_or_path, "config.json").is_file():
+                raise FileNotFoundError(f"--model_name_or_path {self.model_name_or_path} holds no config.json")
+            fixed = [name for name in self.architecture_fields() if getattr(self, name) is not None]
+            if fixed:
+                raise ValueError(f"--{' --'.join(fixed)} cannot change a saved model (--model_name_or_path); drop them")
+            saved = json.loads(Path(self.model_name_or_path, "config.json").read_text())
+            if self.projection_regularization is not None and saved.get("projection_regularization") is None:
+                raise ValueError(
+                    "--projection_regularization adds a projection P, which the saved model (--model_name_or_path) "
+                    "does not have; drop it (it may only change the penalty of a model trained with P)"
+                )
+            for name in self.new_model_fields:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"--{name} initializes a new model; drop it or --model_name_or_path")
+
+    @classmethod
+    def architecture_fields(cls) -> tuple[str, ...]:
+        """The config fields that a saved model fixes: all but the fine-tunable ones."""
+        return tuple(name for name in cls.config_fields if name not in cls.finetune_fields)
+
+    def config_overrides(self) -> dict[str, Any]:
+        """The config fields given as flags; for a saved model (checked above) only fine-tunable ones."""
+        return {name: getattr(self, name) for name in self.config_fields if getattr(self, name) is not None}
+
+    def finetune_config(self) -> PretrainedConfig:
+        """The saved model's config with the fine-tunable flags given (``__post_init__`` refuses the others);
+        ``from_dict`` re-checks the changed combination against the saved architecture."""
+        config = AutoConfig.from_pretrained(self.model_name_or_path)
+        return type(config).from_dict({**config.to_dict(), **self.config_overrides()})
+
+    def tokenizer_source(self, resume: str | None, output_dir: Path) -> str | None:
+        """The tokenizer folder to load: the checkpoint's, a given one, or on resume the run's own (the resumed
+        checkpoint's, else the one saved in ``output_dir``), so that a resumed run keeps its vocabulary; None when a
+        new one is to be trained."""
+        source = self.model_name_or_path or self.tokenizer_name
+        if source is None and resume is not None:
+            folders = (Path(resume), output_dir)
+            source = next((str(folder) for folder in folders if (folder / "tokenizer.json").is_file()), None)
+        return source
+
+    def run_config(self, config_class: type[PretrainedConfig]) -> PretrainedConfig:
+        """The config this run trains, built before any work so that bad flags fail first: the saved model's with the
+        fine-tunable flags, or a new model's from the flags. A new model's vocabulary is the one to train or a given
+        tokenizer's (the final config takes the trained tokenizer's size and special tokens)."""
+        if self.model_name_or_path is not None:
+            return self.finetune_config()
+        vocab_size = self.vocab_size
+        if self.tokenizer_name is not None:
+            vocab_size = len(AutoTokenizer.from_pretrained(self.tokenizer_name))
+        new_model = {name: getattr(self, name) for name in self.new_model_fields}
+        return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
+
+
+def flag_type(annotation: Any) -> Any:
+    """The flag type of a config field's type, optional: HfArgumentParser takes ``X | None`` only, so a config's
+    ``float | int`` is a float flag; a ``Literal`` is a str flag whose value the config checks (its error names the
+    field and the choices, which the help lists)."""
+    kinds = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if get_origin(annotation) not in (Union, UnionType):
+        kinds = [annotation]
+    if set(kinds) == {float, int}:
+        kinds = [float]
+    (kind,) = kinds
+    if get_origin(kind) is Literal:
+        kind = str
+    return Optional[kind]  # noqa: UP045 (list[int] | None would need a runtime union of a generic alias)
+
+
+def flag_help(config_field: dataclasses.Field, annotation: Any) -> str:
+    """The help of a config-field flag: the field's ``script_flag`` help, its choices (a ``Literal`` type) and the
+    config's default (the flag's own default, None, keeps it)."""
+    kinds = [arg for arg in get_args(annotation) if get_origin(arg) is Literal] or [annotation]
+    choices = get_args(kinds[0]) if get_origin(kinds[0]) is Literal else ()
+    listed = f"; one of {', '.join(choices)}" if choices else ""
+    return f"{config_field.metadata['help']}{listed} (default: {config_field.default}, the config's)"
+
+
+def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
+    """The model flags of both training scripts: ``ModelSourceArguments`` plus one flag per field of
+    ``config_mixins`` that carries ``script_flag`` metadata (``configuration_tiednorm.py``), with its help text, its
+    choices (a ``Literal`` type) and the config's default named in the help; the flag's own default None keeps the
+    config's value. ``config_fields``, ``finetune_fields`` and ``new_model_fields`` follow from the metadata, so a new
+    config field with a ``script_flag`` becomes a flag of both scripts with nothing else to edit."""
+    flags = [
+        config_field for mixin in config_mixins for config_field in dataclasses.fields(mixin)
+        if "help" in config_field.metadata
+    ]
+    types = {name: kind for mixin in config_mixins for name, kind in get_type_hints(mixin).items()}
+    fields = [
+        (
+            config_field.name,
+            flag_type(types[config_field.name]),
+            field(default=None, metadata={"help": flag_help(config_field, types[config_field.name])}),
+        )
+        for config_field in flags
+    ]
+    new_model = tuple(f.name for f in flags if f.metadata.get("new_model_only"))
+    namespace = {
+        "__module__": __name__,
+        "__doc__": ModelSourceArguments.__doc__,
+        "config_fields": tuple(f.name for f in flags if f.name not in new_model),
+        "finetune_fields": tuple(f.name for f in flags if f.metadata.get("finetune")),
+        "new_model_fields": new_model,
+    }
+    return dataclasses.make_dataclass(name, fields, bases=(ModelSourceArguments,), namespace=namespace)
+
+
+# The model flags of scripts/run_translation.py and scripts/run_clm.py: the head's and the techniques' config fields.
+TiedNormModelArguments = model_arguments_class(TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin)
+
+
+def is_multi30k(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is named as one of Multi30k's files (train / val / test_*, one language, .gz or not) in a
+    folder named multi30k: the data set wherever its copy lies (the scripts' default folder or another)."""
+    path = Path(path)
+    named = re.fullmatch(r"(train|val|test_\w+)\.\w+(\.gz)?", path.name)
+    return path.parent.name.lower() == "multi30k" and named is not None
+
+
+@dataclass
+class DataArgumentsBase:
+    """The data flags both training scripts share; each script's DataArguments adds its files (``train_file`` among
+    them) and lengths, and sets ``default_data_dir`` to the folder of its default files (the Multi30k copy that
+    scripts/ reads): a training file there names the data set bentrevett/multi30k in the model card."""
+
+    default_data_dir: ClassVar[Path | None] = None
+
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes for the tokenization map"}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
+            "else the training file's name"
+        },
+    )
+
+    def __post_init__(self):
+        if self.dataset_name is None:
+            default = self.default_data_dir is not None and Path(self.train_file).parent == self.default_data_dir
+            multi30k = default or is_multi30k(self.train_file)
+            self.dataset_name = "bentrevett/multi30k" if multi30k else Path(self.train_file).name
+
+
+@dataclass
+class OutputDirArguments:
+    """--overwrite_output_dir, which transformers 5 dropped from TrainingArguments; the scripts keep HF examples'
+    rule (see ``prepare_output_dir``)."""
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Delete the contents of a non-empty --output_dir (another run's outputs) and start clean; without "
+            "it such a folder is refused, unless --resume_from_checkpoint continues the run it holds."
+        },
+    )
+
+
+@dataclass
+class RunArguments:
+    """How a run uses the machine and when its training stops: the same flags in both training scripts."""
+
+    num_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch CPU threads per process; None: all cores shared among the launch's processes"},
+    )
+    keep_freed_cpu_memory: bool = field(
+        default=True,
+        metadata={
+            "help": "training on CPU: keep the memory freed tensors release in the process for the next step (glibc "
+            "malloc without mmap/trim) instead of page-faulting it in again every step "
+            "(hf_tiednorm.training.cpu_memory)"
+        },
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={"help": "stop training after this many minutes (all ranks at one step), then evaluate as usual"},
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": "stop after N evaluations without improving --metric_for_best_model (needs "
+            "--load_best_model_at_end)"
+        },
+    )
