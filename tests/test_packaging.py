@@ -79,3 +79,19 @@ echo "PATH=\\"$(cd "$3" && pwd)/bin:\\$PATH\\"; export PATH" > "$3/bin/activate"
         "venv -m pip install -e .",
         "venv scripts/run_translation.py scripts/configs/multi30k_de_en_quick.yaml",
     ], calls
+
+
+def test_deprecations_from_our_code_fail_the_tests():
+    """setup.cfg's filters: a FutureWarning / DeprecationWarning attributed to an hf_tiednorm module is an error (an
+    upcoming transformers/torch removal that our code triggers); elsewhere they are shown, never ignored."""
+    import warnings
+
+    import pytest
+
+    for category in (FutureWarning, DeprecationWarning):
+        with pytest.raises(category):
+            warnings.warn_explicit("removed in v6", category, "hf_tiednorm/x.py", 1, module="hf_tiednorm.x")
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg", encoding="utf-8")
+    filters = config["tool:pytest"]["filterwarnings"].split()
+    assert not [f for f in filters if f.startswith("ignore::") and ("Deprecation" in f or "FutureWarning" in f)]
