@@ -143,8 +143,19 @@ def _eval_results(
     ]
 
 
+# Fields that only mean something while another field turns their technique on.
+_DEPENDENT_FIELDS = {
+    "adaptive_div_value": "adaptive_cutoffs",
+    "adaptive_tie_projections": "adaptive_cutoffs",
+    "weight_norm_target": "weight_norm_regularization",
+}
+
+
 def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
-    """Config fields that are neither the HF parent's nor the head's/topology's: regularizers and the like.
+    """Config fields that are neither the HF parent's nor the head's/topology's and describe this model: the
+    regularizers and the like that are on (a value other than the family's default, plus the settings of a technique
+    that is on, e.g. ``adaptive_tie_projections`` with ``adaptive_cutoffs``). Transformers' bookkeeping
+    (``custom_pipelines``) is left out.
 
     Found generically so that fields added later (projection, weight-norm penalties, ...) appear on the card. A
     converted model has none (its config refuses them: it trains with the wrapped model's own loss).
@@ -155,9 +166,19 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     known = set(parent.to_dict()) | {
         "head_mode", "logit_scale", "logit_scale_init", "norm_eps", "label_smoothing", "tie_topology",
         "share_encoder_decoder_embeddings", "auto_map", "architectures", "transformers_version", "model_type",
-        "_name_or_path", "dtype",
+        "_name_or_path", "dtype", "custom_pipelines",
     }  # fmt: skip
-    return {name: value for name, value in sorted(config.to_dict().items()) if name not in known}
+    values = config.to_dict()
+    defaults = type(config)().to_dict()
+
+    def describes_model(name: str) -> bool:
+        if name == "decoder_vocab_size":  # a tie-topology field: news only when it differs from vocab_size
+            return values[name] != values["vocab_size"]
+        if name in _DEPENDENT_FIELDS:
+            return bool(values.get(_DEPENDENT_FIELDS[name]))
+        return name not in defaults or values[name] != defaults[name]
+
+    return {name: value for name, value in sorted(values.items()) if name not in known and describes_model(name)}
 
 
 def _logit_scale_text(config: TiedNormConfig) -> str:
