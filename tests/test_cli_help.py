@@ -9,7 +9,11 @@ import importlib
 import pytest
 
 # console script -> module with build_parser() (setup.cfg [options.entry_points]).
-CLIS = {"tiednorm-convert": "hf_tiednorm.convert"}
+CLIS = {
+    "tiednorm-convert": "hf_tiednorm.convert",
+    "tiednorm-card": "hf_tiednorm.publishing.model_card",
+    "tiednorm-push": "hf_tiednorm.publishing.hub",
+}
 
 
 @pytest.mark.parametrize("name", sorted(CLIS))

@@ -345,7 +345,11 @@ def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics", help="JSON file of evaluation metrics for the card (e.g. the Trainer's test_results.json)"
     )
-    parser.add_argument("--training", help="JSON file of training settings and budget for the card")
+    parser.add_argument(
+        "--training",
+        help="JSON file of training settings and budget for the card (e.g. the Trainer's train_results.json, or your "
+        'own {"steps": 20000, "GPU hours": 1.5})',
+    )
     parser.add_argument("--dataset", help="Hub id of the data set for the card, e.g. bentrevett/multi30k")
     parser.add_argument("--languages", nargs="+", help="ISO language codes for the card, e.g. de en")
 
@@ -360,13 +364,22 @@ def card_inputs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Render README.md (model card) into a saved hf_tiednorm folder.")
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tiednorm-card`` command line; every option has a help text that names its default."""
+    parser = argparse.ArgumentParser(
+        prog="tiednorm-card",
+        description="Render README.md (the model card) into a saved hf_tiednorm folder (trained or converted) from "
+        "its config.json, with the metrics, data and training settings given.",
+    )
     parser.add_argument("folder", help="checkpoint folder written by save_pretrained")
     add_card_arguments(parser)
-    parser.add_argument("--repo-id", help="Hub repository id used in the loading snippet")
-    parser.add_argument("--license", default="apache-2.0")
-    args = parser.parse_args(argv)
+    parser.add_argument("--repo-id", help="Hub repository id used in the card's loading snippet (default: the folder name)")
+    parser.add_argument("--license", default="apache-2.0", help="license id for the card (default: %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     path = write_model_card(args.folder, repo_id=args.repo_id, license=args.license, **card_inputs_from_args(args))
     print(f"wrote {path}")
 
