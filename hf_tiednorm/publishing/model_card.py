@@ -373,7 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("folder", help="checkpoint folder written by save_pretrained")
     add_card_arguments(parser)
-    parser.add_argument("--repo-id", help="Hub repository id used in the card's loading snippet (default: the folder name)")
+    parser.add_argument(
+        "--repo-id", help="Hub repository id used in the card's loading snippet (default: the folder name)"
+    )
     parser.add_argument("--license", default="apache-2.0", help="license id for the card (default: %(default)s)")
     return parser
 
