@@ -17,7 +17,7 @@ from testing_utils import tiny_causal_config
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 import hf_tiednorm
-from hf_tiednorm import hub
+from hf_tiednorm.publishing import hub
 from hf_tiednorm.training.run_directory import resolve_resume_checkpoint, save_final_model
 
 
