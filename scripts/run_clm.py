@@ -123,7 +123,8 @@ class DataArguments(DataArgumentsBase):
 
 def main() -> None:
     model_args, data_args, run_args, output_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments)
+        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments),
+        description=__doc__.split('\n\n')[0],  # the script's first line, for --help
     )
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,13 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from safetensors import safe_open
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
-from ..configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from ..configuration_tiednorm import (
+    TiedNormBartConfig,
+    TiedNormCausalConfig,
+    TiedNormHeadConfigMixin,
+    TiedNormSeq2SeqConfig,
+    TieTopologyConfigMixin,
+)
 from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from ..normalized_head import default_logit_scale
 from ..training.plots import EMBEDDING_NORM_PLOT
@@ -163,17 +170,16 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     if config.model_type == WRAPPED:
         return {}
     parent = FAMILIES[config.model_type][0]()
-    known = set(parent.to_dict()) | {
-        "head_mode", "logit_scale", "logit_scale_init", "norm_eps", "label_smoothing", "tie_topology",
-        "share_encoder_decoder_embeddings", "auto_map", "architectures", "transformers_version", "model_type",
-        "_name_or_path", "dtype", "custom_pipelines",
+    # The head's and the tie topology's fields have their own rows (label smoothing too), and so do the parent's.
+    own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
+    known = set(parent.to_dict()) | {field.name for field in own_rows} | {
+        "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
+        "custom_pipelines",
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
 
     def describes_model(name: str) -> bool:
-        if name == "decoder_vocab_size":  # a tie-topology field: news only when it differs from vocab_size
-            return values[name] != values["vocab_size"]
         if name in _DEPENDENT_FIELDS:
             return bool(values.get(_DEPENDENT_FIELDS[name]))
         return name not in defaults or values[name] != defaults[name]
