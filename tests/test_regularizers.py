@@ -14,10 +14,10 @@ from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 from transformers import Trainer, TrainingArguments
 
 import hf_tiednorm
-from hf_tiednorm.modeling_common import TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput
+from hf_tiednorm.outputs import TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput
 from hf_tiednorm.regularizers import LOSS_TERMS
 from hf_tiednorm.token_loss import token_cross_entropy
-from hf_tiednorm.training.trainers import LossTermsLoggingMixin, penalty_terms
+from hf_tiednorm.training.trainers import LossTermsLoggingMixin, penalty_values
 
 
 def _labels(model, inputs):
@@ -223,8 +223,8 @@ def test_penalty_terms_alone_match_the_loss(family):
     for name, value in alone.items():
         torch.testing.assert_close(value, terms[name])
     torch.testing.assert_close(loss, cross_entropy + sum(alone.values()))
-    assert penalty_terms(model) == pytest.approx({name: value.detach().item() for name, value in alone.items()})
-    assert penalty_terms(tiny_model(family)) == {}
+    assert penalty_values(model) == pytest.approx({name: value.detach().item() for name, value in alone.items()})
+    assert penalty_values(tiny_model(family)) == {}
 
 
 def test_logging_state_exists_from_construction(tmp_path):

@@ -10,7 +10,7 @@ import time
 import torch
 from transformers import EarlyStoppingCallback, TrainerCallback
 
-from ..adaptive import AdaptiveInput
+from ..adaptive import embedding_matrices
 from .arguments import RunArguments
 
 logger = logging.getLogger(__name__)
@@ -26,22 +26,17 @@ class TiedWeightsCheck(TrainerCallback):
             return
         # The decoder of an encoder-decoder, the whole causal LM; through the accessor, since a converted model keeps
         # its architecture's module names (GPT-2's decoder calls its embedding wte).
-        embedding = model.get_decoder().get_input_embeddings()
-        adaptive = isinstance(embedding, AdaptiveInput)
-        inputs = [band.weight for band in embedding.bands] if adaptive else [embedding.weight]
-        if hasattr(model, "output_embedding_weights"):
-            outputs = model.output_embedding_weights()  # one matrix, or one per adaptive band
-        else:  # a transformers model (the HF Marian contender)
-            outputs = [model.get_output_embeddings().weight]
+        # One matrix each, or one per band of an adaptive input / softmax; the same for every model (ours, a wrapped
+        # one, the HF Marian contender).
+        inputs = embedding_matrices(model.get_decoder().get_input_embeddings())
+        outputs = embedding_matrices(model.get_output_embeddings())
         tied = len(inputs) == len(outputs) and all(a is b for a, b in zip(inputs, outputs, strict=True))
-        logger.warning(
-            "rank %d: output layer tied to the decoder embedding after prepare: %s", args.process_index, tied
-        )
+        logger.info("rank %d: output layer tied to the decoder embedding after prepare: %s", args.process_index, tied)
         if not tied:
             raise RuntimeError("the output layer lost its tie to the decoder input embedding after prepare")
 
     def on_train_end(self, args, state, control, **kwargs):
-        logger.warning("rank %d: trained %d steps", args.process_index, state.global_step)
+        logger.info("rank %d: trained %d steps", args.process_index, state.global_step)
 
 
 class TimeBudgetCallback(TrainerCallback):
