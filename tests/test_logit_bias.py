@@ -86,7 +86,10 @@ def _loss_and_grads(head, hidden, labels, chunk):
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize(("head_mode", "logit_scale"), itertools.product(HEAD_MODES, ("none", "scalar", "vector")))
+BIAS_CASES = list(itertools.product(HEAD_MODES, ("none", "scalar", "vector")))
+
+
+@pytest.mark.parametrize(("head_mode", "logit_scale"), BIAS_CASES)
 def test_chunked_loss_equals_plain_with_the_bias(head_mode, logit_scale):
     head = biased_head(head_mode, logit_scale, torch.float64)
     g = torch.Generator().manual_seed(1)
