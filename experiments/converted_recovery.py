@@ -101,7 +101,7 @@ def main() -> None:
     )
     parser.add_argument("--bf16", type=lambda s: s.lower() == "true", default=True, help="bf16 autocast (true/false)")
     parser.add_argument(
-        "--results", default=str(REPO / "results" / "converted_recovery"), help="JSON + PNG path without suffix"
+        "--results", default=str(REPO / "results" / "converted_recovery.json"), help="results JSON (the PNG beside it)"
     )
     args = parser.parse_args()
     if not args.source:
@@ -192,7 +192,9 @@ def write_results(args, work: Path) -> None:
     for split, ax in zip(("val", "test"), axes):
         for name, entry in report["variants"].items():
             steps = [p["step"] for p in entry["points"]]
-            ax.plot(steps, [p[split] for p in entry["points"]], marker="o", label=name)
+            # The baseline dashed and on top: a lossless start lies exactly on it at step 0.
+            style = {"linestyle": "--", "marker": "s", "zorder": 3} if name == "baseline" else {"marker": "o"}
+            ax.plot(steps, [p[split] for p in entry["points"]], label=name, **style)
         ax.set_yscale("log")
         ax.set_xlabel("fine-tuning step")
         ax.set_title(f"Multi30k English {split}")

@@ -13,29 +13,8 @@ Two targets, chosen by the source's ``model_type``:
 
 With ``head_mode="baseline"`` the converted model computes exactly the source's logits. Other modes keep every
 weight and change only how the output layer scores tokens (and, in l2 mode, the input lookups); the model then needs
-fine-tuning — unless it starts lossless (``lossless_start=True``, CLI ``--lossless-start``): the head is normalized,
-but the per-token terms that multiply or shift its scores start where they give back the source's logits exactly, so
-fine-tuning moves from the source's own function instead of from a broken one:
-
-=========== ======================================================== =============================================
-head_mode   lossless start                                           exact because
-=========== ======================================================== =============================================
-baseline    nothing to set                                           s_i = w_i·h already
-cosine      ``logit_scale="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
-square      ``logit_scale="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
-distance    ``logit_bias=True``, b_i = ½‖w_i‖²                       w_i·h − ½‖w_i‖² + b_i = w_i·h
-l2          refused                                                  the input lookups become ŵ_i too, so every
-                                                                     layer sees other inputs; no head term undoes it
-=========== ======================================================== =============================================
-
-Dead rows (‖w_i‖ ≤ ``norm_eps``, normalized_head.py) score 0 in cosine/square: exact for an all-zero row (the
-source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
-a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. Resized-in tokens get g = the
-config's ``logit_scale_init`` (√d by default) and b = 0.
-
-GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``pip install
-hf_tiednorm[gguf]``); the converted model carries no quantization state (the dequantized weights are plain
-tensors), so it saves and fine-tunes like any other. Models still quantized (bitsandbytes, GPTQ, ...) are refused.
+fine-tuning — unless it starts lossless (``lossless_start=True``, CLI ``--lossless-start``; lossless_start.py). GGUF
+files (``gguf_file=``, or a ``.gguf`` path) convert too; the converted model carries no quantization state.
 
 Untied sources are refused: the normalized head scores with the input embedding, so a separate output matrix would
 be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
@@ -52,16 +31,11 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 from pathlib import Path
 
-import torch
-from torch import nn
 from transformers import (
     AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForSeq2SeqLM,
     AutoTokenizer,
     BartForConditionalGeneration,
     LlamaForCausalLM,
@@ -71,6 +45,8 @@ from transformers import (
 
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from .convert_checks import SUPPORTED_TEXT, check_convertible, check_tied, check_unit_lookups
+from .lossless_start import drop_quantization_state, lossless_head_options, start_lossless
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
 from .modeling_tiednorm_causal import TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration
@@ -78,10 +54,8 @@ from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForCausalLM,
     TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
-    shared_embedding_modules,
-    unit_lookups,
 )
-from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormHead, check_head_mode, unit_rows
+from .normalized_head import HEAD_MODES, LOGIT_SCALES, check_head_mode
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -89,10 +63,6 @@ SUPPORTED_SOURCES = {
     "bart": (BartForConditionalGeneration, TiedNormBartConfig, TiedNormBartForConditionalGeneration),
     "llama": (LlamaForCausalLM, TiedNormCausalConfig, TiedNormForCausalLM),
 }
-_SUPPORTED_TEXT = (
-    "any transformers causal LM (AutoModelForCausalLM) or encoder-decoder (AutoModelForSeq2SeqLM) whose output layer "
-    "is tied to its input embedding"
-)
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
     "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
@@ -114,153 +84,6 @@ def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **l
     for key in ("is_local", "local_files_only"):
         tokenizer.init_kwargs.pop(key, None)
     tokenizer.save_pretrained(output_dir)
-
-
-def _auto_class(config) -> type:
-    """The Auto class that builds the LM of ``config``: seq2seq for encoder-decoders, causal otherwise."""
-    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    if type(config) not in auto._model_mapping:
-        raise ValueError(
-            f"cannot convert this checkpoint: {auto.__name__} has no model for model_type {config.model_type!r}. "
-            f"Supported: {_SUPPORTED_TEXT}."
-        )
-    return auto
-
-
-def _check_convertible(config) -> type:
-    """Refuse, before any weight is loaded, what the config alone shows cannot convert; return the Auto class."""
-    if config.model_type.startswith("tiednorm"):
-        raise ValueError(
-            f"this is an hf_tiednorm model already (model_type {config.model_type!r}): its head is normalized; "
-            "change head_mode in its config instead of converting it"
-        )
-    auto = _auto_class(config)
-    if not getattr(config, "tie_word_embeddings", False):
-        raise ValueError(
-            f"the {config.model_type} checkpoint has untied output embeddings (tie_word_embeddings=False): the "
-            "normalized head scores tokens with the shared input embedding, so converting would drop the separate "
-            f"output matrix and change the model. Supported: {_SUPPORTED_TEXT}."
-        )
-    return auto
-
-
-def check_tied(model: PreTrainedModel) -> None:
-    """Raise ``ValueError`` unless ``model``'s output layer is a bias-free linear layer holding its input embedding
-    matrix: the same tensor, or (a checkpoint that stored both) equal values."""
-    _check_convertible(model.config)
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or isinstance(head, TiedNormHead):
-        raise ValueError(
-            f"{type(model).__name__} has no plain linear output layer (got {type(head).__name__}); "
-            f"pass a model with an LM head ({_SUPPORTED_TEXT})"
-        )
-    embedding = shared_embedding_modules(model)[0]
-    if head.bias is not None:
-        raise ValueError(f"the output layer of {type(model).__name__} has a bias, which a tied head cannot keep")
-    if head.weight is not embedding.weight:
-        if head.weight.shape != embedding.weight.shape or not torch.equal(head.weight, embedding.weight):
-            difference = (
-                f"shapes {tuple(head.weight.shape)} and {tuple(embedding.weight.shape)}"
-                if head.weight.shape != embedding.weight.shape
-                else f"max |difference| {(head.weight.float() - embedding.weight.float()).abs().max().item():.3g}"
-            )
-            raise ValueError(
-                f"the config says tie_word_embeddings=True but the checkpoint's output matrix differs from its input "
-                f"embedding ({difference}): it is untied, and converting would drop the output matrix. Set "
-                "tie_word_embeddings=False in its config.json to use it as the untied model it is."
-            )
-
-
-def _check_unit_lookups(model: PreTrainedModel, norm_eps: float) -> None:
-    """For the l2 mode: check, on a copy of each embedding module holding the shared matrix, that its class looks up
-    through ``nn.Embedding.forward``, so that ``unit_lookups`` yields ŵ_i (times one constant, the scale the class
-    applies). An architecture whose embedding computes its lookup otherwise is refused, and ``model`` is unchanged."""
-    shared = model.get_output_embeddings().weight  # checked: the tied input embedding matrix
-    with torch.no_grad():  # rows that have a direction (a padding row may be zero)
-        ids = torch.nonzero(torch.linalg.vector_norm(shared.float(), dim=-1) > norm_eps).flatten()[:8]
-    for module in shared_embedding_modules(model):
-        probe = copy.copy(module)  # shares the weight; only the copy's class changes
-        unit_lookups(probe, norm_eps)
-        with torch.no_grad():
-            looked_up = probe(ids).float()  # (8, d)
-        scale = torch.linalg.vector_norm(looked_up, dim=-1, keepdim=True)  # one constant if the lookup is right
-        expected = unit_rows(shared[ids].detach().float(), norm_eps) * scale
-        if not (torch.allclose(looked_up, expected, atol=1e-5) and torch.allclose(scale, scale[0], rtol=1e-3)):
-            raise ValueError(
-                f"head_mode 'l2' needs unit-row lookups, but {type(module).__name__} does not look up "
-                "through nn.Embedding.forward; use another head_mode for this architecture"
-            )
-
-
-def _drop_quantization_state(model: PreTrainedModel) -> None:
-    """Remove the GGUF loader's quantization state from ``model`` (and its config) in place; refuse a model whose
-    weights are still quantized.
-
-    transformers dequantizes a GGUF file into plain tensors but keeps ``quantization_config`` (quant_method "gguf")
-    and an ``hf_quantizer``: such a model refuses ``save_pretrained``, and a folder saved with that config reloads
-    as "quantized", which the Trainer refuses to fine-tune.
-    """
-    quantizer = getattr(model, "hf_quantizer", None)
-    config = getattr(model.config, "quantization_config", None)
-    if quantizer is None and config is None:
-        return
-    method = getattr(config, "quant_method", None) if not isinstance(config, dict) else config.get("quant_method")
-    method = getattr(method, "value", method)
-    if method != "gguf":
-        raise ValueError(
-            f"{type(model).__name__} is quantized ({method}): its weights are not plain tensors, so the normalized "
-            "head could not read their row norms and the conversion could not be saved; load it unquantized"
-        )
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)
-    elif hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
-
-
-LOSSLESS_TERMS = {"baseline": None, "cosine": "logit_scale", "square": "logit_scale", "distance": "logit_bias"}
-
-
-def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
-    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs, or ``ValueError`` naming the
-    option that makes it impossible (see the module docstring's table)."""
-    if head_mode == "l2":
-        raise ValueError(
-            "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input "
-            "too, so every layer receives other inputs than in the source and no term of the output head can restore "
-            "its logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
-            "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
-        )
-    if LOSSLESS_TERMS[head_mode] == "logit_scale":
-        if logit_scale not in ("none", "vector"):
-            raise ValueError(
-                f"lossless_start for head_mode {head_mode!r} sets a per-token logit scale (logit_scale='vector', "
-                f"g_i = ‖w_i‖{'²' if head_mode == 'square' else ''}); logit_scale={logit_scale!r} cannot give back "
-                "the source's logits: leave logit_scale unset or 'vector'"
-            )
-        return "vector", logit_bias
-    if logit_scale != "none":
-        raise ValueError(
-            f"lossless_start for head_mode {head_mode!r} needs no logit scale (its scores are w_i·h already"
-            f"{' once the bias ½‖w_i‖² is added back' if head_mode == 'distance' else ''}); "
-            f"logit_scale={logit_scale!r} would multiply them: leave logit_scale='none'"
-        )
-    return logit_scale, logit_bias or head_mode == "distance"
-
-
-@torch.no_grad()
-def start_lossless(model: PreTrainedModel) -> None:
-    """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
-
-    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``lossless_head_options``: cosine g_i = ‖w_i‖, square g_i = ‖w_i‖², distance b_i = ½‖w_i‖² (fp32).
-    """
-    head = model.get_output_embeddings()
-    norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)  # (V,)
-    if head.head_mode in ("cosine", "square"):
-        head.logit_scale.copy_(norms if head.head_mode == "cosine" else norms.square())
-    elif head.head_mode == "distance":
-        head.logit_bias.copy_(0.5 * head.weight.float().square().sum(dim=-1))  # as mode_column_terms computes it
 
 
 def normalize_tied_head(
@@ -294,11 +117,11 @@ def normalize_tied_head(
     check_head_mode(head_mode, logit_scale)
     if lossless_start:
         logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
-    _drop_quantization_state(model)
+    drop_quantization_state(model)
     check_tied(model)
     if head_mode == "l2":
-        _check_unit_lookups(model, norm_eps)
-    auto = _check_convertible(model.config)
+        check_unit_lookups(model, norm_eps)
+    auto = check_convertible(model.config)
     if type(model) is not auto._model_mapping[type(model.config)]:
         raise ValueError(
             f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
@@ -403,9 +226,9 @@ def convert_checkpoint(
 
     load = {"gguf_file": gguf_file} if gguf_file is not None else {}
     source_config = AutoConfig.from_pretrained(source, **load)
-    auto = _check_convertible(source_config)  # before loading any weight
+    auto = check_convertible(source_config)  # before loading any weight
     source_model = auto.from_pretrained(source, dtype="auto", **load).eval()
-    _drop_quantization_state(source_model)
+    drop_quantization_state(source_model)
     check_tied(source_model)
     head_fields = {
         "head_mode": head_mode, "logit_scale": logit_scale, "logit_scale_init": logit_scale_init,
@@ -434,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``tiednorm-convert`` command line; every option has a help text that names its default."""
     parser = argparse.ArgumentParser(
         prog="tiednorm-convert",
-        description=f"Give a tied checkpoint ({_SUPPORTED_TEXT}) the normalized head. The weights are kept; "
+        description=f"Give a tied checkpoint ({SUPPORTED_TEXT}) the normalized head. The weights are kept; "
         "with --head-mode baseline the logits equal the source's exactly, other modes change only the scoring "
         "(fine-tune afterwards). The output folder loads with trust_remote_code=True where hf_tiednorm is not "
         "installed.",

@@ -1,0 +1,108 @@
+"""The lossless start of a conversion, and the GGUF loader's stale quantization state (used by convert.py).
+
+A pretrained model's hidden states are calibrated to raw dot products w_i·h, whose row norms carry the token prior;
+a normalized head deletes them, so a plain conversion starts from a broken function (SmolLM2-135M on Multi30k: 8.7×
+the source's perplexity in cosine mode, docs/converting.md). The lossless start keeps the head normalized but
+starts the per-token terms that multiply or shift its scores where they give back the source's logits exactly, so
+fine-tuning moves from the source's own function:
+
+=========== ======================================================== =============================================
+head_mode   lossless start                                           exact because
+=========== ======================================================== =============================================
+baseline    nothing to set                                           s_i = w_i·h already
+cosine      ``logit_scale="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
+square      ``logit_scale="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
+distance    ``logit_bias=True``, b_i = ½‖w_i‖²                       w_i·h − ½‖w_i‖² + b_i = w_i·h
+l2          refused                                                  the input lookups become ŵ_i too, so every
+                                                                     layer sees other inputs; no head term undoes it
+=========== ======================================================== =============================================
+
+Dead rows (‖w_i‖ ≤ ``norm_eps``, normalized_head.py) score 0 in cosine/square: exact for an all-zero row (the
+source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
+a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. Resized-in tokens get g = the
+config's ``logit_scale_init`` (√d by default) and b = 0.
+
+GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``pip install
+hf_tiednorm[gguf]``); the converted model must carry no quantization state (the dequantized weights are plain
+tensors), so that it saves and fine-tunes like any other. Models still quantized (bitsandbytes, GPTQ, ...) are
+refused.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+
+def drop_quantization_state(model: PreTrainedModel) -> None:
+    """Remove the GGUF loader's quantization state from ``model`` (and its config) in place; refuse a model whose
+    weights are still quantized.
+
+    transformers dequantizes a GGUF file into plain tensors but keeps ``quantization_config`` (quant_method "gguf")
+    and an ``hf_quantizer``: such a model refuses ``save_pretrained``, and a folder saved with that config reloads
+    as "quantized", which the Trainer refuses to fine-tune.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    config = getattr(model.config, "quantization_config", None)
+    if quantizer is None and config is None:
+        return
+    method = getattr(config, "quant_method", None) if not isinstance(config, dict) else config.get("quant_method")
+    method = getattr(method, "value", method)
+    if method != "gguf":
+        raise ValueError(
+            f"{type(model).__name__} is quantized ({method}): its weights are not plain tensors, so the normalized "
+            "head could not read their row norms and the conversion could not be saved; load it unquantized"
+        )
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    elif hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+LOSSLESS_TERMS = {"baseline": None, "cosine": "logit_scale", "square": "logit_scale", "distance": "logit_bias"}
+
+
+def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
+    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs, or ``ValueError`` naming the
+    option that makes it impossible (see the module docstring's table)."""
+    if head_mode == "l2":
+        raise ValueError(
+            "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input "
+            "too, so every layer receives other inputs than in the source and no term of the output head can restore "
+            "its logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
+            "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
+        )
+    if LOSSLESS_TERMS[head_mode] == "logit_scale":
+        if logit_scale not in ("none", "vector"):
+            raise ValueError(
+                f"lossless_start for head_mode {head_mode!r} sets a per-token logit scale (logit_scale='vector', "
+                f"g_i = ‖w_i‖{'²' if head_mode == 'square' else ''}); logit_scale={logit_scale!r} cannot give back "
+                "the source's logits: leave logit_scale unset or 'vector'"
+            )
+        return "vector", logit_bias
+    if logit_scale != "none":
+        raise ValueError(
+            f"lossless_start for head_mode {head_mode!r} needs no logit scale (its scores are w_i·h already"
+            f"{' once the bias ½‖w_i‖² is added back' if head_mode == 'distance' else ''}); "
+            f"logit_scale={logit_scale!r} would multiply them: leave logit_scale='none'"
+        )
+    return logit_scale, logit_bias or head_mode == "distance"
+
+
+@torch.no_grad()
+def start_lossless(model: PreTrainedModel) -> None:
+    """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
+
+    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
+    ``lossless_head_options``: cosine g_i = ‖w_i‖, square g_i = ‖w_i‖², distance b_i = ½‖w_i‖² (fp32).
+    """
+    head = model.get_output_embeddings()
+    norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)  # (V,)
+    if head.head_mode in ("cosine", "square"):
+        head.logit_scale.copy_(norms if head.head_mode == "cosine" else norms.square())
+    elif head.head_mode == "distance":
+        head.logit_bias.copy_(0.5 * head.weight.float().square().sum(dim=-1))  # as mode_column_terms computes it
+
+
+__all__ = ["LOSSLESS_TERMS", "drop_quantization_state", "lossless_head_options", "start_lossless"]
