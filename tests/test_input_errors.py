@@ -1,0 +1,100 @@
+"""Nothing silent (issue 24): inputs that would change the task without a word, or fail with a traceback that names
+nothing, stop with the file, row, flag or tensor named. Tiny files and models made in each test."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+
+import pytest
+
+from hf_tiednorm.data import load_monolingual, load_parallel
+
+
+def write_pair(folder, source: str | bytes, target: str | bytes, name: str = "train", suffix: str = "") -> str:
+    for lang, text in (("de", source), ("en", target)):
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        (folder / f"{name}.{lang}{suffix}").write_bytes(data)
+    return str(folder / f"{name}.{{lang}}{suffix}")
+
+
+# Data files ---------------------------------------------------------------------------------------------------------
+
+
+def test_byte_order_mark_is_stripped_and_logged(tmp_path, caplog):
+    """A BOM became part of sentence 1 (and a vocabulary token)."""
+    pattern = write_pair(tmp_path, "\ufeffein hund\nzwei\n", "a dog\ntwo\n")
+    with caplog.at_level(logging.WARNING, logger="hf_tiednorm.data"):
+        pairs = load_parallel({"train": pattern}, "de", "en")["train"]
+    assert pairs["de"] == ["ein hund", "zwei"]
+    assert "train.de starts with a UTF-8 byte-order mark: stripped" in caplog.text
+    (tmp_path / "mono.txt").write_bytes("\ufeffline one\nline two\n".encode())
+    assert load_monolingual({"train": str(tmp_path / "mono.txt")})["train"]["text"][0] == "line one"
+
+
+def test_target_file_linked_to_the_source_file_is_refused(tmp_path):
+    (tmp_path / "train.de").write_text("ein hund\nzwei\n")
+    os.symlink(tmp_path / "train.de", tmp_path / "train.en")
+    with pytest.raises(ValueError, match=r"source file .*train\.de and target file .*train\.en are the same file"):
+        load_parallel({"train": str(tmp_path / "train.{lang}")}, "de", "en")
+
+
+def test_target_file_with_the_source_lines_is_refused(tmp_path):
+    pattern = write_pair(tmp_path, "ein hund\nzwei\n", "ein hund\nzwei\n")
+    with pytest.raises(ValueError, match=r"train\.de and target file .*train\.en hold the same lines"):
+        load_parallel({"train": pattern}, "de", "en")
+    (tmp_path / "same.jsonl").write_text('{"de": "x", "en": "x"}\n{"de": "y", "en": "y"}\n')
+    with pytest.raises(ValueError, match=r"same\.jsonl: the 'de' and 'en' columns hold the same text"):
+        load_parallel({"train": str(tmp_path / "same.jsonl")}, "de", "en")
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("truncated", r"train\.de\.gz is truncated \(EOFError"),
+        ("corrupt", r"train\.de\.gz is not a valid gzip file \(BadGzipFile: CRC check failed"),
+        ("not_gzip", r"train\.de\.gz is not a valid gzip file \(BadGzipFile: Not a gzipped file"),
+    ],
+)
+def test_damaged_gzip_file_is_named(tmp_path, damage, message):
+    packed = gzip.compress("ein hund läuft im park .\n".encode() * 200)
+    source = {
+        "truncated": packed[: len(packed) // 2],
+        "corrupt": packed[:-8] + b"\0\0\0\0" + packed[-4:],  # a wrong CRC32
+        "not_gzip": "ein hund\n".encode(),
+    }[damage]
+    pattern = write_pair(tmp_path, source, gzip.compress(b"a dog\n" * 200), suffix=".gz")
+    with pytest.raises(ValueError, match=message):
+        load_parallel({"train": pattern}, "de", "en")
+
+
+@pytest.mark.parametrize(
+    "row, what",
+    [('{"en": "c"}', "missing or null"), ('{"de": null, "en": "c"}', "missing or null"),
+     ('{"de": 5, "en": "c"}', "of type int")],
+)
+def test_bad_language_field_names_file_and_row(tmp_path, row, what):
+    """A missing/null/non-string field passed as None/5 into tokenizer training (TypeError naming nothing)."""
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"de": "a", "en": "b"}\n' + row + "\n")
+    with pytest.raises(ValueError, match=rf"train\.jsonl, row 2: the 'de' field is {what}"):
+        load_parallel({"train": str(path)}, "de", "en")
+    mono = tmp_path / "mono.jsonl"
+    mono.write_text('{"text": "a"}\n{"text": null}\n')
+    with pytest.raises(ValueError, match=r"mono\.jsonl, row 2: the 'text' field is missing or null"):
+        load_monolingual({"train": str(mono)})
+
+
+def test_translation_column_without_a_language_names_file_and_row(tmp_path):
+    path = tmp_path / "train.jsonl"
+    rows = [{"translation": {"de": "a", "en": "b"}}, {"translation": {"de": "c"}}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"train\.jsonl, row 2: its 'translation' has no 'en' text \(\['de'\]\)"):
+        load_parallel({"train": str(path)}, "de", "en")
+
+
+def test_pattern_with_another_placeholder_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"pattern '.*\{split\}\.\{lang\}' holds the placeholder\(s\) \{split\}"):
+        load_parallel({"train": str(tmp_path / "{split}.{lang}")}, "de", "en")
