@@ -21,6 +21,7 @@ from .modeling_common import (
     build_head,
     build_output_projection,
 )
+from .weight_checks import WeightChecksMixin
 
 
 class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
@@ -37,8 +38,9 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
         self.post_init()
 
 
-class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py.
+class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
+    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading and
+    # resizing are checked by WeightChecksMixin (finite weights, special tokens kept).
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)

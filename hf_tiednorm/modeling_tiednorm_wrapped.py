@@ -26,6 +26,7 @@ from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_not_bypassed
 from .pipeline_translation import add_translation_pipeline
+from .weight_checks import WeightChecksMixin, check_resize_keeps_special_tokens
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
 
@@ -95,7 +96,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(PreTrainedModel):
+class TiedNormWrappedPreTrainedModel(WeightChecksMixin, PreTrainedModel):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors to it."""
 
     config_class = TiedNormWrappedConfig
@@ -159,6 +160,7 @@ class TiedNormWrappedPreTrainedModel(PreTrainedModel):
     ) -> nn.Embedding:
         # The wrapped model resizes its embedding in place (and its final_logits_bias, if any) but replaces the
         # output layer by a plain nn.Linear; put the normalized head back on the resized shared matrix.
+        check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         head = self.get_output_embeddings()
         embeddings = self.model.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.model.set_output_embeddings(head)

@@ -9,6 +9,10 @@ import logging
 import os
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from testing_utils import FAMILIES, TINY_VOCAB, tiny_model
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_tiednorm.data import load_monolingual, load_parallel
 
@@ -63,7 +67,7 @@ def test_damaged_gzip_file_is_named(tmp_path, damage, message):
     source = {
         "truncated": packed[: len(packed) // 2],
         "corrupt": packed[:-8] + b"\0\0\0\0" + packed[-4:],  # a wrong CRC32
-        "not_gzip": "ein hund\n".encode(),
+        "not_gzip": b"ein hund\n",
     }[damage]
     pattern = write_pair(tmp_path, source, gzip.compress(b"a dog\n" * 200), suffix=".gz")
     with pytest.raises(ValueError, match=message):
@@ -98,3 +102,55 @@ def test_translation_column_without_a_language_names_file_and_row(tmp_path):
 def test_pattern_with_another_placeholder_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"pattern '.*\{split\}\.\{lang\}' holds the placeholder\(s\) \{split\}"):
         load_parallel({"train": str(tmp_path / "{split}.{lang}")}, "de", "en")
+
+
+# Models -------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_token_id_outside_the_vocabulary_is_named(family):
+    """`IndexError: index out of range in self` named neither the id nor the vocabulary size."""
+    model = tiny_model(family)
+    ids = torch.tensor([[5, 6, TINY_VOCAB + 3]])
+    message = rf"token id {TINY_VOCAB + 3} \(at position \(0, 2\).*outside the vocabulary of {TINY_VOCAB} tokens"
+    with pytest.raises(IndexError, match=message):
+        model(input_ids=ids, labels=torch.tensor([[4, 5]]) if family != "causal" else ids.clamp_max(5))
+    with pytest.raises(IndexError, match=message):
+        model.generate(input_ids=ids, max_new_tokens=2)
+
+
+def test_token_id_outside_an_adaptive_vocabulary_is_named():
+    model = tiny_model("causal", adaptive_cutoffs=[20])
+    with pytest.raises(IndexError, match=rf"token id -1 \(at position \(0, 1\).*of {TINY_VOCAB} tokens"):
+        model(input_ids=torch.tensor([[5, -1]]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_nan_weights_are_named_on_load(family, tmp_path):
+    """Corrupted tensor bytes loaded as NaN without a word, and training went on to a nan loss."""
+    model = tiny_model(family)
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    name = next(key for key in weights if "embed" in key or "shared" in key)
+    weights[name][3, 0] = float("nan")
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"loaded from {tmp_path} are not finite: tensor '.*' .* holds 1 NaN/inf"):
+        type(model).from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"are not finite"):
+        AutoModelForCausalLM.from_pretrained(tmp_path) if family == "causal" else AutoModelForSeq2SeqLM.from_pretrained(
+            tmp_path
+        )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resize_below_a_special_token_is_refused(family):
+    """resize_token_embeddings(2) with eos_token_id=2 was accepted and generation emitted only <s>."""
+    model = tiny_model(family)
+    with pytest.raises(ValueError, match=r"resize_token_embeddings\(2\) keeps token ids 0\.\.1 .*eos_token_id=2"):
+        model.resize_token_embeddings(2)
+    assert model.get_input_embeddings().num_embeddings == TINY_VOCAB
+    model.resize_token_embeddings(TINY_VOCAB - 5)  # every special token kept: fine
+    if family != "causal":
+        decoder = tiny_model(family, tie_topology="decoder")
+        with pytest.raises(ValueError, match=r"would drop the special token\(s\) .*eos_token_id=2"):
+            decoder.resize_decoder_token_embeddings(2)
