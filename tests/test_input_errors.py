@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from testing_utils import FAMILIES, TINY_VOCAB, tiny_model
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from testing_utils import FAMILIES, TINY_VOCAB, tiny_model, tiny_tokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, pipeline
 
 from hf_tiednorm.data import load_monolingual, load_parallel
 
@@ -154,3 +154,40 @@ def test_resize_below_a_special_token_is_refused(family):
         decoder = tiny_model(family, tie_topology="decoder")
         with pytest.raises(ValueError, match=r"would drop the special token\(s\) .*eos_token_id=2"):
             decoder.resize_decoder_token_embeddings(2)
+
+
+# The translation pipeline -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def translator():
+    tokenizer = tiny_tokenizer()
+    return pipeline("tiednorm-translation", model=tiny_model("seq2seq", vocab_size=len(tokenizer)), tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("arguments", [{"num_beams": 0}, {"num_beams": -1}, {"generate_kwargs": {"num_beams": 0}},
+                                       {"max_new_tokens": 0}])
+def test_pipeline_refuses_non_positive_generation_arguments(translator, arguments):
+    """num_beams=0 raised ZeroDivisionError inside beam search."""
+    name = next(iter(arguments.get("generate_kwargs", arguments)))
+    with pytest.raises(ValueError, match=rf"{name} must be a positive integer, got -?\d"):
+        translator("a dog", **arguments)
+
+
+def test_pipeline_translates_an_empty_list_to_an_empty_list(translator):
+    """translator([]) raised IndexError: list index out of range."""
+    assert translator([]) == []
+    with pytest.raises(ValueError, match="num_beams must be a positive integer"):
+        translator([], num_beams=0)
+
+
+def test_pipeline_names_the_tokenizer_of_a_model_objects_folder(tmp_path):
+    """A model object loaded from a folder holding a tokenizer was told that its folder had none."""
+    tokenizer = tiny_tokenizer()
+    tiny_model("seq2seq", vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=rf"passed as an object.*its folder {tmp_path} holds one; pass model="):
+        pipeline("tiednorm-translation", model=model)
+    remedy = pipeline("tiednorm-translation", model=str(tmp_path), trust_remote_code=True)
+    assert remedy("a dog", max_new_tokens=2)
