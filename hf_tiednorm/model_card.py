@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
@@ -204,6 +206,15 @@ def _tie_topology_text(config: TiedNormConfig) -> str:
     return "input = output embedding"
 
 
+def check_repo_id(repo_id: str) -> None:
+    """huggingface_hub's rule for a model repository id ("name" or "namespace/name"; letters, digits, '-', '_',
+    '.'), as ``ValueError`` naming the id, before anything is staged or uploaded."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"invalid Hub repository id {repo_id!r}: {error}") from None
+
+
 def load_tiednorm_config(folder: str | os.PathLike) -> TiedNormConfig:
     """The checkpoint's config, refusing folders that are not hf_tiednorm checkpoints (own family or converted)."""
     folder = Path(folder)
@@ -246,6 +257,8 @@ def render_model_card(
     results, signature = _parse_metrics(metrics or {})
     if results and dataset is None:
         raise ValueError("metrics were given without `dataset`: the model-index needs the evaluation dataset's id")
+    if repo_id is not None:
+        check_repo_id(repo_id)
     repo_id = repo_id or folder.resolve().name
     model_name = repo_id.split("/")[-1]
     is_encoder_decoder = config.is_encoder_decoder
@@ -311,9 +324,16 @@ def write_model_card(folder: str | os.PathLike, **card_options: Any) -> Path:
 
 
 def read_json_object(path: str | None, what: str) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a UTF-8 byte-order mark, as Windows editors write it, is accepted); ``ValueError``
+    naming the file and the flag when it is missing, not JSON or not an object."""
     if path is None:
         return None
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{what} file {path} is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise TypeError(f"{what} file {path} must hold a JSON object, got {type(data).__name__}")
     return data

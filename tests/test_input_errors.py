@@ -7,6 +7,8 @@ import gzip
 import json
 import logging
 import os
+import re
+import shutil
 
 import pytest
 import torch
@@ -14,7 +16,9 @@ from safetensors.torch import load_file, save_file
 from testing_utils import FAMILIES, TINY_VOCAB, tiny_model, tiny_tokenizer
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, pipeline
 
+from hf_tiednorm import hub, model_card
 from hf_tiednorm.data import load_monolingual, load_parallel
+from hf_tiednorm.model_card import write_model_card
 
 
 def write_pair(folder, source: str | bytes, target: str | bytes, name: str = "train", suffix: str = "") -> str:
@@ -191,3 +195,52 @@ def test_pipeline_names_the_tokenizer_of_a_model_objects_folder(tmp_path):
         pipeline("tiednorm-translation", model=model)
     remedy = pipeline("tiednorm-translation", model=str(tmp_path), trust_remote_code=True)
     assert remedy("a dog", max_new_tokens=2)
+
+
+# Publishing: tiednorm-card and tiednorm-push ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    """A saved model with tokenizer and the card the training script writes (no repo id: it names the folder)."""
+    folder = tmp_path_factory.mktemp("published") / "local-run"
+    tokenizer = tiny_tokenizer()
+    tiny_model("seq2seq", vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_model_card(folder, metrics={"test_bleu": 12.5}, dataset="bentrevett/multi30k", languages=["de", "en"])
+    return folder
+
+
+def test_card_metrics_with_a_byte_order_mark_are_read(run_folder, tmp_path):
+    """A BOM in --metrics raised JSONDecodeError naming no file."""
+    metrics = tmp_path / "metrics.json"
+    metrics.write_bytes('\ufeff{"test_bleu": 31.5}'.encode())
+    output = tmp_path / "card"
+    shutil.copytree(run_folder, output)
+    model_card.main([str(output), "--metrics", str(metrics), "--dataset", "bentrevett/multi30k"])
+    assert "31.5" in (output / "README.md").read_text()
+
+
+def test_card_metrics_that_are_not_json_are_named(run_folder, tmp_path):
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text('{"test_bleu": 31.5,}')
+    with pytest.raises(ValueError, match=rf"--metrics file {metrics} is not valid JSON: .* line 1 column 20"):
+        model_card.main([str(run_folder), "--metrics", str(metrics), "--dataset", "bentrevett/multi30k"])
+
+
+def test_push_dry_run_card_names_the_repo_not_the_local_folder(run_folder, tmp_path):
+    """The staged card's loading snippet said from_pretrained("local-run"), which nobody else can load."""
+    hub.main([str(run_folder), "me/tiednorm-demo", "--dry-run", str(tmp_path / "upload")])
+    card = (tmp_path / "upload" / "README.md").read_text()
+    assert 'from_pretrained("me/tiednorm-demo"' in card and 'model="me/tiednorm-demo"' in card
+    assert "local-run" not in card
+    assert "# tiednorm-demo" in card and "12.5" in card  # the title follows, the training script's metrics stay
+
+
+@pytest.mark.parametrize("repo_id", ["me/my model", "a/b/c", "me/-bad"])
+def test_push_refuses_an_invalid_repo_id_before_staging(run_folder, tmp_path, repo_id):
+    with pytest.raises(ValueError, match=rf"invalid Hub repository id '{re.escape(repo_id)}'"):
+        hub.main([str(run_folder), repo_id, "--dry-run", str(tmp_path / "upload")])
+    assert not (tmp_path / "upload").exists()
+    with pytest.raises(ValueError, match="invalid Hub repository id"):
+        model_card.main([str(run_folder), "--repo-id", repo_id])
