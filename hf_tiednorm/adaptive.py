@@ -1,7 +1,7 @@
 """Adaptive input representations tied with an adaptive softmax (Baevski & Auli, 2019, "Adaptive Input
 Representations for Neural Language Modeling"), combined with the normalized scores of Liu, Zhai & Chen.
 
-The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/vocab_order.py``), is split by ``cutoffs``
+The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/training/vocab_order.py``), is split by ``cutoffs``
 into bands [0, c_1), [c_1, c_2), …, [c_{n-1}, V) (the convention of ``torch.nn.AdaptiveLogSoftmaxWithLoss``).
 Band i embeds its tokens in dimension d_i = d // k^i (k = ``div_value``, 4 by default) and projects them to d:
 

@@ -37,6 +37,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
+    AutoTokenizer,
     BartForConditionalGeneration,
     LlamaForCausalLM,
     MarianMTModel,
@@ -56,7 +57,6 @@ from .modeling_tiednorm_wrapped import (
     unit_lookups,
 )
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormHead, check_head_mode, unit_rows
-from .tokenization import copy_tokenizer
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -77,6 +77,17 @@ _DROPPED_CONFIG_KEYS = (
 # that only the logit_scale options "scalar"/"vector" add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 _TARGET_ONLY_KEYS = {"lm_head.logit_scale"}
+
+
+def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike) -> None:
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the
+    converter and ``tiednorm-push`` ship a tokenizer this way)."""
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
+    # the tokenizer; published, it would make every user's load local-only.
+    for key in ("is_local", "local_files_only"):
+        tokenizer.init_kwargs.pop(key, None)
+    tokenizer.save_pretrained(output_dir)
 
 
 def _auto_class(config) -> type:

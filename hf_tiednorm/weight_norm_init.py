@@ -42,7 +42,7 @@ def weight_norm_targets(counts: torch.Tensor | Sequence[int], sigma: float, min_
 def weight_norm_init_(model, counts: torch.Tensor | Sequence[int] | None, sigma: float, min_count: int = MIN_COUNT):
     """Rescale the rows of ``model``'s output (tied) embedding to norms σ·log(c_k), in place; returns ``model``.
 
-    ``counts``: (V,) unigram counts of the training data in token-id order (``hf_tiednorm.data.token_counts``).
+    ``counts``: (V,) unigram counts of the training data in token-id order (``hf_tiednorm.training.data.token_counts``).
     Works on both model families and on adaptive softmax bands; records σ in ``model.config.weight_norm_init_sigma``.
     """
     if counts is None:

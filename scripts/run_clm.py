@@ -14,7 +14,8 @@ Lines are tokenized (each ends with </s>), concatenated and cut into --block_siz
 One run per --output_dir, as in HF's example scripts: a folder holding another run's outputs is refused unless
 --overwrite_output_dir (which deletes them first) or --resume_from_checkpoint (which continues that run: "last" is
 its newest complete checkpoint, and the checkpoint's architecture must match the flags). The final model is saved
-through a staging folder, so a kill never leaves a new config.json over old weights (hf_tiednorm/training.py).
+through a staging folder, so a kill never leaves a new config.json over old weights
+(hf_tiednorm/training/run_directory.py).
 
 Without --model_name_or_path a BPE tokenizer is trained on the training text and saved in --output_dir (a resumed
 run loads its checkpoint's, so it keeps its vocabulary). Perplexity = exp(mean token cross-entropy, without
@@ -28,35 +29,34 @@ first, before the data is tokenized, and that renumbered tokenizer is the one sa
 
 Precision: bf16 autocast is the default where training runs on a CPU with native bf16 matmuls (avx512_bf16 /
 amx_bf16; with a GPU HF's default stands); the log says which precision was chosen and why; --bf16 false opts out.
-Under bf16 on CPU the attention is eager with an fp32 softmax (hf_tiednorm.training.choose_attention).
+Under bf16 on CPU the attention is eager with an fp32 softmax (hf_tiednorm.training.precision.choose_attention).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import transformers
 from transformers import AutoModelForCausalLM, default_data_collator, set_seed
 
 import hf_tiednorm
-from hf_tiednorm.data import group_texts, load_monolingual, token_counts, training_texts
-from hf_tiednorm.trainers import TiedNormTrainer, add_perplexity
-from hf_tiednorm.training import (
-    MULTI30K,
+from hf_tiednorm.training.arguments import (
     DataArgumentsBase,
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
-    TiedNormTrainingArguments,
+    parse_arguments,
+)
+from hf_tiednorm.training.callbacks import run_callbacks
+from hf_tiednorm.training.data import group_texts, load_monolingual, token_counts, training_texts
+from hf_tiednorm.training.precision import TiedNormTrainingArguments
+from hf_tiednorm.training.run_directory import check_resume_config, prepare_output_dir, resolve_resume_checkpoint
+from hf_tiednorm.training.steps import (
     card_training,
     check_model,
-    check_resume_config,
     load_or_train_tokenizer,
-    parse_arguments,
-    prepare_output_dir,
-    resolve_resume_checkpoint,
-    run_callbacks,
     run_inputs,
     save_token_counts_and_init,
     select_first,
@@ -65,14 +65,18 @@ from hf_tiednorm.training import (
     train_and_save,
     write_plots_and_card,
 )
+from hf_tiednorm.training.trainers import TiedNormTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
+# The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
+# library's: hf_tiednorm assumes no checkout).
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
 @dataclass
 class ModelArguments(TiedNormModelArguments):
-    """The shared model flags (checkpoint, tokenizer, output layer, technique flags: hf_tiednorm/training.py) and the
-    causal LM's architecture."""
+    """The shared model flags (checkpoint, tokenizer, output layer, technique flags:
+    hf_tiednorm/training/arguments.py) and the causal LM's architecture."""
 
     # Architecture flags that map one-to-one onto TiedNormCausalConfig fields (none may change a saved model).
     config_fields = TiedNormModelArguments.config_fields + (
@@ -88,6 +92,8 @@ class ModelArguments(TiedNormModelArguments):
 
 @dataclass
 class DataArguments(DataArgumentsBase):
+    default_data_dir = MULTI30K  # names the data set bentrevett/multi30k in the model card
+
     train_file: str = field(
         default=str(MULTI30K / "train.en.gz"),
         metadata={"help": "training text: a text file (one line a row; .gz works) or a .json/.jsonl/.csv file"},

@@ -14,7 +14,8 @@ group and each would train alone as rank 0; the script refuses to start then. `a
 One run per --output_dir, as in HF's example scripts: a folder holding another run's outputs is refused unless
 --overwrite_output_dir (which deletes them first) or --resume_from_checkpoint (which continues that run: "last" is
 its newest complete checkpoint, and the checkpoint's architecture must match the flags). The final model is saved
-through a staging folder, so a kill never leaves a new config.json over old weights (hf_tiednorm/training.py).
+through a staging folder, so a kill never leaves a new config.json over old weights
+(hf_tiednorm/training/run_directory.py).
 --max_source_length, --max_target_length and --generation_max_length may not exceed the model's positions.
 
 Without --model_name_or_path a joint BPE tokenizer is trained on both sides of the training data and saved in
@@ -29,7 +30,7 @@ Trainer recipe and scoring.
 
 Precision: bf16 autocast is the default where training runs on a CPU with native bf16 matmuls (avx512_bf16 /
 amx_bf16; with a GPU HF's default stands); the log says which precision was chosen and why; --bf16 false opts out.
-Under bf16 on CPU the attention is eager with an fp32 softmax (hf_tiednorm.training.choose_attention).
+Under bf16 on CPU the attention is eager with an fp32 softmax (hf_tiednorm.training.precision.choose_attention).
 
 Technique flags of a new model (Press & Wolf's projection regularization, Herold et al.'s weight-norm
 regularization and initialization, Baevski & Auli's adaptive input/softmax, the chunked loss) are config fields;
@@ -59,24 +60,22 @@ from transformers import (
 )
 
 import hf_tiednorm
-from hf_tiednorm.data import load_parallel, token_counts, tokenize_parallel, training_texts
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
-from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer, add_perplexity
-from hf_tiednorm.training import (
-    MULTI30K,
+from hf_tiednorm.training.arguments import (
     DataArgumentsBase,
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
-    TiedNormSeq2SeqTrainingArguments,
+    parse_arguments,
+)
+from hf_tiednorm.training.callbacks import run_callbacks
+from hf_tiednorm.training.data import load_parallel, token_counts, tokenize_parallel, training_texts
+from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments
+from hf_tiednorm.training.run_directory import check_resume_config, prepare_output_dir, resolve_resume_checkpoint
+from hf_tiednorm.training.steps import (
     card_training,
     check_model,
-    check_resume_config,
     load_or_train_tokenizer,
-    parse_arguments,
-    prepare_output_dir,
-    resolve_resume_checkpoint,
-    run_callbacks,
     run_inputs,
     save_token_counts_and_init,
     select_first,
@@ -85,9 +84,13 @@ from hf_tiednorm.training import (
     train_and_save,
     write_plots_and_card,
 )
+from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
 MODEL_FAMILIES = ("tiednorm", "marian")
+# The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
+# library's: hf_tiednorm assumes no checkout).
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 # Flags of the normalized head and its techniques, which transformers' MarianMTModel does not have.
 TIEDNORM_ONLY_FLAGS = (
     "head_mode", "logit_scale", "logit_scale_init", "projection_regularization", "weight_norm_regularization",
@@ -98,8 +101,8 @@ TIEDNORM_ONLY_FLAGS = (
 
 @dataclass
 class ModelArguments(TiedNormModelArguments):
-    """The shared model flags (checkpoint, tokenizer, output layer, technique flags: hf_tiednorm/training.py), the
-    encoder-decoder's architecture and the beam search's length penalty."""
+    """The shared model flags (checkpoint, tokenizer, output layer, technique flags:
+    hf_tiednorm/training/arguments.py), the encoder-decoder's architecture and the beam search's length penalty."""
 
     # Architecture flags that map one-to-one onto TiedNormSeq2SeqConfig fields; dropout changes no parameter, so
     # a fine-tuning run may change it.
@@ -150,6 +153,8 @@ class ModelArguments(TiedNormModelArguments):
 
 @dataclass
 class DataArguments(DataArgumentsBase):
+    default_data_dir = MULTI30K  # names the data set bentrevett/multi30k in the model card
+
     source_lang: str = field(
         default="de",
         metadata={"help": "source language code: a column of json/jsonl/csv files, or {lang} in text-file patterns"},

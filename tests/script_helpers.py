@@ -1,4 +1,5 @@
-"""Running the training scripts of scripts/ in-process (fast) or as subprocesses, on a few Multi30k sentences."""
+"""Running the training scripts of scripts/ (and the experiment scripts of experiments/) in-process (fast) or as
+subprocesses, on a few Multi30k sentences."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
+# The experiments wing: its scripts import paper_grid/ beside them, as `python experiments/<script>.py` finds it.
+EXPERIMENTS = REPO_ROOT / "experiments"
+if str(EXPERIMENTS) not in sys.path:
+    sys.path.insert(0, str(EXPERIMENTS))
 
 # A tiny encoder-decoder and a small joint vocabulary: a few seconds per run on one CPU thread. fp32: at this size
 # bf16 gains nothing, and the tests' tolerances were set in fp32 (tests/test_bf16_and_contender.py runs bf16).
@@ -39,12 +44,18 @@ def write_tiny_parallel(folder: Path, n_train: int = 48, n_eval: int = 6) -> lis
     return flags
 
 
+def script_path(name: str) -> Path:
+    """scripts/<name>.py, or experiments/<name>.py for the experiment scripts."""
+    path = SCRIPTS / f"{name}.py"
+    return path if path.is_file() else EXPERIMENTS / f"{name}.py"
+
+
 def load_script(name: str):
-    """scripts/<name>.py as a module (imported once)."""
+    """scripts/<name>.py (or experiments/<name>.py) as a module (imported once)."""
     module_name = f"script_{name}"
     module = sys.modules.get(module_name)
     if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, SCRIPTS / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(module_name, script_path(name))
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # dataclasses resolve string annotations through sys.modules
         spec.loader.exec_module(module)

@@ -14,8 +14,8 @@ from testing_utils import FAMILIES, model_inputs, tiny_causal_config, tiny_confi
 import hf_tiednorm
 from hf_tiednorm.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from hf_tiednorm.modeling_common import ScaledAdaptiveInput
-from hf_tiednorm.tokenization import train_joint_tokenizer
-from hf_tiednorm.vocab_order import frequency_order, inverse_order, permute_counts, remap_ids, remap_tokenizer
+from hf_tiednorm.training.tokenization import train_joint_tokenizer
+from hf_tiednorm.training.vocab_order import frequency_order, inverse_order, permute_counts, remap_ids, remap_tokenizer
 
 CUTOFFS = [20, 40]  # bands [0, 20), [20, 40), [40, 61) of the tiny vocabulary; widths 32, 8, 2
 

@@ -1,4 +1,4 @@
-"""scripts/benchmark_speed.py: --quick runs end to end and writes a complete, consistent report."""
+"""experiments/benchmark_speed.py: --quick runs end to end and writes a complete, consistent report."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import statistics
 
 import pytest
-from script_helpers import SCRIPTS, run_script
+from script_helpers import EXPERIMENTS, run_script
 
 from hf_tiednorm import HEAD_MODES
 
@@ -21,7 +21,7 @@ def test_quick_benchmark_report(tmp_path, monkeypatch):
     run_script("benchmark_speed", ["--quick", "--device", "cpu", "--threads", "1", "--output", output], monkeypatch)
     report = json.loads(output.read_text())
     # Neither the script nor its report cites the project's issue tracker (readers of a benchmark have no access).
-    for text in (output.read_text(), (SCRIPTS / "benchmark_speed.py").read_text()):
+    for text in (output.read_text(), (EXPERIMENTS / "benchmark_speed.py").read_text()):
         assert not re.search(r"(?i)\bissues?\s*#?\d|\(#\d", text)
 
     assert report["machine"]["cpu_count"] >= 1 and report["machine"]["torch"]

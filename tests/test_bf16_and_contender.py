@@ -17,13 +17,14 @@ from transformers.trainer_pt_utils import LabelSmoother
 import hf_tiednorm
 from hf_tiednorm.normalized_head import TiedNormHead
 from hf_tiednorm.token_loss import token_cross_entropy
-from hf_tiednorm.training import (
+from hf_tiednorm.training.precision import (
     CPU_BF16_ATTENTION,
     TiedNormSeq2SeqTrainingArguments,
     TiedNormTrainingArguments,
     choose_attention,
     cpu_bf16_flag,
     cpu_description,
+    register_cpu_bf16_attention,
     resolve_bf16,
 )
 
@@ -206,6 +207,7 @@ def test_cpu_bf16_attention_equals_sdpa(family):
         inputs["decoder_input_ids"] = torch.randint(3, 60, (3, 7))
     with torch.no_grad():
         reference = model(**inputs).logits
+        register_cpu_bf16_attention()  # what choose_attention does before it sets it
         model.set_attn_implementation(CPU_BF16_ATTENTION)
         torch.testing.assert_close(model(**inputs).logits, reference, rtol=1e-4, atol=1e-5)
     probabilities = []
@@ -235,7 +237,7 @@ def test_choose_attention_only_for_bf16_on_cpu(tmp_path):
 
 
 def test_benchmark_arguments_refuse_unknown_runs():
-    """scripts/benchmark_trainer_loop.py (its numbers come from running it, never from tests)."""
+    """experiments/benchmark_trainer_loop.py (its numbers come from running it, never from tests)."""
     arguments = load_script("benchmark_trainer_loop").BenchmarkArguments
     assert arguments().model_list() == ["ours-baseline", "ours-baseline-chunked", "ours-cosine", "marian"]
     with pytest.raises(ValueError, match="unknown --models/--precisions"):

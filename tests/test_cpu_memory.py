@@ -1,5 +1,5 @@
 """The training scripts' set-up on CPU keeps freed tensor memory for reuse instead of page-faulting it in again every
-step (hf_tiednorm/cpu_memory.py), unless --keep_freed_cpu_memory false."""
+step (hf_tiednorm/training/cpu_memory.py), unless --keep_freed_cpu_memory false."""
 
 import json
 import platform
@@ -41,7 +41,9 @@ def faults_before_and_after(setup: str) -> dict:
 @pytest.mark.parametrize("keep", [True, False])
 def test_setup_run_keeps_freed_memory_on_cpu_unless_opted_out(keep, tmp_path):
     setup = (
-        "from hf_tiednorm.training import RunArguments, TiedNormTrainingArguments, setup_run; "
+        "from hf_tiednorm.training.arguments import RunArguments; "
+        "from hf_tiednorm.training.precision import TiedNormTrainingArguments; "
+        "from hf_tiednorm.training.steps import setup_run; "
         f"setup_run(RunArguments(keep_freed_cpu_memory={keep}, num_threads=1), "
         f"TiedNormTrainingArguments(output_dir={str(tmp_path)!r}, use_cpu=True, bf16=False, report_to=[]))"
     )

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hf_tiednorm.data import load_monolingual, load_parallel
+from hf_tiednorm.training.data import load_monolingual, load_parallel
 
 
 def write_pair(folder, source: str | bytes, target: str | bytes, name: str = "train") -> str:

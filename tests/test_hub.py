@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.hub import main, prepare_upload_folder, push_to_hub
+from hf_tiednorm.publishing.hub import main, prepare_upload_folder, push_to_hub
 
 REPO_ID = "tester/tiny-tiednorm"
 LINES = ["a man rides a bike", "ein mann fährt fahrrad", "two dogs play in the snow", "zwei hunde spielen im schnee"]
@@ -232,7 +232,7 @@ def test_upload_with_hf_endpoint_env(checkpoints, tmp_path):
     env.update(HF_TOKEN="hf_fake_token", HF_HUB_DISABLE_PROGRESS_BARS="1")
     with FakeHub() as hub:
         env["HF_ENDPOINT"] = hub.endpoint
-        command = [sys.executable, "-m", "hf_tiednorm.hub", str(folder), *CLI_ARGS]
+        command = [sys.executable, "-m", "hf_tiednorm.publishing.hub", str(folder), *CLI_ARGS]
         result = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
         )

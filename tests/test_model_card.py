@@ -12,7 +12,7 @@ from transformers import MarianConfig
 
 from hf_tiednorm import TiedNormWrappedConfig
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.model_card import (
+from hf_tiednorm.publishing.model_card import (
     LIU_ET_AL_BIBTEX,
     PRESS_WOLF_BIBTEX,
     TIE_TOPOLOGY_TEXT,

@@ -14,7 +14,7 @@ from transformers.testing_utils import CaptureLogger
 
 from hf_tiednorm import pipeline_translation
 from hf_tiednorm.convert import convert_checkpoint
-from hf_tiednorm.model_card import write_model_card
+from hf_tiednorm.publishing.model_card import write_model_card
 
 
 def test_text_generation_pipeline_with_a_saved_causal_lm(tmp_path):

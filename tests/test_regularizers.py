@@ -17,7 +17,7 @@ import hf_tiednorm
 from hf_tiednorm.modeling_common import TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput
 from hf_tiednorm.regularizers import LOSS_TERMS
 from hf_tiednorm.token_loss import token_cross_entropy
-from hf_tiednorm.trainers import LossTermsLoggingMixin, penalty_terms
+from hf_tiednorm.training.trainers import LossTermsLoggingMixin, penalty_terms
 
 
 def _labels(model, inputs):

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 import hf_tiednorm
 from hf_tiednorm import hub
-from hf_tiednorm.training import resolve_resume_checkpoint, save_final_model
+from hf_tiednorm.training.run_directory import resolve_resume_checkpoint, save_final_model
 
 
 def translation_flags(data_flags: list[str], output_dir, *extra) -> list[str]:
@@ -36,7 +36,7 @@ def data_flags(tmp_path_factory) -> list[str]:
 @pytest.fixture(scope="module")
 def finished_run(data_flags, tmp_path_factory):
     """A finished cosine run with checkpoints 1 and 2, test predictions and BLEU. Its folder already held the
-    launcher's run.log (as scripts/reproduce_paper.py writes it), which does not make it another run's folder."""
+    launcher's run.log (as experiments/reproduce_paper.py writes it), which does not make it another run's folder."""
     output_dir = tmp_path_factory.mktemp("finished")
     (output_dir / "run.log").write_text("launcher log\n")
     monkeypatch = pytest.MonkeyPatch()

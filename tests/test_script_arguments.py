@@ -1,21 +1,22 @@
 """Every command-line flag of the scripts explains itself: each field of each ``HfArgumentParser`` dataclass (in
-scripts/*.py, hf_tiednorm/training.py and hf_tiednorm/paper_grid.py, which holds reproduce_paper.py's flags)
-carries ``metadata={"help": ...}``, which ``--help`` prints."""
+scripts/*.py, experiments/*.py, hf_tiednorm/training/ and experiments/paper_grid/, which holds reproduce_paper.py's
+flags) carries ``metadata={"help": ...}``, which ``--help`` prints."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 
 import pytest
-from script_helpers import SCRIPTS, load_script
+from script_helpers import EXPERIMENTS, SCRIPTS, load_script
 
-import hf_tiednorm.paper_grid
-import hf_tiednorm.training
+# The modules that define argument dataclasses (experiments/paper_grid/ is on sys.path through script_helpers).
+MODULES = ("hf_tiednorm.training.arguments", "hf_tiednorm.training.precision", "paper_grid.cells")
 
-MODULES = {"hf_tiednorm.training": hf_tiednorm.training, "hf_tiednorm.paper_grid": hf_tiednorm.paper_grid}
-
-ARGUMENT_SCRIPTS = sorted(path.stem for path in SCRIPTS.glob("*.py") if "@dataclass" in path.read_text())
+ARGUMENT_SCRIPTS = sorted(
+    path.stem for folder in (SCRIPTS, EXPERIMENTS) for path in folder.glob("*.py") if "@dataclass" in path.read_text()
+)
 
 
 def argument_dataclasses(module) -> list[type]:
@@ -32,7 +33,7 @@ def test_the_scripts_with_flags_are_found():
 
 @pytest.mark.parametrize("name", [*MODULES, *ARGUMENT_SCRIPTS])
 def test_every_flag_has_a_help(name):
-    module = MODULES[name] if name in MODULES else load_script(name)
+    module = importlib.import_module(name) if name in MODULES else load_script(name)
     classes = argument_dataclasses(module)
     assert classes, f"{name} defines no argument dataclass"
     missing = [

@@ -18,8 +18,8 @@ from testing_utils import interrupted_run
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tiednorm
-from hf_tiednorm.data import group_texts, token_counts
 from hf_tiednorm.regularizers import projection_penalty, weight_norm_penalty
+from hf_tiednorm.training.data import group_texts, token_counts
 from hf_tiednorm.weight_norm_init import weight_norm_targets
 
 N_TRAIN = 300

@@ -14,7 +14,14 @@ import torch
 import yaml
 from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
-from script_helpers import SCRIPTS, TINY_TRANSLATION_FLAGS, load_script, read_lines, run_script, subprocess_env
+from script_helpers import (
+    EXPERIMENTS,
+    TINY_TRANSLATION_FLAGS,
+    load_script,
+    read_lines,
+    run_script,
+    subprocess_env,
+)
 from testing_utils import interrupted_run
 from transformers import AutoTokenizer
 
@@ -145,14 +152,14 @@ def test_clm_perplexity(multi30k_dir, tmp_path, monkeypatch, caplog):
         assert 1 < results[f"{prefix}_perplexity"] < 10 * 300
     assert (output_dir / "checkpoint-2").is_dir() and (output_dir / "README.md").is_file()
     assert hf_tiednorm.TiedNormCausalConfig.from_pretrained(output_dir).head_mode == "cosine"
-    # The shared TiedWeightsCheck callback (hf_tiednorm/training.py) checks the causal LM's tie too.
+    # The shared TiedWeightsCheck callback (hf_tiednorm/training/callbacks.py) checks the causal LM's tie too.
     assert "rank 0: output layer tied to the decoder embedding after prepare: True" in caplog.text
     assert "rank 0: trained 4 steps" in caplog.text
 
 
 def test_plot_embedding_norms(trained_de_en, tmp_path):
     completed = subprocess.run(
-        [sys.executable, SCRIPTS / "plot_embedding_norms.py", "--model_folder", trained_de_en, "--output_dir",
+        [sys.executable, EXPERIMENTS / "plot_embedding_norms.py", "--model_folder", trained_de_en, "--output_dir",
          tmp_path],
         env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False,
     )
@@ -213,7 +220,7 @@ def test_clm_bad_arguments(tmp_path, monkeypatch):
         run_script("run_clm", ["--output_dir", tmp_path, "--train_file", tmp_path / "none.txt"], monkeypatch)
     with pytest.raises(ValueError, match="block_size must be >= 2"):
         run_script("run_clm", ["--output_dir", tmp_path, "--block_size", "1"], monkeypatch)
-    # The run flags shared with run_translation.py (hf_tiednorm.training.RunArguments, setup_run).
+    # The run flags shared with run_translation.py (hf_tiednorm.training.arguments.RunArguments, setup_run).
     with pytest.raises(ValueError, match="needs --load_best_model_at_end"):
         run_script("run_clm", ["--output_dir", tmp_path, "--early_stopping_patience", "2"], monkeypatch)
     with pytest.raises(ValueError, match="use --label_smoothing"):
@@ -246,7 +253,7 @@ def test_evaluation_keeps_dataset_order_under_group_by_length(tmp_path):
     from datasets import Dataset
     from transformers import Seq2SeqTrainingArguments
 
-    from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer
+    from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer
 
     lengths = [3, 9, 1, 7, 2, 8, 5, 4, 6, 10] * 4  # unsorted, so that any length grouping reorders
     dataset = Dataset.from_dict({"input_ids": [[5] * n for n in lengths]})
@@ -261,8 +268,8 @@ def test_evaluation_keeps_dataset_order_under_group_by_length(tmp_path):
 
 @pytest.mark.parametrize("script", ["run_translation", "run_clm"])
 def test_dataset_name_defaults_from_the_training_file(script, tmp_path):
-    """The model card's data set (hf_tiednorm.training.DataArgumentsBase, shared by both scripts): the Hub id for
-    the default Multi30k files, else the training file's name; an explicit --dataset_name wins."""
+    """The model card's data set (hf_tiednorm.training.arguments.DataArgumentsBase, shared by both scripts): the Hub
+    id for the default Multi30k files, else the training file's name; an explicit --dataset_name wins."""
     data_arguments = load_script(script).DataArguments
     assert data_arguments().dataset_name == "bentrevett/multi30k"
     assert data_arguments(train_file=str(tmp_path / "mine.txt")).dataset_name == "mine.txt"

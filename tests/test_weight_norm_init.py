@@ -12,7 +12,7 @@ from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, tiny_config, tiny_model
 
 import hf_tiednorm
-from hf_tiednorm.tokenization import train_joint_tokenizer
+from hf_tiednorm.training.tokenization import train_joint_tokenizer
 from hf_tiednorm.weight_norm_init import MIN_COUNT, weight_norm_init_, weight_norm_targets
 
 LINES = 3000  # per language: enough for a real Zipfian count profile, fast to tokenize

@@ -9,7 +9,7 @@ converted model of any tied architecture (``tiednorm_wrapped``: ``hf_tiednorm.co
 
 CLI::
 
-    python -m hf_tiednorm.model_card runs/cosine --dataset bentrevett/multi30k --languages de en \
+    python -m hf_tiednorm.publishing.model_card runs/cosine --dataset bentrevett/multi30k --languages de en \
         --metrics runs/cosine/test_results.json
 """
 
@@ -29,10 +29,10 @@ from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
-from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
-from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
-from .normalized_head import default_logit_scale
-from .plots import EMBEDDING_NORM_PLOT
+from ..configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from ..normalized_head import default_logit_scale
+from ..training.plots import EMBEDDING_NORM_PLOT
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
 # model_type -> (the HF parent config, the architecture named on the card)
@@ -84,7 +84,7 @@ _PERPLEXITY_NAMES = ("perplexity", "ppl")
 
 def template_path() -> Path:
     """The card template: inside the installed package if shipped there, else in the source checkout."""
-    package_dir = Path(__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parents[1]  # hf_tiednorm/
     for candidate in (package_dir / "model_cards" / TEMPLATE_NAME, package_dir.parent / "model_cards" / TEMPLATE_NAME):
         if candidate.is_file():
             return candidate

@@ -21,8 +21,8 @@ backward, with SDPA forced onto its math backend so that attention decomposes in
 SDPA kernel has no FLOP formula); AdamW's elementwise work is not counted. The peak is the best time of a large
 square matmul on the same device (fp32, plus bf16 on CUDA).
 
-    nice -n 0 python scripts/benchmark_speed.py --sizes default --reps 5 --output results/benchmark_speed_cpu.json
-    python scripts/benchmark_speed.py --quick --output /tmp/speed.json   # smoke test, tiny dims
+    nice -n 0 python experiments/benchmark_speed.py --sizes default --reps 5 --output results/benchmark_speed_cpu.json
+    python experiments/benchmark_speed.py --quick --output /tmp/speed.json   # smoke test, tiny dims
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from hf_tiednorm import (
     TiedNormForConditionalGeneration,
     TiedNormSeq2SeqConfig,
 )
-from hf_tiednorm.cpu_memory import keep_freed_memory
-from hf_tiednorm.training import cpu_description
+from hf_tiednorm.training.cpu_memory import keep_freed_memory
+from hf_tiednorm.training.precision import cpu_description
 
 # Model dimensions. "layers" is per stack of the encoder-decoder; the causal LM gets 2 x layers so that both families
 # have the same depth. "large" is Transformer-base (Vaswani et al.) with a 32k vocabulary.
@@ -125,7 +125,8 @@ def timed(fn: Callable[[], object], device: torch.device, iters: int = 1) -> flo
 
 def minor_page_faults() -> int:
     """Page faults of this process so far that needed no disk: the kernel mapping (and zeroing) fresh memory, e.g.
-    for every large tensor glibc's malloc takes from mmap and gives back on free (hf_tiednorm/cpu_memory.py)."""
+    for every large tensor glibc's malloc takes from mmap and gives back on free
+    (hf_tiednorm/training/cpu_memory.py)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 

@@ -1,6 +1,6 @@
 """Embedding row-norm plots of a model: the histogram of ‖w_i‖ (Liu, Zhai & Chen, Figure 2) and ‖w_i‖ against the
 token's training frequency. The training scripts draw them next to every saved model (the model card shows the
-histogram); ``scripts/plot_embedding_norms.py`` draws them for any saved folder."""
+histogram); ``experiments/plot_embedding_norms.py`` draws them for any saved folder."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 
-from .adaptive import embedding_matrices  # noqa: E402
+from ..adaptive import embedding_matrices  # noqa: E402
 
 # File names of the two plots in a model folder (the model card embeds the histogram).
 EMBEDDING_NORM_PLOT = "embedding_norms.png"

@@ -7,11 +7,10 @@ post-processor appends </s> to every sequence; the decoder starts from <s> (``de
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 TOKENIZER_MODELS = ("bpe", "unigram")
@@ -51,14 +50,4 @@ def train_joint_tokenizer(
     return wrapped
 
 
-def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike) -> None:
-    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings."""
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
-    # the tokenizer; published, it would make every user's load local-only.
-    for key in ("is_local", "local_files_only"):
-        tokenizer.init_kwargs.pop(key, None)
-    tokenizer.save_pretrained(output_dir)
-
-
-__all__ = ["SPECIAL_TOKENS", "TOKENIZER_MODELS", "copy_tokenizer", "train_joint_tokenizer"]
+__all__ = ["SPECIAL_TOKENS", "TOKENIZER_MODELS", "train_joint_tokenizer"]

@@ -21,23 +21,23 @@ be run in slices (--max_minutes, or simply killed) and accumulate over days with
 Precision (--precision): bf16 autocast for the full budget, fp32 for smoke/reduced (d ≤ 128, where bf16 gains
 nothing on CPU; their earlier rows are fp32). It is part of the budget (bf16 budgets hash differently) and of each row.
 
-    python scripts/reproduce_paper.py --budget reduced                         # run / resume (2-core CPU)
-    python scripts/reproduce_paper.py --budget full --workers 8                # GPU box: the README recipe
-    python scripts/reproduce_paper.py --budget full --report_only true         # tables, verdicts, histogram PNG
+    python experiments/reproduce_paper.py --budget reduced                         # run / resume (2-core CPU)
+    python experiments/reproduce_paper.py --budget full --workers 8                # GPU box: the README recipe
+    python experiments/reproduce_paper.py --budget full --report_only true         # tables, verdicts, histogram PNG
 
 Order: every cell of the chosen grids with --seeds, then --extra_seeds for the translation baseline, the marian
 contender and the --best_modes best head modes by mean *val* BLEU (test is never used to choose; --extra_seeds_all
 true: extra seeds for every cell of every grid, scheduled at once).
 --max_minutes stops starting cells after that long, so a grid can be run in slices of limited length.
 
-Budgets: scripts/configs/paper_grid_{translation,clm}_{smoke,reduced,full}.yaml (the full translation budget is the
+Budgets: experiments/configs/paper_grid_{translation,clm}_{smoke,reduced,full}.yaml (the full translation budget is the
 main-job recipe, scripts/configs/multi30k_de_en.yaml). The grid itself (cells, keys, JSONL, statistics, report) is
-hf_tiednorm/paper_grid.py; this script is its command line.
+experiments/paper_grid/; this script is its command line.
 """
 
+from paper_grid.cells import GridArguments  # experiments/paper_grid/, beside this script
+from paper_grid.runner import run_grid
 from transformers import HfArgumentParser
-
-from hf_tiednorm.paper_grid import GridArguments, run_grid
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ read, never modified.
 
 CLI::
 
-    python -m hf_tiednorm.hub runs/cosine my-user/tiednorm-cosine-multi30k --dataset bentrevett/multi30k \
+    python -m hf_tiednorm.publishing.hub runs/cosine my-user/tiednorm-cosine-multi30k --dataset bentrevett/multi30k \
         --languages de en --metrics runs/cosine/test_results.json [--public] [--dry-run upload_preview/]
 """
 
@@ -30,6 +30,7 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token
 from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+from ..convert import copy_tokenizer
 from .model_card import (
     add_card_arguments,
     card_inputs_from_args,
@@ -37,7 +38,6 @@ from .model_card import (
     load_tiednorm_config,
     write_model_card,
 )
-from .tokenization import copy_tokenizer
 
 
 def _find_tokenizer_source(checkpoint: Path, tokenizer: str | os.PathLike | None) -> Path:

@@ -3,9 +3,9 @@
 bf16 autocast, at the main-job size and recipe (scripts/configs/multi30k_de_en.yaml: d = 256, 3 + 3 layers, joint
 BPE 8k, batch 64, label smoothing 0.1, group_by_length, inverse-sqrt schedule).
 
-    python scripts/benchmark_trainer_loop.py                                  # ≈ 5 min on 2 CPU cores
-    python scripts/benchmark_trainer_loop.py --steps 60 --reps 3 --note "idle machine"
-    python scripts/benchmark_trainer_loop.py --profile true --reps 1 --steps 12 \
+    python experiments/benchmark_trainer_loop.py                                  # ≈ 5 min on 2 CPU cores
+    python experiments/benchmark_trainer_loop.py --steps 60 --reps 3 --note "idle machine"
+    python experiments/benchmark_trainer_loop.py --profile true --reps 1 --steps 12 \
         --output results/profile_trainer_loop.json
 
 Every (model, precision) run is a short ``TiedNormSeq2SeqTrainer.train()`` in a fresh subprocess (accelerate keeps
@@ -92,10 +92,11 @@ def run_child(settings: dict) -> dict:
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel, TrainerCallback, set_seed
 
     import hf_tiednorm
-    from hf_tiednorm.cpu_memory import keep_freed_memory
-    from hf_tiednorm.data import load_parallel, tokenize_parallel
-    from hf_tiednorm.trainers import TiedNormSeq2SeqTrainer
-    from hf_tiednorm.training import TiedNormSeq2SeqTrainingArguments, TiedWeightsCheck, choose_attention
+    from hf_tiednorm.training.callbacks import TiedWeightsCheck
+    from hf_tiednorm.training.cpu_memory import keep_freed_memory
+    from hf_tiednorm.training.data import load_parallel, tokenize_parallel
+    from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, choose_attention
+    from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from run_translation import marian_config
@@ -170,7 +171,7 @@ def run_child(settings: dict) -> dict:
 def machine() -> dict:
     import torch
 
-    from hf_tiednorm.training import cpu_bf16_flags, cpuinfo_field
+    from hf_tiednorm.training.precision import cpu_bf16_flags, cpuinfo_field
 
     return {"cpu": cpuinfo_field("model name") or platform.processor(), "cpu_count": os.cpu_count(),
             "bf16_flags": cpu_bf16_flags(), "torch": torch.__version__, "platform": platform.platform(),
@@ -212,8 +213,8 @@ def main() -> None:
     if args.child is not None:
         print("RESULT " + json.dumps(run_child(json.loads(args.child))), flush=True)
         return
-    from hf_tiednorm.data import load_parallel, training_texts
-    from hf_tiednorm.tokenization import train_joint_tokenizer
+    from hf_tiednorm.training.data import load_parallel, training_texts
+    from hf_tiednorm.training.tokenization import train_joint_tokenizer
 
     config = recipe()
     data_dir = Path(args.data_dir) if Path(args.data_dir).is_absolute() else (ROOT / args.data_dir).resolve()
@@ -235,7 +236,7 @@ def main() -> None:
     def write_report(complete: bool) -> dict:
         summary = summarize(results, args)
         report = {
-            "command": shlex.join(["python", "scripts/benchmark_trainer_loop.py", *sys.argv[1:]]),
+            "command": shlex.join(["python", "experiments/benchmark_trainer_loop.py", *sys.argv[1:]]),
             "arguments": asdict(args), "complete": complete, "started": started,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(), "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(), "recipe": {k: config[k] for k in recipe_fields}, "note": args.note,

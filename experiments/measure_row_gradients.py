@@ -9,7 +9,7 @@ vocabulary is absent from one batch, so the first ratio mostly measures token fr
 norm and the whole model's gradient norm before clipping (what ``max_grad_norm`` sees). Each mode starts from the
 same seed.
 
-    python scripts/measure_row_gradients.py --output results/row_gradients.json
+    python experiments/measure_row_gradients.py --output results/row_gradients.json
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 import yaml
 
 from hf_tiednorm import HEAD_MODES, TiedNormForConditionalGeneration, TiedNormSeq2SeqConfig
-from hf_tiednorm.data import load_parallel, training_texts
-from hf_tiednorm.tokenization import train_joint_tokenizer
+from hf_tiednorm.training.data import load_parallel, training_texts
+from hf_tiednorm.training.tokenization import train_joint_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_FIELDS = ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",

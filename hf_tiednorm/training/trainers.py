@@ -27,7 +27,7 @@ from transformers import Seq2SeqTrainer, Trainer
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import has_length
 
-from .regularizers import LOSS_TERMS
+from ..regularizers import LOSS_TERMS
 
 
 class LossTermsLoggingMixin:

@@ -10,7 +10,7 @@ and unmaps it on free: the resident set tracks the live tensors.
 Time: the same child times ``--iters`` further iterations (median). Ratios are chunked / plain per repetition,
 reported as median and min–max over repetitions.
 
-    python scripts/benchmark_chunked_loss.py --vocab 32000 --dim 512 --tokens 8192 --chunk_size 1024 \
+    python experiments/benchmark_chunked_loss.py --vocab 32000 --dim 512 --tokens 8192 --chunk_size 1024 \
         --output results/benchmark_chunked_loss.json
 """
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Plot the row norms of a saved model's token embedding: their histogram (Liu et al., Figure 2) and norm vs
-token frequency in the training data (hf_tiednorm/plots.py).
+token frequency in the training data (hf_tiednorm/training/plots.py).
 
-    python scripts/plot_embedding_norms.py --model_folder runs/multi30k_de_en              # writes PNGs into the folder
-    python scripts/plot_embedding_norms.py --model_folder runs/x --output_dir plots --counts token_counts.pt
+    python experiments/plot_embedding_norms.py --model_folder runs/multi30k_de_en  # writes PNGs into the folder
+    python experiments/plot_embedding_norms.py --model_folder runs/x --output_dir plots --counts token_counts.pt
 
 Frequencies come from ``token_counts.pt`` (saved by run_translation.py / run_clm.py, or given with --counts);
 without them only the histogram is drawn.
@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModel, HfArgumentParser
 
 import hf_tiednorm  # noqa: F401  (registers the Auto classes)
-from hf_tiednorm.plots import plot_embedding_norms
+from hf_tiednorm.training.plots import plot_embedding_norms
 
 
 @dataclass

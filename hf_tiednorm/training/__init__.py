@@ -1,0 +1,12 @@
+"""The training wing: what scripts/run_translation.py and scripts/run_clm.py need beyond the model (which lives flat
+in ``hf_tiednorm/`` and travels with a saved model). Nothing here is imported by a model file.
+
+* ``arguments``: the shared flags (model, data, output folder, run) and ``parse_arguments`` (config file + flags).
+* ``precision``: CPU detection, the bf16 default, the fp32-softmax attention for bf16 on CPU.
+* ``run_directory``: refuse / overwrite / resume an --output_dir, complete checkpoints, the staged final save.
+* ``callbacks``: the tie check, the time budget, early stopping.
+* ``steps``: the ``main()`` steps both scripts share.
+* ``trainers``, ``data``, ``tokenization``, ``vocab_order``, ``cpu_memory``, ``plots``: the Trainers with per-term
+  loss logs, data loading, the joint tokenizer, frequency-ordered vocabularies, freed CPU memory kept for reuse, and
+  the embedding-norm plots.
+"""

@@ -1,0 +1,70 @@
+"""The Trainer callbacks of a training run (``run_callbacks``): ``TiedWeightsCheck`` checks the tie after the Trainer
+prepared the model, on every rank; ``TimeBudgetCallback`` stops training after --max_train_minutes; HF's
+``EarlyStoppingCallback`` with --early_stopping_patience."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from transformers import EarlyStoppingCallback, TrainerCallback
+
+from ..adaptive import AdaptiveInput
+from .arguments import RunArguments
+
+logger = logging.getLogger(__name__)
+
+
+class TiedWeightsCheck(TrainerCallback):
+    """Checks on every rank, once the Trainer has prepared (wrapped) the model, that the output layer still shares
+    the decoder's input embedding matrix (one per band of an adaptive model), and logs how many steps each rank
+    trained: with both lines from every rank, a multi-process launch shows that all its processes trained."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not model.config.tie_word_embeddings:
+            return
+        # The decoder of an encoder-decoder, the whole causal LM; through the accessor, since a converted model keeps
+        # its architecture's module names (GPT-2's decoder calls its embedding wte).
+        embedding = model.get_decoder().get_input_embeddings()
+        adaptive = isinstance(embedding, AdaptiveInput)
+        inputs = [band.weight for band in embedding.bands] if adaptive else [embedding.weight]
+        if hasattr(model, "output_embedding_weights"):
+            outputs = model.output_embedding_weights()  # one matrix, or one per adaptive band
+        else:  # a transformers model (the HF Marian contender)
+            outputs = [model.get_output_embeddings().weight]
+        tied = len(inputs) == len(outputs) and all(a is b for a, b in zip(inputs, outputs, strict=True))
+        logger.warning(
+            "rank %d: output layer tied to the decoder embedding after prepare: %s", args.process_index, tied
+        )
+        if not tied:
+            raise RuntimeError("the output layer lost its tie to the decoder input embedding after prepare")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        logger.warning("rank %d: trained %d steps", args.process_index, state.global_step)
+
+
+class TimeBudgetCallback(TrainerCallback):
+    """Stops training once the budget is spent; ranks agree through an all-reduce so that none waits forever."""
+
+    def __init__(self, minutes: float):
+        self.deadline = time.monotonic() + 60 * minutes
+
+    def on_step_end(self, args, state, control, **kwargs):
+        over = torch.tensor(float(time.monotonic() > self.deadline))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
+        if over.item():
+            logger.warning("max_train_minutes reached at step %d: stopping training", state.global_step)
+            control.should_training_stop = True
+            control.should_save = True
+
+
+def run_callbacks(run_args: RunArguments) -> list[TrainerCallback]:
+    """The Trainer callbacks of a run: the tie check, and the time limit and early stopping when asked for."""
+    callbacks: list[TrainerCallback] = [TiedWeightsCheck()]
+    if run_args.max_train_minutes is not None:
+        callbacks.append(TimeBudgetCallback(run_args.max_train_minutes))
+    if run_args.early_stopping_patience is not None:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=run_args.early_stopping_patience))
+    return callbacks

@@ -1,0 +1,172 @@
+"""The precision of a run: the CPU's native bf16 support read from /proc/cpuinfo, bf16 autocast as the detected
+default on such CPUs (``resolve_bf16``, ``TiedNormTrainingArguments``, ``TiedNormSeq2SeqTrainingArguments``, with
+``--bf16 true`` working on a CPU-only machine), and ``choose_attention``: eager attention with an fp32 softmax for bf16
+on CPU, where torch's fused kernel is slow. That attention is registered with transformers when a run chooses it,
+not when this module is imported (the benchmarks import it only for ``cpu_description``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    Seq2SeqTrainingArguments,
+    TrainingArguments,
+)
+from transformers.masking_utils import eager_mask
+from transformers.modeling_utils import PreTrainedModel
+
+# CPU flags of native bf16 matrix multiplication (x86). Without them oneDNN emulates bf16 through fp32, and
+# autocast would only add casts.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpuinfo_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The value of the first ``name`` line of /proc/cpuinfo; None without it or without the file (not Linux)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """Those of ``BF16_CPU_FLAGS`` that the CPU reports, in that order; [] without /proc/cpuinfo (not Linux)."""
+    flags = set((cpuinfo_field("flags", cpuinfo) or "").split())
+    return [flag for flag in BF16_CPU_FLAGS if flag in flags]
+
+
+def cpu_bf16_flag(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first of ``BF16_CPU_FLAGS`` that the CPU reports; None without them or without /proc/cpuinfo (not Linux)."""
+    return next(iter(cpu_bf16_flags(cpuinfo)), None)
+
+
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU as "CPU (<model name>, <bf16 flags>, <n> cores)". Machines of one kind differ (an AMD EPYC with
+    avx512_bf16, an Intel Xeon with AMX too), and wall times and bf16 speed-ups compare only on the same processor."""
+    model = cpuinfo_field("model name", cpuinfo) or platform.processor() or platform.machine()
+    flags = "+".join(cpu_bf16_flags(cpuinfo)) or "no native bf16"
+    return f"CPU ({model}, {flags}, {os.cpu_count()} cores)"
+
+
+def resolve_bf16(requested: bool | None, use_cpu: bool, accelerator: bool, cpu_flag: str | None) -> tuple[bool, str]:
+    """(bf16, why): --bf16 as given, or when not given bf16 autocast where training runs on a CPU with native bf16
+    matmuls (``cpu_flag``); with an accelerator (CUDA, ...) HF's own default (fp32) stands."""
+    on_cpu = use_cpu or not accelerator
+    if requested is not None:
+        why = f"--bf16 {str(requested).lower()}"
+        if requested and on_cpu and cpu_flag is None:
+            why += f" (this CPU has none of {BF16_CPU_FLAGS}: bf16 matmuls are emulated and may be slower than fp32)"
+        return requested, why
+    if not on_cpu:
+        return False, "an accelerator is present: HF's default fp32 (pass --bf16 true for bf16 autocast)"
+    if cpu_flag is None:
+        return False, f"the CPU has none of {BF16_CPU_FLAGS} (bf16 would be emulated): fp32 (--bf16 true to force)"
+    return True, f"the CPU has {cpu_flag} (native bf16 matmuls): bf16 autocast, loss/norms/softmax fp32 (--bf16 false)"
+
+
+@dataclass
+class Bf16DefaultMixin:
+    """``--bf16`` left unset picks the precision (``resolve_bf16``); ``precision_note`` says which and why, for the
+    scripts to log. Put before HF's ``TrainingArguments`` (or ``Seq2SeqTrainingArguments``) in the bases."""
+
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision (autocast; master weights, loss, norms and softmax stay fp32). Unset: on "
+            f"if training runs on a CPU with native bf16 matmuls ({', '.join(BF16_CPU_FLAGS)}), HF's default (off) "
+            "with a GPU. --bf16 false opts out; --bf16 true also works on a CPU-only machine without --use_cpu."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self.bf16, self.precision_note = resolve_bf16(
+            self.bf16, self.use_cpu, torch.accelerator.is_available(), cpu_bf16_flag()
+        )
+        super().__post_init__()
+
+    def _validate_args(self) -> None:
+        # HF refuses bf16 without a bf16 GPU unless --use_cpu is set. On a machine without any accelerator the CPU is
+        # the device anyway; setting use_cpu for it would change how a torchrun launch forms its process group.
+        cpu_only = self.bf16 and not self.use_cpu and not torch.accelerator.is_available()
+        if cpu_only:
+            self.bf16 = False
+        try:
+            super()._validate_args()
+        finally:
+            if cpu_only:
+                self.bf16 = True
+
+
+@dataclass
+class TiedNormTrainingArguments(Bf16DefaultMixin, TrainingArguments):
+    """``TrainingArguments`` with the detected bf16 default (scripts/run_clm.py)."""
+
+
+@dataclass
+class TiedNormSeq2SeqTrainingArguments(Bf16DefaultMixin, Seq2SeqTrainingArguments):
+    """``Seq2SeqTrainingArguments`` with the detected bf16 default (scripts/run_translation.py)."""
+
+
+# The attention of bf16 autocast on CPU (choose_attention), and the model types whose own eager attention it
+# reproduces exactly (Marian / BART / Llama bodies); others (converted checkpoints: soft-capping, sliding windows, ...)
+# keep theirs.
+CPU_BF16_ATTENTION = "eager_fp32_softmax"
+CPU_BF16_ATTENTION_MODEL_TYPES = ("tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "marian")
+
+
+def eager_attention_fp32_softmax(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' eager attention (query/key/value: (batch, heads, length, head_dim); additive float mask) with
+    the softmax always in fp32, as Llama's eager attention has it and Marian's does not: under bf16 autocast the two
+    matmuls run in bf16, the scores' softmax in fp32."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads (repeat_kv)
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def register_cpu_bf16_attention() -> None:
+    """Register ``eager_attention_fp32_softmax`` (and the additive float mask of "eager") with transformers as
+    ``CPU_BF16_ATTENTION``. Called by ``choose_attention`` when a run chooses it, never on import: importing this module
+    (the benchmarks do, for ``cpu_description``) changes nothing in transformers. Registering again is harmless."""
+    AttentionInterface.register(CPU_BF16_ATTENTION, eager_attention_fp32_softmax)
+    AttentionMaskInterface.register(CPU_BF16_ATTENTION, eager_mask)
+
+
+def choose_attention(model: PreTrainedModel, training_args: TrainingArguments) -> str:
+    """The attention a run trains with: ``CPU_BF16_ATTENTION`` under bf16 autocast on CPU for the model types of
+    ``CPU_BF16_ATTENTION_MODEL_TYPES``, else the model's own.
+    torch's CPU flash-attention kernel (SDPA) is 2-4x slower in bf16 than in fp32 at these lengths (fwd+bwd of
+    batch 64 × 4 heads × 24 tokens: 20 ms vs 7.5 ms, eager bf16 5 ms; in a profiled main-job bf16 step SDPA took
+    a quarter of the time), so there the eager matmuls win. Returns a line for the log."""
+    on_cpu = training_args.use_cpu or not torch.accelerator.is_available()
+    if not (training_args.bf16 and on_cpu and model.config.model_type in CPU_BF16_ATTENTION_MODEL_TYPES):
+        return f"attention: {model.config._attn_implementation} (the model's)"
+    register_cpu_bf16_attention()
+    model.set_attn_implementation(CPU_BF16_ATTENTION)
+    return f"attention: {CPU_BF16_ATTENTION} (bf16 on CPU, where SDPA's fused bf16 kernel is slower than eager)"

@@ -1,0 +1,192 @@
+"""The ``main()`` steps that scripts/run_translation.py and scripts/run_clm.py share, so that each script keeps only
+its own task and reads top to bottom: launch set-up (``setup_run``: every process joined the group, CPU threads,
+freed CPU memory kept for reuse), the data files, the tokenizer, the model checks, token counts and weight-norm init,
+training with the final save, and the plots and model card.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, Trainer, TrainingArguments
+from transformers.modeling_utils import PreTrainedModel
+
+from ..publishing.model_card import write_model_card
+from ..weight_norm_init import weight_norm_init_
+from .arguments import RunArguments, TiedNormModelArguments
+from .cpu_memory import keep_freed_memory
+from .data import token_counts
+from .plots import plot_embedding_norms
+from .precision import choose_attention
+from .run_directory import save_final_model
+from .tokenization import train_joint_tokenizer
+from .vocab_order import frequency_ordered
+
+logger = logging.getLogger(__name__)
+
+
+def check_world_size(training_args: TrainingArguments) -> None:
+    """Fail when the launcher started more processes than joined the Trainer's process group. Under torchrun on a
+    machine without GPUs (scripts/accelerate/ddp.yaml), accelerate forms a gloo group only when told to use the CPU;
+    otherwise every process trains the whole run alone as rank 0, all writing the same output folder."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != training_args.world_size:
+        raise RuntimeError(
+            f"the launcher started {launched} processes (WORLD_SIZE) but the Trainer's process group has "
+            f"{training_args.world_size}, so each process would train alone as rank 0. On CPUs, set "
+            "ACCELERATE_USE_CPU=true (or pass --use_cpu true) to make the processes one gloo group: "
+            "ACCELERATE_USE_CPU=true accelerate launch --config_file scripts/accelerate/ddp.yaml <script> ..."
+        )
+
+
+def configure_threads(num_threads: int | None) -> None:
+    """torch CPU threads of this process: ``num_threads``, or the machine's cores shared among the launch's processes
+    (each process defaulting to all cores would oversubscribe them)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) // world_size))
+
+
+def setup_run(run_args: RunArguments, training_args: TrainingArguments) -> None:
+    """The checks and settings a training script makes before any work: every launched process joined the group,
+    torch's CPU threads, freed CPU memory kept for reuse, and the flags that cannot serve (the Trainer's label
+    smoothing, early stopping without a best model to return to)."""
+    check_world_size(training_args)
+    configure_threads(run_args.num_threads)
+    if run_args.keep_freed_cpu_memory and training_args.device.type == "cpu":
+        logger.info(keep_freed_memory())
+    if training_args.label_smoothing_factor:
+        raise ValueError("use --label_smoothing (the model's loss) instead of --label_smoothing_factor")
+    if run_args.early_stopping_patience is not None and not training_args.load_best_model_at_end:
+        raise ValueError("--early_stopping_patience needs --load_best_model_at_end true and an eval/save strategy")
+
+
+def split_files(train_file: str, validation_file: str | None, test_file: str | None) -> dict[str, str]:
+    """The data files by split name; a split without a file (None or empty) is left out."""
+    files = {"train": train_file}
+    if validation_file:
+        files["validation"] = validation_file
+    if test_file:
+        files["test"] = test_file
+    return files
+
+
+def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dict[str, str | None]:
+    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses an --output_dir holding one)."""
+    return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
+            **{f"--{split}_file": path for split, path in files.items()}}
+
+
+def select_first(raw: dict, limits: dict[str, int | None]) -> None:
+    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place); None keeps them all."""
+    for split, limit in limits.items():
+        if split in raw and limit is not None:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+
+
+def load_or_train_tokenizer(
+    model_args: TiedNormModelArguments,
+    training_args: TrainingArguments,
+    resume: str | None,
+    texts: Callable[[], Iterable[list[str]]],
+    model_max_length: int,
+    count_tokens: Callable[[PreTrainedTokenizerBase], torch.Tensor],
+) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: the checkpoint's, a given one, the one a previous run saved in --output_dir, or a new
+    one trained on ``texts()`` (batches of training text). With --adaptive_cutoffs it is renumbered by decreasing
+    ``count_tokens(tokenizer)`` (training-data frequencies), special tokens first. A trained or renumbered
+    tokenizer is saved in --output_dir by the main process, which goes first so that the others load nothing
+    half-written."""
+    output_dir = Path(training_args.output_dir)
+    with training_args.main_process_first(desc="tokenizer"):
+        source = model_args.tokenizer_source(resume, output_dir)
+        if source is not None:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        else:
+            tokenizer = train_joint_tokenizer(
+                texts(), vocab_size=model_args.vocab_size, model=model_args.tokenizer_model,
+                model_max_length=model_max_length,
+            )
+        if model_args.adaptive_cutoffs is not None:  # a new model (fine-tuning refuses the flag)
+            tokenizer = frequency_ordered(tokenizer, count_tokens(tokenizer), model_args.tokenizer_name, output_dir)
+        if (source is None or model_args.adaptive_cutoffs is not None) and training_args.process_index == 0:
+            tokenizer.save_pretrained(output_dir)
+    logger.info("tokenizer from %s: %d tokens", source or "training data", len(tokenizer))
+    return tokenizer
+
+
+def check_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, training_args: TrainingArguments) -> None:
+    """Choose the model's attention for the run's precision (logged), and fail when the tokenizer has more tokens
+    than the model has embedding rows."""
+    logger.info(choose_attention(model, training_args))
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
+
+
+def save_token_counts_and_init(
+    model: PreTrainedModel,
+    train_dataset,
+    columns: tuple[str, ...],
+    model_args: TiedNormModelArguments,
+    training_args: TrainingArguments,
+) -> None:
+    """For a new model: the token frequencies of the tokenized training data (``columns``) saved as
+    token_counts.pt in --output_dir (for the embedding-norm plots and analyses), and Herold et al.'s weight-norm
+    initialization from them with --weight_norm_init_sigma, on every process, before the Trainer wraps the model."""
+    if model_args.model_name_or_path is not None:
+        return
+    counts = token_counts(train_dataset, model.config.vocab_size, columns)
+    if training_args.process_index == 0:
+        output_dir = Path(training_args.output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(counts, output_dir / "token_counts.pt")
+    if model_args.weight_norm_init_sigma is not None:
+        weight_norm_init_(model, counts, model_args.weight_norm_init_sigma)
+
+
+def train_and_save(trainer: Trainer, resume: str | None, num_examples: dict[str, int]) -> dict:
+    """Train (continuing ``resume``), save the final model and tokenizer (``save_final_model``), and log and save the
+    training metrics with ``num_examples`` (e.g. ``{"train_samples": n}``) and the minutes spent; returns them."""
+    start = time.monotonic()
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    save_final_model(trainer)  # model + tokenizer
+    minutes = (time.monotonic() - start) / 60
+    metrics = dict(train_result.metrics, **num_examples, train_minutes=minutes)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    return metrics
+
+
+def card_training(model_args: TiedNormModelArguments, training_args: TrainingArguments, **extra: Any) -> dict:
+    """The training settings a model card lists: the model flags, the schedule's main arguments and ``extra``."""
+    return {
+        **model_args.config_overrides(),
+        "num_train_epochs": training_args.num_train_epochs,
+        "max_steps": training_args.max_steps,
+        "per_device_train_batch_size": training_args.per_device_train_batch_size,
+        "learning_rate": training_args.learning_rate,
+        **extra,
+        "seed": training_args.seed,
+    }
+
+
+def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[str, Any] | None) -> None:
+    """On the main process: the embedding-norm plots (with token_counts.pt when the run saved it; not under FSDP,
+    whose sharded weights would need a gather) and, unless ``card`` is None, the model card rendered from
+    ``write_model_card(output_dir, **card)``."""
+    if not trainer.is_world_process_zero():
+        return
+    output_dir = Path(trainer.args.output_dir)
+    if not trainer.is_fsdp_enabled:
+        counts_file = output_dir / "token_counts.pt"
+        counts = torch.load(counts_file) if counts_file.is_file() else None
+        plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
+    if card is not None:
+        write_model_card(output_dir, **card)
+    logger.info("model, tokenizer, metrics and card are in %s", output_dir.resolve())

@@ -1,0 +1,113 @@
+"""The three wings (docs/layout.md, issue 23): the model wing is the flat ``hf_tiednorm/`` and travels with a saved
+model as remote code; the training wing (``hf_tiednorm/training/``) and publishing (``hf_tiednorm/publishing/``) are
+tools around it; the experiments (``experiments/``) live outside the package. The walls are checked here: the model
+wing imports neither of the other wings, the library never imports the experiments, a saved model's remote code is
+model-wing files only, and the modules a saved model names in its config.json stay where they were."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from testing_utils import FAMILIES, REPO_ROOT, tiny_model
+from tiny_architectures import source_model
+
+from hf_tiednorm.convert import normalize_tied_head
+
+PACKAGE = REPO_ROOT / "hf_tiednorm"
+MODEL_WING = sorted(path.name for path in PACKAGE.glob("*.py"))
+OTHER_WINGS = ("hf_tiednorm.training", "hf_tiednorm.publishing")
+EXPERIMENTS = ("experiments", "paper_grid")
+
+
+def imports_of(path: Path, package: str) -> list[tuple[str, int]]:
+    """(absolute module name, relative level) of every import in ``path``, a module of ``package``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                found.append((node.module, 0))
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            names = [node.module] if node.module else [alias.name for alias in node.names]
+            found += [(".".join([*base, name]), node.level) for name in names]
+    return found
+
+
+def test_the_model_wing_imports_neither_training_nor_publishing_nor_experiments():
+    assert {"normalized_head.py", "modeling_common.py", "convert.py"} <= set(MODEL_WING)
+    for name in MODEL_WING:
+        for module, level in imports_of(PACKAGE / name, "hf_tiednorm"):
+            assert not module.startswith(OTHER_WINGS + EXPERIMENTS), f"hf_tiednorm/{name} imports {module}"
+            # Remote code follows single-dot relative imports only (transformers' get_relative_imports).
+            assert level <= 1, f"hf_tiednorm/{name}: a relative import above the package ({module})"
+
+
+def test_the_library_never_imports_the_experiments():
+    for path in PACKAGE.rglob("*.py"):
+        package = ".".join(path.relative_to(REPO_ROOT).parent.parts)
+        for module, _ in imports_of(path, package):
+            assert not module.startswith(EXPERIMENTS), f"{path.relative_to(REPO_ROOT)} imports {module}"
+
+
+def test_importing_the_package_loads_the_model_wing_only():
+    """``import hf_tiednorm`` (what remote code and users do) loads no training or publishing module, and so none of
+    their side effects."""
+    code = "import sys, hf_tiednorm; print(sorted(m for m in sys.modules if m.startswith('hf_tiednorm')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    loaded = eval(out.stdout.strip().splitlines()[-1])
+    assert "hf_tiednorm.modeling_common" in loaded
+    assert not [module for module in loaded if module.startswith(OTHER_WINGS)], loaded
+
+
+def test_importing_precision_registers_no_attention_until_a_run_chooses_it():
+    """The fp32-softmax attention of bf16 on CPU is registered with transformers by ``choose_attention`` (through
+    ``register_cpu_bf16_attention``), not as a side effect of importing the module (the benchmarks import it for
+    ``cpu_description``)."""
+    code = (
+        "from transformers import AttentionInterface\n"
+        "from hf_tiednorm.training import precision\n"
+        "print(precision.CPU_BF16_ATTENTION in AttentionInterface._global_mapping)\n"
+        "precision.register_cpu_bf16_attention()\n"
+        "print(precision.CPU_BF16_ATTENTION in AttentionInterface._global_mapping)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert out.stdout.split()[-2:] == ["False", "True"]
+
+
+# config.json's auto_map as a model saved before the three wings (main at 8dfefd0) wrote it: those folders name these
+# modules and classes, so they must stay flat model-wing files with these classes for such a model to load.
+SAVED_AUTO_MAPS = {
+    "seq2seq": {"AutoConfig": "configuration_tiednorm.TiedNormSeq2SeqConfig",
+                "AutoModel": "modeling_tiednorm_seq2seq.TiedNormSeq2SeqModel",
+                "AutoModelForSeq2SeqLM": "modeling_tiednorm_seq2seq.TiedNormForConditionalGeneration"},
+    "bart": {"AutoConfig": "configuration_tiednorm.TiedNormBartConfig",
+             "AutoModel": "modeling_tiednorm_bart.TiedNormBartModel",
+             "AutoModelForSeq2SeqLM": "modeling_tiednorm_bart.TiedNormBartForConditionalGeneration"},
+    "causal": {"AutoConfig": "configuration_tiednorm.TiedNormCausalConfig",
+               "AutoModel": "modeling_tiednorm_causal.TiedNormCausalModel",
+               "AutoModelForCausalLM": "modeling_tiednorm_causal.TiedNormForCausalLM"},
+    "wrapped": {"AutoConfig": "configuration_tiednorm_wrapped.TiedNormWrappedConfig",
+                "AutoModelForCausalLM": "modeling_tiednorm_wrapped.TiedNormWrappedForCausalLM"},
+}
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
+def test_a_saved_model_carries_model_wing_files_only_and_keeps_its_auto_map(family, tmp_path):
+    model = normalize_tied_head(source_model("gpt2"), "cosine") if family == "wrapped" else tiny_model(family)
+    model.save_pretrained(tmp_path)
+    code_files = sorted(path.name for path in tmp_path.glob("*.py"))
+    assert code_files and set(code_files) <= set(MODEL_WING), code_files
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert auto_map == SAVED_AUTO_MAPS[family]
+    for reference in auto_map.values():
+        module, name = reference.split(".")
+        assert f"{module}.py" in code_files
+        assert hasattr(importlib.import_module(f"hf_tiednorm.{module}"), name)
