@@ -26,10 +26,11 @@ def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = No
     for name, parameter in model.named_parameters():
         if not parameter.is_floating_point() or parameter.is_meta:
             continue
-        finite = torch.isfinite(parameter.detach())
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor: this rank's shard
+        finite = torch.isfinite(local.detach())
         if not bool(finite.all()):
             bad = int((~finite).sum())
-            origin = f" loaded from {source}" if source is not None else ""
+            origin = f" of {source}" if source is not None else ""
             raise ValueError(
                 f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
                 f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "

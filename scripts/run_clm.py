@@ -52,13 +52,20 @@ from hf_tiednorm.training.arguments import (
 from hf_tiednorm.training.callbacks import run_callbacks
 from hf_tiednorm.training.data import group_texts, load_monolingual, token_counts, training_texts
 from hf_tiednorm.training.precision import TiedNormTrainingArguments
-from hf_tiednorm.training.run_directory import check_resume_config, prepare_output_dir, resolve_resume_checkpoint
+from hf_tiednorm.training.run_directory import (
+    check_resume_config,
+    lock_output_dir,
+    prepare_output_dir,
+    resolve_resume_checkpoint,
+)
 from hf_tiednorm.training.steps import (
     card_training,
+    check_late_flags,
     check_model,
     load_or_train_tokenizer,
     run_inputs,
     save_token_counts_and_init,
+    score_finished_run,
     select_first,
     setup_run,
     split_files,
@@ -125,10 +132,13 @@ def main() -> None:
     model_args, data_args, run_args, output_args, training_args = parse_arguments(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments)
     )
+    lock_output_dir(training_args.output_dir)  # before anything else: one run at a time per folder
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.info("precision: %s", training_args.precision_note)
     setup_run(run_args, training_args)
+    check_late_flags(training_args, data_args, eval_splits=("validation", "test"))  # used after training
+    score_finished_run(model_args, training_args)  # --do_eval/--do_predict alone: the run's trained weights
     resume = resolve_resume_checkpoint(training_args)
 
     # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.

@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 from testing_utils import FAMILIES, TINY_VOCAB, tiny_model, tiny_tokenizer
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, pipeline
 
-from hf_tiednorm import hub, model_card
-from hf_tiednorm.data import load_monolingual, load_parallel
-from hf_tiednorm.model_card import write_model_card
+from hf_tiednorm.publishing import hub, model_card
+from hf_tiednorm.publishing.model_card import write_model_card
+from hf_tiednorm.training.data import load_monolingual, load_parallel
 
 
 def write_pair(folder, source: str | bytes, target: str | bytes, name: str = "train", suffix: str = "") -> str:
@@ -28,13 +28,13 @@ def write_pair(folder, source: str | bytes, target: str | bytes, name: str = "tr
     return str(folder / f"{name}.{{lang}}{suffix}")
 
 
-# Data files ---------------------------------------------------------------------------------------------------------
+# Data files -----------------------------------------------------------------------------------------------------------
 
 
 def test_byte_order_mark_is_stripped_and_logged(tmp_path, caplog):
     """A BOM became part of sentence 1 (and a vocabulary token)."""
     pattern = write_pair(tmp_path, "\ufeffein hund\nzwei\n", "a dog\ntwo\n")
-    with caplog.at_level(logging.WARNING, logger="hf_tiednorm.data"):
+    with caplog.at_level(logging.WARNING, logger="hf_tiednorm.training.data"):
         pairs = load_parallel({"train": pattern}, "de", "en")["train"]
     assert pairs["de"] == ["ein hund", "zwei"]
     assert "train.de starts with a UTF-8 byte-order mark: stripped" in caplog.text
@@ -108,7 +108,7 @@ def test_pattern_with_another_placeholder_is_named(tmp_path):
         load_parallel({"train": str(tmp_path / "{split}.{lang}")}, "de", "en")
 
 
-# Models -------------------------------------------------------------------------------------------------------------
+# Models ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -138,7 +138,7 @@ def test_nan_weights_are_named_on_load(family, tmp_path):
     name = next(key for key in weights if "embed" in key or "shared" in key)
     weights[name][3, 0] = float("nan")
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=rf"loaded from {tmp_path} are not finite: tensor '.*' .* holds 1 NaN/inf"):
+    with pytest.raises(ValueError, match=rf"of {tmp_path} are not finite: tensor '.*' .* holds 1 NaN/inf"):
         type(model).from_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"are not finite"):
         AutoModelForCausalLM.from_pretrained(tmp_path) if family == "causal" else AutoModelForSeq2SeqLM.from_pretrained(
@@ -160,7 +160,7 @@ def test_resize_below_a_special_token_is_refused(family):
             decoder.resize_decoder_token_embeddings(2)
 
 
-# The translation pipeline -------------------------------------------------------------------------------------------
+# The translation pipeline ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +197,7 @@ def test_pipeline_names_the_tokenizer_of_a_model_objects_folder(tmp_path):
     assert remedy("a dog", max_new_tokens=2)
 
 
-# Publishing: tiednorm-card and tiednorm-push ------------------------------------------------------------------------
+# Publishing: tiednorm-card and tiednorm-push --------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,11 @@ def parse_arguments(dataclass_types: tuple[type, ...]) -> tuple:
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         if not Path(argv[0]).is_file():
             raise FileNotFoundError(f"config file not found: {argv[0]}")
-        text = Path(argv[0]).read_text()
-        values = json.loads(text) if argv[0].endswith(".json") else yaml.safe_load(text)
+        try:
+            text = Path(argv[0]).read_text(encoding="utf-8-sig")
+            values = json.loads(text) if argv[0].endswith(".json") else yaml.safe_load(text)
+        except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
+            raise ValueError(f"config file {argv[0]} cannot be read: {error}") from None
         if not isinstance(values, dict):
             raise ValueError(f"config file {argv[0]} must hold a mapping of argument names to values")
         flags = []

@@ -11,6 +11,7 @@ import torch
 from transformers import EarlyStoppingCallback, TrainerCallback
 
 from ..adaptive import AdaptiveInput
+from ..weight_checks import check_finite_weights
 from .arguments import RunArguments
 
 logger = logging.getLogger(__name__)
@@ -22,6 +23,9 @@ class TiedWeightsCheck(TrainerCallback):
     trained: with both lines from every rank, a multi-process launch shows that all its processes trained."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # The weights training starts from: a new model's, a saved one's or a resumed checkpoint's (which the Trainer
+        # loads without from_pretrained's check), so a NaN there is named instead of training to a nan loss.
+        check_finite_weights(model, "the model training starts from (a resumed checkpoint's included)")
         if not model.config.tie_word_embeddings:
             return
         # The decoder of an encoder-decoder, the whole causal LM; through the accessor, since a converted model keeps
