@@ -6,6 +6,7 @@ full disk names the checkpoint being written. Tiny data made in code; a few seco
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -65,6 +66,37 @@ RUN_RESULTS = ("train_results.json", "all_results.json", "test_results.json", "R
 # One run per folder at a time -----------------------------------------------------------------------------------------
 
 
+def hold_lock(output_dir, barrier, results) -> None:
+    """In a forked process: wait for the other one, then try to take the run's lock at the same moment."""
+    barrier.wait()
+    try:
+        lock_output_dir(output_dir, 0)
+        results.put("held")
+        barrier.wait()  # hold it until the other process has tried
+    except RuntimeError as error:
+        results.put(str(error))
+        barrier.wait()
+
+
+def test_two_processes_locking_one_output_dir_together(tmp_path):
+    """The lock itself, fast: two processes started together at a barrier; exactly one holds the folder."""
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(2), context.Queue()
+    processes = [context.Process(target=hold_lock, args=(tmp_path / "run", barrier, results)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    outcomes = sorted(results.get(timeout=60) for _ in processes)
+    for process in processes:
+        process.join(timeout=60)
+    assert outcomes[1] == "held", outcomes
+    assert outcomes[0].startswith(f"--output_dir {tmp_path / 'run'} is in use by another run (pid "), outcomes
+    # The holder exited without atexit (a forked child): the kernel released its lock, the next run takes it.
+    assert lock_output_dir(tmp_path / "run", 0) == lock_path(tmp_path / "run")
+    release_output_dir_locks()
+
+
+# Two script processes importing transformers on shared cores: 27 s on the 2-core machine busy with other jobs.
+@pytest.mark.slow
 def test_two_runs_started_together_on_one_output_dir(data_flags, tmp_path):
     """Both exited 0 and the folder ended with the last writer's weights; now one holds the folder, the other stops
     naming it. Two processes wait at a barrier (files) and start main() together."""
