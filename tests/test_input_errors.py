@@ -123,6 +123,15 @@ def test_token_id_outside_the_vocabulary_is_named(family):
         model.generate(input_ids=ids, max_new_tokens=2)
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_label_outside_the_vocabulary_is_named(chunked):
+    """`IndexError: Target 99 is out of bounds.` named no vocabulary (the last label never reaches an embedding)."""
+    model = tiny_model("seq2seq", loss_chunk_size=4 if chunked else None).train(chunked)
+    with pytest.raises(IndexError, match=rf"label {TINY_VOCAB + 5} \(1 out of range in all\) is outside the "
+                                         rf"vocabulary of {TINY_VOCAB} tokens"):
+        model(input_ids=torch.tensor([[5, 6]]), labels=torch.tensor([[4, -100, TINY_VOCAB + 5]]))
+
+
 def test_token_id_outside_an_adaptive_vocabulary_is_named():
     model = tiny_model("causal", adaptive_cutoffs=[20])
     with pytest.raises(IndexError, match=rf"token id -1 \(at position \(0, 1\).*of {TINY_VOCAB} tokens"):

@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from script_helpers import REPO_ROOT, TINY_TRANSLATION_FLAGS, load_script, run_script, write_tiny_parallel
 
 from hf_tiednorm.training import steps
@@ -185,6 +186,20 @@ def test_truncated_weights_of_the_newest_checkpoint_are_found_before_any_data_wo
     # train_loss is the Trainer's mean over this process's steps: step 2 only, and all_results.json says so.
     assert (results["train_loss_first_step"], results["train_loss_last_step"]) == (2, 2)
     assert results["train_resumed_from_step"] == 1
+
+
+def test_nan_weights_of_a_resumed_checkpoint_are_named(finished_run, data_flags, tmp_path, monkeypatch):
+    """The Trainer loads a checkpoint's weights itself (not through from_pretrained): NaN trained on to a nan loss."""
+    output_dir = copy_run(finished_run, tmp_path)
+    path = output_dir / "checkpoint-2" / "model.safetensors"
+    weights = load_file(path)
+    name = next(key for key in weights if key.endswith("fc1.weight"))
+    weights[name][0, 0] = float("inf")
+    save_file(weights, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"tensor '{name}' .* holds 1 NaN/inf value"):
+        run_script("run_translation", translation_flags(
+            data_flags, output_dir, "--do_train", "--max_steps", "3", "--resume_from_checkpoint", "last",
+        ), monkeypatch)
 
 
 # Scoring a finished run -----------------------------------------------------------------------------------------------
