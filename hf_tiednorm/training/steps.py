@@ -99,10 +99,9 @@ def score_finished_run(model_args: TiedNormModelArguments, training_args: Traini
     --model_name_or_path, and this scoring writes into a new sub-folder ``scored-<UTC time>`` of it, so the run's
     results, card and plots stay as they are. The training run's architecture flags may be repeated; a flag that
     differs from the trained model is refused."""
-    if training_args.do_train or model_args.model_name_or_path is not None:
+    scores = training_args.do_eval or training_args.do_predict
+    if training_args.do_train or not scores or model_args.model_name_or_path is not None:
         return
-    if not (training_args.do_eval or training_args.do_predict):
-        raise ValueError("nothing to do: give --do_train, --do_eval or --do_predict")
     if training_args.resume_from_checkpoint is not None:
         raise ValueError(
             f"--resume_from_checkpoint continues training, but --do_train is not given; to score a checkpoint pass "
