@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from script_helpers import REPO_ROOT, TINY_TRANSLATION_FLAGS, load_script, run_script, write_tiny_parallel
+from testing_utils import tiny_tokenizer
 
 from hf_tiednorm.training import steps
 from hf_tiednorm.training.run_directory import lock_output_dir, lock_path, release_output_dir_locks
@@ -283,6 +284,17 @@ def test_broken_yaml_config_names_the_file(tmp_path, monkeypatch):
     config.write_text("output_dir: out\nhead_mode: [cosine\n")
     with pytest.raises(ValueError, match=rf"config file {config} cannot be read: while parsing"):
         run_script("run_translation", [config], monkeypatch)
+
+
+def test_broken_tokenizer_folder_is_named(data_flags, tmp_path, monkeypatch):
+    """A damaged tokenizer.json raised `Exception: expected value at line 1 column 1` naming no file."""
+    folder = tmp_path / "tokenizer"
+    tiny_tokenizer().save_pretrained(folder)
+    (folder / "tokenizer.json").write_text('{"version": ')
+    with pytest.raises(ValueError, match=rf"--tokenizer_name {folder}: cannot load the tokenizer: "):
+        run_script("run_translation", translation_flags(
+            data_flags, tmp_path / "out", "--do_train", "--max_steps", "1", "--tokenizer_name", folder,
+        ), monkeypatch)
 
 
 # A full disk names what it was writing --------------------------------------------------------------------------------

@@ -182,7 +182,11 @@ class TiedNormModelArguments:
             return self.finetune_config()
         vocab_size = self.vocab_size
         if self.tokenizer_name is not None:
-            vocab_size = len(AutoTokenizer.from_pretrained(self.tokenizer_name))
+            try:
+                vocab_size = len(AutoTokenizer.from_pretrained(self.tokenizer_name))
+            except Exception as error:  # tokenizers' JSON errors name no file
+                raise ValueError(f"--tokenizer_name {self.tokenizer_name}: cannot load the tokenizer: "
+                                 f"{type(error).__name__}: {error}") from error
         return config_class(
             vocab_size=vocab_size, weight_norm_init_sigma=self.weight_norm_init_sigma, **self.config_overrides()
         )
