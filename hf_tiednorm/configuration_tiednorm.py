@@ -10,7 +10,7 @@ the field or validator and the cause.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from huggingface_hub.dataclasses import as_validated_field, strict
@@ -38,6 +38,14 @@ def non_negative_field(value: float | None) -> None:
         raise ValueError(f"Value must be >= 0, got {value}")
 
 
+def script_flag(help: str, *, finetune: bool = False, new_model_only: bool = False) -> dict:
+    """The metadata of a config field that the training scripts offer as a flag: its ``help`` text, and whether
+    fine-tuning a saved model may change it (``finetune``: a loss weight, which changes no parameter) or only a new
+    model takes it (``new_model_only``: applied when the model is built). The one place a field is described:
+    ``hf_tiednorm.training.arguments`` derives the scripts' flags and their fine-tuning rules from it."""
+    return {"help": help, "finetune": finetune, "new_model_only": new_model_only}
+
+
 # Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
 size_field = positive_int_field
 layer_count_field = interval(min=0)
@@ -47,13 +55,25 @@ layer_count_field = interval(min=0)
 class TiedNormHeadConfigMixin:
     """Fields of the normalized tied output head: every hf_tiednorm config has them (TiedNormWrappedConfig too)."""
 
-    # How the output layer scores token i against the decoder state h: one of HEAD_MODES
-    # ("baseline", "l2", "square", "distance", "cosine"); see hf_tiednorm/normalized_head.py.
-    head_mode: HeadMode = "cosine"
-    # Multiplier g on the logits: "none", "fixed" (a constant), "scalar" or "vector" (learned, per token).
-    logit_scale: LogitScale = "none"
-    # g for "fixed", its initial value for "scalar"/"vector"; None means sqrt(hidden size).
-    logit_scale_init: float | int | None = positive_finite_field(default=None)
+    head_mode: HeadMode = field(
+        default="cosine",
+        metadata=script_flag(
+            "how the output layer scores token i against the decoder state h (hf_tiednorm/normalized_head.py): "
+            "baseline w_i·h, l2 (unit rows in and out), square w_i·h/‖w_i‖², distance −‖w_i − h‖², cosine"
+        ),
+    )
+    logit_scale: LogitScale = field(
+        default="none",
+        metadata=script_flag(
+            "multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g per token)"
+        ),
+    )
+    logit_scale_init: float | int | None = positive_finite_field(
+        default=None,
+        metadata=script_flag(
+            "g for logit_scale fixed, its initial value for scalar/vector; None: sqrt(hidden size)"
+        ),
+    )
     # Floor on the row norms, so zero rows never divide by zero.
     norm_eps: float = positive_finite_field(default=1e-6)
 
@@ -74,36 +94,77 @@ class TiedNormTechniquesConfigMixin:
     # The Trainer's evaluation collects every other output field as predictions; the loss terms are scalars.
     keys_to_ignore_at_inference = ["cache", "past_key_values", *LOSS_TERMS]  # the KV cache's names since / before 5.24
 
-    # Label smoothing of the model's own cross-entropy (set it here rather than in the Trainer, so that
-    # regularizer terms added to the model's loss are kept).
-    label_smoothing: float | int = interval(min=0, max=1, exclude_max=True)(default=0.0)
-    # Opt-in: compute the training loss this many tokens at a time without materializing the (tokens x V)
-    # logits (hf_tiednorm/chunked_loss.py); the forward then returns logits=None. None = the plain path.
-    loss_chunk_size: int | None = positive_int_field(default=None)
-    # Projection regularization (Press & Wolf, 2017): λ of the penalty λ·‖P‖_F on a matrix P (H×H, identity
-    # init) inserted between the decoder output and the tied head; 0 keeps P unregularized; None = no P.
-    # The paper uses λ = 0.15. See hf_tiednorm/regularizers.py.
-    projection_regularization: float | int | None = non_negative_field(default=None)
-    # Weight-norm regularization (Herold, Gao & Ney, 2018): ρ of ρ·Σ_k (‖w_k‖ − ν)² over the output embedding
-    # rows; 0 disables it. The paper uses ρ = 1e-3.
-    weight_norm_regularization: float | int = non_negative_field(default=0.0)
-    # ν, the row norm the weight-norm regularization pulls towards (paper: 2.0).
-    weight_norm_target: float | int = positive_finite_field(default=2.0)
-    # Std of a new model's token embeddings (every TiedNormEmbedding, and an untied output matrix); None = the
-    # parent's init_std / initializer_range (0.02). The paper trained in fairseq, whose embeddings start at
-    # N(0, d^-1/2): row norms ≈ 1 instead of 0.02·√d (0.32 at d = 256), which square mode (scores w·h/‖w‖²)
-    # needs to train. The padding row stays zero.
-    embedding_init_std: float | None = positive_finite_field(default=None)
-    # σ of the weight-norm initialization ‖w_k‖ = σ·log(c_k) that hf_tiednorm.weight_norm_init_ applied to this
-    # model (it records it here); None = not applied.
-    weight_norm_init_sigma: float | int | None = positive_finite_field(default=None)
-    # Adaptive input + tied adaptive softmax (Baevski & Auli, 2019): increasing token ids c_1 < … < c_{n-1} < V
-    # that split the frequency-ordered vocabulary into bands [0, c_1), …, [c_{n-1}, V); None = plain embedding.
-    adaptive_cutoffs: list[int] | None = None
-    # k: band i has width d // k^i.
-    adaptive_div_value: float | int = interval(min=1)(default=4.0)
-    # Tie each band's output projection to its input projection too (else only the band rows are tied).
-    adaptive_tie_projections: bool = True
+    label_smoothing: float | int = interval(min=0, max=1, exclude_max=True)(
+        default=0.0,
+        metadata=script_flag(
+            "label smoothing of the model's own cross-entropy (set here rather than in the Trainer's "
+            "--label_smoothing_factor, so that the regularizer terms of the model's loss are kept)",
+            finetune=True,
+        ),
+    )
+    loss_chunk_size: int | None = positive_int_field(
+        default=None,
+        metadata=script_flag(
+            "compute the training loss this many tokens at a time, never materializing the (tokens × V) logits "
+            "(hf_tiednorm/chunked_loss.py; the forward then returns logits=None); None: the plain path",
+            finetune=True,
+        ),
+    )
+    projection_regularization: float | int | None = non_negative_field(
+        default=None,
+        metadata=script_flag(
+            "Press & Wolf's projection P (H×H, identity init) between the decoder output and the tied head, with "
+            "penalty λ·‖P‖_F (paper: λ = 0.15; 0: P unregularized; None: no P; hf_tiednorm/regularizers.py). "
+            "Fine-tuning may change λ of a model trained with P, never add P",
+            finetune=True,
+        ),
+    )
+    weight_norm_regularization: float | int = non_negative_field(
+        default=0.0,
+        metadata=script_flag(
+            "Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)² over the output embedding rows "
+            "(paper: ρ = 1e-3; 0: off)",
+            finetune=True,
+        ),
+    )
+    weight_norm_target: float | int = positive_finite_field(
+        default=2.0,
+        metadata=script_flag("ν, the row norm the weight-norm regularization pulls towards (paper: 2)", finetune=True),
+    )
+    embedding_init_std: float | None = positive_finite_field(
+        default=None,
+        metadata=script_flag(
+            "std of a new model's token embeddings (and untied output matrix); None: the parent's init_std (0.02). "
+            "The paper's fairseq init is d**-0.5 (row norms ≈ 1 instead of 0.02·√d), e.g. 0.0625 at d = 256; "
+            "square mode (scores w·h/‖w‖²) needs it. The padding row stays zero"
+        ),
+    )
+    # The config records σ once hf_tiednorm.weight_norm_init_ has rescaled the embedding (None: not applied).
+    weight_norm_init_sigma: float | int | None = positive_finite_field(
+        default=None,
+        metadata=script_flag(
+            "Herold et al.'s weight-norm initialization: a new model's embedding rows get norm σ·log(count), counts "
+            "from the tokenized training data; None: HF's random init",
+            new_model_only=True,
+        ),
+    )
+    adaptive_cutoffs: list[int] | None = field(
+        default=None,
+        metadata=script_flag(
+            "adaptive input + tied adaptive softmax (Baevski & Auli, 2019): increasing token ids c_1 < … < c_n-1 < V "
+            "that split the frequency-ordered vocabulary into bands, such as 2000 6000 (encoder-decoders: "
+            "tie_topology three_way); None: plain embedding"
+        ),
+    )
+    adaptive_div_value: float | int = interval(min=1)(
+        default=4.0, metadata=script_flag("k of the adaptive bands: band i has width d // k**i")
+    )
+    adaptive_tie_projections: bool = field(
+        default=True,
+        metadata=script_flag(
+            "tie each adaptive band's output projection to its input projection too (else only the band rows)"
+        ),
+    )
 
     def validate_row_norm_techniques(self) -> None:
         if self.head_mode == "l2" and (self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None):
@@ -173,19 +234,19 @@ class TieTopologyConfigMixin:
         }
 
     def __post_init__(self, **kwargs):
-        for field, value in self._implied_tie_flags().items():
-            if getattr(self, field) is None:
-                setattr(self, field, value)
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         if self.decoder_vocab_size is None:
             self.decoder_vocab_size = self.vocab_size
         super().__post_init__(**kwargs)
 
     def validate_tie_topology(self) -> None:
-        for field, value in self._implied_tie_flags().items():
-            if getattr(self, field) != value:
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) != value:
                 raise ValueError(
-                    f"{field}={getattr(self, field)} contradicts tie_topology={self.tie_topology!r} (which implies "
-                    f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {field} unset"
+                    f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
+                    f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
                 )
         if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
@@ -284,4 +345,5 @@ __all__ = [
     "TiedNormHeadConfigMixin",
     "TiedNormSeq2SeqConfig",
     "TiedNormTechniquesConfigMixin",
+    "script_flag",
 ]

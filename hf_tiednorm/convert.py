@@ -293,19 +293,48 @@ def convert_checkpoint(
     return model
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=f"Give a tied checkpoint ({_SUPPORTED_TEXT}) the normalized head.")
-    parser.add_argument("source", help="local folder of the source checkpoint")
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tiednorm-convert`` command line; every option has a help text that names its default."""
+    parser = argparse.ArgumentParser(
+        prog="tiednorm-convert",
+        description=f"Give a tied checkpoint ({_SUPPORTED_TEXT}) the normalized head. The weights are kept; "
+        "with --head-mode baseline the logits equal the source's exactly, other modes change only the scoring "
+        "(fine-tune afterwards). The output folder loads with trust_remote_code=True where hf_tiednorm is not "
+        "installed.",
+    )
+    parser.add_argument("source", help="local folder of the source checkpoint (save_pretrained format)")
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
-    parser.add_argument("--head-mode", default="baseline", choices=HEAD_MODES)
-    parser.add_argument("--logit-scale", default="none", choices=LOGIT_SCALES)
-    parser.add_argument("--logit-scale-init", type=float, help="g for 'fixed', initial g for 'scalar'/'vector'")
+    parser.add_argument(
+        "--head-mode",
+        default="baseline",
+        choices=HEAD_MODES,
+        help="how the head scores token i from the shared row w_i and the hidden state h: baseline w·h (plain "
+        "tying), l2 ŵ·h with unit-row input lookups too, square w·h/‖w‖², distance w·h − ½‖w‖², cosine w·h/‖w‖ "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--logit-scale",
+        default="none",
+        choices=LOGIT_SCALES,
+        help="multiply the scores by g: none, fixed (a constant g), scalar (one learned g) or vector (a learned g "
+        "per token) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--logit-scale-init",
+        type=float,
+        help="g for 'fixed', initial g for 'scalar'/'vector' (default: √d, d the hidden size)",
+    )
     parser.add_argument(
         "--generic",
         action="store_true",
         help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
         "mapping them onto hf_tiednorm's own families",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     convert_checkpoint(
         args.source,

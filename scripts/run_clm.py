@@ -130,7 +130,8 @@ class DataArguments(DataArgumentsBase):
 
 def main() -> None:
     model_args, data_args, run_args, output_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments)
+        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments),
+        description=__doc__.split('\n\n')[0],  # the script's first line, for --help
     )
     lock_output_dir(training_args.output_dir)  # before anything else: one run at a time per folder
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)

@@ -98,11 +98,12 @@ MODEL_FAMILIES = ("tiednorm", "marian")
 # The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
 # library's: hf_tiednorm assumes no checkout).
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-# Flags of the normalized head and its techniques, which transformers' MarianMTModel does not have.
-TIEDNORM_ONLY_FLAGS = (
-    "head_mode", "logit_scale", "logit_scale_init", "projection_regularization", "weight_norm_regularization",
-    "weight_norm_target", "weight_norm_init_sigma", "adaptive_cutoffs", "adaptive_div_value",
-    "adaptive_tie_projections", "loss_chunk_size",
+# The config-field flags that the HF contender (transformers' MarianMTModel, --model_family marian) takes as well;
+# the others (the normalized head and its techniques) it does not have.
+MARIAN_FLAGS = ("label_smoothing", "embedding_init_std")
+TIEDNORM_ONLY_FLAGS = tuple(
+    name for name in (*TiedNormModelArguments.config_fields, *TiedNormModelArguments.new_model_fields)
+    if name not in MARIAN_FLAGS
 )
 
 
@@ -225,7 +226,8 @@ def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], spl
 
 def main() -> None:
     model_args, data_args, run_args, output_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments)
+        (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments),
+        description=__doc__.split('\n\n')[0],  # the script's first line, for --help
     )
     lock_output_dir(training_args.output_dir)  # before anything else: one run at a time per folder
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from huggingface_hub import ModelCard
-from testing_utils import tiny_model
+from testing_utils import FAMILIES, tiny_model
 from tiny_architectures import CONFIGS, source_model
 from transformers import MarianConfig
 
@@ -120,3 +120,22 @@ def test_bad_inputs_are_refused(tmp_path):
     with pytest.raises(TypeError, match="must be a number"):
         write_model_card(tmp_path / "ours", metrics={"bleu": "thirty"}, dataset="d")
     assert not (tmp_path / "ours" / "README.md").exists()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_regularizer_table_lists_only_what_describes_the_model(family, tmp_path):
+    """A plain model has no "Regularizers" section (no transformers bookkeeping such as ``custom_pipelines``, no
+    settings of techniques that are off); a technique that is on shows with its own settings."""
+    tiny_model(family).save_pretrained(tmp_path / "plain")
+    assert "Regularizers" not in write_model_card(tmp_path / "plain").read_text()
+
+    on = {"weight_norm_regularization": 1e-3, "projection_regularization": 0.15, "adaptive_cutoffs": [20, 40]}
+    tiny_model(family, **on).save_pretrained(tmp_path / "on")
+    text = write_model_card(tmp_path / "on").read_text()
+    for row in (
+        "| `weight_norm_regularization` | `0.001` |", "| `weight_norm_target` | `2.0` |",
+        "| `projection_regularization` | `0.15` |", "| `adaptive_cutoffs` | `[20, 40]` |",
+        "| `adaptive_tie_projections` | `True` |", "| `adaptive_div_value` | `4.0` |",
+    ):  # fmt: skip
+        assert row in text, row
+    assert "custom_pipelines" not in text and "decoder_vocab_size" not in text and "loss_chunk_size" not in text

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import yaml
 
+from hf_tiednorm.normalized_head import HEAD_MODES
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/, results/
-MODES = ("baseline", "l2", "square", "distance", "cosine")
+MODES = HEAD_MODES  # the translation grid runs every head mode (hf_tiednorm.normalized_head, the one list)
 # The HF contender of the translation grid: transformers' MarianMTModel (run_translation.py --model_family marian).
 MARIAN = "marian"
 TRANSLATION_VARIANTS = (*MODES, MARIAN)

@@ -149,17 +149,29 @@ def push_to_hub(
         return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Upload an hf_tiednorm checkpoint (with code, tokenizer, card).")
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tiednorm-push`` command line; every option has a help text that names its default."""
+    parser = argparse.ArgumentParser(
+        prog="tiednorm-push",
+        description="Upload an hf_tiednorm checkpoint to the Hugging Face Hub with its code, tokenizer, model card and "
+        "plots, so that it loads with trust_remote_code=True where hf_tiednorm is not installed. The checkpoint "
+        "folder is only read.",
+    )
     parser.add_argument("checkpoint", help="folder written by save_pretrained")
     parser.add_argument("repo_id", help="Hub repository, e.g. my-user/tiednorm-cosine-multi30k")
     parser.add_argument("--tokenizer", help="tokenizer folder, when the checkpoint folder has none")
     parser.add_argument("--public", action="store_true", help="create a public repository (default: private)")
-    parser.add_argument("--commit-message", default="Upload hf_tiednorm model")
+    parser.add_argument(
+        "--commit-message", default="Upload hf_tiednorm model", help="commit message on the Hub (default: %(default)s)"
+    )
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the token saved by `hf auth login`)")
     parser.add_argument("--dry-run", metavar="DIR", help="only write the folder that would be uploaded into DIR")
     add_card_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     result = push_to_hub(
         args.checkpoint,
         args.repo_id,

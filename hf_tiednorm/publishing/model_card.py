@@ -20,6 +20,7 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,13 @@ from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
-from ..configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from ..configuration_tiednorm import (
+    TiedNormBartConfig,
+    TiedNormCausalConfig,
+    TiedNormHeadConfigMixin,
+    TiedNormSeq2SeqConfig,
+    TieTopologyConfigMixin,
+)
 from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from ..normalized_head import default_logit_scale
 from ..training.plots import EMBEDDING_NORM_PLOT
@@ -145,8 +152,19 @@ def _eval_results(
     ]
 
 
+# Fields that only mean something while another field turns their technique on.
+_DEPENDENT_FIELDS = {
+    "adaptive_div_value": "adaptive_cutoffs",
+    "adaptive_tie_projections": "adaptive_cutoffs",
+    "weight_norm_target": "weight_norm_regularization",
+}
+
+
 def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
-    """Config fields that are neither the HF parent's nor the head's/topology's: regularizers and the like.
+    """Config fields that are neither the HF parent's nor the head's/topology's and describe this model: the
+    regularizers and the like that are on (a value other than the family's default, plus the settings of a technique
+    that is on, e.g. ``adaptive_tie_projections`` with ``adaptive_cutoffs``). Transformers' bookkeeping
+    (``custom_pipelines``) is left out.
 
     Found generically so that fields added later (projection, weight-norm penalties, ...) appear on the card. A
     converted model has none (its config refuses them: it trains with the wrapped model's own loss).
@@ -154,12 +172,21 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     if config.model_type == WRAPPED:
         return {}
     parent = FAMILIES[config.model_type][0]()
-    known = set(parent.to_dict()) | {
-        "head_mode", "logit_scale", "logit_scale_init", "norm_eps", "label_smoothing", "tie_topology",
-        "share_encoder_decoder_embeddings", "auto_map", "architectures", "transformers_version", "model_type",
-        "_name_or_path", "dtype",
+    # The head's and the tie topology's fields have their own rows (label smoothing too), and so do the parent's.
+    own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
+    known = set(parent.to_dict()) | {field.name for field in own_rows} | {
+        "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
+        "custom_pipelines",
     }  # fmt: skip
-    return {name: value for name, value in sorted(config.to_dict().items()) if name not in known}
+    values = config.to_dict()
+    defaults = type(config)().to_dict()
+
+    def describes_model(name: str) -> bool:
+        if name in _DEPENDENT_FIELDS:
+            return bool(values.get(_DEPENDENT_FIELDS[name]))
+        return name not in defaults or values[name] != defaults[name]
+
+    return {name: value for name, value in sorted(values.items()) if name not in known and describes_model(name)}
 
 
 def _logit_scale_text(config: TiedNormConfig) -> str:
@@ -344,7 +371,11 @@ def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics", help="JSON file of evaluation metrics for the card (e.g. the Trainer's test_results.json)"
     )
-    parser.add_argument("--training", help="JSON file of training settings and budget for the card")
+    parser.add_argument(
+        "--training",
+        help="JSON file of training settings and budget for the card (e.g. the Trainer's train_results.json, or your "
+        'own {"steps": 20000, "GPU hours": 1.5})',
+    )
     parser.add_argument("--dataset", help="Hub id of the data set for the card, e.g. bentrevett/multi30k")
     parser.add_argument("--languages", nargs="+", help="ISO language codes for the card, e.g. de en")
 
@@ -359,13 +390,24 @@ def card_inputs_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Render README.md (model card) into a saved hf_tiednorm folder.")
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tiednorm-card`` command line; every option has a help text that names its default."""
+    parser = argparse.ArgumentParser(
+        prog="tiednorm-card",
+        description="Render README.md (the model card) into a saved hf_tiednorm folder (trained or converted) from "
+        "its config.json, with the metrics, data and training settings given.",
+    )
     parser.add_argument("folder", help="checkpoint folder written by save_pretrained")
     add_card_arguments(parser)
-    parser.add_argument("--repo-id", help="Hub repository id used in the loading snippet")
-    parser.add_argument("--license", default="apache-2.0")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--repo-id", help="Hub repository id used in the card's loading snippet (default: the folder name)"
+    )
+    parser.add_argument("--license", default="apache-2.0", help="license id for the card (default: %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     path = write_model_card(args.folder, repo_id=args.repo_id, license=args.license, **card_inputs_from_args(args))
     print(f"wrote {path}")
 

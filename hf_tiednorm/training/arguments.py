@@ -3,7 +3,8 @@
 * ``parse_arguments``: flags, or a .json/.yaml config file followed by flags that override it.
 * ``TiedNormModelArguments``: the model flags (checkpoint, tokenizer, the tied output layer and the technique flags of
   its loss) with their checks and the fine-tuning rules; each script subclasses it with the architecture flags of its
-  model family.
+  model family. Its config-field flags are derived from the config mixins' field metadata (``model_arguments_class``):
+  the help text and the fine-tuning rule of a field are written once, in ``configuration_tiednorm.py``.
 * ``DataArgumentsBase``: the data flags both scripts share; each script adds its files and lengths (and names the
   folder of its default files in ``default_data_dir``: the library assumes no checkout).
 * ``OutputDirArguments``: --overwrite_output_dir (see ``run_directory.prepare_output_dir``).
@@ -12,22 +13,48 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from types import UnionType
+from typing import Any, ClassVar, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 import yaml
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig
 
-from ..normalized_head import HEAD_MODES, LOGIT_SCALES
+from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from .tokenization import TOKENIZER_MODELS
 
+# The usage line and the note that --help prints first: how scripts/main_job.sh calls the scripts.
+USAGE = "%(prog)s [CONFIG.yaml | CONFIG.json] [--FLAG VALUE ...]"
+CONFIG_FILE_NOTE = (
+    "A .yaml or .json config file may come first: its values are the defaults, and the flags after it override "
+    "them, e.g. %(prog)s CONFIG.yaml --output_dir runs/x (scripts/main_job.sh runs run_translation.py with "
+    "scripts/configs/multi30k_de_en.yaml this way)."
+)
 
-def parse_arguments(dataclass_types: tuple[type, ...]) -> tuple:
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """HF's help formatter, except that a help text that states its default itself ("default: ...") keeps it: the
+    config-field flags default to None (keep the config's value) and name the config's default instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "default:" in text else super()._get_help_string(action)
+
+
+def argument_parser(dataclass_types: tuple[type, ...], description: str | None = None) -> HfArgumentParser:
+    """The parser of a training script: its dataclasses' flags, the config-file usage and ``description``."""
+    text = CONFIG_FILE_NOTE if description is None else f"{description.strip()}\n\n{CONFIG_FILE_NOTE}"
+    return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
+
+
+def parse_arguments(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
     """Flags, or a .json/.yaml config file as first argument followed by flags that override it."""
-    parser = HfArgumentParser(dataclass_types)
+    parser = argument_parser(dataclass_types, description)
     argv = sys.argv[1:]
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         if not Path(argv[0]).is_file():
@@ -48,22 +75,17 @@ def parse_arguments(dataclass_types: tuple[type, ...]) -> tuple:
 
 
 @dataclass
-class TiedNormModelArguments:
-    """Model flags of both training scripts. A script subclasses it with its architecture flags and appends their
-    names to ``config_fields`` (and to ``finetune_fields`` those that change no parameter)."""
+class ModelSourceArguments:
+    """The model flags that are no config field (the checkpoint or tokenizer to start from), and the rules of the
+    config-field flags that ``model_arguments_class`` adds: which a saved model fixes, which fine-tuning may change.
+    A script subclasses the result with its architecture flags and appends their names to ``config_fields`` (and to
+    ``finetune_fields`` those that change no parameter)."""
 
-    # Flags that map one-to-one onto fields of both TiedNorm configs.
-    config_fields: ClassVar[tuple[str, ...]] = (
-        "head_mode", "logit_scale", "logit_scale_init", "label_smoothing", "projection_regularization",
-        "weight_norm_regularization", "weight_norm_target", "adaptive_cutoffs", "adaptive_div_value",
-        "adaptive_tie_projections", "loss_chunk_size", "embedding_init_std",
-    )
-    # Those that may still change when fine-tuning a saved checkpoint: loss weights, which change no parameter;
-    # projection_regularization only when the saved model has the projection P already.
-    finetune_fields: ClassVar[tuple[str, ...]] = (
-        "label_smoothing", "projection_regularization", "weight_norm_regularization", "weight_norm_target",
-        "loss_chunk_size",
-    )
+    # Flags that map one-to-one onto config fields; those of them that fine-tuning a saved checkpoint may still
+    # change; and those that only a new model takes (applied when it is built). Filled by model_arguments_class.
+    config_fields: ClassVar[tuple[str, ...]] = ()
+    finetune_fields: ClassVar[tuple[str, ...]] = ()
+    new_model_fields: ClassVar[tuple[str, ...]] = ()
 
     model_name_or_path: str | None = field(
         default=None,
@@ -74,62 +96,7 @@ class TiedNormModelArguments:
         metadata={"help": "saved tokenizer folder for a new model; None: train a (joint) tokenizer on the train text"},
     )
     vocab_size: int = field(default=8000, metadata={"help": "size of the subword vocabulary trained if none is given"})
-    tokenizer_model: str = field(default="bpe", metadata={"help": f"its subword model, {TOKENIZER_MODELS}"})
-    # The flags below and a script's architecture flags override config defaults for a new model (None keeps them).
-    head_mode: str | None = field(default=None, metadata={"help": f"one of {HEAD_MODES}"})
-    logit_scale: str | None = field(default=None, metadata={"help": f"one of {LOGIT_SCALES}"})
-    logit_scale_init: float | None = field(default=None, metadata={"help": "initial value of the head's logit scale"})
-    label_smoothing: float | None = field(
-        default=None,
-        metadata={"help": "label smoothing of the model's own loss (a config field; not --label_smoothing_factor)"},
-    )
-    projection_regularization: float | None = field(
-        default=None,
-        metadata={
-            "help": "Press & Wolf's projection P before the tied head with penalty λ·‖P‖_F (paper: λ = 0.15; "
-            "0 = P unregularized)"
-        },
-    )
-    weight_norm_regularization: float | None = field(
-        default=None,
-        metadata={"help": "Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)² (paper: ρ = 1e-3)"},
-    )
-    weight_norm_target: float | None = field(
-        default=None, metadata={"help": "target row norm ν of --weight_norm_regularization (paper: 2)"}
-    )
-    # Not in config_fields: the config records it once weight_norm_init_ has rescaled the embedding.
-    weight_norm_init_sigma: float | None = field(
-        default=None,
-        metadata={
-            "help": "Herold et al.'s weight-norm init: a new model's embedding rows get norm sigma*log(count), counts "
-            "from the tokenized training data; None: HF's random init"
-        },
-    )
-    adaptive_cutoffs: list[int] | None = field(
-        default=None,
-        metadata={
-            "help": "adaptive input + tied adaptive softmax: band edges in the frequency-ordered vocabulary, token "
-            "ids such as 2000 6000 (the config checks that they increase and fit; encoder-decoder: --tie_topology "
-            "three_way)"
-        },
-    )
-    adaptive_div_value: float | None = field(
-        default=None, metadata={"help": "band i of the adaptive input/softmax has width d_model // div_value**i"}
-    )
-    adaptive_tie_projections: bool | None = field(
-        default=None, metadata={"help": "tie each adaptive band's output projection to its input projection as well"}
-    )
-    loss_chunk_size: int | None = field(
-        default=None,
-        metadata={"help": "compute the training loss this many tokens at a time, never materializing all logits"},
-    )
-    embedding_init_std: float | None = field(
-        default=None,
-        metadata={
-            "help": "Std of a new model's token embeddings (and untied output matrix); None: the config's init_std "
-            "(0.02). The paper's fairseq init is d**-0.5 (row norms ≈ 1), e.g. 0.0625 at d = 256; square mode needs it."
-        },
-    )
+    tokenizer_model: str = field(default="bpe", metadata={"help": f"its subword model, one of {TOKENIZER_MODELS}"})
 
     def __post_init__(self):
         if self.tokenizer_model not in TOKENIZER_MODELS:
@@ -146,8 +113,9 @@ class TiedNormModelArguments:
                     "--projection_regularization adds a projection P, which the saved model (--model_name_or_path) "
                     "does not have; drop it (it may only change the penalty of a model trained with P)"
                 )
-            if self.weight_norm_init_sigma is not None:
-                raise ValueError("--weight_norm_init_sigma initializes a new model; drop it or --model_name_or_path")
+            for name in self.new_model_fields:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"--{name} initializes a new model; drop it or --model_name_or_path")
 
     @classmethod
     def architecture_fields(cls) -> tuple[str, ...]:
@@ -187,9 +155,66 @@ class TiedNormModelArguments:
             except Exception as error:  # tokenizers' JSON errors name no file
                 raise ValueError(f"--tokenizer_name {self.tokenizer_name}: cannot load the tokenizer: "
                                  f"{type(error).__name__}: {error}") from error
-        return config_class(
-            vocab_size=vocab_size, weight_norm_init_sigma=self.weight_norm_init_sigma, **self.config_overrides()
+        new_model = {name: getattr(self, name) for name in self.new_model_fields}
+        return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
+
+
+def flag_type(annotation: Any) -> Any:
+    """The flag type of a config field's type, optional: HfArgumentParser takes ``X | None`` only, so a config's
+    ``float | int`` is a float flag; a ``Literal`` is a str flag whose value the config checks (its error names the
+    field and the choices, which the help lists)."""
+    kinds = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if get_origin(annotation) not in (Union, UnionType):
+        kinds = [annotation]
+    if set(kinds) == {float, int}:
+        kinds = [float]
+    (kind,) = kinds
+    if get_origin(kind) is Literal:
+        kind = str
+    return Optional[kind]  # noqa: UP045 (list[int] | None would need a runtime union of a generic alias)
+
+
+def flag_help(config_field: dataclasses.Field, annotation: Any) -> str:
+    """The help of a config-field flag: the field's ``script_flag`` help, its choices (a ``Literal`` type) and the
+    config's default (the flag's own default, None, keeps it)."""
+    kinds = [arg for arg in get_args(annotation) if get_origin(arg) is Literal] or [annotation]
+    choices = get_args(kinds[0]) if get_origin(kinds[0]) is Literal else ()
+    listed = f"; one of {', '.join(choices)}" if choices else ""
+    return f"{config_field.metadata['help']}{listed} (default: {config_field.default}, the config's)"
+
+
+def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
+    """The model flags of both training scripts: ``ModelSourceArguments`` plus one flag per field of
+    ``config_mixins`` that carries ``script_flag`` metadata (``configuration_tiednorm.py``), with its help text, its
+    choices (a ``Literal`` type) and the config's default named in the help; the flag's own default None keeps the
+    config's value. ``config_fields``, ``finetune_fields`` and ``new_model_fields`` follow from the metadata, so a new
+    config field with a ``script_flag`` becomes a flag of both scripts with nothing else to edit."""
+    flags = [
+        config_field for mixin in config_mixins for config_field in dataclasses.fields(mixin)
+        if "help" in config_field.metadata
+    ]
+    types = {name: kind for mixin in config_mixins for name, kind in get_type_hints(mixin).items()}
+    fields = [
+        (
+            config_field.name,
+            flag_type(types[config_field.name]),
+            field(default=None, metadata={"help": flag_help(config_field, types[config_field.name])}),
         )
+        for config_field in flags
+    ]
+    new_model = tuple(f.name for f in flags if f.metadata.get("new_model_only"))
+    namespace = {
+        "__module__": __name__,
+        "__doc__": ModelSourceArguments.__doc__,
+        "config_fields": tuple(f.name for f in flags if f.name not in new_model),
+        "finetune_fields": tuple(f.name for f in flags if f.metadata.get("finetune")),
+        "new_model_fields": new_model,
+    }
+    return dataclasses.make_dataclass(name, fields, bases=(ModelSourceArguments,), namespace=namespace)
+
+
+# The model flags of scripts/run_translation.py and scripts/run_clm.py: the head's and the techniques' config fields.
+TiedNormModelArguments = model_arguments_class(TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin)
 
 
 @dataclass

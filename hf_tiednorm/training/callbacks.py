@@ -38,14 +38,12 @@ class TiedWeightsCheck(TrainerCallback):
         else:  # a transformers model (the HF Marian contender)
             outputs = [model.get_output_embeddings().weight]
         tied = len(inputs) == len(outputs) and all(a is b for a, b in zip(inputs, outputs, strict=True))
-        logger.warning(
-            "rank %d: output layer tied to the decoder embedding after prepare: %s", args.process_index, tied
-        )
+        logger.info("rank %d: output layer tied to the decoder embedding after prepare: %s", args.process_index, tied)
         if not tied:
             raise RuntimeError("the output layer lost its tie to the decoder input embedding after prepare")
 
     def on_train_end(self, args, state, control, **kwargs):
-        logger.warning("rank %d: trained %d steps", args.process_index, state.global_step)
+        logger.info("rank %d: trained %d steps", args.process_index, state.global_step)
 
 
 class TimeBudgetCallback(TrainerCallback):

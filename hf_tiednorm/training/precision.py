@@ -78,7 +78,8 @@ def resolve_bf16(requested: bool | None, use_cpu: bool, accelerator: bool, cpu_f
 @dataclass
 class Bf16DefaultMixin:
     """``--bf16`` left unset picks the precision (``resolve_bf16``); ``precision_note`` says which and why, for the
-    scripts to log. Put before HF's ``TrainingArguments`` (or ``Seq2SeqTrainingArguments``) in the bases."""
+    scripts to log. ``--dataloader_pin_memory`` left unset pins memory only where there is an accelerator to copy
+    to. Put before HF's ``TrainingArguments`` (or ``Seq2SeqTrainingArguments``) in the bases."""
 
     bf16: bool | None = field(
         default=None,
@@ -89,10 +90,20 @@ class Bf16DefaultMixin:
         },
     )
 
+    dataloader_pin_memory: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Pin the data loader's batches in page-locked memory for faster copies to an accelerator. Unset: "
+            "on when training runs on an accelerator, off on CPU (pinning needs one; torch warns on every CPU run)."
+        },
+    )
+
     def __post_init__(self) -> None:
         self.bf16, self.precision_note = resolve_bf16(
             self.bf16, self.use_cpu, torch.accelerator.is_available(), cpu_bf16_flag()
         )
+        if self.dataloader_pin_memory is None:
+            self.dataloader_pin_memory = torch.accelerator.is_available() and not self.use_cpu
         super().__post_init__()
 
     def _validate_args(self) -> None:
