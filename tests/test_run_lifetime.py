@@ -15,12 +15,20 @@ import textwrap
 
 import pytest
 import torch
+import transformers.modeling_utils
 from safetensors.torch import load_file, save_file
 from script_helpers import REPO_ROOT, TINY_TRANSLATION_FLAGS, load_script, run_script, write_tiny_parallel
-from testing_utils import tiny_tokenizer
+from testing_utils import tiny_causal_config, tiny_tokenizer
+from transformers import Trainer, TrainingArguments
 
+import hf_tiednorm
 from hf_tiednorm.training import steps
-from hf_tiednorm.training.run_directory import lock_output_dir, lock_path, release_output_dir_locks
+from hf_tiednorm.training.run_directory import (
+    lock_output_dir,
+    lock_path,
+    release_output_dir_locks,
+    save_final_model,
+)
 
 
 def translation_flags(data_flags: list[str], output_dir, *extra) -> list[str]:
@@ -325,3 +333,16 @@ def test_late_flag_check_reads_the_data_arguments():
     data = type("Data", (), {"max_train_samples": None, "max_eval_samples": 0, "validation_file": "v"})()
     with pytest.raises(ValueError, match="--max_eval_samples 0 selects no rows"):
         steps.check_late_flags(args, data)
+
+
+def test_disk_full_during_the_final_save_names_the_staging_folder(tmp_path, monkeypatch):
+    """safetensors on a full disk: `No space left on device (os error 28)`; the old model stays (issue 14)."""
+    model = hf_tiednorm.TiedNormForCausalLM(tiny_causal_config())
+    trainer = Trainer(model=model, args=TrainingArguments(tmp_path / "run", report_to="none", use_cpu=True))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+    with pytest.raises(OSError, match=rf"no space left on device while writing {tmp_path}/\.run\.saving"):
+        save_final_model(trainer)
