@@ -18,9 +18,10 @@ logger = logging.getLogger(__name__)
 
 
 class TiedWeightsCheck(TrainerCallback):
-    """Checks on every rank, once the Trainer has prepared (wrapped) the model, that the output layer still shares
-    the decoder's input embedding matrix (one per band of an adaptive model), and logs how many steps each rank
-    trained: with both lines from every rank, a multi-process launch shows that all its processes trained."""
+    """Checks on every rank, once the Trainer has prepared (wrapped) the model, that its weights are finite (a
+    resumed checkpoint's too, which the Trainer loads without ``from_pretrained``'s check) and that the output layer
+    still shares the decoder's input embedding matrix (one per band of an adaptive model), and logs how many steps
+    each rank trained: with both lines from every rank, a multi-process launch shows that all its processes trained."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # The weights training starts from: a new model's, a saved one's or a resumed checkpoint's (which the Trainer
