@@ -24,10 +24,9 @@ class TiedWeightsCheck(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if not model.config.tie_word_embeddings:
             return
-        # The decoder of an encoder-decoder, the whole causal LM; through the accessor, since a converted model keeps
-        # its architecture's module names (GPT-2's decoder calls its embedding wte).
-        # One matrix each, or one per band of an adaptive input / softmax; the same for every model (ours, a wrapped
-        # one, the HF Marian contender).
+        # The decoder's input embedding (of an encoder-decoder; the whole causal LM's) through the accessor, since a
+        # converted model keeps its architecture's module names (GPT-2's decoder calls its embedding wte). One matrix
+        # each side, or one per band of an adaptive input / softmax, for every model (ours, wrapped, HF's Marian).
         inputs = embedding_matrices(model.get_decoder().get_input_embeddings())
         outputs = embedding_matrices(model.get_output_embeddings())
         tied = len(inputs) == len(outputs) and all(a is b for a, b in zip(inputs, outputs, strict=True))
