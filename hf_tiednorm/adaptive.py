@@ -98,9 +98,9 @@ class AdaptiveInput(nn.Module):
 
 
 def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
-    """The matrices holding an input embedding's rows w_k, in token-id order: its (V, d) weight, or one (n_i, d_i)
-    matrix per band of an ``AdaptiveInput``."""
-    if isinstance(embedding, AdaptiveInput):
+    """The matrices holding the rows w_k of an input embedding or an output layer, in token-id order: its (V, d)
+    weight, or one (n_i, d_i) matrix per band of an ``AdaptiveInput`` or ``AdaptiveSoftmaxHead``."""
+    if isinstance(embedding, (AdaptiveInput, AdaptiveSoftmaxHead)):
         return [band.weight for band in embedding.bands]
     return [embedding.weight]
 

@@ -13,14 +13,9 @@ from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
 from .configuration_tiednorm import TiedNormCausalConfig
-from .modeling_common import (
-    CACHE_FIELD,
-    TiedNormCausalLMOutput,
-    TiedNormLMMixin,
-    build_embedding,
-    build_head,
-    build_output_projection,
-)
+from .embeddings import build_embedding
+from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
+from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
 from .weight_checks import WeightChecksMixin
 
 

@@ -24,14 +24,9 @@ from transformers.models.marian.modeling_marian import (
 )
 
 from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
-from .modeling_common import (
-    CACHE_FIELD,
-    TiedNormLMMixin,
-    TiedNormSeq2SeqLMOutput,
-    build_embedding,
-    build_head,
-    build_output_projection,
-)
+from .embeddings import build_embedding
+from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
+from .outputs import CACHE_FIELD, TiedNormSeq2SeqLMOutput
 from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
 from .weight_checks import WeightChecksMixin, check_resize_keeps_special_tokens
 

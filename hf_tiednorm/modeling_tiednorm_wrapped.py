@@ -23,10 +23,10 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
 
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from .head_host import TiedNormHeadHostMixin
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_not_bypassed
-from .pipeline_translation import add_translation_pipeline
-from .weight_checks import WeightChecksMixin, check_resize_keeps_special_tokens
+from .weight_checks import WeightChecksMixin
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
 
@@ -96,8 +96,10 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(WeightChecksMixin, PreTrainedModel):
-    """Builds (or adopts) the wrapped model and delegates the embedding accessors to it."""
+class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, PreTrainedModel):
+    """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
+    hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
+    ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
 
     config_class = TiedNormWrappedConfig
     config: TiedNormWrappedConfig
@@ -136,14 +138,8 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, PreTrainedModel):
     def get_output_embeddings(self) -> nn.Module:
         return self.model.get_output_embeddings()
 
-    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
-        head = self.get_output_embeddings()
-        if isinstance(new_embeddings, TiedNormHead):
-            self.model.set_output_embeddings(new_embeddings)
-            return
-        # A plain nn.Linear (HF's resize builds one): adopt its weight and keep the scoring mode.
-        head.weight = new_embeddings.weight
-        head.match_vocab_size()
+    def _place_output_head(self, head: nn.Module) -> None:
+        self.model.set_output_embeddings(head)
 
     def get_encoder(self) -> nn.Module:
         return self.model.get_encoder()
@@ -151,21 +147,15 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, PreTrainedModel):
     def get_decoder(self) -> nn.Module:
         return self.model.get_decoder()
 
-    def output_embedding_weights(self) -> list[torch.Tensor]:
-        """The output embedding matrix (V, d), shared with the input embedding (the training scripts' tie check)."""
-        return [self.get_output_embeddings().weight]
-
-    def resize_token_embeddings(
+    def _resize_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
     ) -> nn.Embedding:
         # The wrapped model resizes its embedding in place (and its final_logits_bias, if any) but replaces the
         # output layer by a plain nn.Linear; put the normalized head back on the resized shared matrix.
-        check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         head = self.get_output_embeddings()
         embeddings = self.model.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.model.set_output_embeddings(head)
         head.weight = embeddings.weight
-        head.match_vocab_size()
         return embeddings
 
     def forward(
@@ -180,14 +170,11 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, PreTrainedModel):
         check_head_not_bypassed(self)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
 
-    def generate(self, *args, **kwargs):
+    def _generate_with_frozen_head(self, *args, **kwargs):
         """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
         ``generation_config``."""
-        check_head_not_bypassed(self)
         self.model.generation_config = self.generation_config
-        # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
-        with self.get_output_embeddings().frozen_column_terms():
-            return self.model.generate(*args, **kwargs)
+        return self.model.generate(*args, **kwargs)
 
 
 class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
@@ -206,12 +193,6 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
         # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
         # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
         return self.model.prepare_decoder_input_ids_from_labels
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # The folder alone then serves pipeline("tiednorm-translation", model=folder, trust_remote_code=True): the
-        # config names the pipeline, and pipeline_translation.py is copied with this file, which imports it.
-        add_translation_pipeline(self.config)
-        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 __all__ = [

@@ -38,40 +38,19 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import transformers
-from transformers import AutoModelForCausalLM, default_data_collator, set_seed
+from transformers import AutoModelForCausalLM, default_data_collator
 
 import hf_tiednorm
+from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
     DataArgumentsBase,
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
-    parse_arguments,
 )
 from hf_tiednorm.training.callbacks import run_callbacks
 from hf_tiednorm.training.data import group_texts, load_monolingual, token_counts, training_texts
 from hf_tiednorm.training.precision import TiedNormTrainingArguments
-from hf_tiednorm.training.run_directory import (
-    check_resume_config,
-    lock_output_dir,
-    prepare_output_dir,
-    resolve_resume_checkpoint,
-)
-from hf_tiednorm.training.steps import (
-    card_training,
-    check_late_flags,
-    check_model,
-    load_or_train_tokenizer,
-    run_inputs,
-    save_token_counts_and_init,
-    score_finished_run,
-    select_first,
-    setup_run,
-    split_files,
-    train_and_save,
-    write_plots_and_card,
-)
 from hf_tiednorm.training.trainers import TiedNormTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
@@ -129,18 +108,11 @@ class DataArguments(DataArgumentsBase):
 
 
 def main() -> None:
-    model_args, data_args, run_args, output_args, training_args = parse_arguments(
+    model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments),
-        description=__doc__.split('\n\n')[0],  # the script's first line, for --help
+        description=__doc__.split("\n\n")[0],  # the script's first line, for --help
+        eval_splits=("validation", "test"),  # --do_eval scores both
     )
-    lock_output_dir(training_args.output_dir)  # before anything else: one run at a time per folder
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
-    logger.info("precision: %s", training_args.precision_note)
-    setup_run(run_args, training_args)
-    check_late_flags(training_args, data_args, eval_splits=("validation", "test"))  # used after training
-    score_finished_run(model_args, training_args)  # --do_eval/--do_predict alone: the run's trained weights
-    resume = resolve_resume_checkpoint(training_args)
 
     # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.
     run_config = model_args.run_config(hf_tiednorm.TiedNormCausalConfig)
@@ -152,18 +124,15 @@ def main() -> None:
             f"--block_size {data_args.block_size} exceeds the saved model's max_position_embeddings={positions}; "
             "lower --block_size to at most that"
         )
-    check_resume_config(resume, run_config, model_args.architecture_fields())
-    files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
-    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
-    set_seed(training_args.seed)
+    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config)
 
     # Data: one ``text`` column a split.
     raw = load_monolingual(files, data_args.text_column)
-    select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+    steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                        "test": data_args.max_eval_samples})
 
     # Tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new one.
-    tokenizer = load_or_train_tokenizer(
+    tokenizer = steps.load_or_train_tokenizer(
         model_args, training_args, resume,
         texts=lambda: training_texts(raw["train"], ["text"]),
         model_max_length=data_args.block_size,
@@ -185,7 +154,7 @@ def main() -> None:
             **model_args.config_overrides(),
         )
         model = hf_tiednorm.TiedNormForCausalLM(config)
-    check_model(model, tokenizer, training_args)
+    steps.check_model(model, tokenizer, training_args)
 
     # Blocks of --block_size tokens; a new model's token counts and weight-norm initialization.
     with training_args.main_process_first(desc="grouping texts"):
@@ -193,7 +162,7 @@ def main() -> None:
     for split in blocks:
         if len(blocks[split]) == 0:
             raise ValueError(f"the {split} text is shorter than one block of {data_args.block_size} tokens")
-    save_token_counts_and_init(model, blocks["train"], ("input_ids",), model_args, training_args)
+    steps.save_token_counts_and_init(model, blocks["train"], ("input_ids",), model_args, training_args)
 
     trainer = TiedNormTrainer(
         model=model,
@@ -208,7 +177,7 @@ def main() -> None:
     # Training, then perplexity on the validation and test blocks.
     results: dict = {}
     if training_args.do_train:
-        results.update(train_and_save(trainer, resume, {"train_blocks": len(blocks["train"])}))
+        results.update(steps.train_and_save(trainer, resume, {"train_blocks": len(blocks["train"])}))
     if training_args.do_eval:
         for split, prefix in (("validation", "eval"), ("test", "test")):
             if split not in blocks:
@@ -222,8 +191,8 @@ def main() -> None:
 
     # Embedding-norm plots and the model card.
     card = {"metrics": results, "dataset": data_args.dataset_name, "languages": None,
-            "training": card_training(model_args, training_args, block_size=data_args.block_size)}
-    write_plots_and_card(trainer, model, card)
+            "training": steps.card_training(model_args, training_args, block_size=data_args.block_size)}
+    steps.write_plots_and_card(trainer, model, card)
 
 if __name__ == "__main__":
     main()

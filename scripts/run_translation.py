@@ -49,48 +49,26 @@ from pathlib import Path
 import evaluate
 import numpy as np
 import torch
-import transformers
 from transformers import (
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
     MarianConfig,
     MarianMTModel,
     PretrainedConfig,
-    set_seed,
 )
 
 import hf_tiednorm
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
+from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
     DataArgumentsBase,
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
-    parse_arguments,
 )
 from hf_tiednorm.training.callbacks import run_callbacks
 from hf_tiednorm.training.data import load_parallel, token_counts, tokenize_parallel, training_texts
 from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments
-from hf_tiednorm.training.run_directory import (
-    check_resume_config,
-    lock_output_dir,
-    prepare_output_dir,
-    resolve_resume_checkpoint,
-)
-from hf_tiednorm.training.steps import (
-    card_training,
-    check_late_flags,
-    check_model,
-    load_or_train_tokenizer,
-    run_inputs,
-    save_token_counts_and_init,
-    score_finished_run,
-    select_first,
-    setup_run,
-    split_files,
-    train_and_save,
-    write_plots_and_card,
-)
 from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
@@ -225,20 +203,12 @@ def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], spl
 
 
 def main() -> None:
-    model_args, data_args, run_args, output_args, training_args = parse_arguments(
+    model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments),
-        description=__doc__.split('\n\n')[0],  # the script's first line, for --help
+        description=__doc__.split("\n\n")[0],  # the script's first line, for --help
     )
-    lock_output_dir(training_args.output_dir)  # before anything else: one run at a time per folder
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
-    logger.info("precision: %s", training_args.precision_note)
     marian = model_args.model_family == "marian"
-    setup_run(run_args, training_args)
-    check_late_flags(training_args, data_args)  # flags used only after training: checked before it
-    score_finished_run(model_args, training_args)  # --do_eval/--do_predict alone: the run's trained weights
     output_dir = Path(training_args.output_dir)
-    resume = resolve_resume_checkpoint(training_args)
 
     # Bad flags fail before any work: the config, sequence lengths the positions cannot hold, a resumed architecture.
     run_config: PretrainedConfig = model_args.run_config(hf_tiednorm.TiedNormSeq2SeqConfig)
@@ -255,19 +225,16 @@ def main() -> None:
                 f"{flag} {length} exceeds the model's max_position_embeddings={positions}: a longer sequence would "
                 f"index past its position table mid-training; lower {flag} to at most {positions}{remedy}"
             )
-    check_resume_config(resume, run_config, model_args.architecture_fields())
-    files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
-    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
-    set_seed(training_args.seed)
+    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config)
 
     # Data: one column a language.
     raw = load_parallel(files, data_args.source_lang, data_args.target_lang)
-    select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+    steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                        "test": data_args.max_predict_samples})
 
     # Tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new joint one.
     # --adaptive_cutoffs counts on both sides of the training data: the adaptive embedding is shared three-way.
-    tokenizer = load_or_train_tokenizer(
+    tokenizer = steps.load_or_train_tokenizer(
         model_args, training_args, resume,
         texts=lambda: training_texts(raw["train"], [data_args.source_lang, data_args.target_lang]),
         model_max_length=max(data_args.max_source_length, data_args.max_target_length),
@@ -300,12 +267,12 @@ def main() -> None:
             training_args.label_smoothing_factor = config.label_smoothing
         else:
             model = hf_tiednorm.TiedNormForConditionalGeneration(config)
-    check_model(model, tokenizer, training_args)
+    steps.check_model(model, tokenizer, training_args)
     model.generation_config.length_penalty = model_args.length_penalty
     model.generation_config.max_length = training_args.generation_max_length or data_args.max_target_length
     if training_args.generation_num_beams is not None:
         model.generation_config.num_beams = training_args.generation_num_beams
-    family = f"head_mode={model.config.head_mode}" if hasattr(model.config, "head_mode") else type(model).__name__
+    family = type(model).__name__ if marian else f"head_mode={model.config.head_mode}"
     logger.info("model: %s, %.1fM parameters", family, model.num_parameters() / 1e6)
 
     # Tokenized pairs; a new model's token counts (both sides: three-way tying shares one matrix) and weight-norm
@@ -315,7 +282,7 @@ def main() -> None:
             raw, tokenizer, data_args.source_lang, data_args.target_lang,
             data_args.max_source_length, data_args.max_target_length, data_args.preprocessing_num_workers,
         )
-    save_token_counts_and_init(model, tokenized["train"], ("input_ids", "labels"), model_args, training_args)
+    steps.save_token_counts_and_init(model, tokenized["train"], ("input_ids", "labels"), model_args, training_args)
 
     # sacreBLEU on generated translations.
     bleu = evaluate.load(SACREBLEU_LOCAL)
@@ -340,7 +307,7 @@ def main() -> None:
     # Training, then perplexity on the validation pairs and BLEU on the test pairs.
     results: dict = {}
     if training_args.do_train:
-        results.update(train_and_save(trainer, resume, {"train_samples": len(tokenized["train"])}))
+        results.update(steps.train_and_save(trainer, resume, {"train_samples": len(tokenized["train"])}))
     if training_args.do_eval and "validation" in tokenized:
         metrics = trainer.evaluate(metric_key_prefix="eval")
         # The loss adds the regularizers' penalties to the mean cross-entropy; perplexity is of the latter.
@@ -364,7 +331,7 @@ def main() -> None:
         "metrics": results,
         "dataset": data_args.dataset_name,
         "languages": [data_args.source_lang, data_args.target_lang],
-        "training": card_training(
+        "training": steps.card_training(
             model_args, training_args,
             lr_scheduler_type=str(training_args.lr_scheduler_type),
             warmup_steps=training_args.warmup_steps,
@@ -372,7 +339,7 @@ def main() -> None:
             length_penalty=model_args.length_penalty,
         ),
     }
-    write_plots_and_card(trainer, model, card)
+    steps.write_plots_and_card(trainer, model, card)
 
 if __name__ == "__main__":
     main()

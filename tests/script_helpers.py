@@ -13,10 +13,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
-# The experiments wing: its scripts import paper_grid/ beside them, as `python experiments/<script>.py` finds it.
-EXPERIMENTS = REPO_ROOT / "experiments"
-if str(EXPERIMENTS) not in sys.path:
-    sys.path.insert(0, str(EXPERIMENTS))
+EXPERIMENTS = REPO_ROOT / "experiments"  # the experiments wing (conftest.py puts it on sys.path)
 
 # A tiny encoder-decoder and a small joint vocabulary: a few seconds per run on one CPU thread. fp32: at this size
 # bf16 gains nothing, and the tests' tolerances were set in fp32 (tests/test_bf16_and_contender.py runs bf16).

@@ -13,7 +13,7 @@ from testing_utils import FAMILIES, model_inputs, tiny_causal_config, tiny_confi
 
 import hf_tiednorm
 from hf_tiednorm.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
-from hf_tiednorm.modeling_common import ScaledAdaptiveInput
+from hf_tiednorm.embeddings import ScaledAdaptiveInput
 from hf_tiednorm.training.tokenization import train_joint_tokenizer
 from hf_tiednorm.training.vocab_order import frequency_order, inverse_order, permute_counts, remap_ids, remap_tokenizer
 

@@ -78,7 +78,7 @@ def test_tiednorm_only_flags_are_every_technique_flag_but_the_contenders():
 
 
 def test_the_grid_runs_every_head_mode():
-    from paper_grid import cells  # experiments/paper_grid/ (on sys.path through script_helpers)
+    from paper_grid import cells  # experiments/paper_grid/ (on sys.path: conftest.py)
 
     assert cells.MODES == HEAD_MODES
 

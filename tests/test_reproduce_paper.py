@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from paper_grid import cells as grid  # experiments/paper_grid/ (script_helpers puts experiments/ on sys.path)
+from paper_grid import cells as grid  # experiments/paper_grid/ (on sys.path: conftest.py)
 from paper_grid import report, runner
 from script_helpers import EXPERIMENTS, SCRIPTS, subprocess_env
 
@@ -152,6 +152,7 @@ def _load_script(name: str):
 def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, monkeypatch):
     """What the cells would run, through the scripts' own parsers and config validation, without training."""
     import hf_tiednorm
+    from hf_tiednorm.training.arguments import parse_arguments
     from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, TiedNormTrainingArguments
 
     translation, clm = _load_script("run_translation"), _load_script("run_clm")
@@ -163,14 +164,14 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
             if grid_name == "translation":
                 types = (translation.ModelArguments, translation.DataArguments, translation.RunArguments,
                          TiedNormSeq2SeqTrainingArguments)
-                model_args, _, _, training_args = translation.parse_arguments(types)
+                model_args, _, _, training_args = parse_arguments(types)
                 config = hf_tiednorm.TiedNormSeq2SeqConfig(vocab_size=model_args.vocab_size,
                                                            **model_args.config_overrides())
                 if model_args.model_family == "marian":
                     assert translation.marian_config(config).d_model == config.d_model
                 assert training_args.bf16 is (budget == "full")
             else:
-                model_args, *_ = clm.parse_arguments((clm.ModelArguments, clm.DataArguments, clm.RunArguments,
+                model_args, *_ = parse_arguments((clm.ModelArguments, clm.DataArguments, clm.RunArguments,
                                                       TiedNormTrainingArguments))
                 config = hf_tiednorm.TiedNormCausalConfig(vocab_size=model_args.vocab_size,
                                                           **model_args.config_overrides())

@@ -11,7 +11,7 @@ import inspect
 import pytest
 from script_helpers import EXPERIMENTS, SCRIPTS, load_script
 
-# The modules that define argument dataclasses (experiments/paper_grid/ is on sys.path through script_helpers).
+# The modules that define argument dataclasses (experiments/paper_grid/ is on sys.path: conftest.py).
 MODULES = ("hf_tiednorm.training.arguments", "hf_tiednorm.training.precision", "paper_grid.cells")
 
 ARGUMENT_SCRIPTS = sorted(

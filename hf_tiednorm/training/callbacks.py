@@ -10,7 +10,7 @@ import time
 import torch
 from transformers import EarlyStoppingCallback, TrainerCallback
 
-from ..adaptive import AdaptiveInput
+from ..adaptive import embedding_matrices
 from ..weight_checks import check_finite_weights
 from .arguments import RunArguments
 
@@ -29,15 +29,11 @@ class TiedWeightsCheck(TrainerCallback):
         check_finite_weights(model, "the model training starts from (a resumed checkpoint's included)")
         if not model.config.tie_word_embeddings:
             return
-        # The decoder of an encoder-decoder, the whole causal LM; through the accessor, since a converted model keeps
-        # its architecture's module names (GPT-2's decoder calls its embedding wte).
-        embedding = model.get_decoder().get_input_embeddings()
-        adaptive = isinstance(embedding, AdaptiveInput)
-        inputs = [band.weight for band in embedding.bands] if adaptive else [embedding.weight]
-        if hasattr(model, "output_embedding_weights"):
-            outputs = model.output_embedding_weights()  # one matrix, or one per adaptive band
-        else:  # a transformers model (the HF Marian contender)
-            outputs = [model.get_output_embeddings().weight]
+        # The decoder's input embedding (of an encoder-decoder; the whole causal LM's) through the accessor, since a
+        # converted model keeps its architecture's module names (GPT-2's decoder calls its embedding wte). One matrix
+        # each side, or one per band of an adaptive input / softmax, for every model (ours, wrapped, HF's Marian).
+        inputs = embedding_matrices(model.get_decoder().get_input_embeddings())
+        outputs = embedding_matrices(model.get_output_embeddings())
         tied = len(inputs) == len(outputs) and all(a is b for a, b in zip(inputs, outputs, strict=True))
         logger.info("rank %d: output layer tied to the decoder embedding after prepare: %s", args.process_index, tied)
         if not tied:

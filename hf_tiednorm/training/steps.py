@@ -15,22 +15,89 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase, Trainer, TrainingArguments
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
 from transformers.modeling_utils import PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 
 from ..publishing.model_card import write_model_card
 from ..weight_norm_init import weight_norm_init_
-from .arguments import RunArguments, TiedNormModelArguments
+from .arguments import (
+    DataArgumentsBase,
+    ModelSourceArguments,
+    OutputDirArguments,
+    RunArguments,
+    TiedNormModelArguments,
+    parse_arguments,
+)
 from .cpu_memory import keep_freed_memory
 from .data import token_counts
 from .plots import plot_embedding_norms
 from .precision import choose_attention
-from .run_directory import save_final_model, scored_run_folder
+from .run_directory import (
+    check_resume_config,
+    lock_output_dir,
+    prepare_output_dir,
+    resolve_resume_checkpoint,
+    save_final_model,
+    scored_run_folder,
+)
 from .tokenization import train_joint_tokenizer
 from .vocab_order import frequency_ordered
 
 logger = logging.getLogger(__name__)
+
+
+def start_run(
+    dataclass_types: tuple[type, ...], description: str | None = None, eval_splits: tuple[str, ...] = ("validation",)
+) -> tuple:
+    """A training script's first step: its flags (``parse_arguments``: a config file, then flags), the run's lock on
+    --output_dir (``lock_output_dir``, before anything else), logging at INFO (transformers' at the process's level),
+    the precision chosen and why, the launch checks and settings (``setup_run``), the flags used only after training
+    (``check_late_flags``; ``eval_splits``: the splits --do_eval scores), scoring a finished run without training
+    (``score_finished_run``) and the checkpoint to resume (``resolve_resume_checkpoint``), before any work.
+    ``dataclass_types`` hold the model arguments, a ``DataArgumentsBase``, a ``RunArguments`` and HF's
+    ``TrainingArguments`` (with ``Bf16DefaultMixin``). Returns the parsed dataclasses in that order, then the
+    checkpoint folder to resume (or None)."""
+    parsed = parse_arguments(dataclass_types, description)
+    model_args = next(args for args in parsed if isinstance(args, ModelSourceArguments))
+    data_args = next(args for args in parsed if isinstance(args, DataArgumentsBase))
+    run_args = next(args for args in parsed if isinstance(args, RunArguments))
+    training_args = next(args for args in parsed if isinstance(args, TrainingArguments))
+    lock_output_dir(training_args.output_dir)  # one run at a time per folder, until this process exits
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
+    logger.info("precision: %s", training_args.precision_note)
+    setup_run(run_args, training_args)
+    check_late_flags(training_args, data_args, eval_splits)
+    score_finished_run(model_args, training_args)  # --do_eval/--do_predict alone: the run's trained weights
+    return (*parsed, resolve_resume_checkpoint(training_args))
+
+
+def prepare_run(
+    model_args: TiedNormModelArguments,
+    data_args,
+    output_args: OutputDirArguments,
+    training_args: TrainingArguments,
+    resume: str | None,
+    run_config: PretrainedConfig,
+) -> dict[str, str]:
+    """The last checks before any work, once the script has built ``run_config``: a resumed checkpoint must hold the
+    same architecture (``check_resume_config``), --output_dir takes this run (``prepare_output_dir``), then the seed.
+    ``data_args`` has ``train_file``, ``validation_file`` and ``test_file``. Returns the data files by split."""
+    check_resume_config(resume, run_config, model_args.architecture_fields())
+    files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
+    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
+    set_seed(training_args.seed)
+    return files
 
 
 def check_world_size(training_args: TrainingArguments) -> None:

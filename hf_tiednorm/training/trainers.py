@@ -13,8 +13,8 @@ Every training log then carries ``cross_entropy`` and each enabled penalty, aver
 steps as ``loss``, so that ``loss == cross_entropy + projection_penalty + weight_norm_penalty`` in the logs too.
 
 An evaluation loss is the mean cross-entropy plus the same penalties (they depend on the weights only, not on the
-batch); the model's ``penalty_terms()`` gives them, and ``add_perplexity`` takes the perplexity of the cross-entropy
-alone.
+batch); the model's ``penalty_terms()`` gives them (``penalty_values``), and ``add_perplexity`` takes the perplexity
+of the cross-entropy alone.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from transformers import Seq2SeqTrainer, Trainer
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
+from ..loss import TiedNormLossMixin
 from ..regularizers import LOSS_TERMS
 from .run_directory import describe_write_error
 
@@ -49,7 +50,7 @@ class LossTermsLoggingMixin:
             if not sums:  # the first micro-batch since the last log: remember the last completed step
                 self._loss_terms_last_step = self.state.global_step
             # The Trainer divides a per-batch loss by the accumulation steps; a loss normalized by
-            # num_items_in_batch is already a share of the step (see TiedNormLMMixin.compose_loss).
+            # num_items_in_batch is already a share of the step (see loss.TiedNormLossMixin.compose_loss).
             divisor = 1 if num_items_in_batch is not None else self.current_gradient_accumulation_steps
             for name in LOSS_TERMS:
                 if outputs.get(name) is not None:
@@ -82,11 +83,11 @@ class NamedWriteErrorsMixin:
 
 
 @torch.no_grad()
-def penalty_terms(model) -> dict[str, float]:
-    """The enabled penalties of ``model``'s loss (``projection_penalty``, ``weight_norm_penalty``) at its current
-    weights, as they enter a loss without gradient accumulation (an evaluation loss); none for a model without
-    penalties (a wrapped architecture, the HF Marian contender of scripts/run_translation.py)."""
-    if not hasattr(model, "penalty_terms"):
+def penalty_values(model) -> dict[str, float]:
+    """The values of the enabled penalties of ``model``'s loss (its ``penalty_terms()``, ``loss.TiedNormLossMixin``)
+    at its current weights, as they enter a loss without gradient accumulation (an evaluation loss); none for a model
+    without hf_tiednorm's loss (a wrapped architecture, the HF Marian contender of scripts/run_translation.py)."""
+    if not isinstance(model, TiedNormLossMixin):
         return {}
     return {name: float(value) for name, value in model.penalty_terms().items()}
 
@@ -94,7 +95,7 @@ def penalty_terms(model) -> dict[str, float]:
 def add_perplexity(metrics: dict[str, float], prefix: str, model) -> None:
     """Add ``{prefix}_cross_entropy`` (``{prefix}_loss`` without ``model``'s penalties) and ``{prefix}_perplexity``
     (its exp, capped at exp(50) so that a diverged run still writes a finite number) to evaluation ``metrics``."""
-    cross_entropy = metrics[f"{prefix}_loss"] - sum(penalty_terms(model).values())
+    cross_entropy = metrics[f"{prefix}_loss"] - sum(penalty_values(model).values())
     metrics[f"{prefix}_cross_entropy"] = cross_entropy
     metrics[f"{prefix}_perplexity"] = math.exp(min(cross_entropy, 50.0))
 
@@ -116,4 +117,4 @@ class TiedNormSeq2SeqTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2S
         return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
 
 
-__all__ = ["LossTermsLoggingMixin", "TiedNormSeq2SeqTrainer", "TiedNormTrainer", "add_perplexity", "penalty_terms"]
+__all__ = ["LossTermsLoggingMixin", "TiedNormSeq2SeqTrainer", "TiedNormTrainer", "add_perplexity", "penalty_values"]

@@ -1,0 +1,78 @@
+"""Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
+and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
+
+A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) needs five things that transformers'
+``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
+with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
+vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
+naming the matrices whose rows are the output embedding. Two hooks say where a model keeps its head and how it
+generates and resizes: ``_place_output_head``, ``_generate_with_frozen_head`` and ``_resize_embeddings``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .adaptive import AdaptiveSoftmaxHead, embedding_matrices
+from .normalized_head import TiedNormHead
+from .peft_guard import check_head_not_bypassed
+from .pipeline_translation import add_translation_pipeline
+
+
+class TiedNormHeadHostMixin:
+    """Put before the ``PreTrainedModel`` class in the bases of a model whose ``get_output_embeddings()`` is a
+    ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``)."""
+
+    def _place_output_head(self, head: nn.Module) -> None:
+        """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""
+        self.lm_head = head
+
+    def _generate_with_frozen_head(self, *args, **kwargs):
+        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
+        return super().generate(*args, **kwargs)
+
+    def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
+        return super().resize_token_embeddings(*args, **kwargs)
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        if isinstance(new_embeddings, TiedNormHead):
+            self._place_output_head(new_embeddings)
+            return
+        # HF's resize builds a plain nn.Linear for an untied head: adopt its weight and keep the scoring mode.
+        head = self.get_output_embeddings()
+        head.weight = new_embeddings.weight
+        head.match_vocab_size()
+
+    def output_embedding_weights(self) -> list[torch.Tensor]:
+        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
+        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
+        return embedding_matrices(self.get_output_embeddings())
+
+    def generate(self, *args, **kwargs):
+        check_head_not_bypassed(self)  # before the head is used here: PEFT may have wrapped it
+        # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
+        with self.get_output_embeddings().frozen_column_terms():
+            return self._generate_with_frozen_head(*args, **kwargs)
+
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
+            raise ValueError(
+                "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
+                "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
+            )
+        embeddings = self._resize_embeddings(*args, **kwargs)
+        self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
+        return embeddings
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
+        # trust_remote_code=True): the config names the pipeline, and pipeline_translation.py is copied with the model
+        # code, which imports it.
+        if self.config.is_encoder_decoder:
+            add_translation_pipeline(self.config)
+        super().save_pretrained(save_directory, *args, **kwargs)
+
+
+__all__ = ["TiedNormHeadHostMixin"]

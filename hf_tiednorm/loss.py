@@ -1,0 +1,117 @@
+"""The loss of hf_tiednorm's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
+Wolf's projection P, the normalized head, the token cross-entropy (the plain path, or the chunked one with
+``config.loss_chunk_size``: ``head_cross_entropy``), the enabled penalties (``penalty_terms``) and their sum
+(``compose_loss``). The target tokens are counted once per step: the cross-entropy divides by that count, and under
+gradient accumulation the penalties take this micro-batch's share of it.
+
+The pieces it assembles: ``token_loss`` (the token cross-entropy and the count), ``chunked_loss`` (the kernel of the
+chunked path), ``regularizers`` (the penalties' formulas, the projection P and the loss-term fields). A wrapped model
+(``modeling_tiednorm_wrapped``) trains with its architecture's own loss and has none of this.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunked_loss import chunked_head_cross_entropy
+from .regularizers import projection_penalty, weight_norm_penalty
+from .token_loss import token_count, token_cross_entropy
+
+
+def head_cross_entropy(
+    head: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    targets: torch.Tensor,
+    count: torch.Tensor,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The head's token cross-entropy, divided by ``count`` (``token_count``).
+
+    Args:
+        head: the output layer (a ``TiedNormHead``; an adaptive softmax on the plain path only).
+        hidden_states: (batch, length, d), what the head scores (after P).
+        targets: (batch, length) token ids, -100 = no target.
+        count: the divisor, ``token_count(targets, num_items_in_batch)``.
+        chunk_size: None for the plain path; else tokens per chunk of the chunked path.
+
+    Returns:
+        logits (batch, length, V), None on the chunked path (which never materializes them), and the loss.
+    """
+    if chunk_size is not None:
+        return None, chunked_head_cross_entropy(head, hidden_states, targets, chunk_size, label_smoothing, count)
+    logits = head(hidden_states)
+    return logits, token_cross_entropy(logits, targets, label_smoothing, count)
+
+
+class TiedNormLossMixin:
+    """The loss methods of hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``). The model has
+    ``config`` (the techniques' fields), ``lm_head``, ``output_projection`` (P or None) and
+    ``output_embedding_weights()``."""
+
+    def score_and_loss(
+        self, hidden_states: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The one loss path of every family: Press & Wolf's projection P, the normalized head, the token
+        cross-entropy and the regularizer terms.
+
+        Args:
+            hidden_states: (batch, length, d), the decoder's last hidden states.
+            targets: (batch, length) token ids aligned with ``hidden_states`` (already shifted), -100 = no target;
+                None for inference.
+            num_items_in_batch: target tokens of the whole accumulated batch (passed by the Trainer).
+
+        Returns:
+            logits (batch, length, V) — None when the opt-in chunked loss (``config.loss_chunk_size``, training with
+            targets) never materializes them —, the loss (None without targets) and its terms by name.
+        """
+        if self.output_projection is not None:
+            hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
+        if targets is None:
+            return self.lm_head(hidden_states), None, {}
+        count = token_count(targets, num_items_in_batch)  # the one count of this step
+        chunk_size = self.config.loss_chunk_size if self.training else None
+        logits, cross_entropy = head_cross_entropy(
+            self.lm_head, hidden_states, targets, count, self.config.label_smoothing, chunk_size
+        )
+        loss, terms = self.compose_loss(cross_entropy, targets, num_items_in_batch, count)
+        return logits, loss, terms
+
+    def compose_loss(
+        self,
+        cross_entropy: torch.Tensor,
+        targets: torch.Tensor,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        count: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training loss (cross-entropy + enabled regularizers) and its terms, keyed by ``LOSS_TERMS`` names.
+
+        Under gradient accumulation (``num_items_in_batch``: target tokens of the accumulated batch) each micro-batch
+        adds its token share of the penalties, so they count once per optimizer step, as the cross-entropy does.
+        ``count``: ``token_count(targets, num_items_in_batch)`` when the caller has it already.
+        """
+        share = 1.0
+        if num_items_in_batch is not None:
+            count = token_count(targets, num_items_in_batch) if count is None else count
+            share = (targets != -100).sum().to(cross_entropy.device) / count
+        terms = {"cross_entropy": cross_entropy, **self.penalty_terms(share)}
+        return sum(terms.values()), terms
+
+    def penalty_terms(self, share: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
+        """The enabled regularizers at the current weights (``projection_penalty``, ``weight_norm_penalty``; they
+        depend on the weights only), each times ``share``: a micro-batch's token share of the accumulated batch, 1
+        for a whole batch (an evaluation loss)."""
+        config = self.config
+        terms = {}
+        if config.projection_regularization:
+            terms["projection_penalty"] = share * projection_penalty(
+                self.output_projection.weight, config.projection_regularization
+            )
+        if config.weight_norm_regularization:
+            terms["weight_norm_penalty"] = share * weight_norm_penalty(
+                self.output_embedding_weights(), config.weight_norm_regularization, config.weight_norm_target
+            )
+        return terms
+
+
+__all__ = ["TiedNormLossMixin", "head_cross_entropy"]
