@@ -254,12 +254,11 @@ def test_kill_after_the_final_save_leaves_no_card_of_other_weights(finished_run,
     """A kill right after the final save of a resumed run left the new weights beside the previous card and plot."""
     output_dir = copy_run(finished_run, tmp_path)
     old_weights = (output_dir / "model.safetensors").read_bytes()
-    module = load_script("run_translation")
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed after the final save")
 
-    monkeypatch.setattr(module, "write_plots_and_card", killed)
+    monkeypatch.setattr(steps, "write_plots_and_card", killed)
     with pytest.raises(KeyboardInterrupt):
         run_script("run_translation", translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "3", "--save_strategy", "no",
