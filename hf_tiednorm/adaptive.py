@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import NormalizedScoresMixin, mode_column_terms, unit_rows
+from .normalized_head import NormalizedScoresMixin, mode_column_terms, out_of_vocabulary_message, unit_rows
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -85,7 +85,7 @@ class AdaptiveInput(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         flat = input_ids.reshape(-1)  # (tokens,)
         if flat.numel() and (flat.min() < 0 or flat.max() >= self.num_embeddings):
-            raise IndexError(f"token ids must be in [0, {self.num_embeddings}), got {flat.min()}..{flat.max()}")
+            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings))
         weight = self.projections[0].weight
         out = torch.zeros(flat.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
         for lo, hi, band, projection in zip(self.edges[:-1], self.edges[1:], self.bands, self.projections):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .token_loss import token_count
+from .token_loss import out_of_vocabulary_labels, token_count
 
 STRATEGIES = ("fused", "recompute")
 
@@ -125,7 +125,7 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
         y = labels.index_select(0, keep)  # (n,)
         n, vocab = h.shape[0], weight.shape[0]
         if ((y < 0) | (y >= vocab)).any():
-            raise IndexError(f"labels must be in [0, {vocab}) or {ignore_index}")
+            raise IndexError(out_of_vocabulary_labels(labels, vocab, ignore_index))
         fused = strategy == "fused" and any(need.values())
         grads = _new_grads(weight, compute_dtype, need) if fused else None
         grad_h = hidden.new_zeros(hidden.shape) if fused and need["hidden"] else None

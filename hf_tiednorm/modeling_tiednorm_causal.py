@@ -16,6 +16,7 @@ from .configuration_tiednorm import TiedNormCausalConfig
 from .embeddings import build_embedding
 from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
+from .weight_checks import WeightChecksMixin
 
 
 class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
@@ -32,8 +33,9 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
         self.post_init()
 
 
-class TiedNormForCausalLM(TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py.
+class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
+    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading and
+    # resizing are checked by WeightChecksMixin (finite weights, special tokens kept).
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)

@@ -28,6 +28,7 @@ from .embeddings import build_embedding
 from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
 from .outputs import CACHE_FIELD, TiedNormSeq2SeqLMOutput
 from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
+from .weight_checks import WeightChecksMixin, check_resize_keeps_special_tokens
 
 
 class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
@@ -73,8 +74,9 @@ class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
         self.decoder.embed_tokens = value
 
 
-class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
-    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs.
+class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
+    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs; loading and
+    resizing checked by ``WeightChecksMixin`` (finite weights, special tokens kept).
 
     A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
     """
@@ -92,7 +94,9 @@ class TiedNormSeq2SeqLMMixin(TiedNormLMMixin):
     # Marian's rule for the decoder's own vocabulary (tie topology "decoder" / "untied"), used as written: it
     # resizes the decoder input embedding (and an untied output layer), updates config.decoder_vocab_size and re-ties;
     # where Marian then resizes its final_logits_bias, our head, which has none, follows the new vocabulary.
-    resize_decoder_token_embeddings = MarianMTModel.resize_decoder_token_embeddings
+    def resize_decoder_token_embeddings(self, new_num_tokens: int) -> None:
+        check_resize_keeps_special_tokens(self, new_num_tokens)  # the decoder starts, pads and ends with them
+        return MarianMTModel.resize_decoder_token_embeddings(self, new_num_tokens)
 
     def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
         self.lm_head.match_vocab_size()

@@ -26,6 +26,7 @@ from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_not_bypassed
+from .weight_checks import WeightChecksMixin
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
 
@@ -98,7 +99,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(TiedNormHeadHostMixin, PreTrainedModel):
+class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, PreTrainedModel):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
     hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
     ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""

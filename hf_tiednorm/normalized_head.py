@@ -280,6 +280,19 @@ def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
     return new
 
 
+def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
+    """What is wrong when a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside
+    [0, vocab_size), where it is, and how many there are."""
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    where = bad.nonzero()[0].tolist() if bad.any() else []
+    first = int(input_ids[tuple(where)]) if where else None
+    return (
+        f"token id {first} (at position {tuple(where)} of the input ids, {int(bad.sum())} out of range in all) is "
+        f"outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}): the tokenizer or the data does "
+        "not match the model (len(tokenizer) must not exceed config.vocab_size)"
+    )
+
+
 class TiedNormEmbedding(nn.Embedding):
     """Token embedding that, for the l2 mode (Liu et al. eq. 19), looks up unit-normalized rows ŵ_i.
 
@@ -303,7 +316,13 @@ class TiedNormEmbedding(nn.Embedding):
         return f"{super().extra_repr()}, normalize={self.normalize}"
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embeddings = super().forward(input_ids)  # (..., d)
+        if torch.compiler.is_compiling():
+            embeddings = super().forward(input_ids)  # (..., d)
+        else:
+            try:
+                embeddings = super().forward(input_ids)
+            except IndexError as error:  # nothing is checked unless the lookup failed (CPU; CUDA asserts on device)
+                raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
         if not self.normalize:
             return embeddings
         # ŵ_i from the looked-up rows themselves: O(tokens·d) instead of normalizing all V rows, with the same

@@ -6,11 +6,14 @@ the task in ``custom_pipelines`` and the folder holds this file: ``pipe.save_pre
 does ``save_pretrained`` of a model whose code imports this module and calls ``add_translation_pipeline`` on its
 config (the wrapped encoder-decoders, modeling_tiednorm_wrapped.py).
 
-The pipeline refuses to be built without a tokenizer, and truncates inputs longer than the model's positions (with a
-warning) instead of failing inside the encoder.
+The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
+``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
+longer than the model's positions (with a warning) instead of failing inside the encoder.
 """
 
 from __future__ import annotations
+
+import os
 
 from transformers import Pipeline, PretrainedConfig
 from transformers.utils import logging
@@ -18,6 +21,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 TASK = "tiednorm-translation"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def add_translation_pipeline(config: PretrainedConfig) -> None:
@@ -40,6 +44,40 @@ def position_limit(model, tokenizer) -> int | None:
     return min(limits, default=None)
 
 
+def missing_tokenizer_message(model) -> str:
+    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
+    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
+    folder = getattr(model, "name_or_path", None) or ""
+    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
+    if has_tokenizer:
+        return (
+            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
+            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+            f"trust_remote_code=True, as the folder ships the pipeline code) or "
+            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
+        )
+    if folder and os.path.isdir(folder):
+        return (
+            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+            "tokenizer=... to pipeline()"
+        )
+    name = folder or type(model).__name__
+    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
+
+
+# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
+POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
+
+
+def check_generate_kwargs(generate_kwargs: dict) -> None:
+    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
+    for name in POSITIVE_INT_ARGUMENTS:
+        value = generate_kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
+
+
 class TiedNormTranslationPipeline(Pipeline):
     """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
 
@@ -49,12 +87,7 @@ class TiedNormTranslationPipeline(Pipeline):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.tokenizer is None:
-            name = getattr(self.model, "name_or_path", None) or type(self.model).__name__
-            raise ValueError(
-                f"tiednorm-translation needs a tokenizer, and the model {name} came without one (its folder has no "
-                "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-                "tokenizer=... to pipeline()"
-            )
+            raise ValueError(missing_tokenizer_message(self.model))
 
     def _sanitize_parameters(self, **kwargs):
         unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
@@ -64,7 +97,14 @@ class TiedNormTranslationPipeline(Pipeline):
             )
         generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
         generate_kwargs.update(kwargs.get("generate_kwargs", {}))
+        check_generate_kwargs(generate_kwargs)
         return {}, generate_kwargs, {}
+
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)  # the arguments are still checked
+            return []  # nothing to translate (the base Pipeline indexed the empty list)
+        return super().__call__(inputs, *args, **kwargs)
 
     def preprocess(self, text: str):
         if not isinstance(text, str):

@@ -21,10 +21,24 @@ def token_cross_entropy(
     """
     logits = logits.float().reshape(-1, logits.shape[-1])  # (tokens, V)
     labels = labels.reshape(-1).to(logits.device)  # (tokens,)
-    total = F.cross_entropy(
-        logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
-    )
+    try:
+        total = F.cross_entropy(
+            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
+        )
+    except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
+        raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
     return total / token_count(labels, num_items_in_batch, ignore_index)
+
+
+def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
+    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
+    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    first = int(labels[bad][0]) if bool(bad.any()) else None
+    return (
+        f"label {first} ({int(bad.sum())} out of range in all) is outside the vocabulary of {vocab_size} tokens "
+        f"(ids 0..{vocab_size - 1}; {ignore_index} marks no target): the labels were made with another tokenizer"
+    )
 
 
 def token_count(
@@ -39,4 +53,4 @@ def token_count(
     return count.clamp_min(1)
 
 
-__all__ = ["token_count", "token_cross_entropy"]
+__all__ = ["out_of_vocabulary_labels", "token_count", "token_cross_entropy"]

@@ -112,6 +112,7 @@ def main() -> None:
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help
+        eval_splits=("validation", "test"),  # --do_eval scores both
     )
 
     # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.

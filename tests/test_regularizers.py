@@ -234,3 +234,28 @@ def test_logging_state_exists_from_construction(tmp_path):
     assert trainer._loss_term_sums == {} and trainer._loss_terms_last_step == 0
     trainer.log({"loss": 1.0})  # a log before any step adds no terms
     assert "cross_entropy" not in trainer.state.log_history[-1]
+
+
+@pytest.mark.parametrize("chunk_size", [None, 4])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_loss_counts_the_target_tokens_once_per_step(family, chunk_size, monkeypatch):
+    """One count of the target tokens per forward (issue 23): the cross-entropy divides by it and, under gradient
+    accumulation, the penalties take this micro-batch's share of it; the plain and the chunked path alike."""
+    import hf_tiednorm.loss
+
+    model = tiny_model(family, projection_regularization=0.15, loss_chunk_size=chunk_size).train()
+    inputs = model_inputs(model)
+    labels = _labels(model, inputs)
+    counts = []
+
+    def counting(*args, **kwargs):
+        counts.append(hf_tiednorm.token_loss.token_count(*args, **kwargs))
+        return counts[-1]
+
+    monkeypatch.setattr(hf_tiednorm.loss, "token_count", counting)
+    targets = (_targets(model, labels) != -100).sum()
+    out = model(**inputs, labels=labels, num_items_in_batch=2 * targets)
+    assert [int(count) for count in counts] == [2 * targets]
+    torch.testing.assert_close(out.projection_penalty, 0.5 * hf_tiednorm.regularizers.projection_penalty(
+        model.output_projection.weight, 0.15))
+    assert torch.allclose(out.loss, out.cross_entropy + out.projection_penalty)

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from paper_grid import cells as grid  # experiments/paper_grid/ (on sys.path: conftest.py)
 from paper_grid import report, runner
+from safetensors.torch import save_file
 from script_helpers import EXPERIMENTS, SCRIPTS, subprocess_env
 
 
@@ -343,8 +345,13 @@ def test_a_killed_full_budget_cell_resumes_from_its_last_complete_checkpoint(tmp
     cell = grid.grid_cells("translation", args, [0], ["square"])[0]
     out = tmp_path / "runs" / cell["key"]
     for step, state in ((454, '{"global_step": 454}'), (908, '{"global_st')):  # the newer save was cut off
-        (out / f"checkpoint-{step}").mkdir(parents=True)
-        (out / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+        folder = out / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        # Every file a resume needs (hf_tiednorm.training.run_directory.checkpoint_problems), tiny.
+        save_file({"weight": torch.zeros(2, 2)}, folder / "model.safetensors")
+        for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+            torch.save({}, folder / name)
+        (folder / "trainer_state.json").write_text(state)
     (out / "run.log").write_text("first slice\n")
     calls: list[list[str]] = []
     monkeypatch.setattr(runner.subprocess, "run", _fake_cell_run(calls))

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers.modeling_utils
+from safetensors.torch import save_file
 from script_helpers import TINY_TRANSLATION_FLAGS, run_script, write_tiny_parallel
 from testing_utils import tiny_causal_config
 from transformers import AutoTokenizer, Trainer, TrainingArguments
@@ -112,8 +113,7 @@ def test_resume_last_skips_a_half_written_checkpoint(finished_run, data_flags, t
 def test_resolve_resume_checkpoint_means_last_complete(tmp_path):
     for step, complete in ((1, True), (2, True), (3, False), (10, False)):
         folder = tmp_path / f"checkpoint-{step}"
-        folder.mkdir()
-        (folder / "model.safetensors").write_bytes(b"weights")
+        write_checkpoint_files(folder)  # weights, optimizer, scheduler, RNG state (issue 24: all that a resume needs)
         if complete:
             (folder / "trainer_state.json").write_text("{}")
     (tmp_path / "checkpoint-10" / "trainer_state.json").write_text('{"global_st')  # killed mid-write
@@ -122,6 +122,14 @@ def test_resolve_resume_checkpoint_means_last_complete(tmp_path):
     args.resume_from_checkpoint = str(tmp_path / "checkpoint-3")
     with pytest.raises(ValueError, match=r"checkpoint-3 is incomplete"):
         resolve_resume_checkpoint(args)
+
+
+def write_checkpoint_files(folder) -> None:
+    """Every file of a checkpoint but trainer_state.json, tiny: valid safetensors weights and small state files."""
+    folder.mkdir(parents=True)
+    save_file({"weight": torch.zeros(2, 2)}, folder / "model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({}, folder / name)
 
 
 def test_final_save_killed_midway_keeps_the_previous_model(tmp_path, monkeypatch):

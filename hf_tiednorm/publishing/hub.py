@@ -3,9 +3,11 @@
 ``push_to_hub`` stages, in a separate folder, exactly what gets uploaded: the weights re-saved as safetensors
 together with the modeling code (``save_pretrained`` of a registered model writes ``auto_map`` and copies the code
 files, so the repository loads with ``trust_remote_code=True`` without hf_tiednorm installed), the tokenizer, the
-model card (README.md) and the plots (``*.png``) of the checkpoint folder. It then creates the repository and
-uploads the staged folder in one commit with ``huggingface_hub``. With ``dry_run_dir`` it only writes the staged
-folder there. The checkpoint folder itself is only read, never modified.
+model card (README.md; the checkpoint's own card is kept with its loading snippets and title naming ``repo_id``,
+not the local folder) and the plots (``*.png``) of the checkpoint folder. It then creates the repository and uploads
+the staged folder in one commit with ``huggingface_hub``. With ``dry_run_dir`` it only writes the staged folder there.
+The repository id is validated (huggingface_hub's rule) before anything is staged. The checkpoint folder itself is only
+read, never modified.
 
 CLI::
 
@@ -17,18 +19,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx2
-from huggingface_hub import CommitInfo, HfApi, get_token
+from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token
 from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from ..convert import copy_tokenizer
-from .model_card import add_card_arguments, card_inputs_from_args, load_tiednorm_config, write_model_card
+from .model_card import (
+    add_card_arguments,
+    card_inputs_from_args,
+    check_repo_id,
+    load_tiednorm_config,
+    write_model_card,
+)
 
 
 def _find_tokenizer_source(checkpoint: Path, tokenizer: str | os.PathLike | None) -> Path:
@@ -37,6 +46,18 @@ def _find_tokenizer_source(checkpoint: Path, tokenizer: str | os.PathLike | None
         hint = "" if tokenizer is not None else "; pass the tokenizer folder with `tokenizer=` (CLI: --tokenizer)"
         raise FileNotFoundError(f"no tokenizer (tokenizer.json / tokenizer_config.json) in {source}{hint}")
     return source
+
+
+def card_for_repo(card_path: Path, repo_id: str) -> ModelCard:
+    """The checkpoint's own model card (as the training script wrote it, with its metrics) made to describe
+    ``repo_id``: the loading snippets, the title and the model-index name named the local folder."""
+    card = ModelCard.load(card_path)
+    name = repo_id.split("/")[-1]
+    card.text = re.sub(r'(from_pretrained\(|model=)"[^"]*"', lambda match: f'{match.group(1)}"{repo_id}"', card.text)
+    card.text = re.sub(r"^# .*$", f"# {name}", card.text, count=1, flags=re.MULTILINE)
+    if getattr(card.data, "model_name", None) is not None:
+        card.data.model_name = name
+    return card
 
 
 def prepare_upload_folder(
@@ -56,6 +77,7 @@ def prepare_upload_folder(
     checkpoint already has a README.md (e.g. written by the training script), that card is kept as is.
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    check_repo_id(repo_id)
     config = load_tiednorm_config(checkpoint)
     tokenizer_source = _find_tokenizer_source(checkpoint, tokenizer)
     if output_dir.resolve() == checkpoint.resolve() or checkpoint.resolve() in output_dir.resolve().parents:
@@ -73,7 +95,7 @@ def prepare_upload_folder(
 
     card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
     if all(value is None for value in card_inputs.values()) and (checkpoint / "README.md").is_file():
-        shutil.copy2(checkpoint / "README.md", output_dir / "README.md")
+        card_for_repo(checkpoint / "README.md", repo_id).save(output_dir / "README.md")
     else:
         write_model_card(output_dir, repo_id=repo_id, **card_inputs)
     return output_dir
@@ -102,6 +124,7 @@ def push_to_hub(
     # The path first: a typo in it is the likelier mistake, and the token error would hide it.
     if not Path(checkpoint).is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {checkpoint}")
+    check_repo_id(repo_id)
     card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
     if dry_run_dir is not None:
         return prepare_upload_folder(checkpoint, dry_run_dir, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)

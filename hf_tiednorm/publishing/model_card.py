@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
 
@@ -185,11 +187,8 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
         return name not in defaults or values[name] != defaults[name]
 
     # "_"-prefixed entries are bookkeeping, not settings (a GGUF source's config carries "_model_name_or_path").
-    return {
-        name: value
-        for name, value in sorted(values.items())
-        if name not in known and not name.startswith("_") and describes_model(name)
-    }
+    shown = [n for n in sorted(values) if n not in known and not n.startswith("_") and describes_model(n)]
+    return {name: values[name] for name in shown}
 
 
 def _logit_scale_text(config: TiedNormConfig) -> str:
@@ -234,6 +233,15 @@ def _tie_topology_text(config: TiedNormConfig) -> str:
         two_vocabularies = getattr(config.text_config, "share_encoder_decoder_embeddings", True) is False
         return TIE_TOPOLOGY_TEXT["decoder"] if two_vocabularies else WRAPPED_TIE_TEXT
     return "input = output embedding"
+
+
+def check_repo_id(repo_id: str) -> None:
+    """huggingface_hub's rule for a model repository id ("name" or "namespace/name"; letters, digits, '-', '_',
+    '.'), as ``ValueError`` naming the id, before anything is staged or uploaded."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"invalid Hub repository id {repo_id!r}: {error}") from None
 
 
 def load_tiednorm_config(folder: str | os.PathLike) -> TiedNormConfig:
@@ -281,6 +289,8 @@ def render_model_card(
     results, signature = _parse_metrics(metrics or {})
     if results and dataset is None:
         raise ValueError("metrics were given without `dataset`: the model-index needs the evaluation dataset's id")
+    if repo_id is not None:
+        check_repo_id(repo_id)
     repo_id = repo_id or folder.resolve().name
     model_name = repo_id.split("/")[-1]
     is_encoder_decoder = config.is_encoder_decoder
@@ -351,9 +361,16 @@ def write_model_card(folder: str | os.PathLike, **card_options: Any) -> Path:
 
 
 def read_json_object(path: str | None, what: str) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a UTF-8 byte-order mark, as Windows editors write it, is accepted); ``ValueError``
+    naming the file and the flag when it is missing, not JSON or not an object."""
     if path is None:
         return None
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what} file not found: {path}")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{what} file {path} is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise TypeError(f"{what} file {path} must hold a JSON object, got {type(data).__name__}")
     return data

@@ -3,7 +3,8 @@ in ``hf_tiednorm/`` and travels with a saved model). Nothing here is imported by
 
 * ``arguments``: the shared flags (model, data, output folder, run) and ``parse_arguments`` (config file + flags).
 * ``precision``: CPU detection, the bf16 default, the fp32-softmax attention for bf16 on CPU.
-* ``run_directory``: refuse / overwrite / resume an --output_dir, complete checkpoints, the staged final save.
+* ``run_directory``: the run's lock on --output_dir, refuse / overwrite / resume it, complete checkpoints, scoring a
+  finished run, the staged final save (docs/run_safety.md).
 * ``callbacks``: the tie check, the time budget, early stopping.
 * ``steps``: the ``main()`` steps both scripts share.
 * ``trainers``, ``data``, ``tokenization``, ``vocab_order``, ``cpu_memory``, ``plots``: the Trainers with per-term

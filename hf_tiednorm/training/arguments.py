@@ -61,8 +61,11 @@ def parse_arguments(dataclass_types: tuple[type, ...], description: str | None =
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         if not Path(argv[0]).is_file():
             raise FileNotFoundError(f"config file not found: {argv[0]}")
-        text = Path(argv[0]).read_text()
-        values = json.loads(text) if argv[0].endswith(".json") else yaml.safe_load(text)
+        try:
+            text = Path(argv[0]).read_text(encoding="utf-8-sig")
+            values = json.loads(text) if argv[0].endswith(".json") else yaml.safe_load(text)
+        except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
+            raise ValueError(f"config file {argv[0]} cannot be read: {error}") from None
         if not isinstance(values, dict):
             raise ValueError(f"config file {argv[0]} must hold a mapping of argument names to values")
         flags = []
@@ -149,7 +152,11 @@ class ModelSourceArguments:
             return self.finetune_config()
         vocab_size = self.vocab_size
         if self.tokenizer_name is not None:
-            vocab_size = len(AutoTokenizer.from_pretrained(self.tokenizer_name))
+            try:
+                vocab_size = len(AutoTokenizer.from_pretrained(self.tokenizer_name))
+            except Exception as error:  # tokenizers' JSON errors name no file
+                raise ValueError(f"--tokenizer_name {self.tokenizer_name}: cannot load the tokenizer: "
+                                 f"{type(error).__name__}: {error}") from error
         new_model = {name: getattr(self, name) for name in self.new_model_fields}
         return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
 

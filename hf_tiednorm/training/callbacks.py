@@ -11,23 +11,27 @@ import torch
 from transformers import EarlyStoppingCallback, TrainerCallback
 
 from ..adaptive import embedding_matrices
+from ..weight_checks import check_finite_weights
 from .arguments import RunArguments
 
 logger = logging.getLogger(__name__)
 
 
 class TiedWeightsCheck(TrainerCallback):
-    """Checks on every rank, once the Trainer has prepared (wrapped) the model, that the output layer still shares
-    the decoder's input embedding matrix (one per band of an adaptive model), and logs how many steps each rank
-    trained: with both lines from every rank, a multi-process launch shows that all its processes trained."""
+    """Checks on every rank, once the Trainer has prepared (wrapped) the model, that its weights are finite (a
+    resumed checkpoint's too, which the Trainer loads without ``from_pretrained``'s check) and that the output layer
+    still shares the decoder's input embedding matrix (one per band of an adaptive model), and logs how many steps
+    each rank trained: with both lines from every rank, a multi-process launch shows that all its processes trained."""
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # The weights training starts from: a new model's, a saved one's or a resumed checkpoint's (which the Trainer
+        # loads without from_pretrained's check), so a NaN there is named instead of training to a nan loss.
+        check_finite_weights(model, "the model training starts from (a resumed checkpoint's included)")
         if not model.config.tie_word_embeddings:
             return
-        # The decoder of an encoder-decoder, the whole causal LM; through the accessor, since a converted model keeps
-        # its architecture's module names (GPT-2's decoder calls its embedding wte).
-        # One matrix each, or one per band of an adaptive input / softmax; the same for every model (ours, a wrapped
-        # one, the HF Marian contender).
+        # The decoder's input embedding (of an encoder-decoder; the whole causal LM's) through the accessor, since a
+        # converted model keeps its architecture's module names (GPT-2's decoder calls its embedding wte). One matrix
+        # each side, or one per band of an adaptive input / softmax, for every model (ours, wrapped, HF's Marian).
         inputs = embedding_matrices(model.get_decoder().get_input_embeddings())
         outputs = embedding_matrices(model.get_output_embeddings())
         tied = len(inputs) == len(outputs) and all(a is b for a, b in zip(inputs, outputs, strict=True))

@@ -4,6 +4,12 @@ A split is given either as one ``.json``/``.jsonl``/``.csv`` file with one colum
 ``translation`` column of ``{lang: text}`` dicts), or as aligned text files, one sentence a line (``.gz`` works),
 named by a pattern holding ``{lang}``: ``train.{lang}.gz`` reads ``train.de.gz`` and ``train.en.gz``.
 
+Nothing here changes the task silently (issue 24): a UTF-8 byte-order mark is stripped (and logged) instead of becoming
+part of the first sentence and a vocabulary token; a target file that is the source file (the same path, a symlink
+to it, or a copy with the same lines) is refused, since it would train a copy task; a truncated, corrupt or
+mislabelled ``.gz`` file, a json/jsonl/csv row whose language field is missing, null or not a string, and a
+``translation`` dict without one of the languages stop with the file (and row) named.
+
 Text files are read here rather than with 🤗 datasets' ``text`` loader, which splits lines with ``str.splitlines``:
 a lone ``\r`` (or another Unicode line break) inside a sentence would start a new row there, shifting every later
 pair of a parallel corpus although both files have the same ``wc -l``. Here a line ends at ``\n`` only (a ``\r``
@@ -14,12 +20,18 @@ empty file and bytes that are not UTF-8 stop with the file named (and the line a
 from __future__ import annotations
 
 import gzip
+import logging
+import os
+import string
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.exceptions import DatasetGenerationError
+
+logger = logging.getLogger(__name__)
 
 TABLE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv"}
 
@@ -37,10 +49,21 @@ def _check_exists(path: str, split: str) -> None:
 
 def read_lines(path: str, split: str) -> list[str]:
     """The lines of a UTF-8 text file (``.gz`` works), split on ``\n`` only; ``ValueError`` naming the file when it
-    is empty or not UTF-8 (with the line and byte offset of the first bad byte)."""
+    is empty, not UTF-8 (with the line and byte offset of the first bad byte) or a ``.gz`` file that does not
+    decompress (truncated, corrupt, or not gzip at all). A leading UTF-8 byte-order mark is stripped, with a log line.
+    """
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as handle:
-        data = handle.read()
+    try:
+        with opener(path, "rb") as handle:
+            data = handle.read()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        # gzip names neither the file nor what is wrong with it in words a user can act on.
+        what = "is truncated" if isinstance(error, EOFError) else "is not a valid gzip file"
+        raise ValueError(f"{split} file {path} {what} ({type(error).__name__}: {error}); re-download or re-compress "
+                         f"it (a plain text file must not end in .gz)") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        logger.warning("%s file %s starts with a UTF-8 byte-order mark: stripped", split, path)
+        data = data[3:]
     if not data:
         raise ValueError(f"{split} file {path} is empty")
     try:
@@ -71,6 +94,58 @@ def _load_table(fmt: str, path: str, split: str) -> Dataset:
     return table
 
 
+def _check_pattern(pattern: str, split: str) -> None:
+    """A text-file pattern holds ``{lang}`` and no other ``{...}`` placeholder."""
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(pattern) if name is not None}
+    except ValueError as error:  # an unmatched brace
+        raise ValueError(f"{split} file pattern {pattern!r} is malformed ({error}); it must hold '{{lang}}'") from None
+    if "lang" not in fields:
+        raise ValueError(
+            f"{split} file {pattern!r} is neither .json/.jsonl/.csv nor a text-file pattern holding '{{lang}}' "
+            f"(e.g. train.{{lang}}.gz)"
+        )
+    other = sorted(fields - {"lang"})
+    if other:
+        raise ValueError(
+            f"{split} file pattern {pattern!r} holds the placeholder(s) {', '.join('{' + f + '}' for f in other)}; "
+            "only {lang} is filled in (write other parts of the name out, e.g. train.{lang}.gz)"
+        )
+
+
+def _check_not_copy_task(paths: dict[str, str], sides: dict[str, list[str]], split: str) -> None:
+    """Refuse a source file that is the target file (same path, a link to it, or the same lines): a copy task."""
+    (source, target) = paths.values()
+    if os.path.samefile(source, target):
+        raise ValueError(f"{split} source file {source} and target file {target} are the same file (a link?): "
+                         "training would learn to copy; give the target language's file")
+    (source_lines, target_lines) = sides.values()
+    if source_lines == target_lines:
+        raise ValueError(f"{split} source file {source} and target file {target} hold the same lines: training "
+                         "would learn to copy; give the target language's file")
+
+
+def _text_column(values: list, split: str, path: str, column: str) -> None:
+    """Every value of a language column of a table is a string; else name the file, the row and what it holds."""
+    for row, value in enumerate(values, start=1):
+        if not isinstance(value, str):
+            what = "missing or null" if value is None else f"of type {type(value).__name__} ({value!r}), not a string"
+            raise ValueError(f"{split} file {path}, row {row}: the {column!r} field is {what}")
+
+
+def _translation_columns(table: Dataset, split: str, path: str, languages: tuple[str, str]) -> Dataset:
+    """An HF ``translation`` column of ``{lang: text}`` dicts as one column per language; a row without one of the
+    languages fails naming the file, the row and the language."""
+    columns = {lang: [] for lang in languages}
+    for row, pair in enumerate(table["translation"], start=1):
+        for lang in languages:
+            if not isinstance(pair, dict) or pair.get(lang) is None:
+                has = sorted(k for k, v in pair.items() if v is not None) if isinstance(pair, dict) else pair
+                raise ValueError(f"{split} file {path}, row {row}: its 'translation' has no {lang!r} text ({has})")
+            columns[lang].append(pair[lang])
+    return Dataset.from_dict(columns)
+
+
 def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: str) -> DatasetDict:
     """A ``DatasetDict`` with one string column per language (``source_lang``, ``target_lang``) for each split."""
     if source_lang == target_lang:
@@ -82,22 +157,25 @@ def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: st
             _check_exists(pattern, split)
             table = _load_table(fmt, pattern, split)
             if "translation" in table.column_names:
-                table = table.map(lambda row: row["translation"], remove_columns=table.column_names)
+                table = _translation_columns(table, split, pattern, (source_lang, target_lang))
             missing = [lang for lang in (source_lang, target_lang) if lang not in table.column_names]
             if missing:
                 columns = table.column_names
                 raise ValueError(f"{split} file {pattern} has no column {missing}; its columns are {columns}")
-            splits[split] = table.select_columns([source_lang, target_lang])
+            table = table.select_columns([source_lang, target_lang])
+            for lang in (source_lang, target_lang):
+                _text_column(table[lang], split, pattern, lang)
+            if table[source_lang] == table[target_lang]:
+                raise ValueError(f"{split} file {pattern}: the {source_lang!r} and {target_lang!r} columns hold the "
+                                 "same text: training would learn to copy")
+            splits[split] = table
             continue
-        if "{lang}" not in pattern:
-            raise ValueError(
-                f"{split} file {pattern!r} is neither .json/.jsonl/.csv nor a text-file pattern holding '{{lang}}' "
-                f"(e.g. train.{{lang}}.gz)"
-            )
+        _check_pattern(pattern, split)
         paths = {lang: pattern.format(lang=lang) for lang in (source_lang, target_lang)}
         for path in paths.values():
             _check_exists(path, split)
         sides = {lang: read_lines(path, split) for lang, path in paths.items()}
+        _check_not_copy_task(paths, sides, split)
         counts = {paths[lang]: len(lines) for lang, lines in sides.items()}
         if len(set(counts.values())) > 1:
             raise ValueError(
@@ -123,6 +201,7 @@ def load_monolingual(split_files: dict[str, str], text_column: str = "text") -> 
         if text_column not in table.column_names:
             raise ValueError(f"{split} file {path} has no column {text_column!r}; its columns are {table.column_names}")
         table = table.select_columns([text_column])
+        _text_column(table[text_column], split, path, text_column)
         splits[split] = table if text_column == "text" else table.rename_column(text_column, "text")
     return DatasetDict(splits)
 

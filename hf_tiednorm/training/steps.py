@@ -6,6 +6,7 @@ training with the final save, and the plots and model card.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 import transformers
 from transformers import (
+    AutoConfig,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedTokenizerBase,
@@ -24,20 +26,30 @@ from transformers import (
     set_seed,
 )
 from transformers.modeling_utils import PreTrainedModel
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import CONFIG_NAME
 
 from ..publishing.model_card import write_model_card
 from ..weight_norm_init import weight_norm_init_
-from .arguments import OutputDirArguments, RunArguments, TiedNormModelArguments, parse_arguments
+from .arguments import (
+    DataArgumentsBase,
+    ModelSourceArguments,
+    OutputDirArguments,
+    RunArguments,
+    TiedNormModelArguments,
+    parse_arguments,
+)
 from .cpu_memory import keep_freed_memory
 from .data import token_counts
 from .plots import plot_embedding_norms
 from .precision import choose_attention
 from .run_directory import (
     check_resume_config,
+    lock_output_dir,
     prepare_output_dir,
     resolve_resume_checkpoint,
     save_final_model,
+    scored_run_folder,
 )
 from .tokenization import train_joint_tokenizer
 from .vocab_order import frequency_ordered
@@ -45,19 +57,29 @@ from .vocab_order import frequency_ordered
 logger = logging.getLogger(__name__)
 
 
-def start_run(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
-    """A training script's first step: its flags (``parse_arguments``: a config file, then flags), logging at INFO
-    (transformers' at the process's level), the precision chosen and why, the launch checks and settings
-    (``setup_run``) and the checkpoint to resume (``resolve_resume_checkpoint``), before any work. ``dataclass_types``
-    hold a ``RunArguments`` and HF's ``TrainingArguments`` (with ``Bf16DefaultMixin``). Returns the parsed dataclasses
-    in that order, then the checkpoint folder to resume (or None)."""
+def start_run(
+    dataclass_types: tuple[type, ...], description: str | None = None, eval_splits: tuple[str, ...] = ("validation",)
+) -> tuple:
+    """A training script's first step: its flags (``parse_arguments``: a config file, then flags), the run's lock on
+    --output_dir (``lock_output_dir``, before anything else), logging at INFO (transformers' at the process's level),
+    the precision chosen and why, the launch checks and settings (``setup_run``), the flags used only after training
+    (``check_late_flags``; ``eval_splits``: the splits --do_eval scores), scoring a finished run without training
+    (``score_finished_run``) and the checkpoint to resume (``resolve_resume_checkpoint``), before any work.
+    ``dataclass_types`` hold the model arguments, a ``DataArgumentsBase``, a ``RunArguments`` and HF's
+    ``TrainingArguments`` (with ``Bf16DefaultMixin``). Returns the parsed dataclasses in that order, then the
+    checkpoint folder to resume (or None)."""
     parsed = parse_arguments(dataclass_types, description)
+    model_args = next(args for args in parsed if isinstance(args, ModelSourceArguments))
+    data_args = next(args for args in parsed if isinstance(args, DataArgumentsBase))
     run_args = next(args for args in parsed if isinstance(args, RunArguments))
     training_args = next(args for args in parsed if isinstance(args, TrainingArguments))
+    lock_output_dir(training_args.output_dir)  # one run at a time per folder, until this process exits
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.info("precision: %s", training_args.precision_note)
     setup_run(run_args, training_args)
+    check_late_flags(training_args, data_args, eval_splits)
+    score_finished_run(model_args, training_args)  # --do_eval/--do_predict alone: the run's trained weights
     return (*parsed, resolve_resume_checkpoint(training_args))
 
 
@@ -114,6 +136,60 @@ def setup_run(run_args: RunArguments, training_args: TrainingArguments) -> None:
         raise ValueError("--early_stopping_patience needs --load_best_model_at_end true and an eval/save strategy")
 
 
+def check_late_flags(
+    training_args: TrainingArguments, data_args, eval_splits: tuple[str, ...] = ("validation",)
+) -> None:
+    """Flags that are used only after training, checked before any work (they failed after training and saving,
+    or were ignored): sample limits below 1, ``--generation_num_beams`` / ``--generation_max_length`` below 1, and
+    evaluation or prediction without the file it reads (``eval_splits``: the splits --do_eval scores)."""
+    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+        value = getattr(data_args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} {value} selects no rows; give at least 1, or leave it out to use them all")
+    for name in ("generation_num_beams", "generation_max_length"):
+        value = getattr(training_args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} {value} must be at least 1 (it is used at evaluation, after training)")
+    files = {split: getattr(data_args, f"{split}_file", None) for split in ("validation", "test")}
+    if str(training_args.eval_strategy).lower().split(".")[-1] != "no" and not files["validation"]:
+        raise ValueError(f"--eval_strategy {training_args.eval_strategy} evaluates during training on the validation "
+                         "split, but --validation_file is none")
+    if training_args.do_eval and not any(files[split] for split in eval_splits):
+        raise ValueError(f"--do_eval scores the {' / '.join(eval_splits)} split, but no such file is given "
+                         f"(--{'_file / --'.join(eval_splits)}_file)")
+    if training_args.do_predict and "test" not in eval_splits and not files["test"]:
+        raise ValueError("--do_predict scores the test split, but --test_file is none")
+
+
+def score_finished_run(model_args: TiedNormModelArguments, training_args: TrainingArguments) -> None:
+    """Evaluating / predicting without --do_train and without --model_name_or_path scores the model that the run in
+    --output_dir trained (it scored a freshly initialized model and overwrote the run's results): the folder becomes
+    --model_name_or_path, and this scoring writes into a new sub-folder ``scored-<UTC time>`` of it, so the run's
+    results, card and plots stay as they are. The training run's architecture flags may be repeated; a flag that
+    differs from the trained model is refused."""
+    scores = training_args.do_eval or training_args.do_predict
+    if training_args.do_train or not scores or model_args.model_name_or_path is not None:
+        return
+    if training_args.resume_from_checkpoint is not None:
+        raise ValueError(
+            f"--resume_from_checkpoint continues training, but --do_train is not given; to score a checkpoint pass "
+            f"--model_name_or_path <checkpoint folder> (without it, the trained model in {training_args.output_dir} "
+            "is scored)"
+        )
+    model_folder, results_folder = scored_run_folder(training_args.output_dir)
+    saved = AutoConfig.from_pretrained(model_folder)
+    for name in model_args.architecture_fields():  # the training run's flags may be repeated, not changed
+        value = getattr(model_args, name)
+        if value is not None and value != getattr(saved, name, None):
+            raise ValueError(f"--{name} {value} differs from the trained model in {model_folder} "
+                             f"({name}={getattr(saved, name, None)!r}); drop it to score that model")
+        setattr(model_args, name, None)
+    model_args.model_name_or_path = str(model_folder)
+    model_args.__post_init__()  # the checks of a saved model
+    training_args.output_dir = str(results_folder)
+    logger.warning("scoring the trained model in %s; the results go to %s", model_folder, results_folder)
+
+
 def split_files(train_file: str, validation_file: str | None, test_file: str | None) -> dict[str, str]:
     """The data files by split name; a split without a file (None or empty) is left out."""
     files = {"train": train_file}
@@ -154,7 +230,10 @@ def load_or_train_tokenizer(
     with training_args.main_process_first(desc="tokenizer"):
         source = model_args.tokenizer_source(resume, output_dir)
         if source is not None:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(source)
+            except Exception as error:  # tokenizers' JSON errors name no file
+                raise ValueError(f"cannot load the tokenizer in {source}: {type(error).__name__}: {error}") from error
         else:
             tokenizer = train_joint_tokenizer(
                 texts(), vocab_size=model_args.vocab_size, model=model_args.tokenizer_model,
@@ -199,12 +278,22 @@ def save_token_counts_and_init(
 
 def train_and_save(trainer: Trainer, resume: str | None, num_examples: dict[str, int]) -> dict:
     """Train (continuing ``resume``), save the final model and tokenizer (``save_final_model``), and log and save the
-    training metrics with ``num_examples`` (e.g. ``{"train_samples": n}``) and the minutes spent; returns them."""
+    training metrics with ``num_examples`` (e.g. ``{"train_samples": n}``), the minutes spent and the steps that
+    ``train_loss`` averages (``train_loss_first_step``/``train_loss_last_step``; after a resume also
+    ``train_resumed_from_step``); returns them."""
     start = time.monotonic()
+    first_step = 1 + (json.loads(Path(resume, TRAINER_STATE_NAME).read_text())["global_step"] if resume else 0)
     train_result = trainer.train(resume_from_checkpoint=resume)
     save_final_model(trainer)  # model + tokenizer
     minutes = (time.monotonic() - start) / 60
     metrics = dict(train_result.metrics, **num_examples, train_minutes=minutes)
+    # The Trainer's train_loss (and train_runtime, ...) average this process's steps only: after a resume, not the
+    # whole run. Say which steps, so that a resumed and an uninterrupted run compare.
+    metrics.update(train_loss_first_step=first_step, train_loss_last_step=trainer.state.global_step)
+    if resume:
+        metrics["train_resumed_from_step"] = first_step - 1  # numbers only: the model card lists every metric
+        logger.warning("train_loss covers steps %d-%d only (resumed from %s)", first_step, trainer.state.global_step,
+                       resume)
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
     trainer.save_state()
@@ -243,6 +332,9 @@ def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[st
     if not trainer.is_world_process_zero():
         return
     output_dir = Path(trainer.args.output_dir)
+    if not trainer.args.do_train:  # they describe trained weights, which a scoring run leaves as they are
+        logger.info("scored without training: metrics (no card or plots) are in %s", output_dir.resolve())
+        return
     if not trainer.is_fsdp_enabled:
         counts_file = output_dir / "token_counts.pt"
         counts = torch.load(counts_file) if counts_file.is_file() else None

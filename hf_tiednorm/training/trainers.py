@@ -7,7 +7,7 @@ terms; huggingface/transformers#45270 and #45558 propose one), and its documente
 ``compute_loss`` and ``log`` ("Subclass and override"). ``LossTermsLoggingMixin`` overrides exactly those two;
 ``TiedNormTrainer`` and ``TiedNormSeq2SeqTrainer`` put it in front of the HF classes::
 
-    class TiedNormSeq2SeqTrainer(LossTermsLoggingMixin, Seq2SeqTrainer): ...
+    class TiedNormSeq2SeqTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2SeqTrainer): ...
 
 Every training log then carries ``cross_entropy`` and each enabled penalty, averaged over the same optimizer
 steps as ``loss``, so that ``loss == cross_entropy + projection_penalty + weight_norm_penalty`` in the logs too.
@@ -25,10 +25,11 @@ import torch
 from torch.utils.data import Dataset, Sampler, SequentialSampler
 from transformers import Seq2SeqTrainer, Trainer
 from transformers.trainer_pt_utils import nested_gather
-from transformers.trainer_utils import has_length
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from ..loss import TiedNormLossMixin
 from ..regularizers import LOSS_TERMS
+from .run_directory import describe_write_error
 
 
 class LossTermsLoggingMixin:
@@ -68,6 +69,19 @@ class LossTermsLoggingMixin:
         super().log(logs, start_time)
 
 
+class NamedWriteErrorsMixin:
+    """A checkpoint save that fails says which checkpoint and why: a full disk reads "no space left on device while
+    writing <output_dir>/checkpoint-N" instead of torch's ``RuntimeError: basic_ios::clear: iostream error``. The
+    half-written folder lacks trainer_state.json, so resuming skips it (``run_directory.checkpoint_problems``)."""
+
+    def _save_checkpoint(self, model, trial):
+        try:
+            return super()._save_checkpoint(model, trial)
+        except (OSError, RuntimeError) as error:
+            path = f"{self._get_output_dir(trial=trial)}/{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            raise describe_write_error(error, path) from error
+
+
 @torch.no_grad()
 def penalty_values(model) -> dict[str, float]:
     """The values of the enabled penalties of ``model``'s loss (its ``penalty_terms()``, ``loss.TiedNormLossMixin``)
@@ -86,11 +100,11 @@ def add_perplexity(metrics: dict[str, float], prefix: str, model) -> None:
     metrics[f"{prefix}_perplexity"] = math.exp(min(cross_entropy, 50.0))
 
 
-class TiedNormTrainer(LossTermsLoggingMixin, Trainer):
+class TiedNormTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Trainer):
     """``Trainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_clm.py)."""
 
 
-class TiedNormSeq2SeqTrainer(LossTermsLoggingMixin, Seq2SeqTrainer):
+class TiedNormSeq2SeqTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_translation.py),
     and which evaluates in dataset order."""
 
