@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import script_helpers  # noqa: E402, F401  (puts experiments/ on sys.path: tests import paper_grid from there)
 from testing_utils import MULTI30K  # noqa: E402
 
 import hf_tiednorm  # noqa: E402, F401  (registers the Auto classes)
