@@ -114,3 +114,34 @@ def test_extra_seeds_go_to_the_plain_modes_and_the_options_ahead_of_baseline_on_
              "eval_perplexity": p} for v, p in (("baseline", 50.0), ("cosine", 60.0), ("cosine-bias", 49.0),
                                                 ("l2-vector", 51.0), ("l2", 55.0))]
     assert runner.head_extra_seed_variants(args, rows) == ["baseline", "cosine", "l2", "cosine-bias"]
+
+
+def test_a_clm_head_cell_runs_the_budget_its_key_hashes(tmp_path):
+    """The per-epoch evaluation is part of clm_head's budget, so its cells must pass it to run_clm.py (a cell ran
+    an hour without it once: the key said "evaluate every epoch", the command did not)."""
+    args = _args(budget="full", data_dir=str(tmp_path))
+    for grid_name in grid.GRIDS:
+        budget = grid.grid_budget(grid_name, args)
+        for cell in grid.grid_cells(grid_name, args, [0]):
+            argv = runner.command(args, cell, tmp_path / "out")
+            for name in budget:
+                if name not in ("preset", "techniques", "bf16"):
+                    assert f"--{name}" in argv, (cell["key"], name)
+            assert argv[argv.index("--eval_strategy") + 1] == ("epoch" if grid_name == "clm_head" else "no")
+
+
+def test_a_clm_head_cell_without_evaluation_points_is_not_counted_as_done(tmp_path, monkeypatch):
+    args = _args(runs_dir=str(tmp_path / "runs"), grids="clm_head", head_variants="cosine")
+
+    def fake_run_cell(args_, cell, device):
+        out = tmp_path / "runs" / cell["key"]
+        out.mkdir(parents=True)
+        (out / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": [{"loss": 3.0}]}))
+        return {**cell, "status": "ok", "wall_minutes": 1.0, "resumed_from": None, "train_runtime": 60.0}
+
+    monkeypatch.setattr(runner, "run_cell", fake_run_cell)
+    cells = grid.grid_cells("clm_head", args, [0])
+    runner.run_cells(args, cells, tmp_path / "grid.jsonl")
+    rows = grid.load_rows(tmp_path / "grid.jsonl")
+    assert rows[0]["status"].startswith("failed: no per-epoch evaluation points")
+    assert grid.pending(cells, rows) == cells and not (tmp_path / "grid_curves.jsonl").exists()
