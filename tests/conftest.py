@@ -16,6 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # `python experiments/<script>.py` finds it; the tests import it the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
+import script_helpers  # noqa: E402, F401  (puts experiments/ on sys.path: tests import paper_grid from there)
 from testing_utils import MULTI30K  # noqa: E402
 
 import hf_tiednorm  # noqa: E402, F401  (registers the Auto classes)

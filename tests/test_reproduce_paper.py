@@ -55,6 +55,9 @@ PINNED_BUDGET_HASHES = {
     ("smoke", "translation"): "1c157159d9",
     ("smoke", "clm"): "10a5120fca",
     ("smoke", "techniques"): "4253d5b220",
+    ("reduced", "clm_head"): "d9002578b9",
+    ("full", "clm_head"): "a9377ed47e",
+    ("smoke", "clm_head"): "252c6266a1",
 }
 
 
@@ -178,6 +181,9 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
                 config = hf_tiednorm.TiedNormCausalConfig(vocab_size=model_args.vocab_size,
                                                           **model_args.config_overrides())
                 assert config.head_mode == cell["flags"]["head_mode"]
+                if grid_name == "clm_head":  # the head options reach the config
+                    assert config.logit_scale == cell["flags"].get("logit_scale", "none"), cell["key"]
+                    assert config.logit_bias is cell["flags"].get("logit_bias", False), cell["key"]
 
 
 def test_resume_skips_ok_cells_only():

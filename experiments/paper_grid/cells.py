@@ -29,7 +29,19 @@ TRANSLATION_VARIANTS = (*MODES, MARIAN)
 PRECISIONS = ("auto", "bf16", "fp32")
 CLM_MODES = ("baseline", "cosine", "l2")
 CLM_VARIANTS = tuple(f"{mode}-{tie}" for tie in ("tied", "untied") for mode in CLM_MODES)
-GRIDS = ("translation", "clm", "techniques")
+# "When does a normalized head pay?" (issue 25): the causal-LM full budget evaluated after every epoch (learning
+# curves, time to quality), for the plain modes and the head options that may give a normalized head back what the
+# normalization takes: a learned logit scale (bounded scores limit the softmax's sharpness) and a learned per-token
+# logit bias (the row norms of a tied matrix carry the unigram prior, which normalization deletes).
+HEAD_OPTIONS = {
+    "scalar": {"logit_scale": "scalar"},
+    "vector": {"logit_scale": "vector"},
+    "bias": {"logit_bias": True},
+    "vector_bias": {"logit_scale": "vector", "logit_bias": True},
+}
+CLM_HEAD_PLAIN = CLM_MODES
+CLM_HEAD_VARIANTS = (*CLM_HEAD_PLAIN, *(f"{mode}-{option}" for mode in ("cosine", "l2") for option in HEAD_OPTIONS))
+GRIDS = ("translation", "clm", "techniques", "clm_head")
 BUDGETS = ("smoke", "reduced", "full")
 # The full translation budget is the README main-job recipe, read from its config so that the two cannot drift.
 CONFIGS = ROOT / "experiments" / "configs"
@@ -45,6 +57,7 @@ PRIMARY = {
     "translation": ("test_bleu", "eval_bleu", True, "baseline"),
     "clm": ("test_perplexity", "eval_perplexity", False, "baseline-tied"),
     "techniques": ("test_perplexity", "eval_perplexity", False, "baseline"),
+    "clm_head": ("test_perplexity", "eval_perplexity", False, "baseline"),
 }
 
 
@@ -81,6 +94,10 @@ class GridArguments:
     clm_variants: str = field(
         default=",".join(CLM_VARIANTS),
         metadata={"help": f"causal-LM variants, comma-separated, from {CLM_VARIANTS}"},
+    )
+    head_variants: str = field(
+        default=",".join(CLM_HEAD_VARIANTS),
+        metadata={"help": f"variants of the clm_head grid, comma-separated, from {CLM_HEAD_VARIANTS}"},
     )
     seeds: str = field(default="0", metadata={"help": "seeds run for every cell of every chosen grid"})
     extra_seeds: str = field(
@@ -150,6 +167,9 @@ class GridArguments:
         unknown = set(self.clm_variant_list()) - set(CLM_VARIANTS)
         if unknown:
             raise ValueError(f"--clm_variants: unknown {sorted(unknown)}; choose from {CLM_VARIANTS}")
+        unknown = set(self.head_variant_list()) - set(CLM_HEAD_VARIANTS)
+        if unknown:
+            raise ValueError(f"--head_variants: unknown {sorted(unknown)}; choose from {CLM_HEAD_VARIANTS}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.workers < 1:
@@ -163,6 +183,9 @@ class GridArguments:
 
     def clm_variant_list(self) -> list[str]:
         return [v for v in self.clm_variants.split(",") if v]
+
+    def head_variant_list(self) -> list[str]:
+        return [v for v in self.head_variants.split(",") if v]
 
     def threads(self) -> int:
         return self.num_threads or max(1, (os.cpu_count() or 1) // self.workers)
@@ -231,6 +254,8 @@ def grid_budget(grid: str, args: GridArguments) -> dict:
     if grid == "translation":
         return {"preset": args.budget, **translation_budget(args.budget), **translation_recipe(args), **precision}
     budget = {"preset": args.budget, **clm_budget(args.budget), **precision}
+    if grid == "clm_head":  # the validation perplexity after every epoch: the learning curves (curves.py)
+        budget["eval_strategy"] = "epoch"
     if grid == "techniques":
         budget["techniques"] = technique_flags(budget["vocab_size"], args.wn_init_sigma)
     return budget
@@ -309,6 +334,11 @@ def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[
         table = {f"{mode}-{'tied' if tied else 'untied'}": {"head_mode": mode, "tie_word_embeddings": tied}
                  for tied in (True, False) for mode in CLM_MODES}
         table = {variant: table[variant] for variant in args.clm_variant_list()}
+    elif grid == "clm_head":
+        table = {}
+        for variant in args.head_variant_list():
+            mode, _, option = variant.partition("-")
+            table[variant] = {"head_mode": mode, "tie_word_embeddings": True, **HEAD_OPTIONS.get(option, {})}
     else:
         table = budget["techniques"]
     chosen = [v for v in table if variants is None or v in variants]

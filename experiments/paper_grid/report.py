@@ -23,6 +23,7 @@ from .cells import (
     grid_cells,
     load_rows,
 )
+from .curves import curves_report
 
 
 def mean_std(values: list[float]) -> dict:
@@ -153,6 +154,12 @@ def report(args: GridArguments) -> dict:
             parity = precision_parity(rows, args, test)
             summary["grids"][grid]["precision_parity"] = parity
             markdown += parity_markdown(parity, devices)
+        png = args.report_path().with_name(f"{args.report_path().stem}_{grid}_curves.png")
+        quality, lines = curves_report(ROOT / args.results, grid, budget_hash(budget), val_metric, higher, reference,
+                                       png)
+        if quality:
+            summary["grids"][grid]["time_to_quality"] = quality
+            markdown += lines
     summary["markdown"] = "\n".join(markdown)
     json_path = args.report_path()
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,20 +16,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .cells import (
+    CLM_HEAD_PLAIN,
     MARIAN,
     METRICS,
     ROOT,
     GridArguments,
     append_row,
     budget_hash,
-    clm_budget,
     grid_budget,
     grid_cells,
     load_rows,
     pending,
-    translation_budget,
-    translation_recipe,
 )
+from .curves import curve_row, curves_path
 from .report import best_variants, report, summarize
 
 
@@ -44,12 +43,13 @@ def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
         script = "run_translation.py"
         files = {f"{split}_file": str(data / f"{name}.{{lang}}.gz")
                  for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
-        budget = {**translation_budget(args.budget), **translation_recipe(args)}
     else:
         script = "run_clm.py"
         files = {f"{split}_file": str(data / f"{name}.en.gz")
                  for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
-        budget = clm_budget(args.budget)
+    # The flags of the budget the cell's key hashes (its grid's own additions included, e.g. clm_head's per-epoch
+    # evaluation), less what is not a script flag: the preset's name, the technique table, bf16 (passed below).
+    budget = {k: v for k, v in grid_budget(cell["grid"], args).items() if k not in ("preset", "techniques", "bf16")}
     # The full budget saves a checkpoint per epoch, so that a killed cell resumes (run_cell); the others start over.
     saving = {"save_strategy": "epoch", "save_total_limit": 1} if args.budget == "full" else {"save_strategy": "no"}
     flags = {**budget, **files, **cell["flags"], "output_dir": out, "seed": cell["seed"], "bf16": args.bf16(),
@@ -153,7 +153,12 @@ def run_cells(args: GridArguments, cells: list[dict], results: Path) -> None:
         except Exception as error:  # noqa: BLE001
             row = {**cell, "status": f"failed: {type(error).__name__}: {error}"[:500], "wall_minutes": 0.0,
                    "device": device}
+        curve = curve_row(row, ROOT / args.runs_dir / cell["key"]) if row["status"] == "ok" else None
+        if curve is None and row["status"] == "ok" and grid_budget(cell["grid"], args).get("eval_strategy") == "epoch":
+            row["status"] = "failed: no per-epoch evaluation points in trainer_state.json"  # runs again on resume
         append_row(results, row)
+        if curve is not None and row["status"] == "ok":  # the per-epoch validation points, in a JSONL of their own
+            append_row(curves_path(results), curve)
         shown = {k: round(row[k], 3) for k in ("eval_bleu", "test_bleu", "test_perplexity") if k in row}
         print(f"[{time.strftime('%H:%M:%S')}] {row['status']} {cell['key']} {shown} ({row['wall_minutes']:.1f} min)",
               flush=True)
@@ -168,6 +173,16 @@ def extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
     val = summarize(rows, "translation", "eval_bleu", budget_hash(grid_budget("translation", args)))
     best = best_variants(val, ("baseline", MARIAN), higher_is_better=True, count=args.best_modes)
     return [v for v in ("baseline", MARIAN, *best) if v in args.mode_list()]
+
+
+def head_extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
+    """The clm_head variants that get --extra_seeds: the plain modes (their learning curves need the seed spread)
+    and every head option that leads the baseline on mean *validation* perplexity."""
+    val = summarize(rows, "clm_head", "eval_perplexity", budget_hash(grid_budget("clm_head", args)))
+    baseline = val.get("baseline", {}).get("mean")
+    leaders = [v for v, stats in val.items()
+               if v not in CLM_HEAD_PLAIN and baseline is not None and stats["mean"] < baseline]
+    return [v for v in (*CLM_HEAD_PLAIN, *leaders) if v in args.head_variant_list()]
 
 
 def run_grid(args: GridArguments) -> None:
@@ -186,4 +201,10 @@ def run_grid(args: GridArguments) -> None:
             chosen = extra_seed_variants(args, load_rows(results))
             print(f"extra seeds {extra} for {chosen} (best modes by mean val BLEU)", flush=True)
             run_cells(args, grid_cells("translation", args, extra, chosen), results)
+        out_of_time = args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes
+        if extra and not args.extra_seeds_all and "clm_head" in args.grid_list() and not out_of_time:
+            chosen = head_extra_seed_variants(args, load_rows(results))
+            print(f"extra seeds {extra} for {chosen} (plain modes, and head options ahead of baseline on val)",
+                  flush=True)
+            run_cells(args, grid_cells("clm_head", args, extra, chosen), results)
     report(args)

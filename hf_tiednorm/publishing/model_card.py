@@ -24,7 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
@@ -40,6 +40,7 @@ from ..configuration_tiednorm import (
 from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from ..normalized_head import default_logit_scale
 from ..training.plots import EMBEDDING_NORM_PLOT
+from .card_metrics import eval_results, parse_metrics
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
 # model_type -> (the HF parent config, the architecture named on the card)
@@ -82,13 +83,6 @@ PRESS_WOLF_BIBTEX = """@inproceedings{press2017using,
   pages     = {157--163},
   year      = {2017}
 }"""
-# Prefixes the Trainer puts on metric names, and the dataset split each one means.
-_SPLIT_PREFIXES = {"eval_": "validation", "validation_": "validation", "test_": "test", "predict_": "test"}
-_BLEU_NAMES = ("bleu", "sacrebleu")
-_SIGNATURE_NAMES = ("bleu_signature", "sacrebleu_signature", "signature")
-_PERPLEXITY_NAMES = ("perplexity", "ppl")
-
-
 def template_path() -> Path:
     """The card template: inside the installed package if shipped there, else in the source checkout."""
     package_dir = Path(__file__).resolve().parents[1]  # hf_tiednorm/
@@ -99,57 +93,6 @@ def template_path() -> Path:
         f"model card template {TEMPLATE_NAME!r} not found in {package_dir / 'model_cards'} nor "
         f"{package_dir.parent / 'model_cards'}; reinstall hf_tiednorm with its package data"
     )
-
-
-def _split_metric_name(key: str) -> tuple[str | None, str]:
-    for prefix, split in _SPLIT_PREFIXES.items():
-        if key.startswith(prefix):
-            return split, key[len(prefix) :]
-    return None, key
-
-
-def _parse_metrics(metrics: dict[str, Any]) -> tuple[list[tuple[str | None, str, float]], str | None]:
-    """[(split, name, value)] of the numeric metrics (names normalized) and the sacreBLEU signature if given."""
-    results, signature = [], None
-    for key, value in metrics.items():
-        split, name = _split_metric_name(key.lower())
-        if name in _SIGNATURE_NAMES:
-            signature = str(value)
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"metric {key!r} must be a number (or the sacreBLEU signature string), got {value!r}")
-        if name in _BLEU_NAMES:
-            name = "sacrebleu"
-        elif name in _PERPLEXITY_NAMES:
-            name = "perplexity"
-        results.append((split, name, float(value)))
-    return results, signature
-
-
-def _eval_results(
-    results: list[tuple[str | None, str, float]], signature: str | None, dataset: str, is_encoder_decoder: bool
-) -> list[EvalResult]:
-    """model-index entries: sacreBLEU (with its signature) and perplexity; other metrics stay in the body."""
-    task_type, task_name = (
-        ("translation", "Translation") if is_encoder_decoder else ("text-generation", "Text Generation")
-    )
-    # metric -> (display name, rounding, metric_config); sacreBLEU carries its signature.
-    known = {"sacrebleu": ("sacreBLEU", 2, signature), "perplexity": ("Perplexity", 3, None)}
-    return [
-        EvalResult(
-            task_type=task_type,
-            task_name=task_name,
-            dataset_type=dataset,
-            dataset_name=dataset,
-            dataset_split=split,
-            metric_type=name,
-            metric_name=known[name][0],
-            metric_value=round(value, known[name][1]),
-            metric_config=known[name][2],
-        )
-        for split, name, value in results
-        if name in known
-    ]
 
 
 # Fields that only mean something while another field turns their technique on.
@@ -286,7 +229,7 @@ def render_model_card(
     """
     folder = Path(folder)
     config = load_tiednorm_config(folder)
-    results, signature = _parse_metrics(metrics or {})
+    results, signature = parse_metrics(metrics or {})
     if results and dataset is None:
         raise ValueError("metrics were given without `dataset`: the model-index needs the evaluation dataset's id")
     if repo_id is not None:
@@ -310,7 +253,7 @@ def render_model_card(
         license=license,
         base_model=str(base_model) if base_model else None,
         model_name=model_name,
-        eval_results=_eval_results(results, signature, dataset, is_encoder_decoder) or None,
+        eval_results=eval_results(results, signature, dataset, is_encoder_decoder) or None,
     )
     return ModelCard.from_template(
         card_data,

@@ -1,0 +1,201 @@
+"""Learning curves and time to quality: *when* does a normalized head pay (issue 25 §1)?
+
+The full-budget grids answer "which head is better at convergence"; a head that reaches the same quality in fewer
+steps is a compute saving all the same. A grid whose budget evaluates after every epoch (``clm_head``) leaves its
+validation metric per epoch in each run's ``trainer_state.json`` (the Trainer's ``log_history``). The runner keeps
+those points, one JSON row per cell, in ``<results stem>_curves.jsonl`` beside the grid's rows; this module reads
+them back and asks, per variant and seed, after how many steps the validation metric first reaches the
+reference's *final* validation score within a tolerance (perplexity at most 2 % above it, BLEU at most 0.5 below),
+then reports mean ± std over seeds and plots mean ± std per variant.
+
+Minutes are the run's own ``train_runtime`` (evaluations included) scaled by the step fraction: one CPU's time, not
+comparable across processors; a resumed cell has no minutes (its runtime covers only the last slice).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from .cells import load_rows
+
+# Tolerances of "reached the reference's final quality" (issue 25): +2 % perplexity, -0.5 BLEU.
+PERPLEXITY_TOLERANCE = 0.02
+BLEU_TOLERANCE = 0.5
+
+
+def curves_path(results: Path) -> Path:
+    """``results/paper_grid.jsonl`` → ``results/paper_grid_curves.jsonl``."""
+    return results.with_name(f"{results.stem}_curves.jsonl")
+
+
+def curve_points(trainer_state: dict, train_runtime: float | None) -> list[dict]:
+    """The evaluation points of one run: step, epoch, the validation metric(s) and, given the run's
+    ``train_runtime`` (seconds), the minutes at that step.
+
+    Args:
+        trainer_state: a parsed ``trainer_state.json`` (``log_history``, ``global_step``).
+        train_runtime: seconds of the whole (unresumed) training, or None.
+
+    Returns:
+        One dict per evaluation, in step order: ``step``, ``epoch``, ``eval_loss``, ``eval_perplexity``
+        (exp(eval_loss): the grids that keep curves have no loss penalties) and/or ``eval_bleu``, ``minutes``.
+    """
+    last_step = trainer_state.get("global_step") or 0
+    points = []
+    for entry in trainer_state.get("log_history", []):
+        if "eval_loss" not in entry and "eval_bleu" not in entry:
+            continue
+        point = {"step": entry["step"], "epoch": entry.get("epoch")}
+        if "eval_loss" in entry:
+            point["eval_loss"] = entry["eval_loss"]
+            point["eval_perplexity"] = math.exp(min(entry["eval_loss"], 50.0))
+        if "eval_bleu" in entry:
+            point["eval_bleu"] = entry["eval_bleu"]
+        if train_runtime and last_step:
+            point["minutes"] = train_runtime / 60 * entry["step"] / last_step
+        points.append(point)
+    return sorted(points, key=lambda p: p["step"])
+
+
+def curve_row(cell_row: dict, run_dir: Path) -> dict | None:
+    """The curve row of a finished cell (its grid row plus ``points``), or None when the run logged no evaluation."""
+    state_path = run_dir / "trainer_state.json"
+    if not state_path.is_file():
+        return None
+    resumed = cell_row.get("resumed_from") is not None
+    points = curve_points(json.loads(state_path.read_text()), None if resumed else cell_row.get("train_runtime"))
+    if not points:
+        return None
+    keep = ("key", "grid", "variant", "seed", "budget", "budget_hash", "device", "precision", "num_threads",
+            "resumed_from", "finished")
+    return {**{k: cell_row.get(k) for k in keep}, "points": points}
+
+
+def _mean_std(values: list[float]) -> dict:
+    """Mean and sample std, None where undefined (JSON has no NaN)."""
+    return {"mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else None, "n": len(values)}
+
+
+def first_reaching(points: list[dict], metric: str, target: float, higher_is_better: bool) -> dict | None:
+    """The first point whose ``metric`` is at least as good as ``target``; None if none is."""
+    for point in points:
+        value = point.get(metric)
+        if value is not None and (value >= target if higher_is_better else value <= target):
+            return point
+    return None
+
+
+def time_to_quality(curve_rows: list[dict], reference: str, metric: str, higher_is_better: bool) -> dict:
+    """Steps (and minutes) of each variant to reach the reference's final validation score within the tolerance.
+
+    Args:
+        curve_rows: rows of one grid and budget (``variant``, ``seed``, ``points``).
+        reference: the variant whose final score (mean over its seeds) sets the target.
+        metric: ``eval_perplexity`` or ``eval_bleu``.
+        higher_is_better: True for BLEU.
+
+    Returns:
+        {"target", "reference_final", "variants": {variant: {"steps", "minutes" (mean/std/n over the seeds that
+        reached it), "reached", "runs", "final" (mean/std/n of the last point)}}}; empty without reference curves.
+    """
+    finals = [row["points"][-1][metric] for row in curve_rows if row["variant"] == reference]
+    if not finals:
+        return {}
+    reference_final = sum(finals) / len(finals)
+    target = (reference_final - BLEU_TOLERANCE if higher_is_better
+              else reference_final * (1 + PERPLEXITY_TOLERANCE))
+    variants: dict[str, dict] = {}
+    for row in curve_rows:
+        entry = variants.setdefault(row["variant"], {"steps": [], "minutes": [], "runs": 0, "finals": []})
+        entry["runs"] += 1
+        entry["finals"].append(row["points"][-1][metric])
+        point = first_reaching(row["points"], metric, target, higher_is_better)
+        if point is not None:
+            entry["steps"].append(point["step"])
+            if point.get("minutes") is not None:
+                entry["minutes"].append(point["minutes"])
+    return {
+        "metric": metric,
+        "reference": reference,
+        "reference_final": reference_final,
+        "target": target,
+        "variants": {
+            variant: {"steps": _mean_std(e["steps"]), "minutes": _mean_std(e["minutes"]),
+                      "reached": len(e["steps"]), "runs": e["runs"], "final": _mean_std(e["finals"])}
+            for variant, e in variants.items()
+        },
+    }
+
+
+def _fmt(stats: dict, digits: int) -> str:
+    if stats["mean"] is None:
+        return "–"
+    spread = "–" if stats["std"] is None else f"{stats['std']:.{digits}f}"
+    return f"{stats['mean']:.{digits}f} ± {spread}"
+
+
+def time_to_quality_markdown(result: dict) -> list[str]:
+    if not result:
+        return []
+    name = "perplexity" if result["metric"] == "eval_perplexity" else "BLEU"
+    bound = (f"≤ {result['target']:.2f} (+{PERPLEXITY_TOLERANCE:.0%})" if name == "perplexity"
+             else f"≥ {result['target']:.2f} (−{BLEU_TOLERANCE})")
+    lines = [f"### Time to quality: first epoch-end evaluation with val {name} {bound} of {result['reference']}'s "
+             f"final {result['reference_final']:.2f}", "",
+             f"| variant | reached (runs) | steps (mean ± std) | minutes (mean ± std, one CPU) | final val {name} |",
+             "|---|---|---|---|---|"]
+    for variant, stats in result["variants"].items():
+        lines.append(f"| {variant} | {stats['reached']} ({stats['runs']}) | {_fmt(stats['steps'], 0)} | "
+                     f"{_fmt(stats['minutes'], 1)} | {_fmt(stats['final'], 2)} |")
+    return lines + [""]
+
+
+def plot_curves(curve_rows: list[dict], metric: str, target: float | None, path: Path) -> None:
+    """Mean ± std band of ``metric`` against steps, one line per variant (the points of its seeds at equal steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_variant: dict[str, dict[int, list[float]]] = {}
+    for row in curve_rows:
+        for point in row["points"]:
+            if point.get(metric) is not None:
+                by_variant.setdefault(row["variant"], {}).setdefault(point["step"], []).append(point[metric])
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for variant, by_step in by_variant.items():
+        steps = sorted(by_step)
+        stats = [_mean_std(by_step[s]) for s in steps]
+        means = [s["mean"] for s in stats]
+        spread = [s["std"] or 0.0 for s in stats]
+        n = max(s["n"] for s in stats)
+        axis.plot(steps, means, marker="o", markersize=3, label=f"{variant} (n={n})")
+        axis.fill_between(steps, [m - d for m, d in zip(means, spread)], [m + d for m, d in zip(means, spread)],
+                          alpha=0.2)
+    if target is not None:
+        axis.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+    if metric == "eval_perplexity":
+        axis.set_yscale("log")
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel(f"validation {metric.removeprefix('eval_')} (mean ± std over seeds)")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def curves_report(results: Path, grid: str, budget_hash_: str, metric: str, higher_is_better: bool, reference: str,
+                  png: Path) -> tuple[dict, list[str]]:
+    """Time to quality (JSON-able) and its Markdown for one grid and budget, and the PNG of its curves."""
+    rows = [row for row in load_rows(curves_path(results))
+            if row.get("grid") == grid and row.get("budget_hash") == budget_hash_ and row.get("points")]
+    if not rows:
+        return {}, []
+    result = time_to_quality(rows, reference, metric, higher_is_better)
+    plot_curves(rows, metric, result.get("target"), png)
+    lines = time_to_quality_markdown(result) + [f"Learning curves: `{png.name}`.", ""]
+    return result, lines

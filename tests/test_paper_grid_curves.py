@@ -1,0 +1,147 @@
+"""The clm_head grid (issue 25): head options as cells, per-epoch validation points kept as learning curves, and
+time to quality (steps to reach the reference's final validation score within the tolerance)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from paper_grid import cells as grid  # experiments/paper_grid/ (script_helpers puts experiments/ on sys.path)
+from paper_grid import curves, report, runner
+
+
+def _args(**overrides):
+    return grid.GridArguments(**{"budget": "smoke", **overrides})
+
+
+def test_clm_head_cells_carry_the_head_options_and_evaluate_every_epoch():
+    args = _args(budget="full")
+    budget = grid.grid_budget("clm_head", args)
+    assert budget["eval_strategy"] == "epoch" and grid.grid_budget("clm", args)["eval_strategy"] == "no"
+    # The same training recipe as the clm grid otherwise.
+    assert {**budget, "eval_strategy": "no"} == grid.grid_budget("clm", args)
+    flags = {cell["variant"]: cell["flags"] for cell in grid.grid_cells("clm_head", args, [0])}
+    assert list(flags) == list(grid.CLM_HEAD_VARIANTS)
+    assert flags["cosine"] == {"head_mode": "cosine", "tie_word_embeddings": True}
+    assert flags["l2-vector_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale": "vector",
+                                       "logit_bias": True}
+    assert flags["cosine-scalar"]["logit_scale"] == "scalar" and flags["cosine-bias"]["logit_bias"] is True
+    with pytest.raises(ValueError, match="--head_variants: unknown"):
+        _args(head_variants="cosine-sharp")
+
+
+def _state(points: list[tuple[int, float]], global_step: int) -> dict:
+    history = [{"loss": 5.0, "step": 1}]
+    for step, loss in points:
+        history += [{"eval_loss": loss, "step": step, "epoch": step / 10}, {"loss": loss, "step": step}]
+    history.append({"train_runtime": 120.0, "step": global_step})
+    return {"global_step": global_step, "log_history": history}
+
+
+def test_curve_points_take_every_evaluation_with_perplexity_and_minutes():
+    points = curves.curve_points(_state([(10, 4.0), (20, 3.0)], 20), train_runtime=120.0)
+    assert [p["step"] for p in points] == [10, 20]
+    assert points[0]["eval_perplexity"] == pytest.approx(math.exp(4.0)) and points[0]["epoch"] == 1.0
+    assert points[0]["minutes"] == pytest.approx(1.0) and points[1]["minutes"] == pytest.approx(2.0)
+    assert "minutes" not in curves.curve_points(_state([(10, 4.0)], 10), train_runtime=None)[0]
+
+
+def _curve(variant: str, seed: int, perplexities: list[float]) -> dict:
+    return {"grid": "clm_head", "variant": variant, "seed": seed, "budget_hash": "h",
+            "points": [{"step": 100 * (i + 1), "eval_perplexity": p, "minutes": float(i + 1)}
+                       for i, p in enumerate(perplexities)]}
+
+
+def test_time_to_quality_uses_the_reference_final_mean_and_the_tolerance():
+    rows = [_curve("baseline", 0, [90, 60, 50]), _curve("baseline", 1, [92, 62, 52]),
+            _curve("cosine", 0, [70, 51.5, 49]), _curve("cosine", 1, [80, 52.5, 49]),
+            _curve("l2", 0, [95, 80, 70])]
+    result = curves.time_to_quality(rows, "baseline", "eval_perplexity", higher_is_better=False)
+    assert result["reference_final"] == 51.0 and result["target"] == pytest.approx(52.02)
+    cosine = result["variants"]["cosine"]
+    # Seed 0 gets there at step 200 (51.5), seed 1 at step 300 (52.5 at step 200 is above the target).
+    assert cosine["reached"] == 2 and cosine["steps"]["mean"] == 250
+    assert cosine["steps"]["std"] == pytest.approx(math.sqrt(5000)) and cosine["minutes"]["mean"] == 2.5
+    baseline = result["variants"]["baseline"]
+    # Seed 0 reaches 52.02 at step 300 (50), seed 1 too (52 ≤ 52.02; 62 at step 200 does not).
+    assert (baseline["reached"], baseline["steps"]["mean"], baseline["steps"]["std"]) == (2, 300, 0)
+    l2 = result["variants"]["l2"]
+    assert l2["reached"] == 0 and l2["runs"] == 1 and l2["steps"]["mean"] is None
+    bleu = curves.time_to_quality([{"variant": "baseline", "points": [{"step": 5, "eval_bleu": 30.0}]},
+                                   {"variant": "cosine", "points": [{"step": 3, "eval_bleu": 29.6}]}],
+                                  "baseline", "eval_bleu", higher_is_better=True)
+    assert bleu["target"] == 29.5 and bleu["variants"]["cosine"]["steps"]["mean"] == 3
+    assert curves.time_to_quality(rows, "marian", "eval_perplexity", False) == {}
+
+
+def test_runner_keeps_the_curve_of_a_finished_cell_and_the_report_shows_time_to_quality(tmp_path, monkeypatch):
+    args = _args(runs_dir=str(tmp_path / "runs"), results=str(tmp_path / "grid.jsonl"),
+                 report_json=str(tmp_path / "summary.json"), grids="clm_head",
+                 head_variants="baseline,cosine")
+    final = {"baseline": 3.9, "cosine": 3.85}
+
+    def fake_run_cell(args_, cell, device):
+        out = tmp_path / "runs" / cell["key"]
+        out.mkdir(parents=True)
+        losses = [(10, 5.0), (20, 4.2), (30, final[cell["variant"]])] if cell["variant"] == "baseline" else \
+            [(10, 4.5), (20, 3.95), (30, final[cell["variant"]])]
+        (out / "trainer_state.json").write_text(json.dumps(_state(losses, 30)))
+        return {**cell, "status": "ok", "wall_minutes": 1.0, "device": "CPU", "precision": "fp32",
+                "resumed_from": None, "train_runtime": 60.0, "eval_perplexity": math.exp(final[cell["variant"]]),
+                "test_perplexity": math.exp(final[cell["variant"]])}
+
+    monkeypatch.setattr(runner, "run_cell", fake_run_cell)
+    runner.run_cells(args, grid.grid_cells("clm_head", args, [0]), tmp_path / "grid.jsonl")
+    curve_rows = grid.load_rows(tmp_path / "grid_curves.jsonl")
+    assert [r["variant"] for r in curve_rows] == ["baseline", "cosine"]
+    assert [p["step"] for p in curve_rows[0]["points"]] == [10, 20, 30]
+    assert curve_rows[1]["points"][1]["minutes"] == pytest.approx(2 / 3)
+
+    summary = report.report(args)
+    quality = summary["grids"]["clm_head"]["time_to_quality"]
+    # Target: exp(3.9) * 1.02 ≈ 50.4; cosine's exp(3.95) = 51.9 at step 20 misses it, exp(3.85) at step 30 makes it.
+    assert quality["variants"]["cosine"]["steps"]["mean"] == 30
+    assert quality["variants"]["baseline"]["steps"]["mean"] == 30
+    assert "Time to quality" in summary["markdown"]
+    assert (tmp_path / "summary_clm_head_curves.png").stat().st_size > 0
+
+
+def test_extra_seeds_go_to_the_plain_modes_and_the_options_ahead_of_baseline_on_val():
+    args = _args()
+    hash_ = grid.budget_hash(grid.grid_budget("clm_head", args))
+    rows = [{"grid": "clm_head", "budget_hash": hash_, "status": "ok", "variant": v, "seed": 0,
+             "eval_perplexity": p} for v, p in (("baseline", 50.0), ("cosine", 60.0), ("cosine-bias", 49.0),
+                                                ("l2-vector", 51.0), ("l2", 55.0))]
+    assert runner.head_extra_seed_variants(args, rows) == ["baseline", "cosine", "l2", "cosine-bias"]
+
+
+def test_a_clm_head_cell_runs_the_budget_its_key_hashes(tmp_path):
+    """The per-epoch evaluation is part of clm_head's budget, so its cells must pass it to run_clm.py (a cell ran
+    an hour without it once: the key said "evaluate every epoch", the command did not)."""
+    args = _args(budget="full", data_dir=str(tmp_path))
+    for grid_name in grid.GRIDS:
+        budget = grid.grid_budget(grid_name, args)
+        for cell in grid.grid_cells(grid_name, args, [0]):
+            argv = runner.command(args, cell, tmp_path / "out")
+            for name in budget:
+                if name not in ("preset", "techniques", "bf16"):
+                    assert f"--{name}" in argv, (cell["key"], name)
+            assert argv[argv.index("--eval_strategy") + 1] == ("epoch" if grid_name == "clm_head" else "no")
+
+
+def test_a_clm_head_cell_without_evaluation_points_is_not_counted_as_done(tmp_path, monkeypatch):
+    args = _args(runs_dir=str(tmp_path / "runs"), grids="clm_head", head_variants="cosine")
+
+    def fake_run_cell(args_, cell, device):
+        out = tmp_path / "runs" / cell["key"]
+        out.mkdir(parents=True)
+        (out / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": [{"loss": 3.0}]}))
+        return {**cell, "status": "ok", "wall_minutes": 1.0, "resumed_from": None, "train_runtime": 60.0}
+
+    monkeypatch.setattr(runner, "run_cell", fake_run_cell)
+    cells = grid.grid_cells("clm_head", args, [0])
+    runner.run_cells(args, cells, tmp_path / "grid.jsonl")
+    rows = grid.load_rows(tmp_path / "grid.jsonl")
+    assert rows[0]["status"].startswith("failed: no per-epoch evaluation points")
+    assert grid.pending(cells, rows) == cells and not (tmp_path / "grid_curves.jsonl").exists()
