@@ -21,9 +21,9 @@ A folder holds the saved model and its predictions (``test_predictions.txt``, as
         --references ../shared/data/multi30k/test_2016_flickr.en.gz \\
         --train_references ../shared/data/multi30k/train.en.gz \\
         --run baseline=runs/baseline_s0 --run cosine=runs/cosine_s0 \\
-        --output results/rare_words_quick
+        --output results/rare_words_quick.json
 
-writes ``<output>.json`` and ``<output>.png``.
+writes the JSON and, beside it, the PNG of the same name.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def plot(result: dict, path: Path) -> None:
 
     buckets, labels = result["buckets"], list(result["summary"])
     width = 0.8 / max(len(labels), 1)
-    figure, axis = plt.subplots(figsize=(8, 4))
+    figure, axis = plt.subplots(figsize=(10, 4.5))
     for k, label in enumerate(labels):
         stats = [result["summary"][label]["f1"][b] for b in buckets]
         means = [s["mean"] if s["mean"] is not None else np.nan for s in stats]
@@ -189,8 +189,8 @@ def plot(result: dict, path: Path) -> None:
         x = np.arange(len(buckets)) + (k - (len(labels) - 1) / 2) * width
         axis.bar(x, means, width, yerr=errors, capsize=2, label=f"{label} (n={n})")
     reference_words = result["summary"][labels[0]]["reference_words"] if labels else {}
-    axis.set_xticks(np.arange(len(buckets)), [f"{b}\n({reference_words.get(b, 0)} ref. words)" for b in buckets])
-    axis.set_xlabel("occurrences in the training references")
+    axis.set_xticks(np.arange(len(buckets)), [f"{b}\n(n={reference_words.get(b, 0)})" for b in buckets])
+    axis.set_xlabel("occurrences in the training references (n: reference words of the scored split)")
     axis.set_ylabel("word F1 (mean ± std over runs)")
     axis.legend()
     figure.tight_layout()
@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the predictions file inside each run folder (default: %(default)s)")
     parser.add_argument("--no_norms", action="store_true",
                         help="skip the row-norm correlation (for folders that hold predictions only)")
-    parser.add_argument("--output", type=Path, required=True, help="writes OUTPUT.json and OUTPUT.png")
+    parser.add_argument("--output", type=Path, required=True,
+                        help="the JSON to write (e.g. results/rare_words.json); the PNG goes beside it")
     args = parser.parse_args(argv)
     result = analyse(args.run, read_text(args.references), read_text(args.train_references),
                      args.predictions_name, with_norms=not args.no_norms)
