@@ -66,6 +66,10 @@ def test_time_to_quality_uses_the_reference_final_mean_and_the_tolerance():
     baseline = result["variants"]["baseline"]
     # Seed 0 reaches 52.02 at step 300 (50), seed 1 too (52 ≤ 52.02; 62 at step 200 does not).
     assert (baseline["reached"], baseline["steps"]["mean"], baseline["steps"]["std"]) == (2, 300, 0)
+    assert cosine["best"]["mean"] == 49 and cosine["best_step"]["mean"] == 300
+    overfit = curves.time_to_quality([_curve("baseline", 0, [60, 40, 50])], "baseline", "eval_perplexity", False)
+    assert overfit["variants"]["baseline"]["best"]["mean"] == 40 and overfit["target"] == pytest.approx(51.0)
+    assert overfit["variants"]["baseline"]["steps"]["mean"] == 200  # the best point is below the final's target
     l2 = result["variants"]["l2"]
     assert l2["reached"] == 0 and l2["runs"] == 1 and l2["steps"]["mean"] is None
     bleu = curves.time_to_quality([{"variant": "baseline", "points": [{"step": 5, "eval_bleu": 30.0}]},

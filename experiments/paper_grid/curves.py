@@ -110,9 +110,15 @@ def time_to_quality(curve_rows: list[dict], reference: str, metric: str, higher_
               else reference_final * (1 + PERPLEXITY_TOLERANCE))
     variants: dict[str, dict] = {}
     for row in curve_rows:
-        entry = variants.setdefault(row["variant"], {"steps": [], "minutes": [], "runs": 0, "finals": []})
+        entry = variants.setdefault(row["variant"], {"steps": [], "minutes": [], "runs": 0, "finals": [], "bests": [],
+                                                     "best_steps": []})
         entry["runs"] += 1
         entry["finals"].append(row["points"][-1][metric])
+        # The best point of the run: a run that overfits ends above its best (a full-budget LM does).
+        scored = [p for p in row["points"] if p.get(metric) is not None]
+        best = (max if higher_is_better else min)(scored, key=lambda p: p[metric])
+        entry["bests"].append(best[metric])
+        entry["best_steps"].append(best["step"])
         point = first_reaching(row["points"], metric, target, higher_is_better)
         if point is not None:
             entry["steps"].append(point["step"])
@@ -125,7 +131,8 @@ def time_to_quality(curve_rows: list[dict], reference: str, metric: str, higher_
         "target": target,
         "variants": {
             variant: {"steps": _mean_std(e["steps"]), "minutes": _mean_std(e["minutes"]),
-                      "reached": len(e["steps"]), "runs": e["runs"], "final": _mean_std(e["finals"])}
+                      "reached": len(e["steps"]), "runs": e["runs"], "final": _mean_std(e["finals"]),
+                      "best": _mean_std(e["bests"]), "best_step": _mean_std(e["best_steps"])}
             for variant, e in variants.items()
         },
     }
@@ -146,11 +153,13 @@ def time_to_quality_markdown(result: dict) -> list[str]:
              else f"≥ {result['target']:.2f} (−{BLEU_TOLERANCE})")
     lines = [f"### Time to quality: first epoch-end evaluation with val {name} {bound} of {result['reference']}'s "
              f"final {result['reference_final']:.2f}", "",
-             f"| variant | reached (runs) | steps (mean ± std) | minutes (mean ± std, one CPU) | final val {name} |",
-             "|---|---|---|---|---|"]
+             f"| variant | reached (runs) | steps (mean ± std) | minutes (mean ± std, one CPU) | final val {name} | "
+             f"best val {name} (at step) |",
+             "|---|---|---|---|---|---|"]
     for variant, stats in result["variants"].items():
         lines.append(f"| {variant} | {stats['reached']} ({stats['runs']}) | {_fmt(stats['steps'], 0)} | "
-                     f"{_fmt(stats['minutes'], 1)} | {_fmt(stats['final'], 2)} |")
+                     f"{_fmt(stats['minutes'], 1)} | {_fmt(stats['final'], 2)} | {_fmt(stats['best'], 2)} "
+                     f"({_fmt(stats['best_step'], 0)}) |")
     return lines + [""]
 
 
