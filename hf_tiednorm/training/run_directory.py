@@ -60,11 +60,18 @@ def lock_path(output_dir: str | os.PathLike) -> Path:
     return folder.with_name(f".{folder.name}.lock")
 
 
-def _read_owner(path: Path) -> str:
-    try:
-        return path.read_text().strip() or "unknown"
-    except OSError:
-        return "unknown"
+def _read_owner(path: Path, wait_seconds: float = 2.0) -> str:
+    """The holder's "pid …, host …, started …" line. The holder writes it just after taking the lock, so a run refused
+    in between finds the file empty for a moment: wait for the line (briefly) rather than name no one."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            owner = path.read_text().strip()
+        except OSError:
+            owner = ""
+        if owner or time.monotonic() > deadline:
+            return owner or "unknown"
+        time.sleep(0.02)
 
 
 def _pid_alive(pid: int) -> bool:
