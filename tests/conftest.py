@@ -27,3 +27,10 @@ def multi30k_dir() -> Path:
     if not (MULTI30K / "train.de.gz").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K}")
     return MULTI30K
+
+
+@pytest.fixture(scope="module")
+def data_flags(tmp_path_factory) -> list[str]:
+    """Tiny de-en train/val/test files written in code, as script flags (script_helpers.write_tiny_parallel)."""
+    return script_helpers.write_tiny_parallel(tmp_path_factory.mktemp("data"))
+

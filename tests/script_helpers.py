@@ -47,6 +47,14 @@ def script_path(name: str) -> Path:
     return path if path.is_file() else EXPERIMENTS / f"{name}.py"
 
 
+def tiny_translation_flags(data_flags: list[str], output_dir, *extra) -> list[str]:
+    """run_translation.py flags of a tiny run on ``data_flags`` (the ``data_flags`` fixture) into ``output_dir``."""
+    return [
+        *data_flags, "--output_dir", output_dir, *TINY_TRANSLATION_FLAGS, "--per_device_train_batch_size", "8",
+        "--max_predict_samples", "4", "--generation_max_length", "8", "--seed", "1", *extra,
+    ]
+
+
 def load_script(name: str):
     """scripts/<name>.py (or experiments/<name>.py) as a module (imported once)."""
     module_name = f"script_{name}"

@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers.modeling_utils
 from safetensors.torch import load_file, save_file
-from script_helpers import REPO_ROOT, TINY_TRANSLATION_FLAGS, load_script, run_script, write_tiny_parallel
+from script_helpers import REPO_ROOT, load_script, run_script, tiny_translation_flags
 from testing_utils import tiny_causal_config, tiny_tokenizer
 from transformers import Trainer, TrainingArguments
 
@@ -31,25 +31,13 @@ from hf_tiednorm.training.run_directory import (
 )
 
 
-def translation_flags(data_flags: list[str], output_dir, *extra) -> list[str]:
-    return [
-        *data_flags, "--output_dir", output_dir, *TINY_TRANSLATION_FLAGS, "--per_device_train_batch_size", "8",
-        "--max_predict_samples", "4", "--generation_max_length", "8", "--seed", "1", *extra,
-    ]
-
-
-@pytest.fixture(scope="module")
-def data_flags(tmp_path_factory) -> list[str]:
-    return write_tiny_parallel(tmp_path_factory.mktemp("data"))
-
-
 @pytest.fixture(scope="module")
 def finished_run(data_flags, tmp_path_factory):
     """A finished run: checkpoints 1 and 2, test BLEU, model card and norm plot."""
     output_dir = tmp_path_factory.mktemp("finished") / "run"
     monkeypatch = pytest.MonkeyPatch()
     try:
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--do_predict", "--predict_with_generate", "--max_steps", "2",
             "--save_steps", "1",
         ), monkeypatch)
@@ -123,7 +111,7 @@ def test_two_runs_started_together_on_one_output_dir(data_flags, tmp_path):
         sys.argv = ["run_translation.py", *sys.argv[2:]]
         module.main()
     """)
-    flags = translation_flags(data_flags, output_dir, "--do_train", "--max_steps", "1", "--save_strategy", "no")
+    flags = tiny_translation_flags(data_flags, output_dir, "--do_train", "--max_steps", "1", "--save_strategy", "no")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     processes = [
         subprocess.Popen([sys.executable, "-c", runner, name, *map(str, flags)], env=env, stdout=subprocess.PIPE,
@@ -164,7 +152,7 @@ def test_resume_without_optimizer_or_scheduler_is_refused_by_name(finished_run, 
     (output_dir / "checkpoint-2" / missing).unlink()
     before = snapshot(output_dir, RUN_RESULTS)
     with pytest.raises(ValueError, match=rf"checkpoint-2 is incomplete \(no {missing}\).*--model_name_or_path"):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "3", "--resume_from_checkpoint",
             output_dir / "checkpoint-2",
         ), monkeypatch)
@@ -180,13 +168,13 @@ def test_truncated_weights_of_the_newest_checkpoint_are_found_before_any_data_wo
     module = load_script("run_translation")
     monkeypatch.setattr(module, "load_parallel", lambda *a, **k: pytest.fail("data loaded before the check"))
     with pytest.raises(ValueError, match=r"checkpoint-2 is incomplete \(model\.safetensors is truncated \(\d+ of"):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "3", "--resume_from_checkpoint",
             output_dir / "checkpoint-2",
         ), monkeypatch)
     monkeypatch.undo()
     with caplog.at_level("WARNING"):  # "last" skips it, naming why, and resumes checkpoint-1
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "2", "--save_strategy", "no",
             "--resume_from_checkpoint", "last",
         ), monkeypatch)
@@ -206,7 +194,7 @@ def test_nan_weights_of_a_resumed_checkpoint_are_named(finished_run, data_flags,
     weights[name][0, 0] = float("inf")
     save_file(weights, path, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"tensor '{name}' .* holds 1 NaN/inf value"):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "3", "--resume_from_checkpoint", "last",
         ), monkeypatch)
 
@@ -220,7 +208,7 @@ def test_predict_only_scores_the_trained_weights_and_keeps_the_runs_results(fini
     weights (the same BLEU as the run's own prediction) into a new sub-folder."""
     output_dir = copy_run(finished_run, tmp_path)
     before = snapshot(output_dir, RUN_RESULTS)
-    run_script("run_translation", translation_flags(
+    run_script("run_translation", tiny_translation_flags(
         data_flags, output_dir, "--do_predict", "--predict_with_generate",
     ), monkeypatch)
     assert snapshot(output_dir, RUN_RESULTS) == before
@@ -236,7 +224,7 @@ def test_predict_only_with_resume_is_refused_and_keeps_the_runs_results(finished
     output_dir = copy_run(finished_run, tmp_path)
     before = snapshot(output_dir, RUN_RESULTS)
     with pytest.raises(ValueError, match=r"--resume_from_checkpoint continues training.*--model_name_or_path"):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_predict", "--predict_with_generate", "--resume_from_checkpoint", "last",
         ), monkeypatch)
     assert snapshot(output_dir, RUN_RESULTS) == before
@@ -244,7 +232,7 @@ def test_predict_only_with_resume_is_refused_and_keeps_the_runs_results(finished
 
 def test_eval_only_in_an_empty_folder_is_refused(data_flags, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"holds none \(no config\.json and weights\)"):
-        run_script("run_translation", translation_flags(data_flags, tmp_path / "new", "--do_eval"), monkeypatch)
+        run_script("run_translation", tiny_translation_flags(data_flags, tmp_path / "new", "--do_eval"), monkeypatch)
 
 
 # The card and plots go with the weights they describe -----------------------------------------------------------------
@@ -260,7 +248,7 @@ def test_kill_after_the_final_save_leaves_no_card_of_other_weights(finished_run,
 
     monkeypatch.setattr(steps, "write_plots_and_card", killed)
     with pytest.raises(KeyboardInterrupt):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "3", "--save_strategy", "no",
             # checkpoint-1: a resumed step with a non-zero learning rate (the optimizer keeps the old schedule's)
             "--resume_from_checkpoint", output_dir / "checkpoint-1",
@@ -279,7 +267,7 @@ def test_flags_used_after_training_are_checked_before_it(flag, data_flags, tmp_p
     """--max_eval_samples 0 / --generation_num_beams 0 failed only after training and saving."""
     output_dir = tmp_path / "out"
     with pytest.raises(ValueError, match=rf"^{flag} 0 "):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--do_eval", "--do_predict", "--predict_with_generate",
             "--max_steps", "1", flag, "0",
         ), monkeypatch)
@@ -299,7 +287,7 @@ def test_broken_tokenizer_folder_is_named(data_flags, tmp_path, monkeypatch):
     tiny_tokenizer().save_pretrained(folder)
     (folder / "tokenizer.json").write_text('{"version": ')
     with pytest.raises(ValueError, match=rf"--tokenizer_name {folder}: cannot load the tokenizer: "):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, tmp_path / "out", "--do_train", "--max_steps", "1", "--tokenizer_name", folder,
         ), monkeypatch)
 
@@ -320,7 +308,7 @@ def test_disk_full_during_a_checkpoint_save_names_the_checkpoint(data_flags, tmp
     monkeypatch.setattr(torch, "save", full_disk)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 0))
     with pytest.raises(OSError, match=rf"no space left on device while writing {output_dir}/checkpoint-1 "):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "1", "--save_steps", "1",
         ), monkeypatch)
 

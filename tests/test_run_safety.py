@@ -13,25 +13,13 @@ import pytest
 import torch
 import transformers.modeling_utils
 from safetensors.torch import save_file
-from script_helpers import TINY_TRANSLATION_FLAGS, run_script, write_tiny_parallel
+from script_helpers import run_script, tiny_translation_flags
 from testing_utils import tiny_causal_config
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
 import hf_tiednorm
 from hf_tiednorm.publishing import hub
 from hf_tiednorm.training.run_directory import resolve_resume_checkpoint, save_final_model
-
-
-def translation_flags(data_flags: list[str], output_dir, *extra) -> list[str]:
-    return [
-        *data_flags, "--output_dir", output_dir, *TINY_TRANSLATION_FLAGS, "--per_device_train_batch_size", "8",
-        "--max_predict_samples", "4", "--generation_max_length", "8", "--seed", "1", *extra,
-    ]
-
-
-@pytest.fixture(scope="module")
-def data_flags(tmp_path_factory) -> list[str]:
-    return write_tiny_parallel(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +30,7 @@ def finished_run(data_flags, tmp_path_factory):
     (output_dir / "run.log").write_text("launcher log\n")
     monkeypatch = pytest.MonkeyPatch()
     try:
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--do_predict", "--predict_with_generate", "--max_steps", "2",
             "--save_steps", "1",
         ), monkeypatch)
@@ -54,7 +42,7 @@ def finished_run(data_flags, tmp_path_factory):
 def test_reused_output_dir_is_refused(finished_run, data_flags, monkeypatch):
     before = (finished_run / "config.json").read_text()
     with pytest.raises(FileExistsError, match=r"already holds another run's outputs .*--overwrite_output_dir"):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, finished_run, "--do_train", "--max_steps", "1", "--head_mode", "l2",
         ), monkeypatch)
     assert (finished_run / "config.json").read_text() == before
@@ -65,7 +53,7 @@ def test_overwrite_output_dir_starts_clean(finished_run, data_flags, tmp_path, m
     """Nothing of the old run survives: checkpoints, predictions, BLEU in all_results.json, its tokenizer."""
     output_dir = tmp_path / "reused"
     shutil.copytree(finished_run, output_dir)
-    run_script("run_translation", translation_flags(
+    run_script("run_translation", tiny_translation_flags(
         data_flags, output_dir, "--overwrite_output_dir", "--do_train", "--max_steps", "1", "--save_strategy", "no",
         "--head_mode", "l2", "--vocab_size", "60",
     ), monkeypatch)
@@ -89,7 +77,7 @@ def test_overwrite_output_dir_never_deletes_the_inputs(finished_run, data_flags,
 
 def test_resume_refuses_a_checkpoint_of_another_architecture(finished_run, data_flags, monkeypatch):
     with pytest.raises(ValueError, match=r"head_mode='cosine', but this run builds head_mode='l2'"):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, finished_run, "--do_train", "--max_steps", "3", "--head_mode", "l2",
             "--resume_from_checkpoint", "last",
         ), monkeypatch)
@@ -101,7 +89,7 @@ def test_resume_last_skips_a_half_written_checkpoint(finished_run, data_flags, t
     shutil.copytree(finished_run, output_dir)
     shutil.copytree(output_dir / "checkpoint-2", output_dir / "checkpoint-3")
     (output_dir / "checkpoint-3" / "trainer_state.json").unlink()
-    run_script("run_translation", translation_flags(
+    run_script("run_translation", tiny_translation_flags(
         data_flags, output_dir, "--do_train", "--max_steps", "3", "--save_strategy", "no",
         "--resume_from_checkpoint", "last",
     ), monkeypatch)
@@ -163,7 +151,7 @@ def test_final_save_killed_midway_keeps_the_previous_model(tmp_path, monkeypatch
 def test_lengths_beyond_the_positions_are_refused_at_start_up(flag, data_flags, tmp_path, monkeypatch):
     output_dir = tmp_path / "out"
     with pytest.raises(ValueError, match=rf"^{flag} 6000 exceeds the model's max_position_embeddings=256"):
-        run_script("run_translation", translation_flags(
+        run_script("run_translation", tiny_translation_flags(
             data_flags, output_dir, "--do_train", "--max_steps", "1", flag, "6000",
         ), monkeypatch)
     assert not output_dir.exists()  # before any work
