@@ -41,7 +41,10 @@ HEAD_OPTIONS = {
 }
 CLM_HEAD_PLAIN = CLM_MODES
 CLM_HEAD_VARIANTS = (*CLM_HEAD_PLAIN, *(f"{mode}-{option}" for mode in ("cosine", "l2") for option in HEAD_OPTIONS))
-GRIDS = ("translation", "clm", "techniques", "clm_head")
+# The same question in translation: the translation budget (at full, the main job's recipe) with a validation BLEU
+# after every epoch, greedy at every point (the final scores keep the recipe's beam search); same variants.
+HEAD_GRIDS = ("clm_head", "translation_head")
+GRIDS = ("translation", "clm", "techniques", "clm_head", "translation_head")
 BUDGETS = ("smoke", "reduced", "full")
 # The full translation budget is the README main-job recipe, read from its config so that the two cannot drift.
 CONFIGS = ROOT / "experiments" / "configs"
@@ -58,6 +61,7 @@ PRIMARY = {
     "clm": ("test_perplexity", "eval_perplexity", False, "baseline-tied"),
     "techniques": ("test_perplexity", "eval_perplexity", False, "baseline"),
     "clm_head": ("test_perplexity", "eval_perplexity", False, "baseline"),
+    "translation_head": ("test_bleu", "eval_bleu", True, "baseline"),
 }
 
 
@@ -97,7 +101,8 @@ class GridArguments:
     )
     head_variants: str = field(
         default=",".join(CLM_HEAD_VARIANTS),
-        metadata={"help": f"variants of the clm_head grid, comma-separated, from {CLM_HEAD_VARIANTS}"},
+        metadata={"help": f"variants of the clm_head and translation_head grids, comma-separated, from "
+                          f"{CLM_HEAD_VARIANTS}"},
     )
     seeds: str = field(default="0", metadata={"help": "seeds run for every cell of every chosen grid"})
     extra_seeds: str = field(
@@ -253,6 +258,9 @@ def grid_budget(grid: str, args: GridArguments) -> dict:
     precision = {"bf16": True} if args.bf16() else {}
     if grid == "translation":
         return {"preset": args.budget, **translation_budget(args.budget), **translation_recipe(args), **precision}
+    if grid == "translation_head":  # the validation BLEU after every epoch, greedy: the learning curves (curves.py)
+        return {"preset": args.budget, **translation_budget(args.budget), **translation_recipe(args), **precision,
+                "eval_strategy": "epoch", "generation_num_beams_during_training": 1}
     budget = {"preset": args.budget, **clm_budget(args.budget), **precision}
     if grid == "clm_head":  # the validation perplexity after every epoch: the learning curves (curves.py)
         budget["eval_strategy"] = "epoch"
@@ -334,11 +342,12 @@ def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[
         table = {f"{mode}-{'tied' if tied else 'untied'}": {"head_mode": mode, "tie_word_embeddings": tied}
                  for tied in (True, False) for mode in CLM_MODES}
         table = {variant: table[variant] for variant in args.clm_variant_list()}
-    elif grid == "clm_head":
+    elif grid in HEAD_GRIDS:
         table = {}
         for variant in args.head_variant_list():
             mode, _, option = variant.partition("-")
-            table[variant] = {"head_mode": mode, "tie_word_embeddings": True, **HEAD_OPTIONS.get(option, {})}
+            tied = {"tie_word_embeddings": True} if grid == "clm_head" else {}  # translation: the recipe's three-way
+            table[variant] = {"head_mode": mode, **tied, **HEAD_OPTIONS.get(option, {})}
     else:
         table = budget["techniques"]
     chosen = [v for v in table if variants is None or v in variants]

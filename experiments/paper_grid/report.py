@@ -128,7 +128,7 @@ def report(args: GridArguments) -> dict:
                                   "test": test, "val": val, "verdict": verdicts, "devices": devices,
                                   "precisions": precisions, "wall_minutes": minutes,
                                   "verdict_by_reference": verdicts_by_ref, "val_verdict": val_verdicts}
-        name = "BLEU" if grid == "translation" else "perplexity"
+        name = "BLEU" if higher else "perplexity"
         markdown += [f"## {grid} ({'higher' if higher else 'lower'} is better; devices: {device_legend(devices)}; "
                      f"precision: {', '.join(precisions)})", "",
                      f"| variant | val {name} (mean ± std, n) | test {name} (mean ± std, n) | Δ val vs {reference} | "

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from .cells import (
     CLM_HEAD_PLAIN,
+    HEAD_GRIDS,
     MARIAN,
     METRICS,
+    PRIMARY,
     ROOT,
     GridArguments,
     append_row,
@@ -39,7 +41,7 @@ def data_dir(args: GridArguments) -> Path:
 
 def command(args: GridArguments, cell: dict, out: Path) -> list[str]:
     data = data_dir(args)
-    if cell["grid"] == "translation":
+    if cell["grid"] in ("translation", "translation_head"):
         script = "run_translation.py"
         files = {f"{split}_file": str(data / f"{name}.{{lang}}.gz")
                  for split, name in (("train", "train"), ("validation", "val"), ("test", "test_2016_flickr"))}
@@ -175,13 +177,15 @@ def extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
     return [v for v in ("baseline", MARIAN, *best) if v in args.mode_list()]
 
 
-def head_extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
-    """The clm_head variants that get --extra_seeds: the plain modes (their learning curves need the seed spread)
-    and every head option that leads the baseline on mean *validation* perplexity."""
-    val = summarize(rows, "clm_head", "eval_perplexity", budget_hash(grid_budget("clm_head", args)))
+def head_extra_seed_variants(args: GridArguments, rows: list[dict], grid: str = "clm_head") -> list[str]:
+    """The variants of a head grid (clm_head, translation_head) that get --extra_seeds: the plain modes (their
+    learning curves need the seed spread) and every head option that leads the baseline on its mean *validation*
+    metric (perplexity, BLEU)."""
+    _, val_metric, higher, _ = PRIMARY[grid]
+    val = summarize(rows, grid, val_metric, budget_hash(grid_budget(grid, args)))
     baseline = val.get("baseline", {}).get("mean")
-    leaders = [v for v, stats in val.items()
-               if v not in CLM_HEAD_PLAIN and baseline is not None and stats["mean"] < baseline]
+    leaders = [v for v, stats in val.items() if v not in CLM_HEAD_PLAIN and baseline is not None
+               and (stats["mean"] > baseline if higher else stats["mean"] < baseline)]
     return [v for v in (*CLM_HEAD_PLAIN, *leaders) if v in args.head_variant_list()]
 
 
@@ -201,10 +205,11 @@ def run_grid(args: GridArguments) -> None:
             chosen = extra_seed_variants(args, load_rows(results))
             print(f"extra seeds {extra} for {chosen} (best modes by mean val BLEU)", flush=True)
             run_cells(args, grid_cells("translation", args, extra, chosen), results)
-        out_of_time = args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes
-        if extra and not args.extra_seeds_all and "clm_head" in args.grid_list() and not out_of_time:
-            chosen = head_extra_seed_variants(args, load_rows(results))
-            print(f"extra seeds {extra} for {chosen} (plain modes, and head options ahead of baseline on val)",
-                  flush=True)
-            run_cells(args, grid_cells("clm_head", args, extra, chosen), results)
+        for grid in HEAD_GRIDS:
+            out_of_time = args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes
+            if extra and not args.extra_seeds_all and grid in args.grid_list() and not out_of_time:
+                chosen = head_extra_seed_variants(args, load_rows(results), grid)
+                print(f"{grid}: extra seeds {extra} for {chosen} (plain modes, and head options ahead of baseline "
+                      "on val)", flush=True)
+                run_cells(args, grid_cells(grid, args, extra, chosen), results)
     report(args)

@@ -137,7 +137,19 @@ class TiedNormTrainingArguments(Bf16DefaultMixin, TrainingArguments):
 
 @dataclass
 class TiedNormSeq2SeqTrainingArguments(Bf16DefaultMixin, Seq2SeqTrainingArguments):
-    """``Seq2SeqTrainingArguments`` with the detected bf16 default (scripts/run_translation.py)."""
+    """``Seq2SeqTrainingArguments`` with the detected bf16 default and a beam size of its own for the evaluations
+    during training (scripts/run_translation.py)."""
+
+    # A validation BLEU after every epoch is a learning curve; with beam 4 each point costs several times a greedy
+    # one. The points of one curve must share their decoding, the final score keeps the beam search (issue 25).
+    generation_num_beams_during_training: int | None = field(
+        default=None,
+        metadata={
+            "help": "beam size of the evaluations during training (--eval_strategy steps/epoch, e.g. 1: greedy, a "
+            "cheap learning curve); the evaluation and prediction after training keep --generation_num_beams. "
+            "Unset: --generation_num_beams throughout."
+        },
+    )
 
 
 # The attention of bf16 autocast on CPU (choose_attention), and the model types whose own eager attention it

@@ -140,16 +140,18 @@ def check_late_flags(
     training_args: TrainingArguments, data_args, eval_splits: tuple[str, ...] = ("validation",)
 ) -> None:
     """Flags that are used only after training, checked before any work (they failed after training and saving,
-    or were ignored): sample limits below 1, ``--generation_num_beams`` / ``--generation_max_length`` below 1, and
+    or were ignored): sample limits below 1, ``--generation_num_beams`` (also during training) /
+    ``--generation_max_length`` below 1, and
     evaluation or prediction without the file it reads (``eval_splits``: the splits --do_eval scores)."""
     for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
         value = getattr(data_args, name, None)
         if value is not None and value < 1:
             raise ValueError(f"--{name} {value} selects no rows; give at least 1, or leave it out to use them all")
-    for name in ("generation_num_beams", "generation_max_length"):
+    for name in ("generation_num_beams", "generation_max_length", "generation_num_beams_during_training"):
         value = getattr(training_args, name, None)
         if value is not None and value < 1:
-            raise ValueError(f"--{name} {value} must be at least 1 (it is used at evaluation, after training)")
+            raise ValueError(f"--{name} {value} must be at least 1 (checked before training: it is used only when "
+                             "evaluating)")
     files = {split: getattr(data_args, f"{split}_file", None) for split in ("validation", "test")}
     if str(training_args.eval_strategy).lower().split(".")[-1] != "no" and not files["validation"]:
         raise ValueError(f"--eval_strategy {training_args.eval_strategy} evaluates during training on the validation "

@@ -106,7 +106,15 @@ class TiedNormTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Trainer):
 
 class TiedNormSeq2SeqTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_translation.py),
-    and which evaluates in dataset order."""
+    which evaluates in dataset order, and during training with ``--generation_num_beams_during_training`` beams."""
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", **gen_kwargs):
+        # An evaluation during training (the Trainer's documented ``is_in_train``) decodes with
+        # --generation_num_beams_during_training when set; one called with its own num_beams keeps it.
+        beams = getattr(self.args, "generation_num_beams_during_training", None)
+        if self.is_in_train and beams is not None and gen_kwargs.get("num_beams") is None:
+            gen_kwargs["num_beams"] = beams
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
 
     def _get_eval_sampler(self, eval_dataset: Dataset) -> Sampler | None:
         # transformers 5 length-groups evaluation batches too under train_sampling_strategy="group_by_length";
