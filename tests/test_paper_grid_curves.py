@@ -131,7 +131,7 @@ def test_a_clm_head_cell_runs_the_budget_its_key_hashes(tmp_path):
             for name in budget:
                 if name not in ("preset", "techniques", "bf16"):
                     assert f"--{name}" in argv, (cell["key"], name)
-            assert argv[argv.index("--eval_strategy") + 1] == ("epoch" if grid_name == "clm_head" else "no")
+            assert argv[argv.index("--eval_strategy") + 1] == ("epoch" if grid_name in grid.HEAD_GRIDS else "no")
 
 
 def test_a_clm_head_cell_without_evaluation_points_is_not_counted_as_done(tmp_path, monkeypatch):
@@ -149,3 +149,32 @@ def test_a_clm_head_cell_without_evaluation_points_is_not_counted_as_done(tmp_pa
     rows = grid.load_rows(tmp_path / "grid.jsonl")
     assert rows[0]["status"].startswith("failed: no per-epoch evaluation points")
     assert grid.pending(cells, rows) == cells and not (tmp_path / "grid_curves.jsonl").exists()
+
+
+def test_translation_head_cells_are_the_translation_recipe_with_a_greedy_bleu_after_every_epoch():
+    """The translation side of "when does a normalized head pay?": the main job's recipe (the full translation budget)
+    with a validation BLEU after every epoch, greedy at every point; the final scores keep its beam search."""
+    args = _args(budget="full")
+    budget = grid.grid_budget("translation_head", args)
+    recipe = grid.grid_budget("translation", args)
+    assert budget == {**recipe, "eval_strategy": "epoch", "generation_num_beams_during_training": 1}
+    assert budget["generation_num_beams"] == 4 and grid.budget_hash(budget) == "ee80b65157"
+    flags = {cell["variant"]: cell["flags"] for cell in grid.grid_cells("translation_head", args, [0])}
+    assert list(flags) == list(grid.CLM_HEAD_VARIANTS)
+    # The recipe's three-way tying stays; run_translation.py has no --tie_word_embeddings.
+    assert flags["cosine"] == {"head_mode": "cosine"}
+    assert flags["l2-vector_bias"] == {"head_mode": "l2", "logit_scale": "vector", "logit_bias": True}
+    argv = runner.command(args, grid.grid_cells("translation_head", args, [0])[0], grid.ROOT / "runs" / "x")
+    assert argv[1].endswith("run_translation.py")
+    assert argv[argv.index("--generation_num_beams_during_training") + 1] == "1"
+
+
+def test_translation_head_extra_seeds_go_to_the_options_ahead_of_baseline_on_val_bleu():
+    args = _args()
+    hash_ = grid.budget_hash(grid.grid_budget("translation_head", args))
+    rows = [{"grid": "translation_head", "budget_hash": hash_, "status": "ok", "variant": v, "seed": 0,
+             "eval_bleu": b} for v, b in (("baseline", 39.0), ("cosine", 38.0), ("cosine-bias", 39.4),
+                                          ("l2-vector", 38.9), ("l2", 39.1))]
+    # Higher BLEU leads: cosine-bias does, l2-vector does not (the clm_head rule would have picked it the other way).
+    assert runner.head_extra_seed_variants(args, rows, "translation_head") == ["baseline", "cosine", "l2",
+                                                                                "cosine-bias"]

@@ -58,6 +58,7 @@ PINNED_BUDGET_HASHES = {
     ("reduced", "clm_head"): "d9002578b9",
     ("full", "clm_head"): "a9377ed47e",
     ("smoke", "clm_head"): "252c6266a1",
+    ("full", "translation_head"): "ee80b65157",
 }
 
 
@@ -166,7 +167,7 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
         for cell in grid.grid_cells(grid_name, args, [0]):
             argv = runner.command(args, cell, tmp_path / cell["key"])
             monkeypatch.setattr(sys, "argv", argv[1:])
-            if grid_name == "translation":
+            if grid_name in ("translation", "translation_head"):
                 types = (translation.ModelArguments, translation.DataArguments, translation.RunArguments,
                          TiedNormSeq2SeqTrainingArguments)
                 model_args, _, _, training_args = parse_arguments(types)
@@ -175,6 +176,10 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
                 if model_args.model_family == "marian":
                     assert translation.marian_config(config).d_model == config.d_model
                 assert training_args.bf16 is (budget == "full")
+                if grid_name == "translation_head":  # the head options and the greedy curve reach the run
+                    assert config.logit_scale == cell["flags"].get("logit_scale", "none"), cell["key"]
+                    assert config.logit_bias is cell["flags"].get("logit_bias", False), cell["key"]
+                    assert training_args.generation_num_beams_during_training == 1
             else:
                 model_args, *_ = parse_arguments((clm.ModelArguments, clm.DataArguments, clm.RunArguments,
                                                       TiedNormTrainingArguments))

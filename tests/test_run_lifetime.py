@@ -262,7 +262,7 @@ def test_kill_after_the_final_save_leaves_no_card_of_other_weights(finished_run,
 
 
 @pytest.mark.parametrize("flag", ["--max_train_samples", "--max_eval_samples", "--max_predict_samples",
-                                  "--generation_num_beams"])
+                                  "--generation_num_beams", "--generation_num_beams_during_training"])
 def test_flags_used_after_training_are_checked_before_it(flag, data_flags, tmp_path, monkeypatch):
     """--max_eval_samples 0 / --generation_num_beams 0 failed only after training and saving."""
     output_dir = tmp_path / "out"
@@ -272,6 +272,29 @@ def test_flags_used_after_training_are_checked_before_it(flag, data_flags, tmp_p
             "--max_steps", "1", flag, "0",
         ), monkeypatch)
     assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+def test_evaluations_during_training_decode_with_their_own_beam_size(data_flags, tmp_path, monkeypatch):
+    """--generation_num_beams_during_training 1: each epoch's validation BLEU is greedy (a cheap learning curve, issue
+    25), the evaluation and the prediction after training keep --generation_num_beams."""
+    beams = []
+    generate = hf_tiednorm.TiedNormForConditionalGeneration.generate
+
+    def spy(self, *args, **kwargs):
+        beams.append(kwargs.get("num_beams", self.generation_config.num_beams))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(hf_tiednorm.TiedNormForConditionalGeneration, "generate", spy)
+    output_dir = tmp_path / "out"
+    run_script("run_translation", tiny_translation_flags(
+        data_flags, output_dir, "--do_train", "--do_eval", "--do_predict", "--predict_with_generate",
+        "--max_train_samples", "16", "--num_train_epochs", "2", "--eval_strategy", "epoch",
+        "--per_device_eval_batch_size", "8", "--max_eval_samples", "4",
+        "--generation_num_beams", "3", "--generation_num_beams_during_training", "1",
+    ), monkeypatch)
+    assert beams == [1, 1, 3, 3]  # two epoch-end evaluations, then the final evaluation and the prediction
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    assert len([entry for entry in history if "eval_bleu" in entry]) >= 2
 
 
 def test_broken_yaml_config_names_the_file(tmp_path, monkeypatch):
