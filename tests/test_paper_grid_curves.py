@@ -27,6 +27,10 @@ def test_clm_head_cells_carry_the_head_options_and_evaluate_every_epoch():
     assert flags["l2-vector_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale": "vector",
                                        "logit_bias": True}
     assert flags["cosine-scalar"]["logit_scale"] == "scalar" and flags["cosine-bias"]["logit_bias"] is True
+    # The learned scale from g₀ = 1 (the scale-free head at step 0) next to the default g₀ = √d.
+    assert flags["l2-vector1_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale": "vector",
+                                        "logit_scale_init": 1.0, "logit_bias": True}
+    assert "logit_scale_init" not in flags["cosine-scalar"]
     with pytest.raises(ValueError, match="--head_variants: unknown"):
         _args(head_variants="cosine-sharp")
 

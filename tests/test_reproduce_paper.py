@@ -179,6 +179,7 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
                 if grid_name == "translation_head":  # the head options and the greedy curve reach the run
                     assert config.logit_scale == cell["flags"].get("logit_scale", "none"), cell["key"]
                     assert config.logit_bias is cell["flags"].get("logit_bias", False), cell["key"]
+                    assert config.logit_scale_init == cell["flags"].get("logit_scale_init"), cell["key"]
                     assert training_args.generation_num_beams_during_training == 1
             else:
                 model_args, *_ = parse_arguments((clm.ModelArguments, clm.DataArguments, clm.RunArguments,
@@ -189,6 +190,7 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
                 if grid_name == "clm_head":  # the head options reach the config
                     assert config.logit_scale == cell["flags"].get("logit_scale", "none"), cell["key"]
                     assert config.logit_bias is cell["flags"].get("logit_bias", False), cell["key"]
+                    assert config.logit_scale_init == cell["flags"].get("logit_scale_init"), cell["key"]
 
 
 def test_resume_skips_ok_cells_only():

@@ -33,11 +33,18 @@ CLM_VARIANTS = tuple(f"{mode}-{tie}" for tie in ("tied", "untied") for mode in C
 # curves, time to quality), for the plain modes and the head options that may give a normalized head back what the
 # normalization takes: a learned logit scale (bounded scores limit the softmax's sharpness) and a learned per-token
 # logit bias (the row norms of a tied matrix carry the unigram prior, which normalization deletes).
+# A learned scale starts at --logit_scale_init, √d by default (the g a *unit-norm* score needs). These heads keep the
+# norm of h (only the rows of W are normalized), so their scores already have the scale of the plain ones and g₀ = √d
+# makes the step-0 logits √d times too sharp (full LM budget: val perplexity 2-6·10⁴ after epoch 1 against 79 without a
+# scale). The "...1" options start the learned scale at g₀ = 1, where the model equals the scale-free one at step 0.
 HEAD_OPTIONS = {
     "scalar": {"logit_scale": "scalar"},
     "vector": {"logit_scale": "vector"},
     "bias": {"logit_bias": True},
     "vector_bias": {"logit_scale": "vector", "logit_bias": True},
+    "scalar1": {"logit_scale": "scalar", "logit_scale_init": 1.0},
+    "vector1": {"logit_scale": "vector", "logit_scale_init": 1.0},
+    "vector1_bias": {"logit_scale": "vector", "logit_scale_init": 1.0, "logit_bias": True},
 }
 CLM_HEAD_PLAIN = CLM_MODES
 CLM_HEAD_VARIANTS = (*CLM_HEAD_PLAIN, *(f"{mode}-{option}" for mode in ("cosine", "l2") for option in HEAD_OPTIONS))
