@@ -74,6 +74,11 @@ def test_time_to_quality_uses_the_reference_final_mean_and_the_tolerance():
     overfit = curves.time_to_quality([_curve("baseline", 0, [60, 40, 50])], "baseline", "eval_perplexity", False)
     assert overfit["variants"]["baseline"]["best"]["mean"] == 40 and overfit["target"] == pytest.approx(51.0)
     assert overfit["variants"]["baseline"]["steps"]["mean"] == 200  # the best point is below the final's target
+    # The harder target: the reference's best point (mean over seeds) within the tolerance.
+    assert result["reference_best"] == 51.0 and result["best_target"] == pytest.approx(52.02)  # here best = final
+    assert cosine["steps_to_best_target"]["mean"] == 250 and baseline["steps_to_best_target"]["mean"] == 300
+    assert overfit["best_target"] == pytest.approx(40.8) and overfit["variants"]["baseline"]["reached_best_target"] == 1
+    assert overfit["variants"]["baseline"]["steps_to_best_target"]["mean"] == 200
     l2 = result["variants"]["l2"]
     assert l2["reached"] == 0 and l2["runs"] == 1 and l2["steps"]["mean"] is None
     bleu = curves.time_to_quality([{"variant": "baseline", "points": [{"step": 5, "eval_bleu": 30.0}]},
@@ -122,6 +127,17 @@ def test_extra_seeds_go_to_the_plain_modes_and_the_options_ahead_of_baseline_on_
              "eval_perplexity": p} for v, p in (("baseline", 50.0), ("cosine", 60.0), ("cosine-bias", 49.0),
                                                 ("l2-vector", 51.0), ("l2", 55.0))]
     assert runner.head_extra_seed_variants(args, rows) == ["baseline", "cosine", "l2", "cosine-bias"]
+    # With curves, each run counts at its best epoch-end point: l2-vector overfits less and ends ahead of baseline,
+    # but at their best baseline (40) beats it (45), and cosine-bias (38) still leads.
+    for row in rows:
+        row["key"] = row["variant"]
+    curve_rows = [{"key": v, "budget_hash": hash_, "points": [{"eval_perplexity": b}, {"eval_perplexity": f}]}
+                  for v, b, f in (("baseline", 40.0, 52.0), ("cosine-bias", 38.0, 49.0), ("l2-vector", 45.0, 51.0))]
+    rows[3]["eval_perplexity"] = 51.0
+    assert runner.head_extra_seed_variants(args, rows, "clm_head", curve_rows) == ["baseline", "cosine", "l2",
+                                                                                   "cosine-bias"]
+    assert runner.head_extra_seed_variants(args, rows, "clm_head", curve_rows[1:]) == [
+        "baseline", "cosine", "l2", "cosine-bias", "l2-vector"]  # without baseline's curve: its final 50 counts
 
 
 def test_a_clm_head_cell_runs_the_budget_its_key_hashes(tmp_path):

@@ -177,12 +177,21 @@ def extra_seed_variants(args: GridArguments, rows: list[dict]) -> list[str]:
     return [v for v in ("baseline", MARIAN, *best) if v in args.mode_list()]
 
 
-def head_extra_seed_variants(args: GridArguments, rows: list[dict], grid: str = "clm_head") -> list[str]:
+def head_extra_seed_variants(args: GridArguments, rows: list[dict], grid: str = "clm_head",
+                             curve_rows: list[dict] | None = None) -> list[str]:
     """The variants of a head grid (clm_head, translation_head) that get --extra_seeds: the plain modes (their
     learning curves need the seed spread) and every head option that leads the baseline on its mean *validation*
-    metric (perplexity, BLEU)."""
+    metric (perplexity, BLEU) at its best epoch-end point, where ``curve_rows`` has the run's curve (the full LM
+    overfits: its final point is 10-40 % above its best, so a final score ranks how fast a head overfits, not how
+    good it gets), else at the end."""
     _, val_metric, higher, _ = PRIMARY[grid]
-    val = summarize(rows, grid, val_metric, budget_hash(grid_budget(grid, args)))
+    hash_ = budget_hash(grid_budget(grid, args))
+    pick = max if higher else min
+    best = {row["key"]: pick(p[val_metric] for p in row["points"]) for row in curve_rows or []
+            if row.get("budget_hash") == hash_ and all(p.get(val_metric) is not None for p in row.get("points", []))
+            and row.get("points")}
+    rows = [{**row, val_metric: best.get(row.get("key"), row.get(val_metric))} for row in rows]
+    val = summarize(rows, grid, val_metric, hash_)
     baseline = val.get("baseline", {}).get("mean")
     leaders = [v for v, stats in val.items() if v not in CLM_HEAD_PLAIN and baseline is not None
                and (stats["mean"] > baseline if higher else stats["mean"] < baseline)]
@@ -208,7 +217,7 @@ def run_grid(args: GridArguments) -> None:
         for grid in HEAD_GRIDS:
             out_of_time = args.max_minutes is not None and time.monotonic() - started > 60 * args.max_minutes
             if extra and not args.extra_seeds_all and grid in args.grid_list() and not out_of_time:
-                chosen = head_extra_seed_variants(args, load_rows(results), grid)
+                chosen = head_extra_seed_variants(args, load_rows(results), grid, load_rows(curves_path(results)))
                 print(f"{grid}: extra seeds {extra} for {chosen} (plain modes, and head options ahead of baseline "
                       "on val)", flush=True)
                 run_cells(args, grid_cells(grid, args, extra, chosen), results)
