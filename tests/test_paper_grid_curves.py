@@ -198,3 +198,29 @@ def test_translation_head_extra_seeds_go_to_the_options_ahead_of_baseline_on_val
     # Higher BLEU leads: cosine-bias does, l2-vector does not (the clm_head rule would have picked it the other way).
     assert runner.head_extra_seed_variants(args, rows, "translation_head") == ["baseline", "cosine", "l2",
                                                                                 "cosine-bias"]
+
+
+def test_the_translation_head_report_has_bleu_curves_and_says_how_they_decode(tmp_path, monkeypatch):
+    args = _args(runs_dir=str(tmp_path / "runs"), results=str(tmp_path / "grid.jsonl"),
+                 report_json=str(tmp_path / "summary.json"), grids="translation_head", head_variants="baseline,l2")
+    bleus = {"baseline": [10.0, 20.0, 30.0], "l2": [15.0, 29.6, 30.5]}
+
+    def fake_run_cell(args_, cell, device):
+        out = tmp_path / "runs" / cell["key"]
+        out.mkdir(parents=True)
+        history = [{"eval_loss": 3.0, "eval_bleu": b, "step": 10 * (i + 1), "epoch": i + 1}
+                   for i, b in enumerate(bleus[cell["variant"]])]
+        (out / "trainer_state.json").write_text(json.dumps({"global_step": 30, "log_history": history}))
+        return {**cell, "status": "ok", "wall_minutes": 1.0, "device": "CPU", "precision": "fp32",
+                "resumed_from": None, "train_runtime": 60.0, "eval_bleu": bleus[cell["variant"]][-1] + 2,
+                "test_bleu": bleus[cell["variant"]][-1] + 1}
+
+    monkeypatch.setattr(runner, "run_cell", fake_run_cell)
+    runner.run_cells(args, grid.grid_cells("translation_head", args, [0]), tmp_path / "grid.jsonl")
+    summary = report.report(args)
+    quality = summary["grids"]["translation_head"]["time_to_quality"]
+    assert quality["metric"] == "eval_bleu" and quality["target"] == 29.5
+    assert quality["variants"]["l2"]["steps"]["mean"] == 20 and quality["variants"]["baseline"]["steps"]["mean"] == 30
+    assert "val BLEU (mean ± std, n)" in summary["markdown"]
+    assert "The epoch-end points decode with 1 beam(s) (1: greedy), the table above with 2." in summary["markdown"]
+    assert (tmp_path / "summary_translation_head_curves.png").stat().st_size > 0

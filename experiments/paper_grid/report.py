@@ -159,6 +159,10 @@ def report(args: GridArguments) -> dict:
                                        png)
         if quality:
             summary["grids"][grid]["time_to_quality"] = quality
+            if budget.get("generation_num_beams_during_training"):  # the curve decodes otherwise than the table
+                lines.insert(2, f"The epoch-end points decode with {budget['generation_num_beams_during_training']} "
+                             f"beam(s) (1: greedy), the table above with {budget['generation_num_beams']}.")
+                lines.insert(3, "")
             markdown += lines
     summary["markdown"] = "\n".join(markdown)
     json_path = args.report_path()
