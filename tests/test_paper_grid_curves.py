@@ -224,3 +224,10 @@ def test_the_translation_head_report_has_bleu_curves_and_says_how_they_decode(tm
     assert "val BLEU (mean ± std, n)" in summary["markdown"]
     assert "The epoch-end points decode with 1 beam(s) (1: greedy), the table above with 2." in summary["markdown"]
     assert (tmp_path / "summary_translation_head_curves.png").stat().st_size > 0
+
+
+def test_the_head_grids_run_only_when_named():
+    """The default command is the paper's comparison; the 17-variant head grids (one at the main job's recipe, ~17 min
+    a cell) would multiply its time."""
+    assert _args().grid_list() == ["translation", "clm", "techniques"]
+    assert _args(grids="clm_head,translation_head").grid_list() == list(grid.HEAD_GRIDS)
