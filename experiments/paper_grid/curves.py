@@ -185,7 +185,8 @@ def time_to_quality_markdown(result: dict) -> list[str]:
 
 
 def plot_curves(curve_rows: list[dict], metric: str, target: float | None, path: Path) -> None:
-    """Mean ± std band of ``metric`` against steps, one line per variant (the points of its seeds at equal steps)."""
+    """Mean ± std band of ``metric`` against steps, one line per variant (the points of its seeds at equal steps):
+    the whole run on the left, a zoom on the best points on the right (where the variants differ by a few percent)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,23 +197,38 @@ def plot_curves(curve_rows: list[dict], metric: str, target: float | None, path:
         for point in row["points"]:
             if point.get(metric) is not None:
                 by_variant.setdefault(row["variant"], {}).setdefault(point["step"], []).append(point[metric])
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for variant, by_step in by_variant.items():
+    higher = metric == "eval_bleu"
+    colors = plt.get_cmap("tab20").colors
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    best_values = []
+    for index, (variant, by_step) in enumerate(by_variant.items()):
         steps = sorted(by_step)
         stats = [_mean_std(by_step[s]) for s in steps]
         means = [s["mean"] for s in stats]
         spread = [s["std"] or 0.0 for s in stats]
+        best_values.append(max(means) if higher else min(means))
         n = max(s["n"] for s in stats)
-        axis.plot(steps, means, marker="o", markersize=3, label=f"{variant} (n={n})")
-        axis.fill_between(steps, [m - d for m, d in zip(means, spread)], [m + d for m, d in zip(means, spread)],
-                          alpha=0.2)
-    if target is not None:
-        axis.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+        style = {"color": colors[index % len(colors)], "linestyle": ("-", "--", ":")[index // len(colors) % 3]}
+        for axis in axes:
+            axis.plot(steps, means, marker="o", markersize=3, label=f"{variant} (n={n})", **style)
+            axis.fill_between(steps, [m - d for m, d in zip(means, spread)], [m + d for m, d in zip(means, spread)],
+                              alpha=0.15, color=style["color"])
+    for axis in axes:
+        if target is not None:
+            axis.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+        axis.set_xlabel("optimizer step")
+        axis.set_ylabel(f"validation {metric.removeprefix('eval_')} (mean ± std over seeds)")
     if metric == "eval_perplexity":
-        axis.set_yscale("log")
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel(f"validation {metric.removeprefix('eval_')} (mean ± std over seeds)")
-    axis.legend(fontsize=7)
+        axes[0].set_yscale("log")
+    if best_values:  # the zoom: from the best variant's best point to a band around the target
+        best = max(best_values) if higher else min(best_values)
+        reference = target if target is not None else best
+        low, high = (reference - 0.25 * abs(reference), best + 0.02 * abs(best)) if higher else \
+            (best - 0.02 * best, max(reference, best) * 1.25)
+        axes[1].set_ylim(low, high)
+    axes[0].set_title("whole run")
+    axes[1].set_title("near the best points")
+    axes[1].legend(fontsize=7, ncol=2)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
