@@ -120,12 +120,17 @@ def test_runner_keeps_the_curve_of_a_finished_cell_and_the_report_shows_time_to_
     assert (tmp_path / "summary_clm_head_curves.png").stat().st_size > 0
 
 
+def _val_rows(args, grid_name: str, metric: str, values: dict[str, float]) -> tuple[str, list[dict]]:
+    """The budget hash and one ok seed-0 row per variant of a head grid with ``metric`` = ``values[variant]``."""
+    hash_ = grid.budget_hash(grid.grid_budget(grid_name, args))
+    return hash_, [{"grid": grid_name, "budget_hash": hash_, "status": "ok", "variant": v, "seed": 0, metric: value}
+                   for v, value in values.items()]
+
+
 def test_extra_seeds_go_to_the_plain_modes_and_the_options_ahead_of_baseline_on_val():
     args = _args()
-    hash_ = grid.budget_hash(grid.grid_budget("clm_head", args))
-    rows = [{"grid": "clm_head", "budget_hash": hash_, "status": "ok", "variant": v, "seed": 0,
-             "eval_perplexity": p} for v, p in (("baseline", 50.0), ("cosine", 60.0), ("cosine-bias", 49.0),
-                                                ("l2-vector", 51.0), ("l2", 55.0))]
+    hash_, rows = _val_rows(args, "clm_head", "eval_perplexity", {"baseline": 50.0, "cosine": 60.0,
+                                                                 "cosine-bias": 49.0, "l2-vector": 51.0, "l2": 55.0})
     assert runner.head_extra_seed_variants(args, rows) == ["baseline", "cosine", "l2", "cosine-bias"]
     # With curves, each run counts at its best epoch-end point: l2-vector overfits less and ends ahead of baseline,
     # but at their best baseline (40) beats it (45), and cosine-bias (38) still leads.
@@ -190,11 +195,9 @@ def test_translation_head_cells_are_the_translation_recipe_with_a_greedy_bleu_af
 
 
 def test_translation_head_extra_seeds_go_to_the_options_ahead_of_baseline_on_val_bleu():
+    _, rows = _val_rows(_args(), "translation_head", "eval_bleu", {"baseline": 39.0, "cosine": 38.0,
+                                                                   "cosine-bias": 39.4, "l2-vector": 38.9, "l2": 39.1})
     args = _args()
-    hash_ = grid.budget_hash(grid.grid_budget("translation_head", args))
-    rows = [{"grid": "translation_head", "budget_hash": hash_, "status": "ok", "variant": v, "seed": 0,
-             "eval_bleu": b} for v, b in (("baseline", 39.0), ("cosine", 38.0), ("cosine-bias", 39.4),
-                                          ("l2-vector", 38.9), ("l2", 39.1))]
     # Higher BLEU leads: cosine-bias does, l2-vector does not (the clm_head rule would have picked it the other way).
     assert runner.head_extra_seed_variants(args, rows, "translation_head") == ["baseline", "cosine", "l2",
                                                                                 "cosine-bias"]

@@ -90,6 +90,12 @@ def first_reaching(points: list[dict], metric: str, target: float, higher_is_bet
     return None
 
 
+def best_point(points: list[dict], metric: str, higher_is_better: bool) -> dict | None:
+    """The run's best point by ``metric`` (a run that overfits ends above its best: the full-budget LM does)."""
+    scored = [p for p in points if p.get(metric) is not None]
+    return (max if higher_is_better else min)(scored, key=lambda p: p[metric]) if scored else None
+
+
 def time_to_quality(curve_rows: list[dict], reference: str, metric: str, higher_is_better: bool) -> dict:
     """Steps (and minutes) of each variant to reach the reference's final validation score within the tolerance.
 
@@ -106,8 +112,6 @@ def time_to_quality(curve_rows: list[dict], reference: str, metric: str, higher_
     reference_rows = [row for row in curve_rows if row["variant"] == reference]
     if not reference_rows:
         return {}
-    pick = max if higher_is_better else min
-
     def within_tolerance(value: float) -> float:
         return value - BLEU_TOLERANCE if higher_is_better else value * (1 + PERPLEXITY_TOLERANCE)
 
@@ -115,7 +119,7 @@ def time_to_quality(curve_rows: list[dict], reference: str, metric: str, higher_
     target = within_tolerance(reference_final)
     # A run that overfits (the full-budget LM) ends far from its best point, which makes its final score an easy
     # target; the second target is the reference's best point (mean over its seeds), within the same tolerance.
-    reference_best = statistics.fmean(pick(p[metric] for p in row["points"] if p.get(metric) is not None)
+    reference_best = statistics.fmean(best_point(row["points"], metric, higher_is_better)[metric]
                                       for row in reference_rows)
     best_target = within_tolerance(reference_best)
     variants: dict[str, dict] = {}
@@ -124,9 +128,7 @@ def time_to_quality(curve_rows: list[dict], reference: str, metric: str, higher_
                                                      "best_steps": [], "steps_to_best": []})
         entry["runs"] += 1
         entry["finals"].append(row["points"][-1][metric])
-        # The best point of the run: a run that overfits ends above its best (a full-budget LM does).
-        scored = [p for p in row["points"] if p.get(metric) is not None]
-        best = (max if higher_is_better else min)(scored, key=lambda p: p[metric])
+        best = best_point(row["points"], metric, higher_is_better)
         entry["bests"].append(best[metric])
         entry["best_steps"].append(best["step"])
         point = first_reaching(row["points"], metric, target, higher_is_better)
@@ -162,7 +164,7 @@ def _fmt(stats: dict, digits: int) -> str:
     return f"{stats['mean']:.{digits}f} ± {spread}"
 
 
-def time_to_quality_markdown(result: dict) -> list[str]:
+def time_to_quality_markdown(result: dict, note: str | None = None) -> list[str]:
     if not result:
         return []
     name = "perplexity" if result["metric"] == "eval_perplexity" else "BLEU"
@@ -170,7 +172,7 @@ def time_to_quality_markdown(result: dict) -> list[str]:
              else f"≥ {result['target']:.2f} (−{BLEU_TOLERANCE})")
     best_bound = (f"≤ {result['best_target']:.2f}" if name == "perplexity" else f"≥ {result['best_target']:.2f}")
     lines = [f"### Time to quality: first epoch-end evaluation with val {name} {bound} of {result['reference']}'s "
-             f"final {result['reference_final']:.2f}", "",
+             f"final {result['reference_final']:.2f}", "", *([note, ""] if note else []),
              f"The last column asks the same of {result['reference']}'s *best* point ({result['reference_best']:.2f}, "
              f"target {best_bound}), the harder target where a run overfits.", "",
              f"| variant | reached (runs) | steps (mean ± std) | minutes (mean ± std, one CPU) | final val {name} | "
@@ -235,13 +237,14 @@ def plot_curves(curve_rows: list[dict], metric: str, target: float | None, path:
 
 
 def curves_report(results: Path, grid: str, budget_hash_: str, metric: str, higher_is_better: bool, reference: str,
-                  png: Path) -> tuple[dict, list[str]]:
-    """Time to quality (JSON-able) and its Markdown for one grid and budget, and the PNG of its curves."""
+                  png: Path, note: str | None = None) -> tuple[dict, list[str]]:
+    """Time to quality (JSON-able) and its Markdown for one grid and budget (``note``: a line under its heading), and
+    the PNG of its curves."""
     rows = [row for row in load_rows(curves_path(results))
             if row.get("grid") == grid and row.get("budget_hash") == budget_hash_ and row.get("points")]
     if not rows:
         return {}, []
     result = time_to_quality(rows, reference, metric, higher_is_better)
     plot_curves(rows, metric, result.get("target"), png)
-    lines = time_to_quality_markdown(result) + [f"Learning curves: `{png.name}`.", ""]
+    lines = time_to_quality_markdown(result, note) + [f"Learning curves: `{png.name}`.", ""]
     return result, lines

@@ -155,14 +155,13 @@ def report(args: GridArguments) -> dict:
             summary["grids"][grid]["precision_parity"] = parity
             markdown += parity_markdown(parity, devices)
         png = args.report_path().with_name(f"{args.report_path().stem}_{grid}_curves.png")
+        beams = budget.get("generation_num_beams_during_training")  # the curve decodes otherwise than the table
+        note = (f"The epoch-end points decode with {beams} beam(s) (1: greedy), the table above with "
+                f"{budget['generation_num_beams']}." if beams else None)
         quality, lines = curves_report(ROOT / args.results, grid, budget_hash(budget), val_metric, higher, reference,
-                                       png)
+                                       png, note)
         if quality:
             summary["grids"][grid]["time_to_quality"] = quality
-            if budget.get("generation_num_beams_during_training"):  # the curve decodes otherwise than the table
-                lines.insert(2, f"The epoch-end points decode with {budget['generation_num_beams_during_training']} "
-                             f"beam(s) (1: greedy), the table above with {budget['generation_num_beams']}.")
-                lines.insert(3, "")
             markdown += lines
     summary["markdown"] = "\n".join(markdown)
     json_path = args.report_path()

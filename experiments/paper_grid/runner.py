@@ -30,7 +30,7 @@ from .cells import (
     load_rows,
     pending,
 )
-from .curves import curve_row, curves_path
+from .curves import best_point, curve_row, curves_path
 from .report import best_variants, report, summarize
 
 
@@ -186,10 +186,8 @@ def head_extra_seed_variants(args: GridArguments, rows: list[dict], grid: str = 
     good it gets), else at the end."""
     _, val_metric, higher, _ = PRIMARY[grid]
     hash_ = budget_hash(grid_budget(grid, args))
-    pick = max if higher else min
-    best = {row["key"]: pick(p[val_metric] for p in row["points"]) for row in curve_rows or []
-            if row.get("budget_hash") == hash_ and all(p.get(val_metric) is not None for p in row.get("points", []))
-            and row.get("points")}
+    best = {row["key"]: point[val_metric] for row in curve_rows or [] if row.get("budget_hash") == hash_
+            and (point := best_point(row.get("points", []), val_metric, higher)) is not None}
     rows = [{**row, val_metric: best.get(row.get("key"), row.get(val_metric))} for row in rows]
     val = summarize(rows, grid, val_metric, hash_)
     baseline = val.get("baseline", {}).get("mean")
