@@ -71,7 +71,8 @@ class TiedNormHeadConfigMixin:
     logit_scale_init: float | int | None = positive_finite_field(
         default=None,
         metadata=script_flag(
-            "g for logit_scale fixed, its initial value for scalar/vector; None: sqrt(hidden size)"
+            "g for logit_scale fixed, its initial value for scalar/vector; None: 1 for scalar/vector (the "
+            "scale-free head at step 0), sqrt(hidden size) for fixed"
         ),
     )
     logit_bias: bool = field(

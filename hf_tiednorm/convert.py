@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--logit-scale-init",
         type=float,
-        help="g for 'fixed', initial g for 'scalar'/'vector' (default: √d, d the hidden size)",
+        help="g for 'fixed', initial g for 'scalar'/'vector' (default: 1 for a learned g, √d for 'fixed', "
+        "d the hidden size)",
     )
     parser.add_argument(
         "--logit-bias",

@@ -20,7 +20,7 @@ l2          refused                                                  the input l
 Dead rows (‖w_i‖ ≤ ``norm_eps``, normalized_head.py) score 0 in cosine/square: exact for an all-zero row (the
 source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
 a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. Resized-in tokens get g = the
-config's ``logit_scale_init`` (√d by default) and b = 0.
+config's ``logit_scale_init`` (1 by default) and b = 0.
 
 GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``pip install
 hf_tiednorm[gguf]``); the converted model must carry no quantization state (the dequantized weights are plain

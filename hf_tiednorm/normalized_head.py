@@ -39,8 +39,11 @@ What the head guarantees where real training puts it:
   data-dependent Python branch, so ``torch.compile(fullgraph=True)`` traces it.
 
 An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
-``fixed`` (FixNorm's r²), ``scalar`` (a learned g ≈ √d as in Transformers without Tears) or ``vector``
-(one learned g_i per token, as in nGPT).
+``fixed`` (FixNorm's r²), ``scalar`` (one learned g, as in Transformers without Tears) or ``vector``
+(one learned g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise: these heads normalize the
+rows of W but keep the norm of h, so their scores already have the scale of plain ones, and a start at √d (the g a
+score with *both* sides unit-norm needs) made a new model's step-0 logits √d× too sharp (issue 25: full-budget LM,
+val perplexity 2–6·10⁴ after epoch 1 against 71–79 from g = 1, and 11–16 worse at the best epoch).
 
 An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
 ``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
@@ -114,9 +117,11 @@ def check_head_mode(head_mode: str, logit_scale: str) -> None:
         raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
 
 
-def default_logit_scale(hidden_size: int) -> float:
-    """√d: the scale a unit-norm score needs to reach the sharpness of an unnormalized one (the default g)."""
-    return math.sqrt(hidden_size)
+def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
+    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
+    ``fixed`` model's function depends on it, so it keeps its meaning)."""
+    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
 
 
 class NormalizedScoresMixin:
@@ -141,7 +146,7 @@ class NormalizedScoresMixin:
         self.head_mode = head_mode
         self.logit_scale_kind = logit_scale
         self.logit_scale_init = (
-            float(logit_scale_init) if logit_scale_init is not None else default_logit_scale(hidden_size)
+            float(logit_scale_init) if logit_scale_init is not None else default_logit_scale(logit_scale, hidden_size)
         )
         self.norm_eps = norm_eps
         if logit_scale == "scalar":

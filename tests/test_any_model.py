@@ -105,10 +105,12 @@ def test_each_mode_equals_the_reference_computed_from_the_weights(name, head_mod
 
 
 @pytest.mark.parametrize(
-    ("logit_scale", "init", "g"), [("fixed", 2.0, 2.0), ("scalar", None, 32**0.5), ("vector", 3.0, 3.0)]
+    ("logit_scale", "init", "g"),
+    [("fixed", 2.0, 2.0), ("fixed", None, 32**0.5), ("scalar", None, 1.0), ("vector", 3.0, 3.0)],
 )
 def test_the_logit_scale_multiplies_the_score_inside_the_soft_cap(logit_scale, init, g):
-    # Gemma 2: logits = cap·tanh(g·s/cap); g starts at logit_scale_init (default sqrt(d), d = 32).
+    # Gemma 2: logits = cap·tanh(g·s/cap); g = logit_scale_init, by default sqrt(d) (d = 32) for "fixed" and 1 at the
+    # start of a learned scale.
     source = source_model("gemma2")
     inputs = inputs_for(source)
     h, weight = head_input_and_weight(source, inputs)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,8 +39,14 @@ def test_scores_match_reference(head_mode, logit_scale, shape):
     torch.testing.assert_close(actual.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_default_logit_scale_init_is_sqrt_d():
-    assert TiedNormHead(64, 10, logit_scale="scalar").logit_scale.item() == pytest.approx(math.sqrt(64))
+def test_a_learned_logit_scale_starts_at_one_and_a_fixed_one_at_sqrt_d():
+    # A learned g starts where the head equals the scale-free one (√d made the step-0 logits √d× too sharp, issue 25);
+    # "fixed" keeps √d, which saved fixed-scale models depend on.
+    assert TiedNormHead(64, 10, logit_scale="scalar").logit_scale.item() == 1.0
+    assert torch.equal(TiedNormHead(64, 10, logit_scale="vector").logit_scale.detach(), torch.ones(10))
+    fixed = TiedNormHead(64, 10, logit_scale="fixed")
+    assert fixed.logit_scale is None and fixed.logit_scale_values(torch.device("cpu")).item() == pytest.approx(8.0)
+    assert TiedNormHead(64, 10, logit_scale="vector", logit_scale_init=3.0).logit_scale[0].item() == 3.0
 
 
 @pytest.mark.parametrize("tokens", [4, 40], ids=["logit-scaled", "row-scaled"])

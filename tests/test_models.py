@@ -301,6 +301,18 @@ def test_auto_classes_are_registered():
     assert type(AutoModel.from_config(causal)) is hf_tiednorm.TiedNormCausalModel
 
 
+@pytest.mark.parametrize("logit_scale", ["scalar", "vector"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_new_model_with_a_learned_logit_scale_starts_as_the_scale_free_one(family, logit_scale):
+    # g₀ = 1 by default: the scale learns the sharpness the head needs from the scale-free model (a start at √d made
+    # the step-0 logits √d× too sharp, issue 25).
+    plain = tiny_model(family, head_mode="cosine")
+    scaled = tiny_model(family, head_mode="cosine", logit_scale=logit_scale)
+    inputs = model_inputs(plain)
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(**inputs).logits, plain(**inputs).logits, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_remote_code_loads_where_the_package_is_not_importable(family, tmp_path):
     model = tiny_model(family, head_mode="cosine", logit_scale="scalar")

@@ -24,13 +24,20 @@ def test_clm_head_cells_carry_the_head_options_and_evaluate_every_epoch():
     flags = {cell["variant"]: cell["flags"] for cell in grid.grid_cells("clm_head", args, [0])}
     assert list(flags) == list(grid.CLM_HEAD_VARIANTS)
     assert flags["cosine"] == {"head_mode": "cosine", "tie_word_embeddings": True}
+    # The first scale options started at g₀ = √d (the library default then): they pin it, d = 256 at this budget, so
+    # their rows keep their meaning now that a learned scale starts at 1.
     assert flags["l2-vector_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale": "vector",
-                                       "logit_bias": True}
-    assert flags["cosine-scalar"]["logit_scale"] == "scalar" and flags["cosine-bias"]["logit_bias"] is True
-    # The learned scale from g₀ = 1 (the scale-free head at step 0) next to the default g₀ = √d.
+                                       "logit_scale_init": 16.0, "logit_bias": True}
+    assert flags["cosine-scalar"] == {"head_mode": "cosine", "tie_word_embeddings": True, "logit_scale": "scalar",
+                                      "logit_scale_init": 16.0}
+    assert flags["cosine-bias"] == {"head_mode": "cosine", "tie_word_embeddings": True, "logit_bias": True}
+    # The learned scale from g₀ = 1 (the scale-free head at step 0).
     assert flags["l2-vector1_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale": "vector",
                                         "logit_scale_init": 1.0, "logit_bias": True}
-    assert "logit_scale_init" not in flags["cosine-scalar"]
+    # Translation: √ of the recipe's d_model.
+    translation = {c["variant"]: c["flags"] for c in grid.grid_cells("translation_head", args, [0])}
+    d_model = grid.grid_budget("translation_head", args)["d_model"]
+    assert translation["cosine-vector"]["logit_scale_init"] == math.sqrt(d_model) == 16.0
     with pytest.raises(ValueError, match="--head_variants: unknown"):
         _args(head_variants="cosine-sharp")
 
@@ -188,7 +195,8 @@ def test_translation_head_cells_are_the_translation_recipe_with_a_greedy_bleu_af
     assert list(flags) == list(grid.CLM_HEAD_VARIANTS)
     # The recipe's three-way tying stays; run_translation.py has no --tie_word_embeddings.
     assert flags["cosine"] == {"head_mode": "cosine"}
-    assert flags["l2-vector_bias"] == {"head_mode": "l2", "logit_scale": "vector", "logit_bias": True}
+    assert flags["l2-vector_bias"] == {"head_mode": "l2", "logit_scale": "vector", "logit_scale_init": 16.0,
+                                       "logit_bias": True}
     argv = runner.command(args, grid.grid_cells("translation_head", args, [0])[0], grid.ROOT / "runs" / "x")
     assert argv[1].endswith("run_translation.py")
     assert argv[argv.index("--generation_num_beams_during_training") + 1] == "1"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -33,15 +34,18 @@ CLM_VARIANTS = tuple(f"{mode}-{tie}" for tie in ("tied", "untied") for mode in C
 # curves, time to quality), for the plain modes and the head options that may give a normalized head back what the
 # normalization takes: a learned logit scale (bounded scores limit the softmax's sharpness) and a learned per-token
 # logit bias (the row norms of a tied matrix carry the unigram prior, which normalization deletes).
-# A learned scale starts at --logit_scale_init, √d by default (the g a *unit-norm* score needs). These heads keep the
-# norm of h (only the rows of W are normalized), so their scores already have the scale of the plain ones and g₀ = √d
-# makes the step-0 logits √d times too sharp (full LM budget: val perplexity 2-6·10⁴ after epoch 1 against 79 without a
-# scale). The "...1" options start the learned scale at g₀ = 1, where the model equals the scale-free one at step 0.
+# The scale options ran first from g₀ = √d (the library default then; the g a score with *both* sides unit-norm needs).
+# These heads keep the norm of h (only the rows of W are normalized), so their scores already have the scale of the
+# plain ones and g₀ = √d makes the step-0 logits √d times too sharp (full LM budget: val perplexity 2-6·10⁴ after
+# epoch 1 against 79 without a scale), so the library's learned scales now start at 1. The options keep their
+# meaning: "scalar"/"vector" pin g₀ = √d of the budget's width (SQRT_D), the "...1" options start at g₀ = 1, where
+# the model equals the scale-free one at step 0.
+SQRT_D = "sqrt_d"
 HEAD_OPTIONS = {
-    "scalar": {"logit_scale": "scalar"},
-    "vector": {"logit_scale": "vector"},
+    "scalar": {"logit_scale": "scalar", "logit_scale_init": SQRT_D},
+    "vector": {"logit_scale": "vector", "logit_scale_init": SQRT_D},
     "bias": {"logit_bias": True},
-    "vector_bias": {"logit_scale": "vector", "logit_bias": True},
+    "vector_bias": {"logit_scale": "vector", "logit_scale_init": SQRT_D, "logit_bias": True},
     "scalar1": {"logit_scale": "scalar", "logit_scale_init": 1.0},
     "vector1": {"logit_scale": "vector", "logit_scale_init": 1.0},
     "vector1_bias": {"logit_scale": "vector", "logit_scale_init": 1.0, "logit_bias": True},
@@ -345,6 +349,14 @@ def pending(cells: list[dict], rows: list[dict]) -> list[dict]:
     return [cell for cell in cells if cell["key"] not in done]
 
 
+def head_option_flags(option: str, budget: dict) -> dict:
+    """The script flags of a head option (HEAD_OPTIONS; "" for none), with g₀ = SQRT_D as √(the budget's width)."""
+    flags = dict(HEAD_OPTIONS.get(option, {}))
+    if flags.get("logit_scale_init") == SQRT_D:
+        flags["logit_scale_init"] = math.sqrt(budget.get("hidden_size") or budget["d_model"])
+    return flags
+
+
 def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[str] | None = None) -> list[dict]:
     """The cells of one grid for ``seeds`` (all its variants, or only ``variants``)."""
     budget = grid_budget(grid, args)
@@ -359,7 +371,7 @@ def grid_cells(grid: str, args: GridArguments, seeds: list[int], variants: list[
         for variant in args.head_variant_list():
             mode, _, option = variant.partition("-")
             tied = {"tie_word_embeddings": True} if grid == "clm_head" else {}  # translation: the recipe's three-way
-            table[variant] = {"head_mode": mode, **tied, **HEAD_OPTIONS.get(option, {})}
+            table[variant] = {"head_mode": mode, **tied, **head_option_flags(option, budget)}
     else:
         table = budget["techniques"]
     chosen = [v for v in table if variants is None or v in variants]

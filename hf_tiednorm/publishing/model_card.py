@@ -141,7 +141,9 @@ def _logit_scale_text(config: TiedNormConfig) -> str:
         hidden_size = config.hidden_size
     else:
         hidden_size = config.d_model if config.is_encoder_decoder else config.hidden_size
-    g = config.logit_scale_init if config.logit_scale_init is not None else default_logit_scale(hidden_size)
+    g = config.logit_scale_init
+    if g is None:
+        g = default_logit_scale(config.logit_scale, hidden_size)
     return {
         "fixed": f"fixed g = {g:.4g}",
         "scalar": f"one learned g (initialized to {g:.4g})",
