@@ -184,7 +184,7 @@ def plot(result: dict, path: Path) -> None:
     for k, label in enumerate(labels):
         stats = [result["summary"][label]["f1"][b] for b in buckets]
         means = [s["mean"] if s["mean"] is not None else np.nan for s in stats]
-        errors = [s["std"] or 0.0 for s in stats]
+        errors = [np.nan if s["std"] is None else s["std"] for s in stats]  # one seed: no error bar
         n = max(s["n"] for s in stats)
         x = np.arange(len(buckets)) + (k - (len(labels) - 1) / 2) * width
         axis.bar(x, means, width, yerr=errors, capsize=2, label=f"{label} (n={n})")
