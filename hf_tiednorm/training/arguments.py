@@ -54,6 +54,12 @@ def argument_parser(dataclass_types: tuple[type, ...], description: str | None =
     return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
 
 
+def config_file_argument() -> str | None:
+    """The .json/.yaml config file the script was started from (its first argument), or None."""
+    argv = sys.argv[1:]
+    return argv[0] if argv and argv[0].endswith((".json", ".yaml", ".yml")) else None
+
+
 def parse_arguments(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
     """Flags, or a .json/.yaml config file as first argument followed by flags that override it."""
     parser = argument_parser(dataclass_types, description)
@@ -135,14 +141,15 @@ class ModelSourceArguments:
         return type(config).from_dict({**config.to_dict(), **self.config_overrides()})
 
     def tokenizer_source(self, resume: str | None, output_dir: Path) -> str | None:
-        """The tokenizer folder to load: the checkpoint's, a given one, or on resume the run's own (the resumed
-        checkpoint's, else the one saved in ``output_dir``), so that a resumed run keeps its vocabulary; None when a
-        new one is to be trained."""
-        source = self.model_name_or_path or self.tokenizer_name
-        if source is None and resume is not None:
+        """The tokenizer folder to load: on resume the run's own (the resumed checkpoint's, else the one saved in
+        ``output_dir``), whose ids are those of the checkpoint's weights, even when --tokenizer_name is given again;
+        else the saved model's or a given one; None when a new one is to be trained."""
+        if resume is not None:  # the run's own tokenizer first: its ids are the checkpoint's weights' ids
             folders = (Path(resume), output_dir)
             source = next((str(folder) for folder in folders if (folder / "tokenizer.json").is_file()), None)
-        return source
+            if source is not None:
+                return source
+        return self.model_name_or_path or self.tokenizer_name
 
     def run_config(self, config_class: type[PretrainedConfig]) -> PretrainedConfig:
         """The config this run trains, built before any work so that bad flags fail first: the saved model's with the

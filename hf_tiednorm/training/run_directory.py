@@ -38,6 +38,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
+from .run_outputs import overwritable_entries
+
 logger = logging.getLogger(__name__)
 
 
@@ -259,9 +261,11 @@ def prepare_output_dir(
 ) -> None:
     """One run per --output_dir, as in HF's example scripts: a folder holding another run's outputs is refused unless
     --overwrite_output_dir, which deletes them so the run starts clean (no old checkpoints, results, predictions or
-    tokenizer left beside the new ones). A run resuming a checkpoint of --output_dir continues that folder; only the
-    previous end-of-run results go. ``inputs`` maps flags to the paths they read (--model_name_or_path, data files),
-    which --overwrite_output_dir must not delete. Every rank checks before any rank writes; the main process cleans."""
+    tokenizer left beside the new ones): only the entries a run of ours writes, never while a run holds a lock
+    beneath the folder (``overwritable_entries``). A run resuming a checkpoint of --output_dir continues that
+    folder; only the previous end-of-run results go. ``inputs`` maps flags to the paths they read
+    (--model_name_or_path, data files, the config file), which --overwrite_output_dir must not delete. Every rank
+    checks before any rank writes; the main process cleans."""
     output_dir = Path(training_args.output_dir).resolve()
     previous = []
     if output_dir.is_dir():
@@ -281,11 +285,8 @@ def prepare_output_dir(
                 "--overwrite_output_dir to delete them and start clean, --resume_from_checkpoint last to continue "
                 "that run, or choose a new --output_dir"
             )
-        for flag, path in inputs.items():
-            if path is not None and _inside(path, output_dir):
-                raise ValueError(f"--overwrite_output_dir would delete {flag} {path}, which lies in --output_dir")
-        logger.warning("--overwrite_output_dir: deleting the contents of %s", output_dir)
-        stale = previous
+        stale = overwritable_entries(output_dir, previous, inputs)  # a run's outputs only; no live run beneath
+        logger.warning("--overwrite_output_dir: deleting the previous run's outputs in %s", output_dir)
     with training_args.main_process_first(local=False, desc="preparing --output_dir"):
         if training_args.process_index == 0:
             for path in stale:

@@ -37,6 +37,7 @@ from .arguments import (
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
+    config_file_argument,
     parse_arguments,
 )
 from .cpu_memory import keep_freed_memory
@@ -205,7 +206,7 @@ def split_files(train_file: str, validation_file: str | None, test_file: str | N
 def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dict[str, str | None]:
     """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses an --output_dir holding one)."""
     return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-            **{f"--{split}_file": path for split, path in files.items()}}
+            **{f"--{split}_file": path for split, path in files.items()}, "the config file": config_file_argument()}
 
 
 def select_first(raw: dict, limits: dict[str, int | None]) -> None:
@@ -224,8 +225,9 @@ def load_or_train_tokenizer(
     count_tokens: Callable[[PreTrainedTokenizerBase], torch.Tensor],
 ) -> PreTrainedTokenizerBase:
     """The run's tokenizer: the checkpoint's, a given one, the one a previous run saved in --output_dir, or a new
-    one trained on ``texts()`` (batches of training text). With --adaptive_cutoffs it is renumbered by decreasing
-    ``count_tokens(tokenizer)`` (training-data frequencies), special tokens first. A trained or renumbered
+    one trained on ``texts()`` (batches of training text). With --adaptive_cutoffs a new model's tokenizer is renumbered
+    by decreasing ``count_tokens(tokenizer)`` (training-data frequencies), special tokens first; a resumed or saved
+    model's keeps its order (that of its weights). A trained or renumbered
     tokenizer is saved in --output_dir by the main process, which goes first so that the others load nothing
     half-written."""
     output_dir = Path(training_args.output_dir)
@@ -241,9 +243,12 @@ def load_or_train_tokenizer(
                 texts(), vocab_size=model_args.vocab_size, model=model_args.tokenizer_model,
                 model_max_length=model_max_length,
             )
-        if model_args.adaptive_cutoffs is not None:  # a new model (fine-tuning refuses the flag)
+        # Only a new model's tokenizer is renumbered: a resumed checkpoint's (or a saved model's) ids are those of its
+        # weights, whatever the counts of this run's data, so re-sorting them would detach the tokenizer from them.
+        renumber = model_args.adaptive_cutoffs is not None and resume is None and model_args.model_name_or_path is None
+        if renumber:
             tokenizer = frequency_ordered(tokenizer, count_tokens(tokenizer), model_args.tokenizer_name, output_dir)
-        if (source is None or model_args.adaptive_cutoffs is not None) and training_args.process_index == 0:
+        if (source is None or renumber) and training_args.process_index == 0:
             tokenizer.save_pretrained(output_dir)
     logger.info("tokenizer from %s: %d tokens", source or "training data", len(tokenizer))
     return tokenizer
