@@ -31,6 +31,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from ..convert import copy_tokenizer
+from .auto_map import foreign_auto_map
 from .model_card import (
     add_card_arguments,
     card_inputs_from_args,
@@ -85,6 +86,13 @@ def prepare_upload_folder(
     if output_dir.exists() and any(output_dir.iterdir()):
         raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the upload preview")
 
+    foreign = foreign_auto_map(getattr(config, "auto_map", None))
+    if foreign:
+        raise ValueError(
+            f"{checkpoint / 'config.json'} maps Auto classes to remote code that is not hf_tiednorm's: {foreign}; "
+            "the Hub would run it for trust_remote_code=True users. Remove those auto_map entries (a model trained "
+            "by our scripts has none) and stage again"
+        )
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto_class.from_pretrained(checkpoint, dtype="auto")
     # Re-saving (rather than copying) guarantees safetensors weights, the current code files and auto_map.

@@ -29,6 +29,7 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import CONFIG_NAME
 
+from ..publishing.auto_map import foreign_auto_map
 from ..publishing.model_card import write_model_card
 from ..weight_norm_init import weight_norm_init_
 from .arguments import (
@@ -255,8 +256,14 @@ def load_or_train_tokenizer(
 
 
 def check_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, training_args: TrainingArguments) -> None:
-    """Choose the model's attention for the run's precision (logged), and fail when the tokenizer has more tokens
-    than the model has embedding rows."""
+    """Choose the model's attention for the run's precision (logged), fail when the tokenizer has more tokens
+    than the model has embedding rows, and drop a loaded config's ``auto_map``: save_pretrained writes our own
+    entries afresh, while a base model's foreign ones (``foreign_auto_map``, named in a warning) would survive into
+    every checkpoint and the published model."""
+    foreign = foreign_auto_map(getattr(model.config, "auto_map", None))
+    if foreign:
+        logger.warning("dropping the base model's foreign auto_map entries (remote code that is not ours): %s", foreign)
+    model.config.auto_map = None
     logger.info(choose_attention(model, training_args))
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
