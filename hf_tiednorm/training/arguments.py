@@ -272,6 +272,14 @@ class OutputDirArguments:
             "it such a folder is refused, unless --resume_from_checkpoint continues the run it holds."
         },
     )
+    allow_run_change: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "flags (names without --, e.g. dropout seed) that a --resume_from_checkpoint may knowingly change "
+            "from the run's record (run_record.json); any other difference from the flags that started the run is "
+            "refused by name (docs/run_safety.md)"
+        },
+    )
 
 
 @dataclass

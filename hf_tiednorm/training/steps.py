@@ -53,6 +53,7 @@ from .run_directory import (
     save_final_model,
     scored_run_folder,
 )
+from .run_record import check_resume_record, precision_name, run_record, write_run_record
 from .tokenization import train_joint_tokenizer
 from .vocab_order import frequency_ordered
 
@@ -94,11 +95,17 @@ def prepare_run(
     run_config: PretrainedConfig,
 ) -> dict[str, str]:
     """The last checks before any work, once the script has built ``run_config``: a resumed checkpoint must hold the
-    same architecture (``check_resume_config``), --output_dir takes this run (``prepare_output_dir``), then the seed.
+    same architecture (``check_resume_config``) and continue the same run (``check_resume_record``: data, languages,
+    objective, regularizers, precision, seed), --output_dir takes this run (``prepare_output_dir``) and records what
+    defines it (``run_record.json``), then the seed.
     ``data_args`` has ``train_file``, ``validation_file`` and ``test_file``. Returns the data files by split."""
     check_resume_config(resume, run_config, model_args.architecture_fields())
+    record = run_record(model_args, data_args, training_args)
+    changes = check_resume_record(resume, training_args.output_dir, record, output_args.allow_run_change)
     files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
     prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
+    if training_args.do_train and training_args.process_index == 0:
+        write_run_record(training_args.output_dir, record, changes)
     set_seed(training_args.seed)
     return files
 
@@ -294,13 +301,13 @@ def train_and_save(trainer: Trainer, resume: str | None, num_examples: dict[str,
     """Train (continuing ``resume``), save the final model and tokenizer (``save_final_model``), and log and save the
     training metrics with ``num_examples`` (e.g. ``{"train_samples": n}``), the minutes spent and the steps that
     ``train_loss`` averages (``train_loss_first_step``/``train_loss_last_step``; after a resume also
-    ``train_resumed_from_step``); returns them."""
+    ``train_resumed_from_step``) and the ``precision`` trained in; returns them."""
     start = time.monotonic()
     first_step = 1 + (json.loads(Path(resume, TRAINER_STATE_NAME).read_text())["global_step"] if resume else 0)
     train_result = trainer.train(resume_from_checkpoint=resume)
     save_final_model(trainer)  # model + tokenizer
     minutes = (time.monotonic() - start) / 60
-    metrics = dict(train_result.metrics, **num_examples, train_minutes=minutes)
+    metrics = dict(train_result.metrics, **num_examples, train_minutes=minutes, precision=precision_name(trainer.args))
     # The Trainer's train_loss (and train_runtime, ...) average this process's steps only: after a resume, not the
     # whole run. Say which steps, so that a resumed and an uninterrupted run compare.
     metrics.update(train_loss_first_step=first_step, train_loss_last_step=trainer.state.global_step)
@@ -336,6 +343,7 @@ def card_training(
         "learning_rate": training_args.learning_rate,
         **extra,
         "seed": training_args.seed,
+        "precision": precision_name(training_args),
     }
 
 
