@@ -38,6 +38,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
+from .checkpoint_reading import archive_problems, missing_weight_names
 from .run_outputs import overwritable_entries
 
 logger = logging.getLogger(__name__)
@@ -172,8 +173,9 @@ def safetensors_problem(path: Path) -> str | None:
 
 def checkpoint_problems(folder: Path) -> list[str]:
     """What keeps ``folder`` from resuming exactly where its run stopped: each missing or broken file the resume
-    needs (weights, ``optimizer.pt``, ``scheduler.pt``, the RNG state, a ``trainer_state.json`` that parses); [] for
-    a complete checkpoint. The Trainer writes trainer_state.json last (``Trainer._save_checkpoint``), so a save killed
+    needs (weights, ``optimizer.pt``, ``scheduler.pt``, the RNG state, a ``trainer_state.json`` that parses), each
+    archive that cannot be read and each model tensor the weights lack (``checkpoint_reading``); [] for a complete
+    checkpoint. The Trainer writes trainer_state.json last (``Trainer._save_checkpoint``), so a save killed
     half-way lacks it. DeepSpeed and FSDP checkpoints keep their weights and optimizer in ``global_step*`` /
     ``pytorch_model_fsdp*`` / ``optimizer_*`` entries, which count as present."""
     problems = []
@@ -197,6 +199,12 @@ def checkpoint_problems(folder: Path) -> list[str]:
         problems.append(f"no {SCHEDULER_NAME}")
     if not any(name.startswith("rng_state") for name in names):
         problems.append("no rng_state*.pth")
+    if not problems:  # every file there: can each be read? (cheap: zip directories, the weights' names)
+        problems += archive_problems(folder)
+        missing = missing_weight_names(folder)
+        if missing:
+            problems.append(f"model.safetensors lacks the model's {', '.join(missing[:5])}"
+                            + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""))
     return problems
 
 
