@@ -248,16 +248,24 @@ class DataArgumentsBase:
     dataset_name: str | None = field(
         default=None,
         metadata={
-            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
-            "else the training file's name"
+            "help": "the model card's name (a Hub id) for the data set that --train_file holds: a label, the script "
+            "does not download it; None: bentrevett/multi30k for the Multi30k files, else the training file's name"
         },
     )
 
     def __post_init__(self):
+        default = self.default_data_dir is not None and Path(self.train_file).parent == self.default_data_dir
+        multi30k = default or is_multi30k(self.train_file)
         if self.dataset_name is None:
-            default = self.default_data_dir is not None and Path(self.train_file).parent == self.default_data_dir
-            multi30k = default or is_multi30k(self.train_file)
             self.dataset_name = "bentrevett/multi30k" if multi30k else Path(self.train_file).name
+        elif multi30k and "multi30k" not in self.dataset_name.lower():
+            # HF's example scripts download --dataset_name; ours only name the files in the card, so a card saying
+            # "Trained on wmt16" for a run on Multi30k would name data the run never saw.
+            raise ValueError(
+                f"--dataset_name {self.dataset_name} would name the model card's data, but the run reads the Multi30k "
+                f"files ({self.train_file}): this script does not download data sets. Pass --train_file (and "
+                "--validation_file / --test_file) with that data set's files, or drop --dataset_name"
+            )
 
 
 @dataclass
