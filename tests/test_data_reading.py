@@ -64,7 +64,7 @@ def test_a_header_only_csv_is_named(tmp_path):
 
 
 def test_literal_special_token_strings_stay_text(tmp_path):
-    """"<pad>" / "</s>" in a sentence became the pad / eos ids in sources and labels (a pad id in labels is not -100)."""
+    """"<pad>" / "</s>" in a sentence became pad / eos ids in sources and labels (a pad id in labels is not -100)."""
     tokenizer = tiny_tokenizer()
     pattern = write_pair(tmp_path, "ein <pad> hund </s> läuft\n", "a <pad> dog </s> runs\n")
     pairs = load_parallel({"train": pattern}, "de", "en")
