@@ -77,6 +77,7 @@ def start_run(
     run_args = next(args for args in parsed if isinstance(args, RunArguments))
     training_args = next(args for args in parsed if isinstance(args, TrainingArguments))
     lock_output_dir(training_args.output_dir)  # one run at a time per folder, until this process exits
+    strip_hub_token(training_args)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.info("precision: %s", training_args.precision_note)
@@ -108,6 +109,15 @@ def prepare_run(
         write_run_record(training_args.output_dir, record, changes)
     set_seed(training_args.seed)
     return files
+
+
+def strip_hub_token(training_args: TrainingArguments) -> None:
+    """Move --hub_token out of the arguments into ``HF_TOKEN`` (where huggingface_hub finds it, as the Trainer's
+    push does when ``hub_token`` is None): the Trainer pickles its arguments into training_args.bin of every
+    checkpoint and the final folder, which kept the token in clear."""
+    if training_args.hub_token:
+        os.environ.setdefault("HF_TOKEN", training_args.hub_token)
+        training_args.hub_token = None
 
 
 def check_world_size(training_args: TrainingArguments) -> None:
@@ -347,6 +357,23 @@ def card_training(
     }
 
 
+def load_token_counts(path: Path) -> torch.Tensor | None:
+    """The run's token counts for the plots (``weights_only``: a planted pickle runs no code), or None with a
+    warning naming the file when it is missing or unreadable: the plots then go without frequencies, and the
+    trained model, card and results are kept."""
+    if not path.is_file():
+        return None
+    try:
+        counts = torch.load(path, weights_only=True)
+        if not (isinstance(counts, torch.Tensor) and counts.dim() == 1):
+            raise TypeError(f"it holds {type(counts).__name__}, not a 1-d tensor of counts")
+    except Exception as error:  # noqa: BLE001  (any unreadable file: the plots lose frequencies, nothing else)
+        logger.warning("cannot read %s (%s: %s): the plots are drawn without token frequencies", path,
+                       type(error).__name__, str(error)[:200])
+        return None
+    return counts
+
+
 def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[str, Any] | None) -> None:
     """On the main process: the embedding-norm plots (with token_counts.pt when the run saved it; not under FSDP,
     whose sharded weights would need a gather) and, unless ``card`` is None, the model card rendered from
@@ -358,9 +385,8 @@ def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[st
         logger.info("scored without training: metrics (no card or plots) are in %s", output_dir.resolve())
         return
     if not trainer.is_fsdp_enabled:
-        counts_file = output_dir / "token_counts.pt"
-        counts = torch.load(counts_file) if counts_file.is_file() else None
-        plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
+        plot_embedding_norms(model, output_dir, load_token_counts(output_dir / "token_counts.pt"),
+                             title=output_dir.name)
     if card is not None and not (output_dir / CONFIG_NAME).is_file():
         # An evaluation-only run (--do_eval without --do_train) saves no model in output_dir: a card would describe
         # nothing there.
