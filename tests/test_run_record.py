@@ -126,3 +126,18 @@ def test_max_steps_below_the_checkpoint_is_refused(recorded_run, data_flags, tmp
             data_flags, output_dir, "--do_train", "--max_steps", "2", "--label_smoothing", "0.1",
             "--resume_from_checkpoint", output_dir / "checkpoint-4",
         ), monkeypatch)
+
+
+def test_resume_without_the_runs_tokenizer_is_refused(adaptive_run, data_flags, tmp_path, monkeypatch):
+    """With no tokenizer beside the checkpoint, a resume trained a new one (or took --tokenizer_name unsorted): ids
+    that did not match the checkpoint's embedding rows."""
+    output_dir = tmp_path / "resumed"
+    shutil.copytree(adaptive_run, output_dir)
+    for folder in (output_dir, output_dir / "checkpoint-1"):
+        (folder / "tokenizer.json").unlink()
+        (folder / "tokenizer_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-1: neither it nor .* holds the run's tokenizer"):
+        run_script("run_translation", tiny_translation_flags(
+            data_flags, output_dir, "--do_train", "--max_steps", "2", "--adaptive_cutoffs", "40", "100",
+            "--max_train_samples", "40", "--resume_from_checkpoint", output_dir / "checkpoint-1",
+        ), monkeypatch)

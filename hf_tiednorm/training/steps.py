@@ -251,6 +251,14 @@ def load_or_train_tokenizer(
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(desc="tokenizer"):
         source = model_args.tokenizer_source(resume, output_dir)
+        own = source is not None and Path(source).resolve() in (Path(resume or output_dir).resolve(),
+                                                                 output_dir.resolve())
+        if resume is not None and not own and (source is None or model_args.adaptive_cutoffs is not None):
+            # A new or unsorted tokenizer would not match the checkpoint's embedding rows.
+            raise FileNotFoundError(
+                f"--resume_from_checkpoint {resume}: neither it nor {output_dir} holds the run's tokenizer "
+                "(tokenizer.json), whose ids its weights use; copy it there from the run's output folder"
+            )
         if source is not None:
             try:
                 tokenizer = AutoTokenizer.from_pretrained(source)
