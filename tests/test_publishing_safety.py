@@ -4,6 +4,7 @@ code in auto_map, no local path of the machine, no token. Tiny data made in code
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -126,9 +127,11 @@ def test_push_rewrites_an_old_cards_local_base_model(base_run, tmp_path):
 
 def test_hub_token_is_never_saved_and_a_token_folder_is_not_staged(base_run, data_flags, tmp_path, monkeypatch):
     """--hub_token was pickled in clear into training_args.bin of every checkpoint and the final folder."""
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "unset")  # recorded, so that the HF_TOKEN the script sets is undone after
+    monkeypatch.delenv("HF_TOKEN")
     output_dir = tmp_path / "tuned"
     fine_tune(base_run, data_flags, output_dir, monkeypatch, "--save_steps", "1", "--hub_token", "hf_SECRETTOKEN")
+    assert os.environ["HF_TOKEN"] == "hf_SECRETTOKEN"  # where the Trainer's push finds it
     for path in (output_dir / "training_args.bin", output_dir / "checkpoint-1" / "training_args.bin"):
         assert b"hf_SECRETTOKEN" not in path.read_bytes() and not training_args_token(path)
     args = torch.load(output_dir / "training_args.bin", weights_only=False)
