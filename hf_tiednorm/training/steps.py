@@ -288,8 +288,8 @@ def check_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, trai
     foreign = foreign_auto_map(getattr(model.config, "auto_map", None))
     if foreign:
         logger.warning("dropping the base model's foreign auto_map entries (remote code that is not ours): %s", foreign)
-    if hasattr(model.config, "auto_map"):
-        del model.config.auto_map  # a null auto_map in config.json breaks AutoConfig; ours (if any) is written anew
+    # Deleted, not set to None (a null auto_map in config.json breaks AutoConfig); ours, if any, is written anew.
+    vars(model.config).pop("auto_map", None)
     logger.info(choose_attention(model, training_args))
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
