@@ -163,6 +163,13 @@ class DataArguments(DataArgumentsBase):
     )
     max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N validation pairs"})
     max_predict_samples: int | None = field(default=None, metadata={"help": "use only the first N test pairs"})
+    keep_empty_lines: bool = field(
+        default=False,
+        metadata={
+            "help": "keep the pairs with an empty or whitespace-only side (by default they are dropped, with a "
+            "warning naming how many and the first line)"
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()  # the model card's dataset_name
@@ -228,7 +235,7 @@ def main() -> None:
     files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config)
 
     # Data: one column a language.
-    raw = load_parallel(files, data_args.source_lang, data_args.target_lang)
+    raw = load_parallel(files, data_args.source_lang, data_args.target_lang, keep_empty=data_args.keep_empty_lines)
     steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                        "test": data_args.max_predict_samples})
 

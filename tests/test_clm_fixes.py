@@ -92,8 +92,8 @@ def test_the_card_of_a_fine_tuned_conversion(converted_llama, tmp_path, monkeypa
     run_script("run_clm", flags, monkeypatch)
     card = ModelCard.load(tmp_path / "out" / "README.md")
     assert card.data.datasets == ["bentrevett/multi30k"]  # not "train.en"
-    assert card.data.base_model == str(model)
-    assert f"Fine-tuned from `{model}`" in card.text
+    assert card.data.base_model is None  # a local folder is no Hub id (issue 34 §5): never published as a path
+    assert "Fine-tuned from a local model" in card.text and str(model) not in card.text
     assert "| max_steps | 3 |" in card.text and "| steps trained | 3 |" in card.text
     assert "num_train_epochs" not in card.text  # 3.0 epochs were never run: max_steps bounded the run
     assert "_model_name_or_path" not in card.text

@@ -33,6 +33,8 @@ def parse_metrics(metrics: dict[str, Any]) -> tuple[list[tuple[str | None, str, 
         if name in _SIGNATURE_NAMES:
             signature = str(value)
             continue
+        if key == "precision":  # the run's precision, in all_results.json; the card lists it with the settings
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"metric {key!r} must be a number (or the sacreBLEU signature string), got {value!r}")
         if name in _BLEU_NAMES:

@@ -31,6 +31,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from ..convert import copy_tokenizer
+from .auto_map import foreign_auto_map
 from .model_card import (
     add_card_arguments,
     card_inputs_from_args,
@@ -38,6 +39,8 @@ from .model_card import (
     load_tiednorm_config,
     write_model_card,
 )
+from .provenance import base_model_provenance, hub_id
+from .staging_checks import check_no_token, check_staged_files, check_tokenizer_files
 
 
 def _find_tokenizer_source(checkpoint: Path, tokenizer: str | os.PathLike | None) -> Path:
@@ -52,6 +55,12 @@ def card_for_repo(card_path: Path, repo_id: str) -> ModelCard:
     """The checkpoint's own model card (as the training script wrote it, with its metrics) made to describe
     ``repo_id``: the loading snippets, the title and the model-index name named the local folder."""
     card = ModelCard.load(card_path)
+    base = getattr(card.data, "base_model", None)
+    if isinstance(base, str) and hub_id(base) is None:  # an older card naming a local folder: publish no path
+        source_id, _ = base_model_provenance(base)
+        card.data.base_model = source_id
+        card.text = card.text.replace(f"Fine-tuned from `{base}`", f"Fine-tuned from `{source_id}`" if source_id
+                                      else "Fine-tuned from a local model")
     name = repo_id.split("/")[-1]
     card.text = re.sub(r'(from_pretrained\(|model=)"[^"]*"', lambda match: f'{match.group(1)}"{repo_id}"', card.text)
     card.text = re.sub(r"^# .*$", f"# {name}", card.text, count=1, flags=re.MULTILINE)
@@ -84,20 +93,39 @@ def prepare_upload_folder(
         raise ValueError(f"the upload folder {output_dir} must lie outside the checkpoint folder {checkpoint}")
     if output_dir.exists() and any(output_dir.iterdir()):
         raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the upload preview")
+    check_no_token(checkpoint)
+    check_tokenizer_files(tokenizer_source)
 
+    foreign = foreign_auto_map(getattr(config, "auto_map", None))
+    if foreign:
+        raise ValueError(
+            f"{checkpoint / 'config.json'} maps Auto classes to remote code that is not hf_tiednorm's: {foreign}; "
+            "the Hub would run it for trust_remote_code=True users. Remove those auto_map entries (a model trained "
+            "by our scripts has none) and stage again"
+        )
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto_class.from_pretrained(checkpoint, dtype="auto")
-    # Re-saving (rather than copying) guarantees safetensors weights, the current code files and auto_map.
-    model.save_pretrained(output_dir)
-    copy_tokenizer(tokenizer_source, output_dir)
-    for plot in sorted(checkpoint.glob("*.png")):
-        shutil.copy2(plot, output_dir / plot.name)
-
-    card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
-    if all(value is None for value in card_inputs.values()) and (checkpoint / "README.md").is_file():
-        card_for_repo(checkpoint / "README.md", repo_id).save(output_dir / "README.md")
-    else:
-        write_model_card(output_dir, repo_id=repo_id, **card_inputs)
+    # Staged beside the target and renamed into place at the end: a failure leaves no half-written folder (which
+    # made the rerun refuse "not empty").
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.staging-", dir=output_dir.parent))
+    try:
+        # Re-saving (rather than copying) guarantees safetensors weights, the current code files and auto_map.
+        model.save_pretrained(partial)
+        copy_tokenizer(tokenizer_source, partial)
+        for plot in sorted(checkpoint.glob("*.png")):
+            shutil.copy2(plot, partial / plot.name)
+        card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
+        if all(value is None for value in card_inputs.values()) and (checkpoint / "README.md").is_file():
+            card_for_repo(checkpoint / "README.md", repo_id).save(partial / "README.md")
+        else:
+            write_model_card(partial, repo_id=repo_id, **card_inputs)
+        check_staged_files(partial)
+        if output_dir.exists():
+            output_dir.rmdir()  # empty (checked above)
+        os.replace(partial, output_dir)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return output_dir
 
 

@@ -41,6 +41,7 @@ from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from ..normalized_head import default_logit_scale
 from ..training.plots import EMBEDDING_NORM_PLOT
 from .card_metrics import eval_results, parse_metrics
+from .provenance import base_model_provenance
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
 # model_type -> (the HF parent config, the architecture named on the card)
@@ -119,7 +120,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines",
+        "custom_pipelines", "unk_token_id",
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
@@ -134,9 +135,29 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     return {name: values[name] for name in shown}
 
 
-def _logit_scale_text(config: TiedNormConfig) -> str:
+def _stored_range(folder: Path, suffix: str) -> tuple[float, float] | None:
+    """(min, max) of the saved tensor whose name ends with ``suffix`` (e.g. the learned logit scale), or None."""
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as weights:
+            for name in weights.keys():  # noqa: SIM118 (safe_open is no dict)
+                if name.endswith(suffix):
+                    tensor = weights.get_tensor(name).float()
+                    return tensor.min().item(), tensor.max().item()
+    return None
+
+
+def _logit_scale_text(config: TiedNormConfig, folder: Path | None = None) -> str:
+    """The logit scale as the weights hold it: a learned scale is described by its saved values (a lossless start
+    sets g_i = ‖w_i‖, not the configured initial value), the initial value only when no weights are saved."""
     if config.logit_scale == "none":
         return "none"
+    stored = _stored_range(folder, "logit_scale") if folder is not None and config.logit_scale != "fixed" else None
+    if stored is not None:
+        low, high = stored
+        if config.logit_scale == "scalar":
+            return f"one learned g (g = {low:.4g} in these weights)"
+        return (f"a learned g_i per token (g_i in {low:.4g}–{high:.4g} in these weights; a lossless start sets "
+                "g_i = ‖w_i‖ of the source)")
     if config.model_type == WRAPPED:  # the wrapped config's hidden_size (GPT-2's n_embd, T5's d_model, ...)
         hidden_size = config.hidden_size
     else:
@@ -211,7 +232,7 @@ def render_model_card(
     languages: list[str] | None = None,
     training: dict[str, Any] | None = None,
     repo_id: str | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     base_model: str | None = None,
 ) -> ModelCard:
     """The model card of a saved checkpoint folder, without writing it (``write_model_card`` writes it).
@@ -225,12 +246,18 @@ def render_model_card(
         languages: ISO codes of the languages, e.g. ``["de", "en"]``.
         training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
         repo_id: Hub repository the card describes (used in the loading snippet); defaults to the folder name.
-        license: license identifier of the weights.
-        base_model: the model this one was fine-tuned from (a Hub id or a local folder, e.g. a converted model), for
-            the front matter's ``base_model`` and the card's training section.
+        license: license identifier of the weights; None: the base model's where its card or config states one
+            (``base_model_provenance``), none for a base model of unknown license, apache-2.0 for a model trained
+            from scratch.
+        base_model: the model this one was fine-tuned from (a Hub id or a local folder, e.g. a converted model). The
+            card names its Hub id where known (``base_model_provenance``) and otherwise says "a local model": never
+            a path of this machine.
     """
     folder = Path(folder)
     config = load_tiednorm_config(folder)
+    source_id, source_license = base_model_provenance(base_model)
+    if license is None:
+        license = source_license if base_model is not None else "apache-2.0"
     results, signature = parse_metrics(metrics or {})
     if results and dataset is None:
         raise ValueError("metrics were given without `dataset`: the model-index needs the evaluation dataset's id")
@@ -253,7 +280,7 @@ def render_model_card(
         language=languages,
         datasets=[dataset] if dataset else None,
         license=license,
-        base_model=str(base_model) if base_model else None,
+        base_model=source_id,
         model_name=model_name,
         eval_results=eval_results(results, signature, dataset, is_encoder_decoder) or None,
     )
@@ -270,7 +297,7 @@ def render_model_card(
         head_mode=config.head_mode,
         mode_equation=mode_equation,
         mode_reference=mode_reference,
-        logit_scale=_logit_scale_text(config),
+        logit_scale=_logit_scale_text(config, folder),
         logit_bias="a learned b_i per token, added to the scores (zero at initialization)"
         if getattr(config, "logit_bias", False)
         else "none",
@@ -280,7 +307,7 @@ def render_model_card(
         vocab_size=config.vocab_size,
         regularizers=_regularizer_fields(config),
         dataset=dataset,
-        base_model=base_model,
+        base_model=(f"`{source_id}`" if source_id else "a local model") if base_model is not None else None,
         language=languages,
         training=training or {},
         results={f"{name} ({split})" if split else name: f"{value:g}" for split, name, value in results},
@@ -357,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--repo-id", help="Hub repository id used in the card's loading snippet (default: the folder name)"
     )
-    parser.add_argument("--license", default="apache-2.0", help="license id for the card (default: %(default)s)")
+    parser.add_argument("--license", help="license id for the card (default: apache-2.0 for a model trained from "
+                        "scratch)")
     return parser
 
 

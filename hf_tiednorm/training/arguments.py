@@ -54,6 +54,12 @@ def argument_parser(dataclass_types: tuple[type, ...], description: str | None =
     return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
 
 
+def config_file_argument() -> str | None:
+    """The .json/.yaml config file the script was started from (its first argument), or None."""
+    argv = sys.argv[1:]
+    return argv[0] if argv and argv[0].endswith((".json", ".yaml", ".yml")) else None
+
+
 def parse_arguments(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
     """Flags, or a .json/.yaml config file as first argument followed by flags that override it."""
     parser = argument_parser(dataclass_types, description)
@@ -135,14 +141,15 @@ class ModelSourceArguments:
         return type(config).from_dict({**config.to_dict(), **self.config_overrides()})
 
     def tokenizer_source(self, resume: str | None, output_dir: Path) -> str | None:
-        """The tokenizer folder to load: the checkpoint's, a given one, or on resume the run's own (the resumed
-        checkpoint's, else the one saved in ``output_dir``), so that a resumed run keeps its vocabulary; None when a
-        new one is to be trained."""
-        source = self.model_name_or_path or self.tokenizer_name
-        if source is None and resume is not None:
+        """The tokenizer folder to load: on resume the run's own (the resumed checkpoint's, else the one saved in
+        ``output_dir``), whose ids are those of the checkpoint's weights, even when --tokenizer_name is given again;
+        else the saved model's or a given one; None when a new one is to be trained."""
+        if resume is not None:  # the run's own tokenizer first: its ids are the checkpoint's weights' ids
             folders = (Path(resume), output_dir)
             source = next((str(folder) for folder in folders if (folder / "tokenizer.json").is_file()), None)
-        return source
+            if source is not None:
+                return source
+        return self.model_name_or_path or self.tokenizer_name
 
     def run_config(self, config_class: type[PretrainedConfig]) -> PretrainedConfig:
         """The config this run trains, built before any work so that bad flags fail first: the saved model's with the
@@ -241,16 +248,24 @@ class DataArgumentsBase:
     dataset_name: str | None = field(
         default=None,
         metadata={
-            "help": "data set named in the model card (a Hub id); None: bentrevett/multi30k for the default files, "
-            "else the training file's name"
+            "help": "the model card's name (a Hub id) for the data set that --train_file holds: a label, the script "
+            "does not download it; None: bentrevett/multi30k for the Multi30k files, else the training file's name"
         },
     )
 
     def __post_init__(self):
+        default = self.default_data_dir is not None and Path(self.train_file).parent == self.default_data_dir
+        multi30k = default or is_multi30k(self.train_file)
         if self.dataset_name is None:
-            default = self.default_data_dir is not None and Path(self.train_file).parent == self.default_data_dir
-            multi30k = default or is_multi30k(self.train_file)
             self.dataset_name = "bentrevett/multi30k" if multi30k else Path(self.train_file).name
+        elif multi30k and "multi30k" not in self.dataset_name.lower():
+            # HF's example scripts download --dataset_name; ours only name the files in the card, so a card saying
+            # "Trained on wmt16" for a run on Multi30k would name data the run never saw.
+            raise ValueError(
+                f"--dataset_name {self.dataset_name} would name the model card's data, but the run reads the Multi30k "
+                f"files ({self.train_file}): this script does not download data sets. Pass --train_file (and "
+                "--validation_file / --test_file) with that data set's files, or drop --dataset_name"
+            )
 
 
 @dataclass
@@ -263,6 +278,14 @@ class OutputDirArguments:
         metadata={
             "help": "Delete the contents of a non-empty --output_dir (another run's outputs) and start clean; without "
             "it such a folder is refused, unless --resume_from_checkpoint continues the run it holds."
+        },
+    )
+    allow_run_change: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "flags (names without --, e.g. dropout seed) that a --resume_from_checkpoint may knowingly change "
+            "from the run's record (run_record.json); any other difference from the flags that started the run is "
+            "refused by name (docs/run_safety.md)"
         },
     )
 

@@ -13,8 +13,12 @@ mislabelled ``.gz`` file, a json/jsonl/csv row whose language field is missing, 
 Text files are read here rather than with 🤗 datasets' ``text`` loader, which splits lines with ``str.splitlines``:
 a lone ``\r`` (or another Unicode line break) inside a sentence would start a new row there, shifting every later
 pair of a parallel corpus although both files have the same ``wc -l``. Here a line ends at ``\n`` only (a ``\r``
-before it, as in CRLF files, is dropped), and two sides align when they have the same number of such lines. An
-empty file and bytes that are not UTF-8 stop with the file named (and the line and byte offset).
+before it, as in CRLF files, is dropped), and two sides align when they have the same number of such lines. A file
+with old-Mac ``\r`` line endings (no ``\n`` at all: it would read as one line) is split at ``\r`` with a warning;
+more lone ``\r`` than ``\n`` is refused as ambiguous. An empty file, a csv header without rows and bytes that are
+not UTF-8 stop with the file named (and the line and byte offset). A pair with an empty or whitespace-only side is
+dropped with a warning naming the count and the first line (``keep_empty``: kept), and a split of such pairs only
+is refused. Literal special-token strings in the text stay text (``split_special_tokens``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,16 @@ def read_lines(path: str, split: str) -> list[str]:
             f"{split} file {path} is not UTF-8: line {line}, byte offset {error.start} {where}"
             f"({data[error.start:error.start + 1]!r}: {error.reason}); convert it, e.g. with iconv -t UTF-8"
         ) from None
+    lone_cr = text.count("\r") - text.count("\r\n")
+    if lone_cr and "\n" not in text:  # old Mac line endings: every line ends at \r
+        logger.warning("%s file %s ends its lines with a lone \\r (old Mac line endings): split there into %d lines",
+                       split, path, lone_cr + (not text.endswith("\r")))
+        text = text.replace("\r", "\n")
+    elif lone_cr > text.count("\n"):
+        raise ValueError(
+            f"{split} file {path} holds {lone_cr} lone \\r line breaks but only {text.count(chr(10))} \\n: mixed "
+            "line endings, where a line ends is ambiguous; convert it to \\n line endings (e.g. with dos2unix -c mac)"
+        )
     lines = text.split("\n")
     if text.endswith("\n"):
         lines.pop()  # the final newline ends the last line rather than starting an empty one
@@ -84,10 +98,12 @@ def read_lines(path: str, split: str) -> list[str]:
 def _load_table(fmt: str, path: str, split: str) -> Dataset:
     """A json/jsonl/csv file as a Dataset; an empty, non-UTF-8 or malformed file fails naming the file."""
     # 🤗 datasets fails on an empty file without naming it and reads some non-UTF-8 bytes without complaint.
-    read_lines(path, split)
+    lines = read_lines(path, split)
+    if fmt == "csv" and sum(bool(line.strip()) for line in lines) <= 1:
+        raise ValueError(f"{split} file {path} holds a csv header only ({lines[0][:80]!r}), no rows")
     try:
         table = load_dataset(fmt, data_files={split: path}, split=split)
-    except DatasetGenerationError as error:
+    except (DatasetGenerationError, ValueError) as error:  # e.g. "Instruction train corresponds to no data"
         raise ValueError(f"{split} file {path} is not valid {fmt}: {error.__cause__ or error}") from error
     if len(table) == 0:
         raise ValueError(f"{split} file {path} holds no rows")
@@ -146,8 +162,31 @@ def _translation_columns(table: Dataset, split: str, path: str, languages: tuple
     return Dataset.from_dict(columns)
 
 
-def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: str) -> DatasetDict:
-    """A ``DatasetDict`` with one string column per language (``source_lang``, ``target_lang``) for each split."""
+def drop_empty_pairs(sides: dict[str, list[str]], split: str, where: str, keep: bool = False) -> dict[str, list]:
+    """``sides`` (language → aligned lines) without the pairs whose source or target is empty or whitespace only,
+    with a warning naming how many and the first line (``keep``: kept, still warned). ``ValueError`` when no pair
+    is left: the split holds empty lines only."""
+    (source, target) = sides.values()
+    empty = [row for row, pair in enumerate(zip(source, target)) if not (pair[0].strip() and pair[1].strip())]
+    if not empty:
+        return sides
+    if len(empty) == len(source):
+        raise ValueError(f"{split} {where}: every pair has an empty (or whitespace-only) side ({len(empty)} "
+                         f"line{'s' * (len(empty) > 1)}): the {split} split holds no text to train or score on")
+    action = "kept (--keep_empty_lines)" if keep else "dropped (--keep_empty_lines keeps them)"
+    logger.warning("%s %s: %d pairs with an empty or whitespace-only side (the first at line %d) %s",
+                   split, where, len(empty), empty[0] + 1, action)
+    if keep:
+        return sides
+    drop = set(empty)
+    return {lang: [line for row, line in enumerate(lines) if row not in drop] for lang, lines in sides.items()}
+
+
+def load_parallel(
+    split_files: dict[str, str], source_lang: str, target_lang: str, keep_empty: bool = False
+) -> DatasetDict:
+    """A ``DatasetDict`` with one string column per language (``source_lang``, ``target_lang``) for each split;
+    pairs with an empty side are dropped with a warning unless ``keep_empty`` (``drop_empty_pairs``)."""
     if source_lang == target_lang:
         raise ValueError(f"source_lang and target_lang are both {source_lang!r}; give two different languages")
     splits = {}
@@ -165,6 +204,10 @@ def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: st
             table = table.select_columns([source_lang, target_lang])
             for lang in (source_lang, target_lang):
                 _text_column(table[lang], split, pattern, lang)
+            columns = drop_empty_pairs({lang: table[lang] for lang in (source_lang, target_lang)}, split,
+                                       f"file {pattern}", keep_empty)
+            if len(columns[source_lang]) != len(table):
+                table = Dataset.from_dict(columns)
             if table[source_lang] == table[target_lang]:
                 raise ValueError(f"{split} file {pattern}: the {source_lang!r} and {target_lang!r} columns hold the "
                                  "same text: training would learn to copy")
@@ -175,12 +218,13 @@ def load_parallel(split_files: dict[str, str], source_lang: str, target_lang: st
         for path in paths.values():
             _check_exists(path, split)
         sides = {lang: read_lines(path, split) for lang, path in paths.items()}
-        _check_not_copy_task(paths, sides, split)
         counts = {paths[lang]: len(lines) for lang, lines in sides.items()}
         if len(set(counts.values())) > 1:
             raise ValueError(
                 f"{split} files are not aligned: " + ", ".join(f"{path} has {n} lines" for path, n in counts.items())
             )
+        sides = drop_empty_pairs(sides, split, f"files {' / '.join(paths.values())}", keep_empty)
+        _check_not_copy_task(paths, sides, split)
         splits[split] = Dataset.from_dict(sides)
     return DatasetDict(splits)
 
@@ -222,11 +266,15 @@ def tokenize_parallel(
     max_target_length: int = 128,
     num_proc: int | None = None,
 ) -> DatasetDict | Dataset:
-    """``input_ids``/``attention_mask`` from the source column and ``labels`` from the target column."""
+    """``input_ids``/``attention_mask`` from the source column and ``labels`` from the target column. Text is
+    text: a literal ``<pad>`` or ``</s>`` in a sentence is tokenized as characters (``split_special_tokens``), never
+    as the control token (a pad id inside labels would not even be ignored as -100)."""
 
     def encode(batch):
-        encoded = tokenizer(batch[source_lang], max_length=max_source_length, truncation=True)
-        targets = tokenizer(text_target=batch[target_lang], max_length=max_target_length, truncation=True)
+        encoded = tokenizer(batch[source_lang], max_length=max_source_length, truncation=True,
+                            split_special_tokens=True)
+        targets = tokenizer(text_target=batch[target_lang], max_length=max_target_length, truncation=True,
+                            split_special_tokens=True)
         encoded["labels"] = targets["input_ids"]
         return encoded
 
@@ -250,7 +298,7 @@ def group_texts(dataset: DatasetDict | Dataset, tokenizer, block_size: int, num_
         )
 
     def encode(batch):
-        encoded = tokenizer(batch["text"])
+        encoded = tokenizer(batch["text"], split_special_tokens=True)
         ends = [bool(ids) and ids[-1] == eos for ids in encoded["input_ids"]]
         for key, pad in (("input_ids", eos), ("attention_mask", 1), ("token_type_ids", 0)):
             if key in encoded:

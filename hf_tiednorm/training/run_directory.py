@@ -38,6 +38,9 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
+from .checkpoint_reading import archive_problems, missing_weight_names
+from .run_outputs import overwritable_entries
+
 logger = logging.getLogger(__name__)
 
 
@@ -170,8 +173,9 @@ def safetensors_problem(path: Path) -> str | None:
 
 def checkpoint_problems(folder: Path) -> list[str]:
     """What keeps ``folder`` from resuming exactly where its run stopped: each missing or broken file the resume
-    needs (weights, ``optimizer.pt``, ``scheduler.pt``, the RNG state, a ``trainer_state.json`` that parses); [] for
-    a complete checkpoint. The Trainer writes trainer_state.json last (``Trainer._save_checkpoint``), so a save killed
+    needs (weights, ``optimizer.pt``, ``scheduler.pt``, the RNG state, a ``trainer_state.json`` that parses), each
+    archive that cannot be read and each model tensor the weights lack (``checkpoint_reading``); [] for a complete
+    checkpoint. The Trainer writes trainer_state.json last (``Trainer._save_checkpoint``), so a save killed
     half-way lacks it. DeepSpeed and FSDP checkpoints keep their weights and optimizer in ``global_step*`` /
     ``pytorch_model_fsdp*`` / ``optimizer_*`` entries, which count as present."""
     problems = []
@@ -195,6 +199,12 @@ def checkpoint_problems(folder: Path) -> list[str]:
         problems.append(f"no {SCHEDULER_NAME}")
     if not any(name.startswith("rng_state") for name in names):
         problems.append("no rng_state*.pth")
+    if not problems:  # every file there: can each be read? (cheap: zip directories, the weights' names)
+        problems += archive_problems(folder)
+        missing = missing_weight_names(folder)
+        if missing:
+            problems.append(f"model.safetensors lacks the model's {', '.join(missing[:5])}"
+                            + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""))
     return problems
 
 
@@ -259,9 +269,11 @@ def prepare_output_dir(
 ) -> None:
     """One run per --output_dir, as in HF's example scripts: a folder holding another run's outputs is refused unless
     --overwrite_output_dir, which deletes them so the run starts clean (no old checkpoints, results, predictions or
-    tokenizer left beside the new ones). A run resuming a checkpoint of --output_dir continues that folder; only the
-    previous end-of-run results go. ``inputs`` maps flags to the paths they read (--model_name_or_path, data files),
-    which --overwrite_output_dir must not delete. Every rank checks before any rank writes; the main process cleans."""
+    tokenizer left beside the new ones): only the entries a run of ours writes, never while a run holds a lock
+    beneath the folder (``overwritable_entries``). A run resuming a checkpoint of --output_dir continues that
+    folder; only the previous end-of-run results go. ``inputs`` maps flags to the paths they read
+    (--model_name_or_path, data files, the config file), which --overwrite_output_dir must not delete. Every rank
+    checks before any rank writes; the main process cleans."""
     output_dir = Path(training_args.output_dir).resolve()
     previous = []
     if output_dir.is_dir():
@@ -281,11 +293,8 @@ def prepare_output_dir(
                 "--overwrite_output_dir to delete them and start clean, --resume_from_checkpoint last to continue "
                 "that run, or choose a new --output_dir"
             )
-        for flag, path in inputs.items():
-            if path is not None and _inside(path, output_dir):
-                raise ValueError(f"--overwrite_output_dir would delete {flag} {path}, which lies in --output_dir")
-        logger.warning("--overwrite_output_dir: deleting the contents of %s", output_dir)
-        stale = previous
+        stale = overwritable_entries(output_dir, previous, inputs)  # a run's outputs only; no live run beneath
+        logger.warning("--overwrite_output_dir: deleting the previous run's outputs in %s", output_dir)
     with training_args.main_process_first(local=False, desc="preparing --output_dir"):
         if training_args.process_index == 0:
             for path in stale:

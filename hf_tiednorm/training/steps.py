@@ -29,6 +29,7 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import CONFIG_NAME
 
+from ..publishing.auto_map import foreign_auto_map
 from ..publishing.model_card import write_model_card
 from ..weight_norm_init import weight_norm_init_
 from .arguments import (
@@ -37,6 +38,7 @@ from .arguments import (
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
+    config_file_argument,
     parse_arguments,
 )
 from .cpu_memory import keep_freed_memory
@@ -51,6 +53,7 @@ from .run_directory import (
     save_final_model,
     scored_run_folder,
 )
+from .run_record import check_resume_record, precision_name, run_record, write_run_record
 from .tokenization import train_joint_tokenizer
 from .vocab_order import frequency_ordered
 
@@ -74,6 +77,7 @@ def start_run(
     run_args = next(args for args in parsed if isinstance(args, RunArguments))
     training_args = next(args for args in parsed if isinstance(args, TrainingArguments))
     lock_output_dir(training_args.output_dir)  # one run at a time per folder, until this process exits
+    strip_hub_token(training_args)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
     logger.info("precision: %s", training_args.precision_note)
@@ -92,13 +96,28 @@ def prepare_run(
     run_config: PretrainedConfig,
 ) -> dict[str, str]:
     """The last checks before any work, once the script has built ``run_config``: a resumed checkpoint must hold the
-    same architecture (``check_resume_config``), --output_dir takes this run (``prepare_output_dir``), then the seed.
+    same architecture (``check_resume_config``) and continue the same run (``check_resume_record``: data, languages,
+    objective, regularizers, precision, seed), --output_dir takes this run (``prepare_output_dir``) and records what
+    defines it (``run_record.json``), then the seed.
     ``data_args`` has ``train_file``, ``validation_file`` and ``test_file``. Returns the data files by split."""
     check_resume_config(resume, run_config, model_args.architecture_fields())
+    record = run_record(model_args, data_args, training_args)
+    changes = check_resume_record(resume, training_args.output_dir, record, output_args.allow_run_change)
     files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
     prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
+    if training_args.do_train and training_args.process_index == 0:
+        write_run_record(training_args.output_dir, record, changes)
     set_seed(training_args.seed)
     return files
+
+
+def strip_hub_token(training_args: TrainingArguments) -> None:
+    """Move --hub_token out of the arguments into ``HF_TOKEN`` (where huggingface_hub finds it, as the Trainer's
+    push does when ``hub_token`` is None): the Trainer pickles its arguments into training_args.bin of every
+    checkpoint and the final folder, which kept the token in clear."""
+    if training_args.hub_token:
+        os.environ.setdefault("HF_TOKEN", training_args.hub_token)
+        training_args.hub_token = None
 
 
 def check_world_size(training_args: TrainingArguments) -> None:
@@ -205,7 +224,7 @@ def split_files(train_file: str, validation_file: str | None, test_file: str | N
 def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dict[str, str | None]:
     """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses an --output_dir holding one)."""
     return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-            **{f"--{split}_file": path for split, path in files.items()}}
+            **{f"--{split}_file": path for split, path in files.items()}, "the config file": config_file_argument()}
 
 
 def select_first(raw: dict, limits: dict[str, int | None]) -> None:
@@ -224,13 +243,22 @@ def load_or_train_tokenizer(
     count_tokens: Callable[[PreTrainedTokenizerBase], torch.Tensor],
 ) -> PreTrainedTokenizerBase:
     """The run's tokenizer: the checkpoint's, a given one, the one a previous run saved in --output_dir, or a new
-    one trained on ``texts()`` (batches of training text). With --adaptive_cutoffs it is renumbered by decreasing
-    ``count_tokens(tokenizer)`` (training-data frequencies), special tokens first. A trained or renumbered
+    one trained on ``texts()`` (batches of training text). With --adaptive_cutoffs a new model's tokenizer is renumbered
+    by decreasing ``count_tokens(tokenizer)`` (training-data frequencies), special tokens first; a resumed or saved
+    model's keeps its order (that of its weights). A trained or renumbered
     tokenizer is saved in --output_dir by the main process, which goes first so that the others load nothing
     half-written."""
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(desc="tokenizer"):
         source = model_args.tokenizer_source(resume, output_dir)
+        own = source is not None and Path(source).resolve() in (Path(resume or output_dir).resolve(),
+                                                                 output_dir.resolve())
+        if resume is not None and not own and (source is None or model_args.adaptive_cutoffs is not None):
+            # A new or unsorted tokenizer would not match the checkpoint's embedding rows.
+            raise FileNotFoundError(
+                f"--resume_from_checkpoint {resume}: neither it nor {output_dir} holds the run's tokenizer "
+                "(tokenizer.json), whose ids its weights use; copy it there from the run's output folder"
+            )
         if source is not None:
             try:
                 tokenizer = AutoTokenizer.from_pretrained(source)
@@ -241,17 +269,27 @@ def load_or_train_tokenizer(
                 texts(), vocab_size=model_args.vocab_size, model=model_args.tokenizer_model,
                 model_max_length=model_max_length,
             )
-        if model_args.adaptive_cutoffs is not None:  # a new model (fine-tuning refuses the flag)
+        # Only a new model's tokenizer is renumbered: a resumed checkpoint's (or a saved model's) ids are those of its
+        # weights, whatever the counts of this run's data, so re-sorting them would detach the tokenizer from them.
+        renumber = model_args.adaptive_cutoffs is not None and resume is None and model_args.model_name_or_path is None
+        if renumber:
             tokenizer = frequency_ordered(tokenizer, count_tokens(tokenizer), model_args.tokenizer_name, output_dir)
-        if (source is None or model_args.adaptive_cutoffs is not None) and training_args.process_index == 0:
+        if (source is None or renumber) and training_args.process_index == 0:
             tokenizer.save_pretrained(output_dir)
     logger.info("tokenizer from %s: %d tokens", source or "training data", len(tokenizer))
     return tokenizer
 
 
 def check_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, training_args: TrainingArguments) -> None:
-    """Choose the model's attention for the run's precision (logged), and fail when the tokenizer has more tokens
-    than the model has embedding rows."""
+    """Choose the model's attention for the run's precision (logged), fail when the tokenizer has more tokens
+    than the model has embedding rows, and drop a loaded config's ``auto_map``: save_pretrained writes our own
+    entries afresh, while a base model's foreign ones (``foreign_auto_map``, named in a warning) would survive into
+    every checkpoint and the published model."""
+    foreign = foreign_auto_map(getattr(model.config, "auto_map", None))
+    if foreign:
+        logger.warning("dropping the base model's foreign auto_map entries (remote code that is not ours): %s", foreign)
+    # Deleted, not set to None (a null auto_map in config.json breaks AutoConfig); ours, if any, is written anew.
+    vars(model.config).pop("auto_map", None)
     logger.info(choose_attention(model, training_args))
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
@@ -282,13 +320,13 @@ def train_and_save(trainer: Trainer, resume: str | None, num_examples: dict[str,
     """Train (continuing ``resume``), save the final model and tokenizer (``save_final_model``), and log and save the
     training metrics with ``num_examples`` (e.g. ``{"train_samples": n}``), the minutes spent and the steps that
     ``train_loss`` averages (``train_loss_first_step``/``train_loss_last_step``; after a resume also
-    ``train_resumed_from_step``); returns them."""
+    ``train_resumed_from_step``) and the ``precision`` trained in; returns them."""
     start = time.monotonic()
     first_step = 1 + (json.loads(Path(resume, TRAINER_STATE_NAME).read_text())["global_step"] if resume else 0)
     train_result = trainer.train(resume_from_checkpoint=resume)
     save_final_model(trainer)  # model + tokenizer
     minutes = (time.monotonic() - start) / 60
-    metrics = dict(train_result.metrics, **num_examples, train_minutes=minutes)
+    metrics = dict(train_result.metrics, **num_examples, train_minutes=minutes, precision=precision_name(trainer.args))
     # The Trainer's train_loss (and train_runtime, ...) average this process's steps only: after a resume, not the
     # whole run. Say which steps, so that a resumed and an uninterrupted run compare.
     metrics.update(train_loss_first_step=first_step, train_loss_last_step=trainer.state.global_step)
@@ -324,7 +362,25 @@ def card_training(
         "learning_rate": training_args.learning_rate,
         **extra,
         "seed": training_args.seed,
+        "precision": precision_name(training_args),
     }
+
+
+def load_token_counts(path: Path) -> torch.Tensor | None:
+    """The run's token counts for the plots (``weights_only``: a planted pickle runs no code), or None with a
+    warning naming the file when it is missing or unreadable: the plots then go without frequencies, and the
+    trained model, card and results are kept."""
+    if not path.is_file():
+        return None
+    try:
+        counts = torch.load(path, weights_only=True)
+        if not (isinstance(counts, torch.Tensor) and counts.dim() == 1):
+            raise TypeError(f"it holds {type(counts).__name__}, not a 1-d tensor of counts")
+    except Exception as error:  # noqa: BLE001  (any unreadable file: the plots lose frequencies, nothing else)
+        logger.warning("cannot read %s (%s: %s): the plots are drawn without token frequencies", path,
+                       type(error).__name__, str(error)[:200])
+        return None
+    return counts
 
 
 def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[str, Any] | None) -> None:
@@ -338,9 +394,8 @@ def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[st
         logger.info("scored without training: metrics (no card or plots) are in %s", output_dir.resolve())
         return
     if not trainer.is_fsdp_enabled:
-        counts_file = output_dir / "token_counts.pt"
-        counts = torch.load(counts_file) if counts_file.is_file() else None
-        plot_embedding_norms(model, output_dir, counts, title=output_dir.name)
+        plot_embedding_norms(model, output_dir, load_token_counts(output_dir / "token_counts.pt"),
+                             title=output_dir.name)
     if card is not None and not (output_dir / CONFIG_NAME).is_file():
         # An evaluation-only run (--do_eval without --do_train) saves no model in output_dir: a card would describe
         # nothing there.

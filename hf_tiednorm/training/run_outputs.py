@@ -1,0 +1,88 @@
+"""What --overwrite_output_dir may delete: the files a run of ours wrote, and nothing another run still uses.
+
+A folder handed to --output_dir can hold more than a previous run's outputs: the YAML/JSON config the run was started
+from, notes, data, or another run training in a sub-folder. Deleting the folder's whole contents destroyed those
+(a live run lost its checkpoints and lock; ``run_translation.py run.yaml --output_dir .`` deleted run.yaml). So the
+deletion is by name: only the entries a run of ours writes (``RUN_OUTPUT_PATTERNS``: its model, tokenizer, copied
+model-wing code, checkpoints, results, card, plots, token counts, run record), and never while a live run holds a
+lock anywhere beneath the folder (``live_locks_beneath``). Every other entry is kept and named in the log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# The model wing's modules: save_pretrained copies them beside a registered model (remote code).
+MODEL_WING_FILES = tuple(sorted(path.name for path in Path(__file__).resolve().parents[1].glob("*.py")))
+
+# The names a run of the training scripts writes into --output_dir (transformers' Trainer and save_pretrained
+# included): its outputs, and the only entries --overwrite_output_dir deletes.
+RUN_OUTPUT_PATTERNS = (
+    "checkpoint-*", "scored-*", "runs",  # checkpoints, scoring sub-folders, TensorBoard logs
+    "config.json", "generation_config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
+    "pytorch_model*.bin", "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_config.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "added_tokens.json", "chat_template.jinja",
+    "training_args.bin", "trainer_state.json", "*_results.json", "test_predictions.txt", "token_counts.pt",
+    "README.md", "*.png", "run_record.json", *MODEL_WING_FILES,
+)
+
+
+def is_run_output(path: Path) -> bool:
+    """Whether ``path`` (an entry of --output_dir) has a name that a run of ours writes."""
+    return any(fnmatch.fnmatchcase(path.name, pattern) for pattern in RUN_OUTPUT_PATTERNS)
+
+
+def live_locks_beneath(folder: Path) -> list[Path]:
+    """The run lock files (``.<name>.lock``) beneath ``folder`` that a live process holds: each is tried with a
+    non-blocking shared ``flock``, which fails exactly while a run holds its exclusive lock."""
+    live = []
+    for path in folder.rglob(".*.lock"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            live.append(path)
+        finally:
+            os.close(fd)
+    return live
+
+
+def overwritable_entries(output_dir: Path, entries: list[Path], protected: dict[str, str | None]) -> list[Path]:
+    """The entries of ``output_dir`` that --overwrite_output_dir deletes: those a run of ours wrote. Refuses
+    (``RuntimeError``) when a live run holds a lock beneath ``output_dir``, and (``ValueError``) when an entry to
+    delete holds one of the ``protected`` paths (flag → path: the run's inputs, its config file). Logs the entries it
+    keeps."""
+    live = live_locks_beneath(output_dir)
+    if live:
+        holders = ", ".join(str(path) for path in live)
+        raise RuntimeError(
+            f"--overwrite_output_dir {output_dir}: another run is training beneath it (live lock {holders}); "
+            "wait for it to finish or choose another --output_dir"
+        )
+    ours = [path for path in entries if is_run_output(path)]
+    for flag, value in protected.items():
+        if value is None:
+            continue
+        resolved = Path(value).resolve()
+        for path in ours:
+            if resolved == path.resolve() or path.resolve() in resolved.parents:
+                raise ValueError(f"--overwrite_output_dir would delete {flag} {value}, which lies in --output_dir")
+    kept = [path.name for path in entries if not is_run_output(path)]
+    if kept:
+        logger.warning("--overwrite_output_dir: keeping %d entries of %s that no run of ours wrote: %s",
+                       len(kept), output_dir, ", ".join(kept[:10]) + (", ..." if len(kept) > 10 else ""))
+    return ours
+
+
+__all__ = ["RUN_OUTPUT_PATTERNS", "is_run_output", "live_locks_beneath", "overwritable_entries"]

@@ -1,0 +1,87 @@
+"""Data read as written (issue 34 §4): old-Mac line endings, empty pairs, literal special-token strings, a card
+label that names other data, a header-only csv and a split of empty lines, each named."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from script_helpers import load_script
+from testing_utils import tiny_tokenizer
+
+from hf_tiednorm.training.data import group_texts, load_parallel, tokenize_parallel
+from hf_tiednorm.training.data import read_lines as read_text_lines
+
+
+def write_pair(folder, source: str, target: str, name="train"):
+    for lang, text in (("de", source), ("en", target)):
+        (folder / f"{name}.{lang}").write_bytes(text.encode("utf-8"))
+    return str(folder / f"{name}.{{lang}}")
+
+
+def test_old_mac_line_endings_are_split_with_a_warning(tmp_path, caplog):
+    """CR-only files read as one line each (counts equal, so "aligned"): one 20 kB pair trained silently."""
+    pattern = write_pair(tmp_path, "eins\rzwei\rdrei\r", "one\rtwo\rthree\r")
+    with caplog.at_level(logging.WARNING):
+        pairs = load_parallel({"train": pattern}, "de", "en")["train"]
+    assert pairs["de"] == ["eins", "zwei", "drei"] and pairs["en"] == ["one", "two", "three"]
+    assert "train.de" in caplog.text and "old Mac line endings" in caplog.text
+
+
+def test_mostly_lone_cr_with_some_newlines_is_refused_by_name(tmp_path):
+    path = tmp_path / "mixed.txt"
+    path.write_text("a\rb\rc\rd\n")
+    with pytest.raises(ValueError, match=r"mixed\.txt holds 3 lone \\r line breaks but only 1 \\n"):
+        read_text_lines(str(path), "train")
+    path.write_text("a\rb\nc\n")  # a stray \r inside a sentence stays (tests/test_data_loading.py)
+    assert read_text_lines(str(path), "train") == ["a\rb", "c"]
+
+
+def test_empty_pairs_are_dropped_with_a_warning(tmp_path, caplog):
+    source = ["eins", "", "drei", "vier"]
+    target = ["one", "two", "   ", "four"]
+    pattern = write_pair(tmp_path, "\n".join(source) + "\n", "\n".join(target) + "\n")
+    with caplog.at_level(logging.WARNING):
+        pairs = load_parallel({"train": pattern}, "de", "en")["train"]
+    assert pairs["de"] == ["eins", "vier"] and pairs["en"] == ["one", "four"]
+    assert "2 pairs with an empty or whitespace-only side (the first at line 2)" in caplog.text
+    kept = load_parallel({"train": pattern}, "de", "en", keep_empty=True)["train"]
+    assert kept["de"] == source
+
+
+def test_a_split_of_empty_lines_says_so(tmp_path):
+    """A validation file of one empty line per side was refused as "training would learn to copy"."""
+    pattern = write_pair(tmp_path, "\n", "\n", name="val")
+    with pytest.raises(ValueError, match=r"validation files .*val\.de.*every pair has an empty .*1 line\)"):
+        load_parallel({"validation": pattern}, "de", "en")
+
+
+def test_a_header_only_csv_is_named(tmp_path):
+    path = tmp_path / "pairs.csv"
+    path.write_text("de,en\n")
+    with pytest.raises(ValueError, match=r"train file .*pairs\.csv holds a csv header only"):
+        load_parallel({"train": str(path)}, "de", "en")
+
+
+def test_literal_special_token_strings_stay_text(tmp_path):
+    """"<pad>" / "</s>" in a sentence became pad / eos ids in sources and labels (a pad id in labels is not -100)."""
+    tokenizer = tiny_tokenizer()
+    pattern = write_pair(tmp_path, "ein <pad> hund </s> läuft\n", "a <pad> dog </s> runs\n")
+    pairs = load_parallel({"train": pattern}, "de", "en")
+    encoded = tokenize_parallel(pairs, tokenizer, "de", "en")["train"][0]
+    special = {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id}
+    for column in ("input_ids", "labels"):
+        ids = encoded[column]
+        assert ids[-1] == tokenizer.eos_token_id and not special & set(ids[:-1]), (column, ids)
+    blocks = group_texts(pairs.rename_column("en", "text").remove_columns("de"), tokenizer, block_size=4)["train"]
+    flat = [i for block in blocks["input_ids"] for i in block]
+    assert tokenizer.pad_token_id not in flat and flat.count(tokenizer.eos_token_id) <= 1
+
+
+@pytest.mark.parametrize("script", ["run_translation", "run_clm"])
+def test_dataset_name_that_is_not_the_files_is_refused(script):
+    """`--dataset_name wmt16` trained on the default Multi30k files while the card said "Trained on wmt16"."""
+    data_arguments = load_script(script).DataArguments
+    with pytest.raises(ValueError, match=r"--dataset_name wmt16 .*reads the Multi30k files.*does not download"):
+        data_arguments(dataset_name="wmt16")
+    assert data_arguments(dataset_name="bentrevett/multi30k").dataset_name == "bentrevett/multi30k"
