@@ -23,6 +23,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
 
 from .accumulated_loss import share_of_accumulated_batch
+from .causal_lm_names import recognise_as_causal_lm
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
 from .normalized_head import TiedNormEmbedding, TiedNormHead
@@ -201,6 +202,10 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
         # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
         # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
         return self.model.prepare_decoder_input_ids_from_labels
+
+
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).
+recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)
 
 
 __all__ = [
