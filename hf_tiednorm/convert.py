@@ -57,6 +57,7 @@ from .modeling_tiednorm_wrapped import (
     TiedNormWrappedPreTrainedModel,
 )
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, check_head_mode
+from .peft_guard import refuse_peft_before_normalizing
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -115,6 +116,7 @@ def normalize_tied_head(
     Returns:
         ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
     """
+    refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     check_head_mode(head_mode, logit_scale)
     if lossless_start:
         logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
