@@ -17,6 +17,7 @@ from huggingface_hub.dataclasses import as_validated_field, strict
 from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
+from .lossless_start import lossless_head_options
 from .normalized_head import HeadMode, LogitScale
 from .regularizers import LOSS_TERMS
 
@@ -84,6 +85,19 @@ class TiedNormHeadConfigMixin:
     )
     # Floor on the row norms, so zero rows never divide by zero.
     norm_eps: float = positive_finite_field(default=1e-6)
+    # Set by a conversion's lossless start (lossless_start.py): the per-token g_i / b_i started from the rows' norms
+    # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
+    lossless_start: bool = False
+
+    def validate_lossless_start(self) -> None:
+        if not self.lossless_start:
+            return
+        needed = lossless_head_options(self.head_mode, self.logit_scale, self.logit_bias)  # raises for l2
+        if needed != (self.logit_scale, self.logit_bias):
+            raise ValueError(
+                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale, logit_bias) = {needed}, "
+                f"got ({self.logit_scale!r}, {self.logit_bias}); set them so, or lossless_start=False"
+            )
 
     def validate_logit_scale_init(self) -> None:
         if self.logit_scale == "none" and self.logit_scale_init is not None:

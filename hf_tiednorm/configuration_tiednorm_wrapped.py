@@ -14,6 +14,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
 
 from .configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .remote_code_map import drop_source_auto_map
 
 # Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
 # loss and head, so accepting them would silently ignore them.
@@ -73,6 +74,8 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         return {k: v for k, v in super()._get_generation_parameters().items() if k in self.__dict__}
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "text_config":
+            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (remote_code_map.py)
         # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it.
         text_config = self.__dict__.get("text_config")
         if (

@@ -46,6 +46,7 @@ from transformers import (
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .convert_checks import SUPPORTED_TEXT, check_convertible, check_tied, check_unit_lookups
+from .gguf_checks import check_gguf_file
 from .lossless_start import drop_quantization_state, lossless_head_options, start_lossless
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
 from .modeling_tiednorm_causal import TiedNormForCausalLM
@@ -56,6 +57,7 @@ from .modeling_tiednorm_wrapped import (
     TiedNormWrappedPreTrainedModel,
 )
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, check_head_mode
+from .peft_guard import refuse_peft_before_normalizing
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -114,6 +116,7 @@ def normalize_tied_head(
     Returns:
         ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
     """
+    refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     check_head_mode(head_mode, logit_scale)
     if lossless_start:
         logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
@@ -210,6 +213,7 @@ def convert_checkpoint(
     if gguf_file is not None:
         if not (source / gguf_file).is_file():
             raise FileNotFoundError(f"GGUF file {source / gguf_file} does not exist")
+        check_gguf_file(source / gguf_file)  # a truncated file is named as such (gguf_checks.py)
     elif not (source / "config.json").is_file():
         raise FileNotFoundError(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"

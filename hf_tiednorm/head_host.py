@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .adaptive import AdaptiveSoftmaxHead, embedding_matrices
+from .lossless_start import start_resized_tokens
 from .normalized_head import TiedNormHead
 from .peft_guard import check_head_not_bypassed
 from .pipeline_translation import add_translation_pipeline
@@ -62,8 +63,10 @@ class TiedNormHeadHostMixin:
                 "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
                 "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
             )
+        first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(*args, **kwargs)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
+        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (lossless_start.py)
         return embeddings
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:

@@ -19,8 +19,11 @@ l2          refused                                                  the input l
 
 Dead rows (‖w_i‖ ≤ ``norm_eps``, normalized_head.py) score 0 in cosine/square: exact for an all-zero row (the
 source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
-a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. Resized-in tokens get g = the
-config's ``logit_scale_init`` (1 by default) and b = 0.
+a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. The start is recorded in the config
+(``lossless_start=True``), and tokens that ``resize_token_embeddings`` adds later start by the same map from their
+initial rows (``start_resized_tokens``), so they take the probability mass they take in the source's same resize
+(at g = 1, ten new tokens of a tiny Llama would take 33 % (cosine) or 72 % (square) of the probability mass
+where the source's same resize gives them 14 %).
 
 GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``pip install
 hf_tiednorm[gguf]``); the converted model must carry no quantization state (the dequantized weights are plain
@@ -103,6 +106,28 @@ def start_lossless(model: PreTrainedModel) -> None:
         head.logit_scale.copy_(norms if head.head_mode == "cosine" else norms.square())
     elif head.head_mode == "distance":
         head.logit_bias.copy_(0.5 * head.weight.float().square().sum(dim=-1))  # as mode_column_terms computes it
+    model.config.lossless_start = True
 
 
-__all__ = ["LOSSLESS_TERMS", "drop_quantization_state", "lossless_head_options", "start_lossless"]
+@torch.no_grad()
+def start_resized_tokens(model: PreTrainedModel, first_new: int) -> None:
+    """After ``resize_token_embeddings`` of a lossless-started ``model`` (``config.lossless_start``), start the new
+    tokens' g_i / b_i (ids ``first_new`` and up) by the lossless map from their initial rows, in place; a model
+    without a lossless start keeps the head's own rule (g = ``logit_scale_init``, b = 0)."""
+    head = model.get_output_embeddings()
+    if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
+        return
+    norms = torch.linalg.vector_norm(head.weight[first_new:].float(), dim=-1)  # (new,)
+    if head.head_mode in ("cosine", "square"):
+        head.logit_scale[first_new:] = norms if head.head_mode == "cosine" else norms.square()
+    elif head.head_mode == "distance":
+        head.logit_bias[first_new:] = 0.5 * head.weight[first_new:].float().square().sum(dim=-1)
+
+
+__all__ = [
+    "LOSSLESS_TERMS",
+    "drop_quantization_state",
+    "lossless_head_options",
+    "start_lossless",
+    "start_resized_tokens",
+]

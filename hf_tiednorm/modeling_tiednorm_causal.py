@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
+from .causal_lm_names import recognise_as_causal_lm
 from .configuration_tiednorm import TiedNormCausalConfig
 from .embeddings import build_embedding
 from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
@@ -79,6 +80,10 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
             attentions=outputs.attentions,
             **loss_terms,
         )
+
+
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).
+recognise_as_causal_lm(TiedNormCausalConfig.model_type, TiedNormForCausalLM.__name__)
 
 
 __all__ = ["TiedNormCausalModel", "TiedNormCausalPreTrainedModel", "TiedNormForCausalLM"]

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
 
+from .accumulated_loss import share_of_accumulated_batch
+from .causal_lm_names import recognise_as_causal_lm
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
 from .normalized_head import TiedNormEmbedding, TiedNormHead
@@ -171,7 +173,11 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head."""
         check_head_not_bypassed(self)
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        # The Trainer's num_items_in_batch is applied here, for every architecture (accumulated_loss.py).
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        shifted = not self.config.is_encoder_decoder
+        return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
 
     def _generate_with_frozen_head(self, *args, **kwargs):
         """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
@@ -196,6 +202,10 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
         # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
         # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
         return self.model.prepare_decoder_input_ids_from_labels
+
+
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).
+recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)
 
 
 __all__ = [

@@ -90,9 +90,35 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         )
 
 
+def refuse_peft_before_normalizing(model: nn.Module) -> None:
+    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
+    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
+
+    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
+    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
+    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
+    """
+    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
+    found = next(
+        (
+            (name or "the model itself", type(module).__name__)
+            for name, module in model.named_modules()
+            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
+        ),
+        None,
+    )
+    if found is not None:
+        raise ValueError(
+            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
+            f"{found[1]}): normalize first, then add adapters, i.e. "
+            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
+            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
+        )
+
+
 def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
     """Forward pre-hook running ``check_head_not_bypassed`` at every call of ``model`` (our own families)."""
     check_head_not_bypassed(model)
 
 
-__all__ = ["PEFT_EMBEDDING_ADVICE", "check_head_not_bypassed", "refuse_bypassed_head"]
+__all__ = ["PEFT_EMBEDDING_ADVICE", "check_head_not_bypassed", "refuse_bypassed_head", "refuse_peft_before_normalizing"]

@@ -14,6 +14,7 @@ longer than the model's positions (with a warning) instead of failing inside the
 from __future__ import annotations
 
 import os
+import sys
 
 from transformers import Pipeline, PretrainedConfig
 from transformers.utils import logging
@@ -66,6 +67,38 @@ def missing_tokenizer_message(model) -> str:
     return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
 
 
+class TokenizerLoadFailure:
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
+    error of a failed load so that the pipeline can say why it has no tokenizer.
+
+    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
+    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
+    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
+    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
+    """
+
+    failure: BaseException | None = None
+    source: object = None
+
+    def __bool__(self) -> bool:
+        error = sys.exc_info()[1]
+        if error is None:  # the test before loading: load, and forget an earlier call's failure
+            self.failure = None
+            return True
+        self.failure = error
+        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
+        self.source = sys._getframe(1).f_locals.get("component")
+        return False
+
+    def take(self) -> tuple[BaseException | None, object]:
+        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
+        (the ``tokenizer=`` argument, or None); cleared."""
+        failure, source, self.failure, self.source = self.failure, self.source, None, None
+        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
+            return None, None  # nothing was given to load (a model object without tokenizer=)
+        return failure, source
+
+
 # Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
 POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
 
@@ -84,9 +117,22 @@ class TiedNormTranslationPipeline(Pipeline):
     # Keyword arguments that go to model.generate rather than to the tokenizer.
     _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
 
+    _load_tokenizer = TokenizerLoadFailure()
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.tokenizer is None:
+            failure, source = type(self)._load_tokenizer.take()
+            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
+                folder = getattr(self.model, "name_or_path", None) or ""
+                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+                source = folder if has_files else None
+            if failure is not None and source is not None:
+                raise ValueError(
+                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
+                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
+                    "loaded tokenizer"
+                ) from failure
             raise ValueError(missing_tokenizer_message(self.model))
 
     def _sanitize_parameters(self, **kwargs):

@@ -17,6 +17,8 @@ import os
 import torch
 from torch import nn
 
+from .load_checks import check_loaded_head
+
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
 
@@ -84,6 +86,12 @@ class WeightChecksMixin:
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True returns a tuple
         check_finite_weights(model, pretrained_model_name_or_path)
         return loaded
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        # transformers' hook on the loading report (from_pretrained): a missing or unexpected head term, or a missing
+        # shared embedding, is an error naming the tensor and the config field (load_checks.py).
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        check_loaded_head(self, loading_info)
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)

@@ -1,0 +1,103 @@
+"""A model folder loads as trained or not at all: the head's learned terms and the shared embedding are checked
+against the config when ``from_pretrained`` finishes.
+
+transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for
+as "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained
+``logit_scale`` g (scalar or per token) or ``logit_bias`` b missing from ``model.safetensors`` loads as g = 1 /
+b = 0, a ``config.json`` edited to ``logit_scale="none"`` or ``logit_bias=false`` drops the trained terms, and one
+edited to add them starts them fresh; and a file without the shared embedding loads with the embedding left on the
+meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which
+``generate`` fails far from the cause. ``check_loaded_head`` turns each of these into an error naming the tensor,
+the config field and the folder. It runs from transformers' own hook on the loading report
+(``_adjust_missing_and_unexpected_keys``, see ``weight_checks.WeightChecksMixin``), so transformers' report table
+is still printed first.
+
+This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .adaptive import embedding_matrices
+from .normalized_head import NormalizedScoresMixin
+
+HEAD_TERMS = ("logit_scale", "logit_bias")  # the head's learned per-token terms, named as its config fields
+
+
+def _term_field(model: nn.Module, term: str) -> str:
+    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale='vector'"."""
+    return f"{term}={getattr(model.config, term, None)!r}"
+
+
+def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
+    """What is wrong with the head's learned terms: a term the config declares but the weights lack, or a term the
+    weights hold but the config does not declare (state-dict keys such as 'lm_head.logit_scale')."""
+    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    errors = []
+    for key in sorted(missing | unexpected):
+        module, _, leaf = key.rpartition(".")
+        if module not in heads or leaf not in HEAD_TERMS:
+            continue
+        if key in missing:
+            errors.append(
+                f"tensor {key!r} is missing from the weights, but config.json declares {_term_field(model, leaf)}: "
+                "a learned term of the head is part of the trained function, and it would start afresh (g = 1, "
+                f"b = 0). Restore the weights file, or set {leaf} in config.json to what the model was trained with"
+            )
+        else:
+            errors.append(
+                f"the weights hold a trained {key!r}, but config.json declares {_term_field(model, leaf)}, which has "
+                f"no such tensor: loading would drop it and change the logits. Set {leaf} in config.json to what the "
+                "model was trained with (logit_scale 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; "
+                "logit_bias true)"
+            )
+    return errors
+
+
+def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
+    """The output embedding (the shared matrix, or the adaptive bands) missing from the weights, and any parameter
+    left on the meta device (never loaded, never initialized)."""
+    heads = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
+    shared = {id(matrix) for head in heads[:1] for matrix in embedding_matrices(head)}
+    # One report per matrix, under the name it is saved as (not a tied copy's name, which is never in the file).
+    tied_copies = set(getattr(model, "all_tied_weights_keys", None) or {})
+    names = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in missing and id(parameter) in shared:
+            names.setdefault(id(parameter), []).append(name)
+    errors = [
+        f"tensor {next((n for n in found if n not in tied_copies), found[0])!r} (the embedding matrix the tied head "
+        "scores with) is missing from the weights: it would be initialized at random. The weights file is "
+        "incomplete; restore it"
+        for found in names.values()
+    ]
+    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
+    if not offloaded:
+        for name, parameter in model.named_parameters():
+            if parameter.is_meta:
+                errors.append(
+                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
+                    "weights file is incomplete; restore it"
+                )
+    return errors
+
+
+def check_loaded_head(model: nn.Module, loading_info) -> None:
+    """Raise ``ValueError`` naming every head term, shared-embedding tensor or meta-device parameter that makes the
+    loaded ``model`` differ from the model that was saved; do nothing for a complete, consistent folder.
+
+    Args:
+        model: the model ``from_pretrained`` built, weights loaded and tied.
+        loading_info: transformers' ``LoadStateDictInfo`` (``missing_keys``, ``unexpected_keys``: sets of
+            state-dict keys), after transformers' own ignore rules.
+    """
+    missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
+    errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
+    if errors:
+        folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
+        listed = "\n".join(f"  - {error}" for error in errors)
+        raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
+
+
+__all__ = ["HEAD_TERMS", "check_loaded_head", "embedding_errors", "head_term_errors"]

@@ -1,0 +1,72 @@
+"""Tokens added by ``resize_token_embeddings`` to a lossless-started conversion start by the lossless map from their
+initial rows (cosine g = ‖w‖, square g = ‖w‖², distance b = ½‖w‖²), so the resized model still computes what the
+source computes after the same resize: the new tokens take the probability mass they take there, not several
+times more (g = 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from testing_utils import TINY_VOCAB
+from tiny_architectures import auto_class, inputs_for, source_model
+
+import hf_tiednorm
+from hf_tiednorm.convert import main, normalize_tied_head
+
+MODES = ("cosine", "square", "distance")
+NEW = 10
+
+
+def resized_logits(model, inputs) -> torch.Tensor:
+    """``model``'s logits after resizing it by NEW tokens (mean resizing, drawn from seed 1)."""
+    torch.manual_seed(1)
+    model.resize_token_embeddings(TINY_VOCAB + NEW)
+    with torch.no_grad():
+        return model(**inputs).logits.float()
+
+
+def check_like_the_source(model, name: str) -> None:
+    source = source_model(name)
+    inputs = inputs_for(source)
+    expected = resized_logits(source, inputs)
+    logits = resized_logits(model, inputs)
+    new_mass = logits.softmax(-1)[..., TINY_VOCAB:].sum(-1)
+    torch.testing.assert_close(new_mass, expected.softmax(-1)[..., TINY_VOCAB:].sum(-1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("head_mode", MODES)
+@pytest.mark.parametrize("name", ["llama", "gpt2", "t5", "marian"])
+def test_resize_after_a_lossless_start_adds_tokens_as_the_source_does(name, head_mode, tmp_path):
+    model = normalize_tied_head(source_model(name), head_mode, lossless_start=True).eval()
+    assert model.config.lossless_start
+    model.save_pretrained(tmp_path)  # the start is recorded: a reloaded model resizes the same way
+    check_like_the_source(auto_class(model.config).from_pretrained(tmp_path).eval(), name)
+
+
+@pytest.mark.parametrize("head_mode", MODES)
+def test_own_family_resize_after_a_lossless_start_from_the_cli(head_mode, tmp_path):
+    source_model("llama").save_pretrained(tmp_path / "source")
+    main([str(tmp_path / "source"), str(tmp_path / "converted"), "--head-mode", head_mode, "--lossless-start"])
+    model = hf_tiednorm.TiedNormForCausalLM.from_pretrained(tmp_path / "converted").eval()
+    assert model.config.lossless_start
+    check_like_the_source(model, "llama")
+
+
+def test_a_plain_conversion_keeps_the_head_rule_for_new_tokens():
+    model = normalize_tied_head(source_model("llama"), "cosine", logit_scale="vector").eval()
+    model.resize_token_embeddings(TINY_VOCAB + NEW)
+    assert torch.equal(model.get_output_embeddings().logit_scale[TINY_VOCAB:], torch.ones(NEW))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"head_mode": "cosine"}, r"needs \(logit_scale, logit_bias\) = \('vector', False\)"),
+        ({"head_mode": "distance", "logit_bias": False}, r"needs \(logit_scale, logit_bias\) = \('none', True\)"),
+        ({"head_mode": "l2"}, "lossless_start is impossible for head_mode 'l2'"),
+    ],
+)
+def test_a_config_claiming_a_lossless_start_its_head_cannot_have_is_refused(fields, message):
+    with pytest.raises(Exception, match=message):
+        hf_tiednorm.TiedNormCausalConfig(lossless_start=True, **fields)
