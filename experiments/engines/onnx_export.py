@@ -317,8 +317,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8, help="fine-tuning steps of SmolLM2 (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=16, help="greedy tokens (default: %(default)s)")
     parser.add_argument("--output", default="results/onnx_runtime.json", help="JSON result (default: %(default)s)")
+    parser.add_argument("--work", help="folder for the models and graphs, kept (default: a new temporary folder); "
+                        "llama_cpp_check.py --plain WORK/plain reuses the SmolLM2 export")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="tiednorm_onnx_"))
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tiednorm_onnx_"))
+    work.mkdir(parents=True, exist_ok=True)
     record = {
         "cpu": _cpu(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__, "dtype": "float32",
