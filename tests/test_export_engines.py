@@ -45,6 +45,7 @@ def test_causal_export_runs_in_onnx_runtime_with_the_normalized_logits(tmp_path)
     np.testing.assert_array_equal(greedy_causal_onnx(sess, ids.numpy(), 5), greedy_causal_eager(model, ids, 5))
 
 
+@pytest.mark.slow  # two dynamo exports: ~20 s of CPU on its own, a minute on a shared 2-core machine
 def test_seq2seq_export_runs_in_onnx_runtime_as_encoder_and_decoder_step(tmp_path):
     model = normalized("seq2seq")
     encoder_path, decoder_path = export_seq2seq(export_plain(model).model, tmp_path)
