@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from ..convert import copy_tokenizer
 from .auto_map import foreign_auto_map
+from .export import prepare_plain_upload_folder
 from .model_card import (
     add_card_arguments,
     card_inputs_from_args,
@@ -142,20 +143,23 @@ def push_to_hub(
     dataset: str | None = None,
     languages: list[str] | None = None,
     training: dict[str, Any] | None = None,
+    plain: bool = False,
 ) -> CommitInfo | Path:
     """Upload model + tokenizer + remote code + model card + plots of ``checkpoint`` to the Hub repo ``repo_id``.
 
     Returns the ``CommitInfo`` of the upload, or, with ``dry_run_dir``, the folder that would have been uploaded.
     The endpoint is huggingface_hub's (``HF_ENDPOINT``); the token is ``token``, else ``HF_TOKEN`` or the one saved
-    by ``hf auth login``.
+    by ``hf auth login``. With ``plain``, the upload is the plain export of ``checkpoint`` (``export.py``: the
+    parent architecture, no remote code) with its own card.
     """
     # The path first: a typo in it is the likelier mistake, and the token error would hide it.
     if not Path(checkpoint).is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {checkpoint}")
     check_repo_id(repo_id)
     card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
+    prepare = prepare_plain_upload_folder if plain else prepare_upload_folder
     if dry_run_dir is not None:
-        return prepare_upload_folder(checkpoint, dry_run_dir, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
+        return prepare(checkpoint, dry_run_dir, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
 
     # Fail before any work when there is no way to authenticate.
     token = token or get_token()
@@ -166,7 +170,7 @@ def push_to_hub(
         )
     api = HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="tiednorm_upload_") as staging:
-        folder = prepare_upload_folder(checkpoint, staging, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
+        folder = prepare(checkpoint, staging, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
         except (httpx2.TransportError, OfflineModeIsEnabled) as err:
@@ -194,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--token", help="Hub token (default: HF_TOKEN or the token saved by `hf auth login`)")
     parser.add_argument("--dry-run", metavar="DIR", help="only write the folder that would be uploaded into DIR")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="upload the plain export instead (tiednorm-export: the parent architecture with the head baked in, "
+        "loadable without trust_remote_code; default: the hf_tiednorm model with its code)",
+    )
     add_card_arguments(parser)
     return parser
 
@@ -208,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         commit_message=args.commit_message,
         token=args.token,
         dry_run_dir=args.dry_run,
+        plain=args.plain,
         **card_inputs_from_args(args),
     )
     print(f"wrote the upload folder {result}" if args.dry_run else f"uploaded: {result.commit_url}")

@@ -1,0 +1,421 @@
+"""Train normalized, ship plain: bake an hf_tiednorm model into a checkpoint of its parent architecture.
+
+After training, every head mode is an affine map of the plain scores along the vocabulary axis,
+``s = (W·h) * scale + bias`` (normalized_head.py; the logit scale g and the logit bias b included), so a plain
+``nn.Linear`` with rows ``W * scale[:, None]`` plus the parent's own per-token bias slot computes the same logits.
+Nothing of the normalized head is needed at inference: the export loads with stock ``AutoModel*.from_pretrained``
+(no remote code, no ``auto_map``, no ``*.py``) and any engine that serves the parent architecture serves it.
+
+================================= ======================================================================
+source                            parent architecture (the checkpoint written)
+================================= ======================================================================
+``tiednorm_seq2seq``              ``MarianMTModel`` (all three tie topologies)
+``tiednorm_bart``                 ``BartForConditionalGeneration`` (one vocabulary for encoder and decoder)
+``tiednorm_causal``               ``LlamaForCausalLM``
+``tiednorm_wrapped``              the wrapped architecture itself (GPT-2, Qwen, Gemma, T5, Marian, ...)
+================================= ======================================================================
+
+What changes: the output layer is untied (its rows are the effective rows, and Press & Wolf's projection P is
+folded into them: (W'P)·h = W'·(P·h)) unless the effective rows equal the input lookups up to rounding
+(``baseline``, plain ``l2``, an untrained lossless start), in which case the tie is kept (an untied encoder-decoder
+parent stores its encoder, decoder and shared lookups apart: transformers 5 ties them only with
+``tie_word_embeddings``); ``l2``'s unit-row lookups ŵ_i are written into the embedding; the effective bias goes
+to ``final_logits_bias`` (added to what a wrapped Marian/BART already had). A parent without a head bias (Llama,
+Qwen, Gemma, GPT-2, T5, ...) takes only a model whose bias is identically zero. Adaptive input/softmax has no parent
+architecture and is refused. The untied output layer adds a V×d matrix: the size increase is reported.
+
+CLI (``tiednorm-export``; ``python -m hf_tiednorm.export`` is the same)::
+
+    tiednorm-export runs/cosine exported/
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BartConfig,
+    BartForConditionalGeneration,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedModel,
+)
+
+from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from ..convert import copy_tokenizer
+from ..normalized_head import TiedNormEmbedding, TiedNormHead, unit_rows
+
+# hf_tiednorm's own families -> (parent config class, parent model class).
+OWN_PARENTS = {
+    "tiednorm_seq2seq": (MarianConfig, MarianMTModel),
+    "tiednorm_bart": (BartConfig, BartForConditionalGeneration),
+    "tiednorm_causal": (LlamaConfig, LlamaForCausalLM),
+}
+WRAPPED = "tiednorm_wrapped"
+# The per-token bias slot a parent adds after its output layer (Marian, BART, mBART, Pegasus, Blenderbot, ...).
+BIAS_SLOT = "final_logits_bias"
+BIAS_PARENTS = "Marian, BART, mBART, Pegasus, Blenderbot (architectures with a final_logits_bias)"
+# Fields that only hf_tiednorm's configs have (the parent config must not carry them) and bookkeeping that names the
+# source or its remote code.
+_OWN_FIELDS = {f.name for mixin in (TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin) for f in fields(mixin)}
+_DROPPED = _OWN_FIELDS | {
+    "tie_topology", "model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version",
+    "_name_or_path", "_model_name_or_path", "keys_to_ignore_at_inference",
+}  # fmt: skip
+
+
+def normalizes_lookups(config) -> bool:
+    """Whether the model's head mode looks up unit rows ŵ_i at the input (Liu et al. eq. 19), which the export
+    writes into the embedding. TODO(registry): ask the mode."""
+    return config.head_mode == "l2"
+
+
+@torch.no_grad()
+def effective_column_terms(head: TiedNormHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's whole affine map of the plain scores, logits = (W·h) * scale + bias, as two fp32 (V,) vectors:
+    the mode's terms with the logit scale g and the logit bias b folded in (``TiedNormHead.column_terms``), "multiply
+    by one" / "add zero" written out. TODO(registry): ask the mode."""
+    scale, bias = head.column_terms()
+    vocab_size = head.weight.shape[0]
+    ones = torch.ones(vocab_size, dtype=torch.float32, device=head.weight.device)
+    scale = ones if scale is None else scale.float().expand(vocab_size)
+    bias = torch.zeros_like(ones) if bias is None else bias.float().expand(vocab_size)
+    return scale.clone(), bias.clone()
+
+
+@dataclass
+class PlainExport:
+    """What ``export_plain`` made: the parent-architecture model and what the card and the CLI say about it."""
+
+    model: PreTrainedModel
+    parent: str  # the parent model class
+    source_type: str  # the hf_tiednorm model_type
+    head: dict  # head_mode, logit_scale, logit_bias of the source
+    tied: bool  # whether the output layer stayed tied to the input embedding
+    bias_slot: str | None  # where the effective bias went (None: it is identically zero)
+    added_values: int  # stored values added (negative: removed), the untied V×d matrix minus the folded terms
+    max_abs_diff: float | None  # source vs export logits on random ids (None: not checked)
+
+    def size_text(self) -> str:
+        dtype = next(self.model.parameters()).dtype
+        megabytes = self.added_values * dtype.itemsize / 1e6
+        if not self.added_values:
+            return "no size increase (the output layer stays tied)"
+        return f"{self.added_values:+,} stored values ({megabytes:+.1f} MB in {str(dtype).removeprefix('torch.')})"
+
+
+def _refuse_unexportable(model: PreTrainedModel) -> None:
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in OWN_PARENTS and model_type != WRAPPED:
+        raise ValueError(
+            f"{type(model).__name__} (model_type {model_type!r}) is not an hf_tiednorm model: it has no normalized "
+            "head to bake; it is a plain checkpoint already"
+        )
+    if getattr(config, "adaptive_cutoffs", None) is not None:
+        raise ValueError(
+            f"adaptive_cutoffs={config.adaptive_cutoffs}: an adaptive input + adaptive softmax (Baevski & Auli) has no "
+            "parent architecture in transformers (Marian, BART, Llama score with one dense output layer), so it "
+            "cannot be exported plain; train without adaptive_cutoffs to ship a plain checkpoint"
+        )
+    if not isinstance(model.get_output_embeddings(), TiedNormHead):
+        raise ValueError(f"the output layer of {type(model).__name__} is not a TiedNormHead: nothing to bake")
+    if model_type == "tiednorm_bart" and config.decoder_vocab_size != config.vocab_size:
+        raise ValueError(
+            f"decoder_vocab_size={config.decoder_vocab_size} != vocab_size={config.vocab_size}: the parent "
+            "BartForConditionalGeneration has one vocabulary for encoder and decoder; only the Marian-style family "
+            "exports two vocabularies"
+        )
+
+
+def _bias_reason(config) -> str:
+    """Which mode/option of ``config`` puts a per-token bias on the scores."""
+    reasons = []
+    if config.head_mode == "distance":
+        reasons.append("head_mode 'distance' (its bias −½‖w_i‖², times g)")
+    if config.logit_bias:
+        reasons.append("logit_bias=True (the learned per-token b)")
+    return " and ".join(reasons) or "the model's final_logits_bias"
+
+
+def _source_parts(model: PreTrainedModel):
+    """(body whose state dict becomes the parent's, path of the head in it, Press & Wolf's P or None)."""
+    if model.config.model_type == WRAPPED:
+        body = model.model
+        head = body.get_output_embeddings()
+        path = next(name for name, module in body.named_modules() if module is head)
+        return body, path, None
+    return model, "lm_head", getattr(model, "output_projection", None)
+
+
+def _parent_config(model: PreTrainedModel, tie: bool):
+    config = model.config
+    if config.model_type == WRAPPED:
+        parent = copy.deepcopy(model.model.config)
+        for key in ("auto_map", "custom_pipelines"):
+            parent.__dict__.pop(key, None)
+    else:
+        config_class = OWN_PARENTS[config.model_type][0]
+        values = {k: v for k, v in config.to_dict().items() if k not in _DROPPED}
+        if config.model_type == "tiednorm_bart":
+            values.pop("decoder_vocab_size", None)
+            values.pop("share_encoder_decoder_embeddings", None)
+        parent = config_class(**values)
+    parent.tie_word_embeddings = tie
+    parent.architectures = None
+    return parent
+
+
+@torch.no_grad()
+def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tuple[dict, torch.Tensor]:
+    """The parent's state dict (output rows, l2 lookups baked) and the effective per-token bias (V,) fp32."""
+    head = body.get_submodule(head_path)
+    scale, bias = effective_column_terms(head)
+    rows = head.weight.float() * scale[:, None]  # (V, d): row i scores w_i·h·scale_i
+    if projection is not None:  # logits = W'·(P·h) = (W'·P)·h
+        rows = rows @ projection.weight.float()
+    dtype = head.weight.dtype
+    state = {k: v for k, v in body.state_dict().items() if not k.startswith(f"{head_path}.logit_")}
+    state = {k: v for k, v in state.items() if not k.startswith("output_projection.")}
+    state[f"{head_path}.weight"] = rows.to(dtype)
+    lookups = [
+        (name, module) for name, module in body.named_modules(remove_duplicate=False)
+        if isinstance(module, TiedNormEmbedding) and module is not head
+    ]  # fmt: skip
+    for name, module in lookups:
+        if module.normalize != normalizes_lookups(model.config):
+            raise ValueError(
+                f"embedding {name} has normalize={module.normalize}, but head_mode={model.config.head_mode!r}: the "
+                "model's lookups disagree with its head mode; reload it from its folder"
+            )
+        if module.normalize:
+            state[f"{name}.weight"] = unit_rows(module.weight, module.norm_eps)
+        baked = state[f"{name}.weight"]
+        if module.weight is head.weight and _equal_up_to_rounding(state[f"{head_path}.weight"], baked):
+            # The effective rows are the lookups (baseline, plain l2, an untrained lossless start: ‖w_i‖·w_i/‖w_i‖):
+            # write the lookups themselves, so that the export keeps the tie and its size.
+            state[f"{head_path}.weight"] = baked
+    return state, bias
+
+
+def _equal_up_to_rounding(rows: torch.Tensor, lookups: torch.Tensor) -> bool:
+    """Whether the baked rows equal the lookups within a few roundings of their dtype (element-wise, relative)."""
+    tolerance = 8 * torch.finfo(lookups.dtype).eps
+    return bool(((rows.float() - lookups.float()).abs() <= tolerance * lookups.float().abs()).all())
+
+
+def _tied_groups_agree(target: PreTrainedModel, state: dict) -> list[tuple[str, str]]:
+    """Pairs of names of one parameter of ``target`` (tied or aliased) whose values in ``state`` differ."""
+    groups = defaultdict(list)
+    for name, param in target.named_parameters(remove_duplicate=False):
+        groups[id(param)].append(name)
+    for target_name, source_name in target.get_expanded_tied_weights_keys(all_submodels=True).items():
+        groups[id(target.get_parameter(source_name))].append(target_name)
+    conflicts = []
+    for names in groups.values():
+        present = [n for n in dict.fromkeys(names) if n in state]
+        conflicts += [(present[0], n) for n in present[1:] if not torch.equal(state[present[0]], state[n])]
+    return conflicts
+
+
+def _stored_values(model: torch.nn.Module) -> int:
+    seen = {}
+    for tensor in model.state_dict().values():
+        seen.setdefault((tensor.data_ptr(), tensor.shape), tensor.numel())
+    return sum(seen.values())
+
+
+@torch.no_grad()
+def _max_abs_diff(source: PreTrainedModel, target: PreTrainedModel) -> float:
+    generator = torch.Generator().manual_seed(0)
+    vocab = source.config.vocab_size
+    inputs = {"input_ids": torch.randint(0, vocab, (2, 9), generator=generator)}
+    if source.config.is_encoder_decoder:
+        decoder_vocab = getattr(source.config, "decoder_vocab_size", None) or vocab
+        inputs["decoder_input_ids"] = torch.randint(0, decoder_vocab, (2, 6), generator=generator)
+    device = next(source.parameters()).device
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    expected = source(**inputs).logits.float()
+    return (target(**inputs).logits.float() - expected).abs().max().item()
+
+
+def _load(folder: Path) -> PreTrainedModel:
+    import hf_tiednorm  # noqa: F401  (registers the families with the Auto classes)
+
+    config = AutoConfig.from_pretrained(folder)
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    return auto.from_pretrained(folder, dtype="auto").eval()
+
+
+@torch.no_grad()
+def export_plain(
+    model_or_folder: PreTrainedModel | str | os.PathLike,
+    output_dir: str | os.PathLike | None = None,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    check: bool = True,
+    write_card: bool = True,
+) -> PlainExport:
+    """Bake an hf_tiednorm model (any family, the wrapper, every head mode and option) into its parent architecture.
+
+    Args:
+        model_or_folder: a loaded hf_tiednorm model, or the folder it was saved in (its tokenizer is copied).
+        output_dir: new or empty folder for the parent checkpoint (weights, config, generation config, tokenizer,
+            README card); None keeps it in memory.
+        tokenizer: a tokenizer folder to copy, when ``model_or_folder`` is a model or its folder has none.
+        check: compare the two models' logits on random ids (``PlainExport.max_abs_diff``).
+        write_card: write the model card README.md into ``output_dir``.
+
+    Returns:
+        ``PlainExport``, whose ``model`` is the parent model (eval mode, the source's dtype).
+    """
+    folder = None
+    if isinstance(model_or_folder, PreTrainedModel):
+        model = model_or_folder
+    else:
+        folder = Path(model_or_folder)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} has no config.json: pass a folder written by save_pretrained")
+        model = _load(folder)
+    if output_dir is not None:
+        output_dir = Path(output_dir)
+        if output_dir.exists() and any(output_dir.iterdir()):
+            raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the exported model")
+    _refuse_unexportable(model)
+    body, head_path, projection = _source_parts(model)
+    state, bias = _baked_state(model, body, head_path, projection)
+    parent_class = OWN_PARENTS[model.config.model_type][1] if model.config.model_type in OWN_PARENTS else type(body)
+    if BIAS_SLOT not in state and parent_class in (MarianMTModel, BartForConditionalGeneration):
+        state[BIAS_SLOT] = torch.zeros(1, bias.numel(), dtype=state[f"{head_path}.weight"].dtype)
+    if BIAS_SLOT in state:
+        state[BIAS_SLOT] = (state[BIAS_SLOT].float() + bias[None]).to(state[BIAS_SLOT].dtype)
+    elif bias.count_nonzero():
+        raise ValueError(
+            f"{parent_class.__name__} has no per-token bias after its output layer, but this model's scores carry one "
+            f"from {_bias_reason(model.config)} ({int(bias.count_nonzero())} of {bias.numel()} tokens non-zero): the "
+            f"plain export would change its logits. Parents that take a bias: {BIAS_PARENTS}; a lossless-start "
+            "distance model that was not trained has a zero bias and exports"
+        )
+
+    if parent_class is BartForConditionalGeneration and "model.shared.weight" not in state:
+        # BART's parent always has model.shared (its input embedding); an untied encoder looks up its own copy.
+        state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"]
+    dtype = state[f"{head_path}.weight"].dtype
+    for tie in (True, False):
+        target = parent_class(_parent_config(model, tie)).to(dtype)
+        conflicts = _tied_groups_agree(target, state)
+        if not conflicts:
+            break
+    else:
+        raise ValueError(f"{parent_class.__name__} holds one matrix under names whose baked values differ: {conflicts}")
+    missing, unexpected = target.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in state]
+    if missing or unexpected:
+        raise ValueError(
+            f"the baked weights do not map 1:1 onto {parent_class.__name__}: missing {sorted(missing)}, unexpected "
+            f"{sorted(unexpected)}"
+        )
+    target.generation_config = copy.deepcopy(model.generation_config)
+    target.eval()
+    output_weight = target.get_output_embeddings().weight
+    tied = any(
+        isinstance(m, torch.nn.Embedding) and m.weight is output_weight for m in target.modules()
+    )
+    result = PlainExport(
+        model=target,
+        parent=parent_class.__name__,
+        source_type=model.config.model_type,
+        head={k: getattr(model.config, k) for k in ("head_mode", "logit_scale", "logit_bias")},
+        tied=tied,
+        bias_slot=BIAS_SLOT if BIAS_SLOT in state and state[BIAS_SLOT].count_nonzero() else None,
+        added_values=_stored_values(target) - _stored_values(model),
+        max_abs_diff=_max_abs_diff(model.eval(), target) if check else None,
+    )
+    if output_dir is not None:
+        _save(result, output_dir, folder, tokenizer, write_card)
+    return result
+
+
+def _save(result: PlainExport, output_dir: Path, folder: Path | None, tokenizer, write_card: bool) -> None:
+    result.model.save_pretrained(output_dir)
+    config_path = output_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    if config.pop("auto_map", None) is not None:  # never: a stock class writes none; kept as a guard
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer_source = Path(tokenizer) if tokenizer is not None else folder
+    if tokenizer_source is not None and any(
+        (tokenizer_source / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        copy_tokenizer(tokenizer_source, output_dir)
+    if write_card:
+        from .export_card import write_export_card
+
+        write_export_card(output_dir, result)
+
+
+def prepare_plain_upload_folder(
+    checkpoint: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    repo_id: str,
+    tokenizer: str | os.PathLike | None = None,
+    **card_inputs,
+) -> Path:
+    """What ``tiednorm-push --plain`` uploads: the plain export of ``checkpoint`` with its card naming ``repo_id``.
+
+    The export card describes the bake; the metrics/dataset/languages/training of an hf_tiednorm card are not
+    rendered on it, so passing them is refused rather than dropped."""
+    given = sorted(name for name, value in card_inputs.items() if value is not None)
+    if given:
+        raise ValueError(
+            f"{given} are not shown on the card of a plain export; push the hf_tiednorm model without --plain to "
+            "publish them, or leave them out"
+        )
+    from .export_card import write_export_card
+    from .staging_checks import check_no_token, check_staged_files
+
+    check_no_token(Path(checkpoint))  # the same publishing guards as the hf_tiednorm upload (hub.py)
+    result = export_plain(checkpoint, output_dir, tokenizer=tokenizer, write_card=False)
+    write_export_card(output_dir, result, repo_id=repo_id)
+    check_staged_files(Path(output_dir))
+    return Path(output_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tiednorm-export",
+        description="Export an hf_tiednorm model to its parent architecture (Marian, BART, Llama, or the wrapped "
+        "one): the normalized head baked into a plain output layer (and final_logits_bias), loadable by stock "
+        "transformers without trust_remote_code and by engines that serve the parent. The logits are the same.",
+    )
+    parser.add_argument("folder", help="folder of the hf_tiednorm model (save_pretrained format)")
+    parser.add_argument("output_dir", help="new or empty folder for the plain checkpoint")
+    parser.add_argument("--tokenizer", help="tokenizer folder, when FOLDER has none (default: FOLDER's)")
+    parser.add_argument("--no-card", action="store_true", help="do not write README.md (default: write it)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    result = export_plain(args.folder, args.output_dir, tokenizer=args.tokenizer, write_card=not args.no_card)
+    print(
+        f"wrote {args.output_dir}: {result.parent} (from {result.source_type}, head_mode {result.head['head_mode']}); "
+        f"output layer {'tied' if result.tied else 'untied'}; size: {result.size_text()}; "
+        f"bias: {result.bias_slot or 'none'}; max |logit difference| on random ids: {result.max_abs_diff:.2e}"
+    )
+
+
+if __name__ == "__main__":
+    main()
