@@ -46,6 +46,7 @@ from transformers import (
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .convert_checks import SUPPORTED_TEXT, check_convertible, check_tied, check_unit_lookups
+from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
 from .lossless_start import drop_quantization_state, lossless_head_options, start_lossless
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
 from .modeling_tiednorm_causal import TiedNormForCausalLM
@@ -55,7 +56,7 @@ from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
 )
-from .normalized_head import HEAD_MODES, LOGIT_SCALES, check_head_mode
+from .normalized_head import LOGIT_SCALES, check_head_mode
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -119,7 +120,7 @@ def normalize_tied_head(
         logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
     drop_quantization_state(model)
     check_tied(model)
-    if head_mode == "l2":
+    if get_head_mode(head_mode).normalizes_input_lookups:
         check_unit_lookups(model, norm_eps)
     auto = check_convertible(model.config)
     if type(model) is not auto._model_mapping[type(model.config)]:
@@ -182,7 +183,7 @@ def convert_checkpoint(
     source: str | os.PathLike,
     output_dir: str | os.PathLike | None = None,
     *,
-    head_mode: str = "baseline",
+    head_mode: str = DEFAULT_HEAD_MODE,
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
@@ -270,11 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
     parser.add_argument(
         "--head-mode",
-        default="baseline",
+        default=DEFAULT_HEAD_MODE,
         choices=HEAD_MODES,
-        help="how the head scores token i from the shared row w_i and the hidden state h: baseline w·h (plain "
-        "tying), l2 ŵ·h with unit-row input lookups too, square w·h/‖w‖², distance w·h − ½‖w‖², cosine w·h/‖w‖ "
-        "(default: %(default)s)",
+        help=f"how the head scores token i from the shared row w_i and the hidden state h: {head_mode_summaries()} "
+        "(hf_tiednorm/head_modes.py) (default: %(default)s)",
     )
     parser.add_argument(
         "--logit-scale",
@@ -302,8 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lossless-start",
         action="store_true",
-        help="start at the source's logits: cosine/square get a per-token logit scale ‖w_i‖ / ‖w_i‖², distance a "
-        "logit bias ½‖w_i‖² (l2 is refused: its input lookups change too) (default: off)",
+        help="start at the source's logits: the terms each mode declares (cosine/square a per-token logit scale "
+        "‖w_i‖ / ‖w_i‖², distance a logit bias ½‖w_i‖²; l2 is refused: its input lookups change too) (default: off)",
     )
     parser.add_argument(
         "--generic",

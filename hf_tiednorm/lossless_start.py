@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from .head_modes import get_head_mode
+
 
 def drop_quantization_state(model: PreTrainedModel) -> None:
     """Remove the GGUF loader's quantization state from ``model`` (and its config) in place; refuse a model whose
@@ -60,34 +62,27 @@ def drop_quantization_state(model: PreTrainedModel) -> None:
     model.is_quantized = False
 
 
-LOSSLESS_TERMS = {"baseline": None, "cosine": "logit_scale", "square": "logit_scale", "distance": "logit_bias"}
-
-
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
-    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs, or ``ValueError`` naming the
-    option that makes it impossible (see the module docstring's table)."""
-    if head_mode == "l2":
-        raise ValueError(
-            "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input "
-            "too, so every layer receives other inputs than in the source and no term of the output head can restore "
-            "its logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
-            "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
-        )
-    if LOSSLESS_TERMS[head_mode] == "logit_scale":
+    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
+    or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
+    mode = get_head_mode(head_mode)
+    if mode.lossless_start is None:
+        raise ValueError(mode.lossless_refusal)
+    if "logit_scale" in mode.lossless_start:
         if logit_scale not in ("none", "vector"):
             raise ValueError(
-                f"lossless_start for head_mode {head_mode!r} sets a per-token logit scale (logit_scale='vector', "
-                f"g_i = ‖w_i‖{'²' if head_mode == 'square' else ''}); logit_scale={logit_scale!r} cannot give back "
-                "the source's logits: leave logit_scale unset or 'vector'"
+                f"lossless_start for head_mode {head_mode!r} sets a per-token logit scale (logit_scale='vector'); "
+                f"logit_scale={logit_scale!r} cannot give back the source's logits: leave logit_scale unset or "
+                "'vector'"
             )
-        return "vector", logit_bias
-    if logit_scale != "none":
+        logit_scale = "vector"
+    elif logit_scale != "none":
         raise ValueError(
-            f"lossless_start for head_mode {head_mode!r} needs no logit scale (its scores are w_i·h already"
-            f"{' once the bias ½‖w_i‖² is added back' if head_mode == 'distance' else ''}); "
-            f"logit_scale={logit_scale!r} would multiply them: leave logit_scale='none'"
+            f"lossless_start for head_mode {head_mode!r} needs no logit scale ({mode.equation}; its start sets "
+            f"{' and '.join(mode.lossless_start) or 'nothing'}); logit_scale={logit_scale!r} would multiply the "
+            "scores: leave logit_scale='none'"
         )
-    return logit_scale, logit_bias or head_mode == "distance"
+    return logit_scale, logit_bias or "logit_bias" in mode.lossless_start
 
 
 @torch.no_grad()
@@ -95,14 +90,15 @@ def start_lossless(model: PreTrainedModel) -> None:
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
     ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``lossless_head_options``: cosine g_i = ‖w_i‖, square g_i = ‖w_i‖², distance b_i = ½‖w_i‖² (fp32).
+    ``lossless_head_options``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
-    norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)  # (V,)
-    if head.head_mode in ("cosine", "square"):
-        head.logit_scale.copy_(norms if head.head_mode == "cosine" else norms.square())
-    elif head.head_mode == "distance":
-        head.logit_bias.copy_(0.5 * head.weight.float().square().sum(dim=-1))  # as mode_column_terms computes it
+    scale, bias = head.mode.lossless_terms(head.weight, head.norm_eps)
+    if scale is not None:
+        head.logit_scale.copy_(scale)
+    if bias is not None:
+        head.logit_bias.copy_(bias)
 
 
-__all__ = ["LOSSLESS_TERMS", "drop_quantization_state", "lossless_head_options", "start_lossless"]
+__all__ = ["drop_quantization_state", "lossless_head_options", "start_lossless"]

@@ -42,18 +42,22 @@ TINY_DECODER = dict(
 )
 
 
+# The tests exercise a normalized head unless they name a mode (the package's default is baseline, docs/head.md).
+TEST_HEAD_MODE = {"head_mode": "cosine"}
+
+
 def tiny_seq2seq_config(**overrides) -> hf_tiednorm.TiedNormSeq2SeqConfig:
-    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | {"dropout": 0.0} | overrides)
+    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | TEST_HEAD_MODE | {"dropout": 0.0} | overrides)
 
 
 def tiny_bart_config(**overrides) -> hf_tiednorm.TiedNormBartConfig:
     # scale_embedding=True (BART's default is False) so that the tests cover the in-module sqrt(d) scaling.
-    fields = TINY_ENCODER_DECODER | {"dropout": 0.0, "scale_embedding": True}
+    fields = TINY_ENCODER_DECODER | TEST_HEAD_MODE | {"dropout": 0.0, "scale_embedding": True}
     return hf_tiednorm.TiedNormBartConfig(**fields | overrides)
 
 
 def tiny_causal_config(**overrides) -> hf_tiednorm.TiedNormCausalConfig:
-    return hf_tiednorm.TiedNormCausalConfig(**TINY_DECODER | overrides)
+    return hf_tiednorm.TiedNormCausalConfig(**TINY_DECODER | TEST_HEAD_MODE | overrides)
 
 
 # family -> (tiny config builder, LM class); keyed by FAMILIES.

@@ -38,6 +38,7 @@ from ..configuration_tiednorm import (
     TieTopologyConfigMixin,
 )
 from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from ..head_modes import get_head_mode
 from ..normalized_head import default_logit_scale
 from ..training.plots import EMBEDDING_NORM_PLOT
 from .card_metrics import eval_results, parse_metrics
@@ -54,13 +55,6 @@ WRAPPED = TiedNormWrappedConfig.model_type
 TiedNormConfig = TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig | TiedNormWrappedConfig
 # Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
 
-MODE_EQUATIONS = {
-    "baseline": ("s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"),
-    "l2": ("s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too", "Liu, Zhai & Chen (2020), eq. 19"),
-    "square": ("s_i = w_i·h / ‖w_i‖²", "Liu, Zhai & Chen (2020), eq. 22"),
-    "distance": ("s_i = w_i·h − ½‖w_i‖²", "Liu, Zhai & Chen (2020), eq. 26"),
-    "cosine": ("s_i = w_i·h / ‖w_i‖", "Liu, Zhai & Chen (2020), eq. 27"),
-}
 TIE_TOPOLOGY_TEXT = {
     "three_way": "three-way: encoder input = decoder input = output embedding",
     "decoder": "decoder: decoder input = output embedding; the encoder has its own",
@@ -239,12 +233,12 @@ def render_model_card(
     repo_id = repo_id or folder.resolve().name
     model_name = repo_id.split("/")[-1]
     is_encoder_decoder = config.is_encoder_decoder
-    mode_equation, mode_reference = MODE_EQUATIONS[config.head_mode]
+    mode = get_head_mode(config.head_mode)  # its equation and paper (head_modes.py)
     tags = ["tiednorm", config.head_mode, "translation" if is_encoder_decoder else "text-generation"]
     if config.model_type == WRAPPED:
         tags.append(config.text_config.model_type)
     tied = config.tie_word_embeddings
-    citations = ([LIU_ET_AL_BIBTEX] if config.head_mode != "baseline" else []) + ([PRESS_WOLF_BIBTEX] if tied else [])
+    citations = ([LIU_ET_AL_BIBTEX] if mode.cites_liu_et_al else []) + ([PRESS_WOLF_BIBTEX] if tied else [])
 
     card_data = ModelCardData(
         library_name="transformers",
@@ -268,8 +262,8 @@ def render_model_card(
         # The one-line pipeline usage, shown when the folder's config records the pipeline (its code ships with it).
         translation_pipeline="tiednorm-translation" in (getattr(config, "custom_pipelines", None) or {}),
         head_mode=config.head_mode,
-        mode_equation=mode_equation,
-        mode_reference=mode_reference,
+        mode_equation=mode.equation,
+        mode_reference=mode.paper,
         logit_scale=_logit_scale_text(config),
         logit_bias="a learned b_i per token, added to the scores (zero at initialization)"
         if getattr(config, "logit_bias", False)
