@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import DEFAULT_HEAD_MODE, NormalizedScoresMixin, out_of_vocabulary_message, unit_rows
+from .normalized_head import DEFAULT_HEAD_MODE, HeadOptions, NormalizedScoresMixin, out_of_vocabulary_message, unit_rows
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -123,11 +123,12 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         logit_scale_init: float | None = None,
         norm_eps: float = 1e-6,
         logit_bias: bool = False,
+        options: HeadOptions | None = None,
     ) -> None:
         super().__init__()
-        self.init_normalized_scores(
-            head_mode, logit_scale, logit_scale_init, norm_eps, hidden_size, vocab_size, logit_bias=logit_bias
-        )
+        if options is None:
+            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
+        self.init_normalized_scores(options, hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)

@@ -18,7 +18,7 @@ from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
-from .normalized_head import LogitScale
+from .head_options import HeadOptions, LogitScale
 from .regularizers import LOSS_TERMS
 
 TieTopology = Literal["untied", "decoder", "three_way"]
@@ -97,6 +97,11 @@ class TiedNormHeadConfigMixin:
     )
     # Floor on the row norms, so zero rows never divide by zero.
     norm_eps: float = positive_finite_field(default=1e-6)
+
+    @property
+    def head_options(self) -> HeadOptions:
+        """The head's settings as the one value a head is built from (head_options.py)."""
+        return HeadOptions.from_config(self)
 
     def validate_logit_scale_init(self) -> None:
         if self.logit_scale == "none" and self.logit_scale_init is not None:

@@ -46,8 +46,9 @@ from transformers import (
 from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .convert_checks import SUPPORTED_TEXT, check_convertible, check_tied, check_unit_lookups
-from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
-from .lossless_start import drop_quantization_state, lossless_head_options, start_lossless
+from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
+from .head_options import LOGIT_SCALES, HeadOptions
+from .lossless_start import drop_quantization_state, start_lossless
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
 from .modeling_tiednorm_causal import TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration
@@ -56,7 +57,6 @@ from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
 )
-from .normalized_head import LOGIT_SCALES, check_head_mode
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -89,53 +89,63 @@ def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **l
 
 def normalize_tied_head(
     model: PreTrainedModel,
-    head_mode: str,
+    head_mode: str | None = None,
     *,
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
     norm_eps: float = 1e-6,
     lossless_start: bool = False,
+    options: HeadOptions | None = None,
 ) -> TiedNormWrappedPreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
     The model itself is adopted, not copied: the result holds it as ``.model`` with its output layer replaced by a
-    ``TiedNormHead`` (and, in l2 mode, unit-row lookups), and shares its weights. ``head_mode="baseline"`` gives
-    exactly ``model``'s logits, and so does every other mode but l2 with ``lossless_start``. The result saves and
-    reloads with ``AutoModelFor*.from_pretrained(folder, trust_remote_code=True)``. A model loaded from a GGUF file
-    loses its (stale) quantization state.
+    ``TiedNormHead`` (and, in a mode that normalizes the input lookups, unit-row lookups), and shares its weights.
+    ``head_mode="baseline"`` gives exactly ``model``'s logits, and so does every mode with a lossless start
+    (``HeadMode.lossless_start``) with ``lossless_start``. The result saves and reloads with
+    ``AutoModelFor*.from_pretrained(folder, trust_remote_code=True)``. A model loaded from a GGUF file loses its
+    (stale) quantization state.
 
     Args:
         model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
             works too).
-        head_mode: one of ``HEAD_MODES``.
-        logit_scale, logit_scale_init, logit_bias, norm_eps: the head's fields (configuration_tiednorm.py).
+        head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
+            ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
         lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
 
     Returns:
         ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
     """
-    check_head_mode(head_mode, logit_scale)
+    if options is None:
+        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias, norm_eps)
+    elif head_mode is not None:
+        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
-        logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
+        options = options.with_lossless_start()
     drop_quantization_state(model)
-    check_tied(model)
-    if get_head_mode(head_mode).normalizes_input_lookups:
-        check_unit_lookups(model, norm_eps)
-    auto = check_convertible(model.config)
+    auto = check_source_model(model, options)
     if type(model) is not auto._model_mapping[type(model.config)]:
         raise ValueError(
             f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
             f"({auto._model_mapping[type(model.config)].__name__}), which a saved conversion reloads as"
         )
-    config = TiedNormWrappedConfig(
-        text_config=model.config,
-        head_mode=head_mode,
-        logit_scale=logit_scale,
-        logit_scale_init=logit_scale_init,
-        logit_bias=logit_bias,
-        norm_eps=norm_eps,
-    )
+    return _wrap(model, options, lossless_start)
+
+
+def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
+    """Every check a loaded source goes through, once: convertible (config), tied (weights) and, for a mode that
+    normalizes the input lookups, lookups that can be made unit rows. Returns the Auto class of its architecture."""
+    auto = check_convertible(model.config)
+    check_tied(model)
+    if options.mode.normalizes_input_lookups:
+        check_unit_lookups(model, options.norm_eps)
+    return auto
+
+
+def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> TiedNormWrappedPreTrainedModel:
+    """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
+    config = TiedNormWrappedConfig(text_config=model.config, **options.as_config_fields())
     wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
     wrapped = wrapper_class(config, body=model).train(model.training)
     if lossless_start:
@@ -143,11 +153,11 @@ def normalize_tied_head(
     return wrapped
 
 
-def _target_config(source_config, head_fields: dict):
-    """The config of our own family for a marian / bart / llama source, with ``head_fields`` (head_mode, ...)."""
+def _target_config(source_config, options: HeadOptions):
+    """The config of our own family for a marian / bart / llama source, with the head's ``options``."""
     model_type = source_config.model_type
     fields = {k: v for k, v in source_config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
-    head_fields = dict(head_fields)
+    head_fields = options.as_config_fields()
     if model_type == "marian":
         head_fields["tie_topology"] = "three_way" if source_config.share_encoder_decoder_embeddings else "decoder"
     elif model_type == "bart":  # BART's encoder and decoder always share model.shared
@@ -155,9 +165,9 @@ def _target_config(source_config, head_fields: dict):
     return SUPPORTED_SOURCES[model_type][1](**fields, **head_fields)
 
 
-def _to_own_family(source: Path, source_model: PreTrainedModel, head_fields: dict) -> PreTrainedModel:
+def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOptions) -> PreTrainedModel:
     """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
-    config = _target_config(source_model.config, head_fields)
+    config = _target_config(source_model.config, options)
     target_class = SUPPORTED_SOURCES[source_model.config.model_type][2]
     state = source_model.state_dict()
     if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
@@ -183,13 +193,14 @@ def convert_checkpoint(
     source: str | os.PathLike,
     output_dir: str | os.PathLike | None = None,
     *,
-    head_mode: str = DEFAULT_HEAD_MODE,
+    head_mode: str | None = None,
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
     generic: bool = False,
     gguf_file: str | None = None,
     lossless_start: bool = False,
+    options: HeadOptions | None = None,
 ) -> PreTrainedModel:
     """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
@@ -203,7 +214,8 @@ def convert_checkpoint(
             the path of a ``.gguf`` file itself.
         gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs ``pip install gguf``).
         lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
-        head_mode, logit_scale, logit_scale_init, logit_bias: the head's fields (configuration_tiednorm.py).
+        head_mode, logit_scale, logit_scale_init, logit_bias: the head's settings (head_options.py), or ``options``
+            holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
     """
     source = Path(source)
     if gguf_file is None and source.suffix == ".gguf":
@@ -215,9 +227,12 @@ def convert_checkpoint(
         raise FileNotFoundError(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
         )
-    check_head_mode(head_mode, logit_scale)
+    if options is None:
+        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias)
+    elif head_mode is not None:
+        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
-        logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
+        options = options.with_lossless_start()
     if output_dir is not None:
         output_dir = Path(output_dir)
         if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:
@@ -231,16 +246,14 @@ def convert_checkpoint(
     source_model = auto.from_pretrained(source, dtype="auto", **load).eval()
     drop_quantization_state(source_model)
     check_tied(source_model)
-    head_fields = {
-        "head_mode": head_mode, "logit_scale": logit_scale, "logit_scale_init": logit_scale_init,
-        "logit_bias": logit_bias,
-    }  # fmt: skip
     if source_config.model_type in SUPPORTED_SOURCES and not generic:
-        model = _to_own_family(source, source_model, head_fields)
+        model = _to_own_family(source, source_model, options)
         if lossless_start:
             start_lossless(model)
     else:
-        model = normalize_tied_head(source_model, **head_fields, lossless_start=lossless_start)
+        if options.mode.normalizes_input_lookups:
+            check_unit_lookups(source_model, options.norm_eps)
+        model = _wrap(source_model, options, lossless_start)
     model.eval()
 
     if output_dir is not None:
@@ -317,13 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:  # the settings checked once, as the one value the conversion passes on
+        options = HeadOptions(args.head_mode, args.logit_scale, args.logit_scale_init, args.logit_bias)
+    except ValueError as error:
+        parser.error(str(error))
     convert_checkpoint(
         args.source,
         args.output_dir,
-        head_mode=args.head_mode,
-        logit_scale=args.logit_scale,
-        logit_scale_init=args.logit_scale_init,
-        logit_bias=args.logit_bias,
+        options=options,
         generic=args.generic,
         gguf_file=args.gguf_file,
         lossless_start=args.lossless_start,

@@ -16,7 +16,7 @@ from torch import nn
 
 from .adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from .normalized_head import TiedNormHead
-from .peft_guard import check_head_not_bypassed
+from .peft_guard import check_head_once
 from .pipeline_translation import add_translation_pipeline
 
 
@@ -51,7 +51,7 @@ class TiedNormHeadHostMixin:
         return embedding_matrices(self.get_output_embeddings())
 
     def generate(self, *args, **kwargs):
-        check_head_not_bypassed(self)  # before the head is used here: PEFT may have wrapped it
+        check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
         with self.get_output_embeddings().frozen_column_terms():
             return self._generate_with_frozen_head(*args, **kwargs)

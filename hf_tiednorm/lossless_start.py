@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .head_modes import get_head_mode
+from .head_options import HeadOptions
 
 
 def drop_quantization_state(model: PreTrainedModel) -> None:
@@ -65,24 +65,8 @@ def drop_quantization_state(model: PreTrainedModel) -> None:
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
     """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
     or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    mode = get_head_mode(head_mode)
-    if mode.lossless_start is None:
-        raise ValueError(mode.lossless_refusal)
-    if "logit_scale" in mode.lossless_start:
-        if logit_scale not in ("none", "vector"):
-            raise ValueError(
-                f"lossless_start for head_mode {head_mode!r} sets a per-token logit scale (logit_scale='vector'); "
-                f"logit_scale={logit_scale!r} cannot give back the source's logits: leave logit_scale unset or "
-                "'vector'"
-            )
-        logit_scale = "vector"
-    elif logit_scale != "none":
-        raise ValueError(
-            f"lossless_start for head_mode {head_mode!r} needs no logit scale ({mode.equation}; its start sets "
-            f"{' and '.join(mode.lossless_start) or 'nothing'}); logit_scale={logit_scale!r} would multiply the "
-            "scores: leave logit_scale='none'"
-        )
-    return logit_scale, logit_bias or "logit_bias" in mode.lossless_start
+    options = HeadOptions(head_mode, logit_scale, logit_bias=logit_bias).with_lossless_start()
+    return options.logit_scale, options.logit_bias
 
 
 @torch.no_grad()

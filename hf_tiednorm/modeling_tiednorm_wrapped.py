@@ -24,8 +24,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, Generation
 
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
+from .head_options import HeadOptions
 from .normalized_head import TiedNormEmbedding, TiedNormHead
-from .peft_guard import check_head_not_bypassed
+from .peft_guard import check_head_once
 from .weight_checks import WeightChecksMixin
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
@@ -79,11 +80,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
-        head_mode=config.head_mode,
-        logit_scale=config.logit_scale,
-        logit_scale_init=config.logit_scale_init,
-        norm_eps=config.norm_eps,
-        logit_bias=config.logit_bias,
+        options=HeadOptions.from_config(config),
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )
@@ -171,7 +168,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head."""
-        check_head_not_bypassed(self)
+        check_head_once(self)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
 
     def _generate_with_frozen_head(self, *args, **kwargs):

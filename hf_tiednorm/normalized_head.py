@@ -42,19 +42,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, HeadMode, get_head_mode, inverse_row_norms, unit_rows
-
-# The logit scales; configs annotate their field with this type (``@strict`` checks it). The modes are a registry
-# (head_modes.py): a config field checks its value against it, modules built without a config call
-# ``check_head_mode``.
-LogitScale = Literal["none", "fixed", "scalar", "vector"]
-LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
+from .head_options import LOGIT_SCALES, HeadOptions
 
 
 def mode_column_terms(
@@ -86,25 +80,16 @@ class NormalizedScoresMixin:
     A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
     """
 
-    def init_normalized_scores(
-        self,
-        head_mode: str,
-        logit_scale: str,
-        logit_scale_init: float | None,
-        norm_eps: float,
-        hidden_size: int,
-        vocab_size: int,
-        device=None,
-        logit_bias: bool = False,
-    ) -> None:
-        check_head_mode(head_mode, logit_scale)
-        self.head_mode = head_mode
-        self.mode: HeadMode = get_head_mode(head_mode)  # everything the mode is (head_modes.py)
-        self.logit_scale_kind = logit_scale
-        self.logit_scale_init = (
-            float(logit_scale_init) if logit_scale_init is not None else default_logit_scale(logit_scale, hidden_size)
-        )
-        self.norm_eps = norm_eps
+    def init_normalized_scores(self, options: HeadOptions, hidden_size: int, vocab_size: int, device=None) -> None:
+        """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
+        self.options = options
+        self.head_mode = options.head_mode
+        self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
+        logit_scale = self.logit_scale_kind = options.logit_scale
+        init_value = options.logit_scale_init
+        default = default_logit_scale(logit_scale, hidden_size)
+        self.logit_scale_init = float(init_value) if init_value is not None else default
+        self.norm_eps = options.norm_eps
         if logit_scale == "scalar":
             self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
         elif logit_scale == "vector":
@@ -112,7 +97,7 @@ class NormalizedScoresMixin:
         else:  # "fixed" is a constant, not a parameter; "none" has no scale
             self.logit_scale = None
         # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
-        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if logit_bias else None
+        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
         self._frozen_depth = 0
         self._frozen_terms = None
 
@@ -173,18 +158,14 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         device=None,
         dtype=None,
         logit_bias: bool = False,
+        options: HeadOptions | None = None,
     ) -> None:
+        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); without it, the
+        loose ``head_mode`` ... ``logit_bias`` arguments make one."""
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        self.init_normalized_scores(
-            head_mode,
-            logit_scale,
-            logit_scale_init,
-            norm_eps,
-            hidden_size,
-            vocab_size,
-            device=device,
-            logit_bias=logit_bias,
-        )
+        if options is None:
+            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
+        self.init_normalized_scores(options, hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
         return (
@@ -303,6 +284,7 @@ __all__ = [
     "HEAD_MODES",
     "LOGIT_SCALES",
     "HeadMode",
+    "HeadOptions",
     "NormalizedScoresMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
