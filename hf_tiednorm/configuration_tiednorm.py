@@ -247,6 +247,11 @@ class TieTopologyConfigMixin:
     that contradict it is an error.
     """
 
+    # Where the family's models keep their embeddings (module paths from the LM; tie_topology.py reads them): the
+    # shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no fields.
+    shared_embedding_path = "model.shared"
+    stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
+
     # Which embeddings share one matrix: one of TIE_TOPOLOGIES.
     tie_topology: TieTopology = "three_way"
     # Vocabulary of the decoder input and the output layer when it differs from the encoder's; None = vocab_size.
@@ -349,6 +354,8 @@ class TiedNormCausalConfig(TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixi
     """A Llama-style decoder-only LM whose output layer is the normalized tied head."""
 
     model_type = "tiednorm_causal"
+    # Where its models keep the token embedding (module path from the LM; tie_topology.py reads it). No field.
+    input_embedding_path = "model.embed_tokens"
 
     vocab_size: int = size_field(default=8000)
     hidden_size: int = size_field(default=256)

@@ -34,24 +34,14 @@ import argparse
 import os
 from pathlib import Path
 
-from transformers import (
-    AutoConfig,
-    AutoTokenizer,
-    BartForConditionalGeneration,
-    LlamaForCausalLM,
-    MarianMTModel,
-    PreTrainedModel,
-)
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
-from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .convert_checks import SUPPORTED_TEXT, check_convertible, check_tied, check_unit_lookups
+from .families import FAMILIES, family_of_source
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
 from .head_options import LOGIT_SCALES, HeadOptions
 from .lossless_start import drop_quantization_state, start_lossless
-from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
-from .modeling_tiednorm_causal import TiedNormForCausalLM
-from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration
 from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForCausalLM,
     TiedNormWrappedForSeq2SeqLM,
@@ -60,9 +50,8 @@ from .modeling_tiednorm_wrapped import (
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
-    "marian": (MarianMTModel, TiedNormSeq2SeqConfig, TiedNormForConditionalGeneration),
-    "bart": (BartForConditionalGeneration, TiedNormBartConfig, TiedNormBartForConditionalGeneration),
-    "llama": (LlamaForCausalLM, TiedNormCausalConfig, TiedNormForCausalLM),
+    family.source_model_type: (family.source_class, family.config_class, family.lm_class)
+    for family in FAMILIES.values()
 }
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
@@ -154,15 +143,14 @@ def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) ->
 
 
 def _target_config(source_config, options: HeadOptions):
-    """The config of our own family for a marian / bart / llama source, with the head's ``options``."""
-    model_type = source_config.model_type
+    """The config of our own family for a source it maps 1:1 from (families.py), with the head's ``options``."""
+    family = family_of_source(source_config.model_type)
     fields = {k: v for k, v in source_config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
     head_fields = options.as_config_fields()
-    if model_type == "marian":
-        head_fields["tie_topology"] = "three_way" if source_config.share_encoder_decoder_embeddings else "decoder"
-    elif model_type == "bart":  # BART's encoder and decoder always share model.shared
-        head_fields["tie_topology"] = "three_way"
-    return SUPPORTED_SOURCES[model_type][1](**fields, **head_fields)
+    if family.is_encoder_decoder:  # Marian with two vocabularies shares only the decoder's; BART always shares
+        shared = getattr(source_config, "share_encoder_decoder_embeddings", True)
+        head_fields["tie_topology"] = "three_way" if shared else "decoder"
+    return family.config_class(**fields, **head_fields)
 
 
 def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOptions) -> PreTrainedModel:

@@ -16,8 +16,8 @@ pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the mode
 bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
 its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
 anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
-(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and save it with the adapter
-(``PEFT_EMBEDDING_ADVICE``).
+(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
+save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
 
 This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
 """

@@ -28,7 +28,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
-from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
+from transformers import AutoConfig
 
 from ..configuration_tiednorm import (
     TiedNormBartConfig,
@@ -38,18 +38,15 @@ from ..configuration_tiednorm import (
     TieTopologyConfigMixin,
 )
 from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from ..families import FAMILIES as MODEL_FAMILIES
 from ..head_modes import get_head_mode
 from ..normalized_head import default_logit_scale
 from ..training.plots import EMBEDDING_NORM_PLOT
 from .card_metrics import eval_results, parse_metrics
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
-# model_type -> (the HF parent config, the architecture named on the card)
-FAMILIES = {
-    TiedNormSeq2SeqConfig.model_type: (MarianConfig, "Marian-style encoder-decoder"),
-    TiedNormBartConfig.model_type: (BartConfig, "BART-style encoder-decoder"),
-    TiedNormCausalConfig.model_type: (LlamaConfig, "Llama-style causal language model"),
-}
+# model_type -> (the HF parent config, the architecture named on the card), from the family table (families.py)
+FAMILIES = {family.model_type: (family.hf_parent_config, family.card_name) for family in MODEL_FAMILIES.values()}
 # Converted models of any tied architecture: the wrapped model's config is the wrapper config's text_config.
 WRAPPED = TiedNormWrappedConfig.model_type
 TiedNormConfig = TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig | TiedNormWrappedConfig
