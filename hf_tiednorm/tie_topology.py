@@ -57,8 +57,9 @@ def embedding_tie(config) -> EmbeddingTie | None:
     The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
     ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
     (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
-    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive embeddings (Baevski & Auli, 2019) tie every band row and
-    projection of the input; the head ties the rows, and the projections when ``adaptive_tie_projections``.
+    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
+    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
+    projections when ``adaptive_tie_projections``.
     """
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
