@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     for rep in range(args.reps):
         for name in names[rep % len(names):] + names[: rep % len(names)]:
             times[name].append(contenders[name]())
+            print(f"rep {rep} {name}: {times[name][-1]:.2f} s", flush=True)
     ratios = {
         name: [t / s for t, s in zip(times[name], times["source"])] for name in names if name != "source"
     }

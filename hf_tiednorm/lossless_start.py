@@ -4,7 +4,8 @@ A pretrained model's hidden states are calibrated to raw dot products w_i·h, wh
 a normalized head deletes them, so a plain conversion starts from a broken function (SmolLM2-135M on Multi30k: 8.7×
 the source's perplexity in cosine mode, docs/converting.md). The lossless start keeps the head normalized but
 starts the per-token terms that multiply or shift its scores where they give back the source's logits exactly, so
-fine-tuning moves from the source's own function:
+fine-tuning moves from the source's own function. Each mode declares its start (``HeadMode.lossless_start`` and
+``lossless_terms``, head_modes.py); the built-in ones:
 
 =========== ======================================================== =============================================
 head_mode   lossless start                                           exact because

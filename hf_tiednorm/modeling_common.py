@@ -66,11 +66,8 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
                 if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
                     init.zeros_(embedding.weight[embedding.padding_idx])
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+    def _extra_auto_map(self) -> dict[str, str]:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
         # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
         base_model = type(self.model)
-        module = base_model.__module__.rsplit(".", 1)[-1]
-        auto_map = dict(getattr(self.config, "auto_map", None) or {})
-        self.config.auto_map = {**auto_map, "AutoModel": f"{module}.{base_model.__name__}"}
-        super().save_pretrained(save_directory, *args, **kwargs)
+        return {"AutoModel": f"{base_model.__module__.rsplit('.', 1)[-1]}.{base_model.__name__}"}
