@@ -88,6 +88,15 @@ def decode(model, prompt: torch.Tensor, new_tokens: int, walk: bool) -> float:
     return seconds
 
 
+def _median_seconds(call, times: int) -> float:
+    samples = []
+    for _ in range(times):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of SmolLM2-135M")
@@ -118,6 +127,10 @@ def main(argv: list[str] | None = None) -> dict:
     }
     for run in contenders.values():  # warm-up
         run()
+    # The guard's own cost, each way: one walk over the modules, and the check once nothing changed structurally.
+    walk_ms = 1000 * _median_seconds(lambda: peft_guard.check_head_not_bypassed(converted), 20)
+    peft_guard.check_head_once(converted)
+    once_us = 1e6 * _median_seconds(lambda: peft_guard.check_head_once(converted), 2000)
     names = list(contenders)
     load_before = os.getloadavg()
     times = {name: [] for name in names}
@@ -135,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "model": description,
         "modules_walked_per_check": modules,
+        "guard_walk_ms": walk_ms,
+        "guard_check_once_us": once_us,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "seconds": times,
         "ratio_to_source": summary,
@@ -148,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
             "transformers": transformers.__version__,
         },
     }
+    print(f"guard: one walk over {modules} modules {walk_ms:.3f} ms; check once {once_us:.2f} us")
     for name, stats in summary.items():
         print(f"{name} / source: {stats['median']:.3f} [{stats['min']:.3f}-{stats['max']:.3f}]")
     if args.output is not None:
