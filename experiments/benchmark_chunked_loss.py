@@ -38,7 +38,7 @@ class Args:
     head_modes: str = field(default="cosine", metadata={"help": "comma-separated head modes"})
     logit_scale: str = field(default="scalar", metadata={"help": "logit scale of the head"})
     label_smoothing: float = field(default=0.1, metadata={"help": "label smoothing of both losses"})
-    strategies: str = field(default="fused", metadata={"help": "chunked strategies: fused,recompute"})
+    strategies: str = field(default="fused", metadata={"help": "chunked contenders: fused (the chunked loss's one)"})
     reps: int = field(default=3, metadata={"help": "interleaved repetitions (one subprocess each)"})
     iters: int = field(default=1, metadata={"help": "timed iterations per subprocess (after the memory one)"})
     threads: int = field(default=0, metadata={"help": "torch threads in the child; 0 = torch's default"})
@@ -78,10 +78,7 @@ def run_child(args: Args) -> dict:
         if contender == "plain":
             loss = token_cross_entropy(head(hidden), labels, args.label_smoothing)
         else:
-            strategy = contender.split("-", 1)[1]
-            loss = chunked_head_cross_entropy(
-                head, hidden, labels, args.chunk_size, args.label_smoothing, strategy=strategy
-            )
+            loss = chunked_head_cross_entropy(head, hidden, labels, args.chunk_size, args.label_smoothing)
         loss.backward()
         return loss.item()
 

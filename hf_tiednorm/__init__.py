@@ -10,6 +10,9 @@ from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from .families import FAMILIES
+from .head_modes import HeadMode, register_head_mode
+from .head_options import HeadOptions
 from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration, TiedNormBartModel
 from .modeling_tiednorm_causal import TiedNormCausalModel, TiedNormForCausalLM
 from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration, TiedNormSeq2SeqModel
@@ -17,17 +20,13 @@ from .modeling_tiednorm_wrapped import TiedNormWrappedForCausalLM, TiedNormWrapp
 from .normalized_head import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
 from .pipeline_translation import TiedNormTranslationPipeline
 
-for config_class, base_model, lm_model, lm_auto in (
-    (TiedNormSeq2SeqConfig, TiedNormSeq2SeqModel, TiedNormForConditionalGeneration, AutoModelForSeq2SeqLM),
-    (TiedNormBartConfig, TiedNormBartModel, TiedNormBartForConditionalGeneration, AutoModelForSeq2SeqLM),
-    (TiedNormCausalConfig, TiedNormCausalModel, TiedNormForCausalLM, AutoModelForCausalLM),
-):
-    AutoConfig.register(config_class.model_type, config_class)
-    AutoModel.register(config_class, base_model)
-    lm_auto.register(config_class, lm_model)
-    config_class.register_for_auto_class()
-    base_model.register_for_auto_class("AutoModel")
-    lm_model.register_for_auto_class(lm_auto.__name__)
+for family in FAMILIES.values():
+    AutoConfig.register(family.model_type, family.config_class)
+    AutoModel.register(family.config_class, family.base_model_class)
+    family.auto_class.register(family.config_class, family.lm_class)
+    family.config_class.register_for_auto_class()
+    family.base_model_class.register_for_auto_class("AutoModel")
+    family.lm_class.register_for_auto_class(family.auto_class.__name__)
 
 # Any tied transformers LM with the normalized head (convert.normalize_tied_head): one config, two model classes.
 AutoConfig.register(TiedNormWrappedConfig.model_type, TiedNormWrappedConfig)
@@ -45,7 +44,10 @@ PIPELINE_REGISTRY.register_pipeline(
 
 __version__ = "0.1.0"
 __all__ = [
+    "FAMILIES",
     "HEAD_MODES",
+    "HeadMode",
+    "HeadOptions",
     "LOGIT_SCALES",
     "TIE_TOPOLOGIES",
     "TiedNormBartConfig",
@@ -63,4 +65,5 @@ __all__ = [
     "TiedNormWrappedConfig",
     "TiedNormWrappedForCausalLM",
     "TiedNormWrappedForSeq2SeqLM",
+    "register_head_mode",
 ]

@@ -15,7 +15,7 @@ Band i scores its tokens with the same rows w_j, after projecting h down to d_i:
 
 so with tied projections s_j = (P_i w_j)·h = e_j·h: the adaptive model scores a token exactly like plain weight
 tying scores it against its input embedding. The normalized modes then apply per band, as in
-``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode_column_terms`` of the band's rows (and the
+``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode.column_terms`` of the band's rows (and the
 optional logit scale g on top). The cluster logits are free parameters, never normalized.
 
 The head returns the exact log-probabilities log p(j) of all V tokens as its "logits": they already sum to one,
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import NormalizedScoresMixin, mode_column_terms, out_of_vocabulary_message, unit_rows
+from .normalized_head import DEFAULT_HEAD_MODE, HeadOptions, NormalizedScoresMixin, out_of_vocabulary_message, unit_rows
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -118,16 +118,17 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         vocab_size: int,
         cutoffs: Sequence[int],
         div_value: float = 4.0,
-        head_mode: str = "cosine",
+        head_mode: str = DEFAULT_HEAD_MODE,
         logit_scale: str = "none",
         logit_scale_init: float | None = None,
         norm_eps: float = 1e-6,
         logit_bias: bool = False,
+        options: HeadOptions | None = None,
     ) -> None:
         super().__init__()
-        self.init_normalized_scores(
-            head_mode, logit_scale, logit_scale_init, norm_eps, hidden_size, vocab_size, logit_bias=logit_bias
-        )
+        if options is None:
+            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
+        self.init_normalized_scores(options, hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)
@@ -150,7 +151,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         g = self.logit_scale_values(self.cluster.weight.device)
         terms = []
         for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
-            scale, bias = mode_column_terms(band.weight, self.head_mode, self.norm_eps)  # (n_i,) each or None
+            scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
             if g is not None:
                 g_band = g[lo:hi] if g.dim() else g.expand(hi - lo)
                 scale = g_band if scale is None else scale * g_band

@@ -14,15 +14,10 @@ computed ``chunk_size`` tokens at a time, holding one (chunk × V) block at once
 The (V,) vectors ``scale``/``bias`` are inputs of the ``autograd.Function``; their gradients flow back through
 ``TiedNormHead.column_terms()`` (row norms → W, learned logit scale) by ordinary autograd outside it.
 
-Two strategies for the backward pass:
-
-* ``"fused"`` (default): the loss is a scalar, so the chunk's gradients are computed right after its loss, in the
-  forward pass, and ``backward`` only multiplies them by the incoming scalar gradient. Each chunk's logits are
-  computed once: 3 matmuls in all, as in the plain path, and about half its passes over (tokens × V) memory.
-* ``"recompute"``: forward keeps only the per-token ``logsumexp``; backward recomputes each chunk's logits
-  (4 matmuls). Use it when the loss is computed but not always differentiated.
-
-Either way, tokens whose label is ``ignore_index`` are dropped before any matmul. Neither supports double backward.
+The loss is a scalar, so each chunk's gradients are computed right after its loss, in the forward pass (only those
+of the inputs that need one; none without gradients), and ``backward`` only multiplies them by the incoming scalar
+gradient. Each chunk's logits are computed once: 3 matmuls in all, as in the plain path, and about half its passes
+over (tokens × V) memory. Tokens whose label is ``ignore_index`` are dropped before any matmul. No double backward.
 
 Under autocast the three matmuls run in autocast's dtype, as the plain path's ``F.linear`` and its backward do, and
 everything else (logits, softmax, loss, the accumulated weight gradient) in fp32: autocast itself is switched off
@@ -34,8 +29,6 @@ from __future__ import annotations
 import torch
 
 from .token_loss import out_of_vocabulary_labels, token_count
-
-STRATEGIES = ("fused", "recompute")
 
 
 def _chunk_logits(h_c, weight_mm, bias, compute_dtype):
@@ -84,7 +77,7 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
     """Sum over non-ignored tokens of the (label-smoothed) cross-entropy of ``(hidden Wᵀ) * scale + bias``.
 
     Inputs: hidden (N, d), weight (V, d), scale (V,) or None, bias (V,) or None, labels (N,) int64, then
-    chunk_size, label_smoothing, ignore_index, strategy. Returns a 0-dim fp32 tensor (fp64 for fp64 weights):
+    chunk_size, label_smoothing, ignore_index. Returns a 0-dim fp32 tensor (fp64 for fp64 weights):
     the sum; divide it by the token count yourself.
 
     The scale is folded into the weight once, ``W_s = W * scale`` (V, d), so a chunk's logits are one
@@ -93,20 +86,18 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index, strategy):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    def forward(ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index):
         device_type = hidden.device.type
         compute_dtype = torch.promote_types(weight.dtype, torch.float32)
         autocast = torch.is_autocast_enabled(device_type)
         ctx.matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else compute_dtype
         with torch.autocast(device_type, enabled=False):
             return ChunkedHeadCrossEntropy._forward(
-                ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index, strategy
+                ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index
             )
 
     @staticmethod
-    def _forward(ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index, strategy):
+    def _forward(ctx, hidden, weight, scale, bias, labels, chunk_size, label_smoothing, ignore_index):
         needs = ctx.needs_input_grad
         need = {
             "hidden": needs[0],
@@ -126,30 +117,25 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
         n, vocab = h.shape[0], weight.shape[0]
         if ((y < 0) | (y >= vocab)).any():
             raise IndexError(out_of_vocabulary_labels(labels, vocab, ignore_index))
-        fused = strategy == "fused" and any(need.values())
+        fused = any(need.values())  # without gradients, the loss alone
         grads = _new_grads(weight, compute_dtype, need) if fused else None
         grad_h = hidden.new_zeros(hidden.shape) if fused and need["hidden"] else None
-        lse_all = torch.empty(n, dtype=compute_dtype, device=hidden.device)
         total = torch.zeros((), dtype=compute_dtype, device=hidden.device)
         for start in range(0, n, chunk_size):
             stop = min(start + chunk_size, n)
             h_c, y_c = h[start:stop], y[start:stop]
             z = _chunk_logits(h_c, weight_mm, bias_c, compute_dtype)
-            loss, lse_all[start:stop] = _chunk_loss_and_softmax(z, y_c, label_smoothing)
+            loss, _ = _chunk_loss_and_softmax(z, y_c, label_smoothing)
             total += loss.sum()
             if fused:
                 g = _chunk_backward(z, h_c, y_c, weight_mm, label_smoothing, need, grads, hidden.dtype)
                 if g is not None:
                     grad_h.index_copy_(0, keep[start:stop], g)
             del z
-        ctx.fused, ctx.need = fused, need
-        ctx.chunk_size, ctx.label_smoothing = chunk_size, label_smoothing
+        ctx.need = need
         ctx.term_dtypes = (None if scale is None else scale.dtype, None if bias is None else bias.dtype)
-        if fused:
-            ctx.grads, ctx.grad_h = grads, grad_h
-            ctx.save_for_backward(weight, scale)
-        else:
-            ctx.save_for_backward(weight, scale, hidden, weight_scaled, bias_c, keep, y, lse_all)
+        ctx.grads, ctx.grad_h = grads, grad_h
+        ctx.save_for_backward(weight, scale)
         return total
 
     @staticmethod
@@ -161,24 +147,9 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad_output):
         need = ctx.need
-        if ctx.fused:
-            weight, scale = ctx.saved_tensors
-            grads, grad_h = ctx.grads, ctx.grad_h
-            del ctx.grads, ctx.grad_h
-        else:
-            weight, scale, hidden, weight_scaled, bias_c, keep, y, lse_all = ctx.saved_tensors
-            grads = _new_grads(weight, weight_scaled.dtype, need)
-            grad_h = hidden.new_zeros(hidden.shape) if need["hidden"] else None
-            weight_mm = weight_scaled.to(ctx.matmul_dtype)
-            h = hidden.index_select(0, keep).to(ctx.matmul_dtype)
-            for start in range(0, h.shape[0], ctx.chunk_size):
-                stop = min(start + ctx.chunk_size, h.shape[0])
-                h_c, y_c = h[start:stop], y[start:stop]
-                p = _chunk_logits(h_c, weight_mm, bias_c, weight_scaled.dtype).sub_(lse_all[start:stop, None]).exp_()
-                g = _chunk_backward(p, h_c, y_c, weight_mm, ctx.label_smoothing, need, grads, hidden.dtype)
-                if g is not None:
-                    grad_h.index_copy_(0, keep[start:stop], g)
-                del p
+        weight, scale = ctx.saved_tensors  # the gradients were computed with the loss, in the forward
+        grads, grad_h = ctx.grads, ctx.grad_h
+        del ctx.grads, ctx.grad_h
         go = grad_output
         scale_dtype, bias_dtype = ctx.term_dtypes
         out_h = grad_h.mul_(go.to(grad_h.dtype)) if need["hidden"] else None
@@ -191,7 +162,7 @@ class ChunkedHeadCrossEntropy(torch.autograd.Function):
                 out_w = (g_mat * scale.to(g_mat.dtype)[:, None] if scale is not None else g_mat).to(weight.dtype)
         if need["bias"]:
             out_b = grads["bias"].mul_(go).to(bias_dtype)
-        return out_h, out_w, out_s, out_b, None, None, None, None, None
+        return out_h, out_w, out_s, out_b, None, None, None, None
 
 
 def _new_grads(weight, compute_dtype, need) -> dict:
@@ -211,7 +182,6 @@ def chunked_head_cross_entropy(
     label_smoothing: float = 0.0,
     num_items_in_batch: int | torch.Tensor | None = None,
     ignore_index: int = -100,
-    strategy: str = "fused",
 ) -> torch.Tensor:
     """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
     holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
@@ -221,9 +191,9 @@ def chunked_head_cross_entropy(
     labels = labels.reshape(-1).to(hidden.device)  # (N,)
     scale, bias = head.column_terms()  # autograd outside the Function chains their grads to W / logit scale
     total = ChunkedHeadCrossEntropy.apply(
-        hidden, head.weight, scale, bias, labels, chunk_size, float(label_smoothing), ignore_index, strategy
+        hidden, head.weight, scale, bias, labels, chunk_size, float(label_smoothing), ignore_index
     )
     return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
 
 
-__all__ = ["STRATEGIES", "ChunkedHeadCrossEntropy", "chunked_head_cross_entropy"]
+__all__ = ["ChunkedHeadCrossEntropy", "chunked_head_cross_entropy"]

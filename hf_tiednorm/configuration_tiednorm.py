@@ -17,8 +17,9 @@ from huggingface_hub.dataclasses import as_validated_field, strict
 from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
+from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
+from .head_options import HeadOptions, LogitScale
 from .lossless_start import lossless_head_options
-from .normalized_head import HeadMode, LogitScale
 from .regularizers import LOSS_TERMS
 
 TieTopology = Literal["untied", "decoder", "three_way"]
@@ -39,12 +40,23 @@ def non_negative_field(value: float | None) -> None:
         raise ValueError(f"Value must be >= 0, got {value}")
 
 
-def script_flag(help: str, *, finetune: bool = False, new_model_only: bool = False) -> dict:
+@as_validated_field
+def head_mode_field(value: str) -> None:
+    """A registered head mode (head_modes.py); the error names the value and the modes this code defines."""
+    get_head_mode(value)
+
+
+def script_flag(help: str, *, finetune: bool = False, new_model_only: bool = False, choices=None) -> dict:
     """The metadata of a config field that the training scripts offer as a flag: its ``help`` text, and whether
     fine-tuning a saved model may change it (``finetune``: a loss weight, which changes no parameter) or only a new
     model takes it (``new_model_only``: applied when the model is built). The one place a field is described:
-    ``hf_tiednorm.training.arguments`` derives the scripts' flags and their fine-tuning rules from it."""
-    return {"help": help, "finetune": finetune, "new_model_only": new_model_only}
+    ``hf_tiednorm.training.arguments`` derives the scripts' flags and their fine-tuning rules from it. ``choices``:
+    the values the flag accepts, for a field whose type is no ``Literal`` (a live sequence such as ``HEAD_MODES`` is
+    read when the flag is parsed)."""
+    metadata = {"help": help, "finetune": finetune, "new_model_only": new_model_only}
+    if choices is not None:
+        metadata["choices"] = choices
+    return metadata
 
 
 # Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
@@ -56,11 +68,12 @@ layer_count_field = interval(min=0)
 class TiedNormHeadConfigMixin:
     """Fields of the normalized tied output head: every hf_tiednorm config has them (TiedNormWrappedConfig too)."""
 
-    head_mode: HeadMode = field(
-        default="cosine",
+    head_mode: str = head_mode_field(
+        default=DEFAULT_HEAD_MODE,
         metadata=script_flag(
-            "how the output layer scores token i against the decoder state h (hf_tiednorm/normalized_head.py): "
-            "baseline w_i·h, l2 (unit rows in and out), square w_i·h/‖w_i‖², distance −‖w_i − h‖², cosine"
+            "how the output layer scores token i against the decoder state h (hf_tiednorm/head_modes.py): "
+            f"{head_mode_summaries()}",
+            choices=HEAD_MODES,
         ),
     )
     logit_scale: LogitScale = field(
@@ -98,6 +111,11 @@ class TiedNormHeadConfigMixin:
                 f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale, logit_bias) = {needed}, "
                 f"got ({self.logit_scale!r}, {self.logit_bias}); set them so, or lossless_start=False"
             )
+
+    @property
+    def head_options(self) -> HeadOptions:
+        """The head's settings as the one value a head is built from (head_options.py)."""
+        return HeadOptions.from_config(self)
 
     def validate_logit_scale_init(self) -> None:
         if self.logit_scale == "none" and self.logit_scale_init is not None:
@@ -189,10 +207,12 @@ class TiedNormTechniquesConfigMixin:
     )
 
     def validate_row_norm_techniques(self) -> None:
-        if self.head_mode == "l2" and (self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None):
+        uses_row_norms = self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None
+        if uses_row_norms and not get_head_mode(self.head_mode).keeps_row_norms:
             raise ValueError(
-                "weight_norm_regularization / weight_norm_init_sigma act on row norms, which head_mode='l2' removes "
-                "from both the input lookups and the scores; use another head_mode or leave them unset"
+                "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+                f"head_mode={self.head_mode!r} removes from both the input lookups and the scores; use another "
+                "head_mode or leave them unset"
             )
 
     def validate_adaptive_cutoffs(self) -> None:
@@ -240,6 +260,11 @@ class TieTopologyConfigMixin:
     ``tie_word_embeddings`` and ``share_encoder_decoder_embeddings`` follow from ``tie_topology``; passing values
     that contradict it is an error.
     """
+
+    # Where the family's models keep their embeddings (module paths from the LM; tie_topology.py reads them): the
+    # shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no fields.
+    shared_embedding_path = "model.shared"
+    stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
 
     # Which embeddings share one matrix: one of TIE_TOPOLOGIES.
     tie_topology: TieTopology = "three_way"
@@ -343,6 +368,8 @@ class TiedNormCausalConfig(TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixi
     """A Llama-style decoder-only LM whose output layer is the normalized tied head."""
 
     model_type = "tiednorm_causal"
+    # Where its models keep the token embedding (module path from the LM; tie_topology.py reads it). No field.
+    input_embedding_path = "model.embed_tokens"
 
     vocab_size: int = size_field(default=8000)
     hidden_size: int = size_field(default=256)

@@ -34,36 +34,26 @@ import argparse
 import os
 from pathlib import Path
 
-from transformers import (
-    AutoConfig,
-    AutoTokenizer,
-    BartForConditionalGeneration,
-    LlamaForCausalLM,
-    MarianMTModel,
-    PreTrainedModel,
-)
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
-from .configuration_tiednorm import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .convert_checks import SUPPORTED_TEXT, check_convertible, check_tied, check_unit_lookups
+from .families import FAMILIES, family_of_source
 from .gguf_checks import check_gguf_file
-from .lossless_start import drop_quantization_state, lossless_head_options, start_lossless
-from .modeling_tiednorm_bart import TiedNormBartForConditionalGeneration
-from .modeling_tiednorm_causal import TiedNormForCausalLM
-from .modeling_tiednorm_seq2seq import TiedNormForConditionalGeneration
+from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
+from .head_options import LOGIT_SCALES, HeadOptions
+from .lossless_start import drop_quantization_state, start_lossless
 from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForCausalLM,
     TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
 )
-from .normalized_head import HEAD_MODES, LOGIT_SCALES, check_head_mode
 from .peft_guard import refuse_peft_before_normalizing
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
-    "marian": (MarianMTModel, TiedNormSeq2SeqConfig, TiedNormForConditionalGeneration),
-    "bart": (BartForConditionalGeneration, TiedNormBartConfig, TiedNormBartForConditionalGeneration),
-    "llama": (LlamaForCausalLM, TiedNormCausalConfig, TiedNormForCausalLM),
+    family.source_model_type: (family.source_class, family.config_class, family.lm_class)
+    for family in FAMILIES.values()
 }
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
@@ -90,54 +80,64 @@ def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **l
 
 def normalize_tied_head(
     model: PreTrainedModel,
-    head_mode: str,
+    head_mode: str | None = None,
     *,
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
     norm_eps: float = 1e-6,
     lossless_start: bool = False,
+    options: HeadOptions | None = None,
 ) -> TiedNormWrappedPreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
     The model itself is adopted, not copied: the result holds it as ``.model`` with its output layer replaced by a
-    ``TiedNormHead`` (and, in l2 mode, unit-row lookups), and shares its weights. ``head_mode="baseline"`` gives
-    exactly ``model``'s logits, and so does every other mode but l2 with ``lossless_start``. The result saves and
-    reloads with ``AutoModelFor*.from_pretrained(folder, trust_remote_code=True)``. A model loaded from a GGUF file
-    loses its (stale) quantization state.
+    ``TiedNormHead`` (and, in a mode that normalizes the input lookups, unit-row lookups), and shares its weights.
+    ``head_mode="baseline"`` gives exactly ``model``'s logits, and so does every mode with a lossless start
+    (``HeadMode.lossless_start``) with ``lossless_start``. The result saves and reloads with
+    ``AutoModelFor*.from_pretrained(folder, trust_remote_code=True)``. A model loaded from a GGUF file loses its
+    (stale) quantization state.
 
     Args:
         model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
             works too).
-        head_mode: one of ``HEAD_MODES``.
-        logit_scale, logit_scale_init, logit_bias, norm_eps: the head's fields (configuration_tiednorm.py).
+        head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
+            ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
         lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
 
     Returns:
         ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
-    check_head_mode(head_mode, logit_scale)
+    if options is None:
+        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias, norm_eps)
+    elif head_mode is not None:
+        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
-        logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
+        options = options.with_lossless_start()
     drop_quantization_state(model)
-    check_tied(model)
-    if head_mode == "l2":
-        check_unit_lookups(model, norm_eps)
-    auto = check_convertible(model.config)
+    auto = check_source_model(model, options)
     if type(model) is not auto._model_mapping[type(model.config)]:
         raise ValueError(
             f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
             f"({auto._model_mapping[type(model.config)].__name__}), which a saved conversion reloads as"
         )
-    config = TiedNormWrappedConfig(
-        text_config=model.config,
-        head_mode=head_mode,
-        logit_scale=logit_scale,
-        logit_scale_init=logit_scale_init,
-        logit_bias=logit_bias,
-        norm_eps=norm_eps,
-    )
+    return _wrap(model, options, lossless_start)
+
+
+def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
+    """Every check a loaded source goes through, once: convertible (config), tied (weights) and, for a mode that
+    normalizes the input lookups, lookups that can be made unit rows. Returns the Auto class of its architecture."""
+    auto = check_convertible(model.config)
+    check_tied(model)
+    if options.mode.normalizes_input_lookups:
+        check_unit_lookups(model, options.norm_eps)
+    return auto
+
+
+def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> TiedNormWrappedPreTrainedModel:
+    """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
+    config = TiedNormWrappedConfig(text_config=model.config, **options.as_config_fields())
     wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
     wrapped = wrapper_class(config, body=model).train(model.training)
     if lossless_start:
@@ -145,21 +145,20 @@ def normalize_tied_head(
     return wrapped
 
 
-def _target_config(source_config, head_fields: dict):
-    """The config of our own family for a marian / bart / llama source, with ``head_fields`` (head_mode, ...)."""
-    model_type = source_config.model_type
+def _target_config(source_config, options: HeadOptions):
+    """The config of our own family for a source it maps 1:1 from (families.py), with the head's ``options``."""
+    family = family_of_source(source_config.model_type)
     fields = {k: v for k, v in source_config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
-    head_fields = dict(head_fields)
-    if model_type == "marian":
-        head_fields["tie_topology"] = "three_way" if source_config.share_encoder_decoder_embeddings else "decoder"
-    elif model_type == "bart":  # BART's encoder and decoder always share model.shared
-        head_fields["tie_topology"] = "three_way"
-    return SUPPORTED_SOURCES[model_type][1](**fields, **head_fields)
+    head_fields = options.as_config_fields()
+    if family.is_encoder_decoder:  # Marian with two vocabularies shares only the decoder's; BART always shares
+        shared = getattr(source_config, "share_encoder_decoder_embeddings", True)
+        head_fields["tie_topology"] = "three_way" if shared else "decoder"
+    return family.config_class(**fields, **head_fields)
 
 
-def _to_own_family(source: Path, source_model: PreTrainedModel, head_fields: dict) -> PreTrainedModel:
+def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOptions) -> PreTrainedModel:
     """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
-    config = _target_config(source_model.config, head_fields)
+    config = _target_config(source_model.config, options)
     target_class = SUPPORTED_SOURCES[source_model.config.model_type][2]
     state = source_model.state_dict()
     if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
@@ -185,13 +184,14 @@ def convert_checkpoint(
     source: str | os.PathLike,
     output_dir: str | os.PathLike | None = None,
     *,
-    head_mode: str = "baseline",
+    head_mode: str | None = None,
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
     generic: bool = False,
     gguf_file: str | None = None,
     lossless_start: bool = False,
+    options: HeadOptions | None = None,
 ) -> PreTrainedModel:
     """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
@@ -205,7 +205,8 @@ def convert_checkpoint(
             the path of a ``.gguf`` file itself.
         gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs ``pip install gguf``).
         lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
-        head_mode, logit_scale, logit_scale_init, logit_bias: the head's fields (configuration_tiednorm.py).
+        head_mode, logit_scale, logit_scale_init, logit_bias: the head's settings (head_options.py), or ``options``
+            holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
     """
     source = Path(source)
     if gguf_file is None and source.suffix == ".gguf":
@@ -218,9 +219,12 @@ def convert_checkpoint(
         raise FileNotFoundError(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
         )
-    check_head_mode(head_mode, logit_scale)
+    if options is None:
+        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias)
+    elif head_mode is not None:
+        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
-        logit_scale, logit_bias = lossless_head_options(head_mode, logit_scale, logit_bias)
+        options = options.with_lossless_start()
     if output_dir is not None:
         output_dir = Path(output_dir)
         if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:
@@ -234,16 +238,14 @@ def convert_checkpoint(
     source_model = auto.from_pretrained(source, dtype="auto", **load).eval()
     drop_quantization_state(source_model)
     check_tied(source_model)
-    head_fields = {
-        "head_mode": head_mode, "logit_scale": logit_scale, "logit_scale_init": logit_scale_init,
-        "logit_bias": logit_bias,
-    }  # fmt: skip
     if source_config.model_type in SUPPORTED_SOURCES and not generic:
-        model = _to_own_family(source, source_model, head_fields)
+        model = _to_own_family(source, source_model, options)
         if lossless_start:
             start_lossless(model)
     else:
-        model = normalize_tied_head(source_model, **head_fields, lossless_start=lossless_start)
+        if options.mode.normalizes_input_lookups:
+            check_unit_lookups(source_model, options.norm_eps)
+        model = _wrap(source_model, options, lossless_start)
     model.eval()
 
     if output_dir is not None:
@@ -274,11 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
     parser.add_argument(
         "--head-mode",
-        default="baseline",
+        default=DEFAULT_HEAD_MODE,
         choices=HEAD_MODES,
-        help="how the head scores token i from the shared row w_i and the hidden state h: baseline w·h (plain "
-        "tying), l2 ŵ·h with unit-row input lookups too, square w·h/‖w‖², distance w·h − ½‖w‖², cosine w·h/‖w‖ "
-        "(default: %(default)s)",
+        help=f"how the head scores token i from the shared row w_i and the hidden state h: {head_mode_summaries()} "
+        "(hf_tiednorm/head_modes.py) (default: %(default)s)",
     )
     parser.add_argument(
         "--logit-scale",
@@ -306,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lossless-start",
         action="store_true",
-        help="start at the source's logits: cosine/square get a per-token logit scale ‖w_i‖ / ‖w_i‖², distance a "
-        "logit bias ½‖w_i‖² (l2 is refused: its input lookups change too) (default: off)",
+        help="start at the source's logits: the terms each mode declares (cosine/square a per-token logit scale "
+        "‖w_i‖ / ‖w_i‖², distance a logit bias ½‖w_i‖²; l2 is refused: its input lookups change too) (default: off)",
     )
     parser.add_argument(
         "--generic",
@@ -321,13 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:  # the settings checked once, as the one value the conversion passes on
+        options = HeadOptions(args.head_mode, args.logit_scale, args.logit_scale_init, args.logit_bias)
+    except ValueError as error:
+        parser.error(str(error))
     convert_checkpoint(
         args.source,
         args.output_dir,
-        head_mode=args.head_mode,
-        logit_scale=args.logit_scale,
-        logit_scale_init=args.logit_scale_init,
-        logit_bias=args.logit_bias,
+        options=options,
         generic=args.generic,
         gguf_file=args.gguf_file,
         lossless_start=args.lossless_start,

@@ -51,8 +51,8 @@ def check_convertible(config) -> type:
 
 def check_tied(model: PreTrainedModel) -> None:
     """Raise ``ValueError`` unless ``model``'s output layer is a bias-free linear layer holding its input embedding
-    matrix: the same tensor, or (a checkpoint that stored both) equal values."""
-    check_convertible(model.config)
+    matrix: the same tensor, or (a checkpoint that stored both) equal values. (``check_convertible`` checks its
+    config.)"""
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear) or isinstance(head, TiedNormHead):
         raise ValueError(

@@ -1,12 +1,14 @@
 """The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
-rows in l2 mode, or an adaptive input, optionally multiplying its lookups by a constant inside the module (BART's
-scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for FSDP2 (see its docstring)."""
+rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
+constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
+FSDP2 (see its docstring)."""
 
 from __future__ import annotations
 
 import torch
 
 from .adaptive import AdaptiveInput
+from .head_modes import get_head_mode
 from .normalized_head import TiedNormEmbedding
 
 
@@ -43,10 +45,11 @@ class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
 def build_embedding(
     config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
 ) -> TiedNormEmbedding | AdaptiveInput:
-    """Token embedding that looks up unit rows in l2 mode (Liu et al. eq. 19) and plain rows otherwise;
+    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
+    and plain rows otherwise;
     an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
     module multiplies its lookups by it (``ScaledLookupMixin``)."""
-    common = {"normalize": config.head_mode == "l2", "norm_eps": config.norm_eps}
+    common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
     if embed_scale is not None:
         common["embed_scale"] = embed_scale
     if config.adaptive_cutoffs is not None:

@@ -11,14 +11,34 @@ generates and resizes: ``_place_output_head``, ``_generate_with_frozen_head`` an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from .adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from .lossless_start import start_resized_tokens
 from .normalized_head import TiedNormHead
-from .peft_guard import check_head_not_bypassed
+from .peft_guard import check_head_once
 from .pipeline_translation import add_translation_pipeline
+
+
+@contextmanager
+def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
+    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: FSDP2 gathers a group's
+    parameters in its module's forward hooks, but generation runs the encoder (and its root-group parameters:
+    positions, layer norms) outside the root's forward. (The Seq2SeqTrainer passes synced_gpus, so ranks generating
+    different lengths stay in step.)"""
+    if not (isinstance(model, FSDPModule) and model.config.is_encoder_decoder):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 class TiedNormHeadHostMixin:
@@ -51,10 +71,14 @@ class TiedNormHeadHostMixin:
         one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
         return embedding_matrices(self.get_output_embeddings())
 
+    def _extra_auto_map(self) -> dict[str, str]:
+        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
+        return {}
+
     def generate(self, *args, **kwargs):
-        check_head_not_bypassed(self)  # before the head is used here: PEFT may have wrapped it
+        check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
-        with self.get_output_embeddings().frozen_column_terms():
+        with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
             return self._generate_with_frozen_head(*args, **kwargs)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
@@ -75,6 +99,9 @@ class TiedNormHeadHostMixin:
         # code, which imports it.
         if self.config.is_encoder_decoder:
             add_translation_pipeline(self.config)
+        extra = self._extra_auto_map()
+        if extra:
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
         super().save_pretrained(save_directory, *args, **kwargs)
 
 

@@ -4,7 +4,8 @@ A pretrained model's hidden states are calibrated to raw dot products w_i·h, wh
 a normalized head deletes them, so a plain conversion starts from a broken function (SmolLM2-135M on Multi30k: 8.7×
 the source's perplexity in cosine mode, docs/converting.md). The lossless start keeps the head normalized but
 starts the per-token terms that multiply or shift its scores where they give back the source's logits exactly, so
-fine-tuning moves from the source's own function:
+fine-tuning moves from the source's own function. Each mode declares its start (``HeadMode.lossless_start`` and
+``lossless_terms``, head_modes.py); the built-in ones:
 
 =========== ======================================================== =============================================
 head_mode   lossless start                                           exact because
@@ -36,6 +37,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from .head_options import HeadOptions
+
 
 def drop_quantization_state(model: PreTrainedModel) -> None:
     """Remove the GGUF loader's quantization state from ``model`` (and its config) in place; refuse a model whose
@@ -63,34 +66,11 @@ def drop_quantization_state(model: PreTrainedModel) -> None:
     model.is_quantized = False
 
 
-LOSSLESS_TERMS = {"baseline": None, "cosine": "logit_scale", "square": "logit_scale", "distance": "logit_bias"}
-
-
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
-    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs, or ``ValueError`` naming the
-    option that makes it impossible (see the module docstring's table)."""
-    if head_mode == "l2":
-        raise ValueError(
-            "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input "
-            "too, so every layer receives other inputs than in the source and no term of the output head can restore "
-            "its logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
-            "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
-        )
-    if LOSSLESS_TERMS[head_mode] == "logit_scale":
-        if logit_scale not in ("none", "vector"):
-            raise ValueError(
-                f"lossless_start for head_mode {head_mode!r} sets a per-token logit scale (logit_scale='vector', "
-                f"g_i = ‖w_i‖{'²' if head_mode == 'square' else ''}); logit_scale={logit_scale!r} cannot give back "
-                "the source's logits: leave logit_scale unset or 'vector'"
-            )
-        return "vector", logit_bias
-    if logit_scale != "none":
-        raise ValueError(
-            f"lossless_start for head_mode {head_mode!r} needs no logit scale (its scores are w_i·h already"
-            f"{' once the bias ½‖w_i‖² is added back' if head_mode == 'distance' else ''}); "
-            f"logit_scale={logit_scale!r} would multiply them: leave logit_scale='none'"
-        )
-    return logit_scale, logit_bias or head_mode == "distance"
+    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
+    or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
+    options = HeadOptions(head_mode, logit_scale, logit_bias=logit_bias).with_lossless_start()
+    return options.logit_scale, options.logit_bias
 
 
 @torch.no_grad()
@@ -98,36 +78,31 @@ def start_lossless(model: PreTrainedModel) -> None:
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
     ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``lossless_head_options``: cosine g_i = ‖w_i‖, square g_i = ‖w_i‖², distance b_i = ½‖w_i‖² (fp32).
+    ``lossless_head_options``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
-    norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)  # (V,)
-    if head.head_mode in ("cosine", "square"):
-        head.logit_scale.copy_(norms if head.head_mode == "cosine" else norms.square())
-    elif head.head_mode == "distance":
-        head.logit_bias.copy_(0.5 * head.weight.float().square().sum(dim=-1))  # as mode_column_terms computes it
+    scale, bias = head.mode.lossless_terms(head.weight, head.norm_eps)
+    if scale is not None:
+        head.logit_scale.copy_(scale)
+    if bias is not None:
+        head.logit_bias.copy_(bias)
     model.config.lossless_start = True
 
 
 @torch.no_grad()
 def start_resized_tokens(model: PreTrainedModel, first_new: int) -> None:
     """After ``resize_token_embeddings`` of a lossless-started ``model`` (``config.lossless_start``), start the new
-    tokens' g_i / b_i (ids ``first_new`` and up) by the lossless map from their initial rows, in place; a model
-    without a lossless start keeps the head's own rule (g = ``logit_scale_init``, b = 0)."""
+    tokens' g_i / b_i (ids ``first_new`` and up) by their mode's lossless map from their initial rows, in place; a
+    model without a lossless start keeps the head's own rule (g = ``logit_scale_init``, b = 0)."""
     head = model.get_output_embeddings()
     if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
         return
-    norms = torch.linalg.vector_norm(head.weight[first_new:].float(), dim=-1)  # (new,)
-    if head.head_mode in ("cosine", "square"):
-        head.logit_scale[first_new:] = norms if head.head_mode == "cosine" else norms.square()
-    elif head.head_mode == "distance":
-        head.logit_bias[first_new:] = 0.5 * head.weight[first_new:].float().square().sum(dim=-1)
+    scale, bias = head.mode.lossless_terms(head.weight[first_new:], head.norm_eps)  # (new,) each, or None
+    if scale is not None:
+        head.logit_scale[first_new:] = scale
+    if bias is not None:
+        head.logit_bias[first_new:] = bias
 
 
-__all__ = [
-    "LOSSLESS_TERMS",
-    "drop_quantization_state",
-    "lossless_head_options",
-    "start_lossless",
-    "start_resized_tokens",
-]
+__all__ = ["drop_quantization_state", "lossless_head_options", "start_lossless", "start_resized_tokens"]

@@ -11,6 +11,7 @@ from transformers import initialization as init
 
 from .adaptive import AdaptiveSoftmaxHead
 from .head_host import TiedNormHeadHostMixin
+from .head_options import HeadOptions
 from .loss import TiedNormLossMixin
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import refuse_bypassed_head
@@ -20,27 +21,12 @@ from .tie_topology import TiedEmbeddingsMixin
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
     """The normalized tied head; an adaptive softmax returning log-probabilities when adaptive_cutoffs is set."""
+    options = HeadOptions.from_config(config)
     if config.adaptive_cutoffs is not None:
         return AdaptiveSoftmaxHead(
-            hidden_size,
-            vocab_size,
-            config.adaptive_cutoffs,
-            div_value=config.adaptive_div_value,
-            head_mode=config.head_mode,
-            logit_scale=config.logit_scale,
-            logit_scale_init=config.logit_scale_init,
-            norm_eps=config.norm_eps,
-            logit_bias=config.logit_bias,
+            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, options=options
         )
-    return TiedNormHead(
-        hidden_size,
-        vocab_size,
-        head_mode=config.head_mode,
-        logit_scale=config.logit_scale,
-        logit_scale_init=config.logit_scale_init,
-        norm_eps=config.norm_eps,
-        logit_bias=config.logit_bias,
-    )
+    return TiedNormHead(hidden_size, vocab_size, options=options)
 
 
 def build_output_projection(config, hidden_size: int) -> OutputProjection | None:
@@ -55,7 +41,8 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
     def post_init(self) -> None:
         super().post_init()
-        # PEFT must not bypass the normalized head (peft_guard.py); checked at every call. post_init may run twice.
+        # PEFT must not bypass the normalized head (peft_guard.py): checked at a call after any structural change.
+        # post_init may run twice.
         if refuse_bypassed_head not in self._forward_pre_hooks.values():
             self.register_forward_pre_hook(refuse_bypassed_head)
 
@@ -79,11 +66,8 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
                 if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
                     init.zeros_(embedding.weight[embedding.padding_idx])
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+    def _extra_auto_map(self) -> dict[str, str]:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
         # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
         base_model = type(self.model)
-        module = base_model.__module__.rsplit(".", 1)[-1]
-        auto_map = dict(getattr(self.config, "auto_map", None) or {})
-        self.config.auto_map = {**auto_map, "AutoModel": f"{module}.{base_model.__name__}"}
-        super().save_pretrained(save_directory, *args, **kwargs)
+        return {"AutoModel": f"{base_model.__module__.rsplit('.', 1)[-1]}.{base_model.__name__}"}

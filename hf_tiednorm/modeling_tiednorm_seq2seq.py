@@ -13,7 +13,6 @@ Attention, layers, positions, KV cache and generation are the parent's.
 from __future__ import annotations
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.marian.modeling_marian import (
@@ -156,18 +155,6 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
             encoder_attentions=outputs.encoder_attentions,
             **loss_terms,
         )
-
-    def generate(self, *args, **kwargs):
-        # FSDP2 gathers a group's parameters in its module's forward hooks, but generation runs the encoder (and its
-        # root-group parameters: positions, layer norms) outside the root's forward: keep the root gathered meanwhile.
-        # (The Seq2SeqTrainer already passes synced_gpus, so ranks generating different lengths stay in step.)
-        if not isinstance(self, FSDPModule):
-            return super().generate(*args, **kwargs)
-        self.unshard()
-        try:
-            return super().generate(*args, **kwargs)
-        finally:
-            self.reshard()
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         # Marian's shift_tokens_right is BART's too.

@@ -8,9 +8,9 @@ Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exa
   calls it where it called its ``nn.Linear``, so what it does around the head is kept as it is: final norm before it,
   T5's d^-1/2 rescale of the decoder output (tied T5), Gemma 2/3's final-logit soft-capping after it (the cap bounds
   the normalized score, g included), BART/mBART/Marian's ``final_logits_bias`` added after it;
-* in ``l2`` mode, every embedding module holding the shared matrix looks up unit rows ŵ_i before the scale its
-  class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings scale ŵ_i), so the model in l2 mode
-  equals the same model with unit-norm embedding rows.
+* in a mode that normalizes the input lookups (``l2``), every embedding module holding the shared matrix looks up
+  unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
+  scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
 
 ``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
 wrapped model's: ``forward`` and ``generate`` call it.
@@ -26,8 +26,9 @@ from .accumulated_loss import share_of_accumulated_batch
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
+from .head_options import HeadOptions
 from .normalized_head import TiedNormEmbedding, TiedNormHead
-from .peft_guard import check_head_not_bypassed
+from .peft_guard import check_head_once
 from .weight_checks import WeightChecksMixin
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
@@ -73,18 +74,15 @@ def shared_embedding_modules(body: PreTrainedModel) -> list[nn.Embedding]:
 
 
 def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
-    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in l2
-    mode, make every embedding module holding that matrix look up unit rows). Returns the new head."""
+    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in a
+    mode that normalizes the input lookups, make every embedding module holding that matrix look up unit rows).
+    Returns the new head."""
     embeddings = shared_embedding_modules(body)
     weight = embeddings[0].weight  # (V, d)
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
-        head_mode=config.head_mode,
-        logit_scale=config.logit_scale,
-        logit_scale_init=config.logit_scale_init,
-        norm_eps=config.norm_eps,
-        logit_bias=config.logit_bias,
+        options=HeadOptions.from_config(config),
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )
@@ -94,7 +92,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     if head.logit_bias is not None:  # the learned b, zero at first
         head.logit_bias = nn.Parameter(torch.zeros_like(head.logit_bias, device=weight.device))
     body.set_output_embeddings(head)
-    if config.head_mode == "l2":
+    if head.mode.normalizes_input_lookups:
         # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
         for module in embeddings:
             unit_lookups(module, config.norm_eps)
@@ -172,7 +170,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head."""
-        check_head_not_bypassed(self)
+        check_head_once(self)
         # The Trainer's num_items_in_batch is applied here, for every architecture (accumulated_loss.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)

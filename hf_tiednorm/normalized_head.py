@@ -1,25 +1,11 @@
-"""The normalized tied output head: the math of Liu, Zhai & Chen in one place.
+"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head_modes.py``.
 
-With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i),
-scoring token i as s_i = w_i·h. Liu, Zhai & Chen ("Normalization of Input-output Shared Embeddings in
-Text Generation Models") show that this score is biased by the row norm ‖w_i‖ and propose:
-
-=========== ======================================= =========================================================
-head_mode   score s_i                               paper
-=========== ======================================= =========================================================
-baseline    w_i·h                                   tied embeddings, eq. 1
-l2          ŵ_i·h, ŵ_i = w_i/‖w_i‖                  "l2-normalized input embedding", eq. 19; the input
-                                                    lookups use ŵ_i as well (see ``TiedNormEmbedding``)
-square      w_i·h / ‖w_i‖²                          "square-normalized output embedding", eq. 22
-distance    w_i·h − ½‖w_i‖²                         eq. 26; the bias is derived from W, not a parameter
-cosine      w_i·h / ‖w_i‖                           eq. 27
-=========== ======================================= =========================================================
-
-Every mode is an affine map of the plain scores W·h along the vocabulary axis,
-``s = (W·h) * column_scale + column_bias``, with vocabulary-sized vectors derived from the row norms.
-That keeps the cost of any mode at one matmul plus O(V) work at decoding (O(V·d) for a training batch, whose
-scale is folded into the rows of W instead of applied to the (tokens × V) logits), lets the chunked loss reuse it,
-and means no normalized copy of W is kept.
+With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
+its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
+cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
+options every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
+O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
+the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
 
 What the head guarantees where real training puts it:
 
@@ -41,9 +27,8 @@ What the head guarantees where real training puts it:
 An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
 ``fixed`` (FixNorm's r²), ``scalar`` (one learned g, as in Transformers without Tears) or ``vector``
 (one learned g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise: these heads normalize the
-rows of W but keep the norm of h, so their scores already have the scale of plain ones, and a start at √d (the g a
-score with *both* sides unit-norm needs) made a new model's step-0 logits √d× too sharp (issue 25: full-budget LM,
-val perplexity 2–6·10⁴ after epoch 1 against 71–79 from g = 1, and 11–16 worse at the best epoch).
+rows of W but keep the norm of h, so their scores already have the scale of plain ones; a start at √d (the g a
+score with *both* sides unit-norm needs) makes a new model's step-0 logits √d× too sharp (docs/evidence.md).
 
 An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
 ``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
@@ -57,62 +42,26 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# The one list of each: configs annotate their fields with these types (``@strict`` checks them), modules and
-# functions built without a config call ``check_head_mode``.
-HeadMode = Literal["baseline", "l2", "square", "distance", "cosine"]
-LogitScale = Literal["none", "fixed", "scalar", "vector"]
-HEAD_MODES: tuple[str, ...] = get_args(HeadMode)
-LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
-
-
-def inverse_row_norms(weight: torch.Tensor, eps: float, power: int = 1) -> torch.Tensor:
-    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
-
-    The 0 (instead of 1/eps) makes a dead row score 0 and receive no gradient through its norm: see the module
-    docstring.
-    """
-    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
-    inverse = norms.clamp_min(eps).pow(-power)
-    return torch.where(norms > eps, inverse, torch.zeros_like(inverse))
-
-
-def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
-    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
-
-    Scaled in fp32 so that fp16 rows cannot overflow on the way.
-    """
-    return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
+from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, HeadMode, get_head_mode, inverse_row_norms, unit_rows
+from .head_options import LOGIT_SCALES, HeadOptions
 
 
 def mode_column_terms(
     weight: torch.Tensor, head_mode: str, eps: float
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
-
-    ``None`` stands for "multiply by one" / "add zero". Both are fp32 vectors of shape (V,).
-    """
-    if head_mode == "baseline":
-        return None, None
-    if head_mode in ("l2", "cosine"):  # ŵ_i·h = w_i·h / ‖w_i‖
-        return inverse_row_norms(weight, eps), None
-    if head_mode == "square":
-        return inverse_row_norms(weight, eps, power=2), None
-    if head_mode == "distance":  # w_i·h − ½‖w_i‖²  (= −½‖w_i − h‖² + ½‖h‖², a nearest-neighbour score)
-        # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
-        return None, -0.5 * weight.float().square().sum(dim=-1)
-    raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
+    """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the score of ``head_mode``
+    (``HeadMode.column_terms``); ``None`` stands for "multiply by one" / "add zero", else fp32 (V,)."""
+    return get_head_mode(head_mode).column_terms(weight, eps)
 
 
 def check_head_mode(head_mode: str, logit_scale: str) -> None:
     """Raises ``ValueError`` naming the argument when ``head_mode`` or ``logit_scale`` is unknown."""
-    if head_mode not in HEAD_MODES:
-        raise ValueError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
+    get_head_mode(head_mode)
     if logit_scale not in LOGIT_SCALES:
         raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
 
@@ -131,24 +80,16 @@ class NormalizedScoresMixin:
     A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
     """
 
-    def init_normalized_scores(
-        self,
-        head_mode: str,
-        logit_scale: str,
-        logit_scale_init: float | None,
-        norm_eps: float,
-        hidden_size: int,
-        vocab_size: int,
-        device=None,
-        logit_bias: bool = False,
-    ) -> None:
-        check_head_mode(head_mode, logit_scale)
-        self.head_mode = head_mode
-        self.logit_scale_kind = logit_scale
-        self.logit_scale_init = (
-            float(logit_scale_init) if logit_scale_init is not None else default_logit_scale(logit_scale, hidden_size)
-        )
-        self.norm_eps = norm_eps
+    def init_normalized_scores(self, options: HeadOptions, hidden_size: int, vocab_size: int, device=None) -> None:
+        """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
+        self.options = options
+        self.head_mode = options.head_mode
+        self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
+        logit_scale = self.logit_scale_kind = options.logit_scale
+        init_value = options.logit_scale_init
+        default = default_logit_scale(logit_scale, hidden_size)
+        self.logit_scale_init = float(init_value) if init_value is not None else default
+        self.norm_eps = options.norm_eps
         if logit_scale == "scalar":
             self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
         elif logit_scale == "vector":
@@ -156,7 +97,7 @@ class NormalizedScoresMixin:
         else:  # "fixed" is a constant, not a parameter; "none" has no scale
             self.logit_scale = None
         # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
-        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if logit_bias else None
+        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
         self._frozen_depth = 0
         self._frozen_terms = None
 
@@ -210,25 +151,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self,
         hidden_size: int,
         vocab_size: int,
-        head_mode: str = "cosine",
+        head_mode: str = DEFAULT_HEAD_MODE,
         logit_scale: str = "none",
         logit_scale_init: float | None = None,
         norm_eps: float = 1e-6,
         device=None,
         dtype=None,
         logit_bias: bool = False,
+        options: HeadOptions | None = None,
     ) -> None:
+        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); without it, the
+        loose ``head_mode`` ... ``logit_bias`` arguments make one."""
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        self.init_normalized_scores(
-            head_mode,
-            logit_scale,
-            logit_scale_init,
-            norm_eps,
-            hidden_size,
-            vocab_size,
-            device=device,
-            logit_bias=logit_bias,
-        )
+        if options is None:
+            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
+        self.init_normalized_scores(options, hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
         return (
@@ -247,7 +184,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
             self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
 
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        scale, bias = mode_column_terms(self.weight, self.head_mode, self.norm_eps)
+        scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
         g = self.logit_scale_values(self.weight.device)
         if g is not None:
             # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
@@ -256,6 +193,15 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
                 scale = scale.expand(self.weight.shape[0])
             bias = None if bias is None else bias * g
         return scale, self.add_logit_bias(bias)
+
+    @torch.no_grad()
+    def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
+        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
+        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
+        scale, bias = self._compute_column_terms()
+        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
+        return weight, bias
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
@@ -299,10 +245,8 @@ def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
 
 
 class TiedNormEmbedding(nn.Embedding):
-    """Token embedding that, for the l2 mode (Liu et al. eq. 19), looks up unit-normalized rows ŵ_i.
-
-    In every other mode it is a plain ``nn.Embedding``: those modes leave the input embedding unchanged.
-    """
+    """Token embedding that, with ``normalize`` (a mode whose ``normalizes_input_lookups``: l2, Liu et al. eq. 19),
+    looks up unit-normalized rows ŵ_i; otherwise a plain ``nn.Embedding``."""
 
     def __init__(
         self,
@@ -333,3 +277,22 @@ class TiedNormEmbedding(nn.Embedding):
         # ŵ_i from the looked-up rows themselves: O(tokens·d) instead of normalizing all V rows, with the same
         # value and gradient, and nothing to cache.
         return unit_rows(embeddings, self.norm_eps)
+
+
+__all__ = [
+    "DEFAULT_HEAD_MODE",
+    "HEAD_MODES",
+    "LOGIT_SCALES",
+    "HeadMode",
+    "HeadOptions",
+    "NormalizedScoresMixin",
+    "TiedNormEmbedding",
+    "TiedNormHead",
+    "check_head_mode",
+    "default_logit_scale",
+    "get_head_mode",
+    "inverse_row_norms",
+    "mode_column_terms",
+    "out_of_vocabulary_message",
+    "unit_rows",
+]

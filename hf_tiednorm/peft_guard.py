@@ -10,11 +10,14 @@ Measured with peft 0.21 on a normalized tied head (cosine, l2):
   changes the shared matrix the head normalizes: merged ≠ unmerged.
 * ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
 
-Those three are refused by ``check_head_not_bypassed``, which the wrapped models (modeling_tiednorm_wrapped.py) run
-at every ``forward`` / ``generate`` and our own families at every call (``refuse_bypassed_head``, a forward pre-hook:
-PEFT's tuners and ``generate`` call the model); it can be called on any model after ``get_peft_model``. The exact
-way to also train the shared embedding under PEFT: unfreeze it and save it with the adapter
-(``PEFT_EMBEDDING_ADVICE``).
+Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
+The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
+pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
+bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
+its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
+anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
+(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
+save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
 
 This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
 """
@@ -22,6 +25,10 @@ This module does not import peft (an optional extra): PEFT layers are recognized
 from __future__ import annotations
 
 from torch import nn
+from torch.nn.modules.module import (
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
 
 from .normalized_head import TiedNormHead
 
@@ -116,9 +123,47 @@ def refuse_peft_before_normalizing(model: nn.Module) -> None:
         )
 
 
-def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
-    """Forward pre-hook running ``check_head_not_bypassed`` at every call of ``model`` (our own families)."""
+# Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
+# add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
+# shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
+# at every forward) replaces nothing that a checked model reaches its head through.
+_structure = {"version": 0}
+
+
+def _replaced_module(module: nn.Module, name: str, _value) -> None:
+    if name in module._modules:
+        _structure["version"] += 1
+
+
+def _replaced_parameter(module: nn.Module, name: str, _value) -> None:
+    if name in module._parameters:
+        _structure["version"] += 1
+
+
+register_module_module_registration_hook(_replaced_module)
+register_module_parameter_registration_hook(_replaced_parameter)
+_CHECKED_AT = "_tiednorm_guard_checked_at"
+
+
+def check_head_once(model: nn.Module) -> None:
+    """``check_head_not_bypassed(model)``, unless it passed already and no module or parameter has been registered
+    anywhere in the process since (O(1) then)."""
+    version = _structure["version"]
+    if model.__dict__.get(_CHECKED_AT) == version:
+        return
     check_head_not_bypassed(model)
+    model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
 
 
-__all__ = ["PEFT_EMBEDDING_ADVICE", "check_head_not_bypassed", "refuse_bypassed_head", "refuse_peft_before_normalizing"]
+def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
+    """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
+    check_head_once(model)
+
+
+__all__ = [
+    "PEFT_EMBEDDING_ADVICE",
+    "check_head_not_bypassed",
+    "check_head_once",
+    "refuse_bypassed_head",
+    "refuse_peft_before_normalizing",
+]

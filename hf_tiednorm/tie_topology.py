@@ -54,18 +54,20 @@ class EmbeddingTie:
 def embedding_tie(config) -> EmbeddingTie | None:
     """The tie of a model with this config, None when nothing is tied.
 
-    Causal LM: ``model.embed_tokens`` = ``lm_head`` (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology``
-    (Press & Wolf, 2017): "three_way" — ``model.shared`` = encoder = decoder input = output; "decoder" — the
-    decoder input = output; "untied" — none. Adaptive embeddings (Baevski & Auli, 2019) tie every band row and
-    projection of the input; the head ties the rows, and the projections when ``adaptive_tie_projections``.
+    The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
+    ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
+    (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
+    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
+    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
+    projections when ``adaptive_tie_projections``.
     """
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
-        owner = "model.embed_tokens"
+        owner = config.input_embedding_path
     elif config.share_encoder_decoder_embeddings:
-        owner, aliases = "model.shared", ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
+        owner, aliases = config.shared_embedding_path, tuple(config.stack_embedding_paths)
     else:
-        owner = "model.decoder.embed_tokens"
+        owner = config.stack_embedding_paths[1]
     head = "lm_head" if config.tie_word_embeddings else None
     if head is None and not aliases:
         return None

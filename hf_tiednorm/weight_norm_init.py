@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .head_modes import get_head_mode
+
 # Counts below this are raised to it before the log (see the module docstring).
 MIN_COUNT = 2
 
@@ -47,8 +49,10 @@ def weight_norm_init_(model, counts: torch.Tensor | Sequence[int] | None, sigma:
     """
     if counts is None:
         raise ValueError("weight-norm initialization needs the training data's token counts; got counts=None")
-    if model.config.head_mode == "l2":
-        raise ValueError("weight-norm initialization sets row norms, which head_mode='l2' ignores everywhere")
+    if not get_head_mode(model.config.head_mode).keeps_row_norms:
+        raise ValueError(
+            f"weight-norm initialization sets row norms, which head_mode={model.config.head_mode!r} ignores everywhere"
+        )
     weights = model.output_embedding_weights()  # [(V, d)] or one (n_i, d_i) per adaptive band
     vocab_size = sum(w.shape[0] for w in weights)
     targets = weight_norm_targets(counts, sigma, min_count)

@@ -58,6 +58,7 @@ from transformers import (
 )
 
 import hf_tiednorm
+from hf_tiednorm.families import FAMILIES, families
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
@@ -72,7 +73,10 @@ from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments
 from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
-MODEL_FAMILIES = ("tiednorm", "marian")
+# --model_family: every encoder-decoder family of hf_tiednorm (hf_tiednorm/families.py; "tiednorm" names the
+# Marian-style one, as the recipes always have), and transformers' MarianMTModel as the HF contender.
+OWN_FAMILIES = {"tiednorm" if name == "seq2seq" else name: FAMILIES[name] for name in families(encoder_decoder=True)}
+MODEL_FAMILIES = (*OWN_FAMILIES, "marian")
 # The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
 # library's: hf_tiednorm assumes no checkout).
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -118,8 +122,10 @@ class ModelArguments(TiedNormModelArguments):
     model_family: str = field(
         default="tiednorm",
         metadata={
-            "help": f"one of {MODEL_FAMILIES}: a new TiedNormForConditionalGeneration, or transformers' MarianMTModel "
-            "(plain three-way tying, the same dims; --label_smoothing becomes the Trainer's label_smoothing_factor)"
+            "help": f"one of {MODEL_FAMILIES}: a new model of an hf_tiednorm encoder-decoder family ("
+            + ", ".join(f"{name}: {family.lm_class.__name__}" for name, family in OWN_FAMILIES.items())
+            + "), or transformers' MarianMTModel (plain three-way tying, the same dims; --label_smoothing becomes "
+            "the Trainer's label_smoothing_factor)",
         },
     )
 
@@ -218,7 +224,8 @@ def main() -> None:
     output_dir = Path(training_args.output_dir)
 
     # Bad flags fail before any work: the config, sequence lengths the positions cannot hold, a resumed architecture.
-    run_config: PretrainedConfig = model_args.run_config(hf_tiednorm.TiedNormSeq2SeqConfig)
+    family = OWN_FAMILIES.get(model_args.model_family, OWN_FAMILIES["tiednorm"])  # marian: built from its config
+    run_config: PretrainedConfig = model_args.run_config(family.config_class)
     if marian:
         run_config = marian_config(run_config)
     # None: no position table to index past (a converted T5's relative positions), so nothing to check.
@@ -258,7 +265,7 @@ def main() -> None:
     if model_args.model_name_or_path is not None:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=run_config)
     else:
-        config = hf_tiednorm.TiedNormSeq2SeqConfig(
+        config = family.config_class(
             vocab_size=len(tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
@@ -273,14 +280,14 @@ def main() -> None:
             # HF's path for label smoothing: the Trainer's LabelSmoother on the model's logits.
             training_args.label_smoothing_factor = config.label_smoothing
         else:
-            model = hf_tiednorm.TiedNormForConditionalGeneration(config)
+            model = family.lm_class(config)
     steps.check_model(model, tokenizer, training_args)
     model.generation_config.length_penalty = model_args.length_penalty
     model.generation_config.max_length = training_args.generation_max_length or data_args.max_target_length
     if training_args.generation_num_beams is not None:
         model.generation_config.num_beams = training_args.generation_num_beams
-    family = type(model).__name__ if marian else f"head_mode={model.config.head_mode}"
-    logger.info("model: %s, %.1fM parameters", family, model.num_parameters() / 1e6)
+    described = type(model).__name__ if marian else f"{type(model).__name__}, head_mode={model.config.head_mode}"
+    logger.info("model: %s, %.1fM parameters", described, model.num_parameters() / 1e6)
 
     # Tokenized pairs; a new model's token counts (both sides: three-way tying shares one matrix) and weight-norm
     # initialization.

@@ -48,8 +48,7 @@ def _loss_and_grads(head, hidden, labels, smoothing, num_items, chunk):
     elif chunk is None:
         loss = token_cross_entropy(head(h), labels, smoothing, num_items)
     else:
-        strategy, size = chunk
-        loss = chunked_head_cross_entropy(head, h, labels, size, smoothing, num_items, strategy=strategy)
+        loss = chunked_head_cross_entropy(head, h, labels, chunk, smoothing, num_items)
     loss.backward()
     grads = {"hidden": h.grad, "weight": head.weight.grad}
     if head.logit_scale is not None:
@@ -67,7 +66,7 @@ def test_chunked_equals_plain(mode, logit_scale, smoothing, ignore):
     head = _head(mode, logit_scale, dtype)
     hidden, labels = _data(dtype, ignore)
     ref_loss, ref = _loss_and_grads(head, hidden, labels, smoothing, None, None)
-    for chunk in (("fused", 7), ("recompute", 7), ("fused", 1000)):
+    for chunk in (7, 1000):
         loss, got = _loss_and_grads(head, hidden, labels, smoothing, None, chunk)
         assert loss.dtype == ref_loss.dtype == torch.float64
         torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
@@ -77,13 +76,12 @@ def test_chunked_equals_plain(mode, logit_scale, smoothing, ignore):
 
 
 @pytest.mark.parametrize("mode", HEAD_MODES)
-@pytest.mark.parametrize("strategy", ("fused", "recompute"))
-def test_chunked_fp32_and_num_items(mode, strategy):
+def test_chunked_fp32_and_num_items(mode):
     head = _head(mode, "scalar", torch.float32)
     hidden, labels = _data(torch.float32, ignore=True)
     for num_items in (None, 150, torch.tensor(150)):
         ref_loss, ref = _loss_and_grads(head, hidden, labels, 0.1, num_items, None)
-        loss, got = _loss_and_grads(head, hidden, labels, 0.1, num_items, (strategy, 5))
+        loss, got = _loss_and_grads(head, hidden, labels, 0.1, num_items, 5)
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         for name in ref:
             torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-6, msg=f"grad {name}")
@@ -145,8 +143,7 @@ def test_config_validation(family):
 
 
 @pytest.mark.parametrize("mode", HEAD_MODES)
-@pytest.mark.parametrize("strategy", ("fused", "recompute"))
-def test_chunked_under_bf16_autocast_runs_its_matmuls_in_bf16_and_the_rest_in_fp32(mode, strategy):
+def test_chunked_under_bf16_autocast_runs_its_matmuls_in_bf16_and_the_rest_in_fp32(mode):
     """bf16 autocast is the training scripts' default on CPUs with native bf16: the chunked path then multiplies in
     bf16 (as the plain path's F.linear does) and keeps logits, softmax and loss in fp32. Reference: the plain loss
     of logits from explicit bf16 matmuls, with fp32 weights, scale and bias."""
@@ -164,8 +161,8 @@ def test_chunked_under_bf16_autocast_runs_its_matmuls_in_bf16_and_the_rest_in_fp
     (expected_grad,) = torch.autograd.grad(expected, h)
     h = hidden.clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = chunked_head_cross_entropy(head, h, labels, 5, 0.1, strategy=strategy)
-        loss.backward()  # inside autocast too: the recompute strategy's matmuls must not change dtype
+        loss = chunked_head_cross_entropy(head, h, labels, 5, 0.1)
+        loss.backward()  # inside autocast too
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
     # d loss / d h: dz (fp32) rounded to bf16 for the matmul, as autocast's backward of F.linear rounds it

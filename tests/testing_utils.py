@@ -15,8 +15,8 @@ import hf_tiednorm
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 TINY_VOCAB = 61
-# Every model family of the package; the family-level checks run over all of them.
-FAMILIES = ("seq2seq", "bart", "causal")
+# Every model family of the package (hf_tiednorm/families.py); the family-level checks run over all of them.
+FAMILIES = tuple(hf_tiednorm.FAMILIES)
 
 
 # The sizes of every tiny test model: of our families here and of the transformers architectures in
@@ -42,41 +42,44 @@ TINY_DECODER = dict(
 )
 
 
+# The tests exercise a normalized head unless they name a mode (the package's default is baseline, docs/head.md).
+TEST_HEAD_MODE = {"head_mode": "cosine"}
+
+
 def tiny_seq2seq_config(**overrides) -> hf_tiednorm.TiedNormSeq2SeqConfig:
-    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | {"dropout": 0.0} | overrides)
+    return hf_tiednorm.TiedNormSeq2SeqConfig(**TINY_ENCODER_DECODER | TEST_HEAD_MODE | {"dropout": 0.0} | overrides)
 
 
 def tiny_bart_config(**overrides) -> hf_tiednorm.TiedNormBartConfig:
     # scale_embedding=True (BART's default is False) so that the tests cover the in-module sqrt(d) scaling.
-    fields = TINY_ENCODER_DECODER | {"dropout": 0.0, "scale_embedding": True}
+    fields = TINY_ENCODER_DECODER | TEST_HEAD_MODE | {"dropout": 0.0, "scale_embedding": True}
     return hf_tiednorm.TiedNormBartConfig(**fields | overrides)
 
 
 def tiny_causal_config(**overrides) -> hf_tiednorm.TiedNormCausalConfig:
-    return hf_tiednorm.TiedNormCausalConfig(**TINY_DECODER | overrides)
+    return hf_tiednorm.TiedNormCausalConfig(**TINY_DECODER | TEST_HEAD_MODE | overrides)
 
 
-# family -> (tiny config builder, LM class); keyed by FAMILIES.
-_FAMILY_BUILDERS = {
-    "seq2seq": (tiny_seq2seq_config, hf_tiednorm.TiedNormForConditionalGeneration),
-    "bart": (tiny_bart_config, hf_tiednorm.TiedNormBartForConditionalGeneration),
-    "causal": (tiny_causal_config, hf_tiednorm.TiedNormForCausalLM),
-}
-assert tuple(_FAMILY_BUILDERS) == FAMILIES
+# The tiny configs of families that differ from the plain tiny sizes; a new family needs no entry here.
+_TINY_CONFIG_BUILDERS = {"seq2seq": tiny_seq2seq_config, "bart": tiny_bart_config, "causal": tiny_causal_config}
 
 
 def tiny_config(family: str, **overrides):
     """The tiny config of one family of FAMILIES, with ``overrides`` applied (validated at construction)."""
-    if family not in _FAMILY_BUILDERS:
+    if family not in hf_tiednorm.FAMILIES:
         raise ValueError(f"unknown family {family!r}")
-    return _FAMILY_BUILDERS[family][0](**overrides)
+    if family in _TINY_CONFIG_BUILDERS:
+        return _TINY_CONFIG_BUILDERS[family](**overrides)
+    description = hf_tiednorm.FAMILIES[family]
+    sizes = TINY_ENCODER_DECODER if description.is_encoder_decoder else TINY_DECODER
+    return description.config_class(**sizes | TEST_HEAD_MODE | overrides)
 
 
 def tiny_model(family: str, **overrides):
     """A tiny randomly initialized model of one family of FAMILIES, in eval mode."""
     config = tiny_config(family, **overrides)
     torch.manual_seed(0)
-    return _FAMILY_BUILDERS[family][1](config).eval()
+    return hf_tiednorm.FAMILIES[family].lm_class(config).eval()
 
 
 def model_inputs(model, batch_size: int = 2, length: int = 7, seed: int = 0) -> dict[str, torch.Tensor]:

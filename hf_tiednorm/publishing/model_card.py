@@ -28,7 +28,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
-from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig
+from transformers import AutoConfig
 
 from ..configuration_tiednorm import (
     TiedNormBartConfig,
@@ -38,30 +38,21 @@ from ..configuration_tiednorm import (
     TieTopologyConfigMixin,
 )
 from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from ..families import FAMILIES as MODEL_FAMILIES
+from ..head_modes import get_head_mode
 from ..normalized_head import default_logit_scale
 from ..training.plots import EMBEDDING_NORM_PLOT
 from .card_metrics import eval_results, parse_metrics
 from .provenance import base_model_provenance
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
-# model_type -> (the HF parent config, the architecture named on the card)
-FAMILIES = {
-    TiedNormSeq2SeqConfig.model_type: (MarianConfig, "Marian-style encoder-decoder"),
-    TiedNormBartConfig.model_type: (BartConfig, "BART-style encoder-decoder"),
-    TiedNormCausalConfig.model_type: (LlamaConfig, "Llama-style causal language model"),
-}
+# model_type -> (the HF parent config, the architecture named on the card), from the family table (families.py)
+FAMILIES = {family.model_type: (family.hf_parent_config, family.card_name) for family in MODEL_FAMILIES.values()}
 # Converted models of any tied architecture: the wrapped model's config is the wrapper config's text_config.
 WRAPPED = TiedNormWrappedConfig.model_type
 TiedNormConfig = TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig | TiedNormWrappedConfig
 # Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
 
-MODE_EQUATIONS = {
-    "baseline": ("s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"),
-    "l2": ("s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too", "Liu, Zhai & Chen (2020), eq. 19"),
-    "square": ("s_i = w_i·h / ‖w_i‖²", "Liu, Zhai & Chen (2020), eq. 22"),
-    "distance": ("s_i = w_i·h − ½‖w_i‖²", "Liu, Zhai & Chen (2020), eq. 26"),
-    "cosine": ("s_i = w_i·h / ‖w_i‖", "Liu, Zhai & Chen (2020), eq. 27"),
-}
 TIE_TOPOLOGY_TEXT = {
     "three_way": "three-way: encoder input = decoder input = output embedding",
     "decoder": "decoder: decoder input = output embedding; the encoder has its own",
@@ -266,12 +257,12 @@ def render_model_card(
     repo_id = repo_id or folder.resolve().name
     model_name = repo_id.split("/")[-1]
     is_encoder_decoder = config.is_encoder_decoder
-    mode_equation, mode_reference = MODE_EQUATIONS[config.head_mode]
+    mode = get_head_mode(config.head_mode)  # its equation and paper (head_modes.py)
     tags = ["tiednorm", config.head_mode, "translation" if is_encoder_decoder else "text-generation"]
     if config.model_type == WRAPPED:
         tags.append(config.text_config.model_type)
     tied = config.tie_word_embeddings
-    citations = ([LIU_ET_AL_BIBTEX] if config.head_mode != "baseline" else []) + ([PRESS_WOLF_BIBTEX] if tied else [])
+    citations = ([LIU_ET_AL_BIBTEX] if mode.cites_liu_et_al else []) + ([PRESS_WOLF_BIBTEX] if tied else [])
 
     card_data = ModelCardData(
         library_name="transformers",
@@ -295,8 +286,8 @@ def render_model_card(
         # The one-line pipeline usage, shown when the folder's config records the pipeline (its code ships with it).
         translation_pipeline="tiednorm-translation" in (getattr(config, "custom_pipelines", None) or {}),
         head_mode=config.head_mode,
-        mode_equation=mode_equation,
-        mode_reference=mode_reference,
+        mode_equation=mode.equation,
+        mode_reference=mode.paper,
         logit_scale=_logit_scale_text(config, folder),
         logit_bias="a learned b_i per token, added to the scores (zero at initialization)"
         if getattr(config, "logit_bias", False)

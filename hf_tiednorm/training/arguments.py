@@ -189,7 +189,17 @@ def flag_help(config_field: dataclasses.Field, annotation: Any) -> str:
     kinds = [arg for arg in get_args(annotation) if get_origin(arg) is Literal] or [annotation]
     choices = get_args(kinds[0]) if get_origin(kinds[0]) is Literal else ()
     listed = f"; one of {', '.join(choices)}" if choices else ""
+    if "choices" in config_field.metadata:  # a registry read at parse time (the head modes): argparse lists it
+        listed = "; one of %(choices)s"
     return f"{config_field.metadata['help']}{listed} (default: {config_field.default}, the config's)"
+
+
+def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str, Any]:
+    """The HfArgumentParser metadata of a config-field flag: its help, and its ``choices`` when the field names them."""
+    metadata = {"help": flag_help(config_field, annotation)}
+    if "choices" in config_field.metadata:
+        metadata["choices"] = config_field.metadata["choices"]
+    return metadata
 
 
 def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
@@ -207,7 +217,7 @@ def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArgume
         (
             config_field.name,
             flag_type(types[config_field.name]),
-            field(default=None, metadata={"help": flag_help(config_field, types[config_field.name])}),
+            field(default=None, metadata=flag_metadata(config_field, types[config_field.name])),
         )
         for config_field in flags
     ]

@@ -23,6 +23,8 @@ from transformers import (
 from transformers.masking_utils import eager_mask
 from transformers.modeling_utils import PreTrainedModel
 
+from ..families import FAMILIES
+
 # CPU flags of native bf16 matrix multiplication (x86). Without them oneDNN emulates bf16 through fp32, and
 # autocast would only add casts.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -156,7 +158,10 @@ class TiedNormSeq2SeqTrainingArguments(Bf16DefaultMixin, Seq2SeqTrainingArgument
 # reproduces exactly (Marian / BART / Llama bodies); others (converted checkpoints: soft-capping, sliding windows, ...)
 # keep theirs.
 CPU_BF16_ATTENTION = "eager_fp32_softmax"
-CPU_BF16_ATTENTION_MODEL_TYPES = ("tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "marian")
+# Our families that ask for it (families.py) and the HF Marian contender of run_translation.py.
+CPU_BF16_ATTENTION_MODEL_TYPES = (
+    *(family.model_type for family in FAMILIES.values() if family.cpu_bf16_eager_attention), "marian"
+)
 
 
 def eager_attention_fp32_softmax(

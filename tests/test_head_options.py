@@ -1,0 +1,71 @@
+"""The head's settings are one value (hf_tiednorm/head_options.py), checked once and passed whole; a conversion checks
+its source once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from testing_utils import tiny_config
+from tiny_architectures import source_model
+
+import hf_tiednorm.convert as convert
+from hf_tiednorm.head_options import HeadOptions
+from hf_tiednorm.normalized_head import TiedNormHead
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"head_mode": "cosinus"}, "head_mode must be one of .*got 'cosinus'"),
+        ({"logit_scale": "learned"}, "logit_scale must be one of"),
+        ({"logit_scale": "fixed", "logit_scale_init": 0.0}, "logit_scale_init must be > 0"),
+        ({"logit_scale_init": 2.0}, "logit_scale='none'"),
+        ({"norm_eps": 0.0}, "norm_eps must be > 0"),
+        ({"logit_bias": 1}, "logit_bias must be True or False"),
+    ],
+)
+def test_bad_options_are_refused_when_made(fields, message):
+    with pytest.raises(ValueError, match=message):
+        HeadOptions(**fields)
+
+
+def test_a_config_passes_its_options_whole_to_the_head():
+    config = tiny_config("causal", head_mode="square", logit_scale="vector", logit_scale_init=3.0, logit_bias=True)
+    options = config.head_options
+    assert options == HeadOptions("square", "vector", 3.0, True, config.norm_eps)
+    head = TiedNormHead(8, 5, options=options)
+    assert head.options is options and head.mode.name == "square"
+    assert head.logit_scale.shape == (5,) and float(head.logit_scale.detach()[0]) == 3.0 and head.logit_bias is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.head_mode = "cosine"
+
+
+def test_the_lossless_start_options_follow_the_mode():
+    assert HeadOptions("cosine").with_lossless_start() == HeadOptions("cosine", "vector")
+    assert HeadOptions("distance").with_lossless_start() == HeadOptions("distance", logit_bias=True)
+    assert HeadOptions("baseline").with_lossless_start() == HeadOptions("baseline")
+    with pytest.raises(ValueError, match="impossible for head_mode 'l2'"):
+        HeadOptions("l2").with_lossless_start()
+    with pytest.raises(ValueError, match="logit_scale='scalar' cannot give back"):
+        HeadOptions("cosine", "scalar").with_lossless_start()
+
+
+@pytest.mark.parametrize("generic", [True, False])
+def test_a_conversion_checks_its_source_once(generic, tmp_path, monkeypatch):
+    calls = {"check_convertible": 0, "check_tied": 0, "check_unit_lookups": 0}
+    for name in calls:
+        original = getattr(convert, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(convert, name, counted)
+    source_model("llama").save_pretrained(tmp_path / "source")
+    convert.convert_checkpoint(tmp_path / "source", head_mode="l2", generic=generic)
+    assert calls == {"check_convertible": 1, "check_tied": 1, "check_unit_lookups": 1 if generic else 0}
+    for name in calls:
+        calls[name] = 0
+    convert.normalize_tied_head(source_model("llama"), options=HeadOptions("l2"))
+    assert calls == {"check_convertible": 1, "check_tied": 1, "check_unit_lookups": 1}
