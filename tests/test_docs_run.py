@@ -168,29 +168,36 @@ def set_flags(tokens: list[str], flags: list[str], add: bool = True) -> list[str
     return tokens
 
 
+def filled(text: str, fill: dict[str, str]) -> str:
+    """``text`` with ``{name}`` replaced by the page's tiny fixture ``name`` (and ``{{lang}}`` by ``{lang}``)."""
+    for name, value in fill.items():
+        text = text.replace("{" + name + "}", value)
+    return text.replace("{{lang}}", "{lang}")
+
+
 def substituted(command: str, fill: dict[str, str]) -> str:
-    """The command with the size substitutions applied (``fill``: the page's tiny fixtures by name)."""
+    """The command with the size substitutions applied (``fill``: the page's tiny fixtures by name). A line without
+    a program of ``FLAGS`` keeps its shell syntax as written (only placeholders are replaced)."""
     for placeholder, value in PLACEHOLDERS.items():
         command = command.replace(placeholder, value)
-    command = command.split(" # ")[0]  # an inline comment
-    tokens = shlex.split(command)
-    program = next((token for token in tokens if token in FLAGS), None)
-    if program is not None:
-        table = FLAGS[program]
-        always = table["always"]
-        if KEEP_SAVING.search(command):
-            always = [token for token in always if token not in ("--save_strategy", "no")]
-        tokens = set_flags(tokens, always)
-        if "--model_name_or_path" not in tokens:
-            tokens = set_flags(tokens, table.get("new model", []))
-        tokens = set_flags(tokens, table.get("if given", []), add=False)
-    command = " ".join(token if re.fullmatch(r"[\w./=:{},-]+", token) else shlex.quote(token) for token in tokens)
-    return command.replace("{{", "\0").replace("}}", "\1").format(**fill).replace("\0", "{").replace("\1", "}")
+    program = next((name for name in FLAGS if re.search(rf"(^| ){re.escape(name)}( |$)", command)), None)
+    if program is None:
+        return filled(command, fill)
+    tokens = shlex.split(command.split(" # ")[0])  # without an inline comment
+    table = FLAGS[program]
+    always = table["always"]
+    if KEEP_SAVING.search(command):
+        always = [token for token in always if token not in ("--save_strategy", "no")]
+    tokens = set_flags(tokens, always)
+    if "--model_name_or_path" not in tokens:
+        tokens = set_flags(tokens, table.get("new model", []))
+    tokens = set_flags(tokens, table.get("if given", []), add=False)
+    return shlex.join(filled(token, fill) for token in tokens)
 
 
 def python_block(code: str, fill: dict[str, str]) -> str:
     for placeholder, value in PLACEHOLDERS.items():
-        code = code.replace(placeholder, value.format(**fill))
+        code = code.replace(placeholder, filled(value, fill))
     return code
 
 
@@ -236,7 +243,7 @@ def run_in_process(command: str) -> bool:
     without a new interpreter's 10-30 s of imports on a busy 2-core machine. Returns False for anything else."""
     if SHELL_SYNTAX.search(command):
         return False
-    tokens = shlex.split(command)
+    tokens = shlex.split(command, comments=True)
     if tokens[0] in CONSOLE_SCRIPTS:
         main, argv = importlib.import_module(CONSOLE_SCRIPTS[tokens[0]]).main, tokens[1:]
     elif tokens[:2] == ["python", "-m"] and tokens[2].startswith("hf_tiednorm."):
@@ -341,6 +348,8 @@ def test_the_substitutions_keep_the_program_and_its_other_flags():
     converted = substituted("python scripts/run_clm.py --model_name_or_path m --output_dir o", fill)
     assert "--hidden_size" not in converted  # a saved model keeps its architecture
     translation = substituted("python scripts/run_translation.py scripts/configs/multi30k_de_en.yaml", fill)
-    assert "--train_file D/train.{lang}" in translation
+    assert "--train_file 'D/train.{lang}'" in translation
     assert substituted("tiednorm-convert path/to/Qwen3-0.6B q --head-mode cosine", fill) == (
         "tiednorm-convert M/qwen3 q --head-mode cosine")
+    shell = """GGUF=$(python -c "import x; print('{a}')") && tiednorm-convert "$GGUF" out  # note"""
+    assert substituted(shell, fill) == shell  # shell syntax as written

@@ -5,6 +5,7 @@ ways the docs and the card show."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -36,19 +37,26 @@ def test_a_translation_run_without_an_action_fails_too(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
-def load_tokenizer_without_a_terminal(folder, call: str, cwd) -> str:
-    """Run ``call`` (an AutoTokenizer line) in a process where hf_tiednorm cannot be imported, with stdin closed
-    (no terminal to answer a prompt); returns its output, which ends with the token ids of a sentence."""
-    code = _BLOCK_PACKAGE + (
-        "from transformers import AutoTokenizer\n"
-        f"tokenizer = {call.format(folder=repr(str(folder)))}\n"
-        "print('ids', tokenizer('a dog runs on the grass .').input_ids)\n"
-    )
+CALLS = (  # the plain call first: a call with trust_remote_code=True registers the config class for the next ones
+    "AutoTokenizer.from_pretrained({folder})",
+    "AutoTokenizer.from_pretrained({folder}, trust_remote_code=False)",
+    "AutoTokenizer.from_pretrained({folder}, trust_remote_code=True)",
+)
+
+
+def load_tokenizer_without_a_terminal(folder, cwd) -> list[str]:
+    """Run each of ``CALLS`` in one process where hf_tiednorm cannot be imported, with stdin closed (no terminal to
+    answer a prompt); returns what each call printed, ending with the token ids of a sentence."""
+    code = _BLOCK_PACKAGE + "import sys\nfrom transformers import AutoTokenizer\n"
+    for number, call in enumerate(CALLS):
+        code += (f"print('=== call {number}', flush=True)\n"
+                 f"tokenizer = {call.format(folder=repr(str(folder)))}\n"
+                 "print('ids', tokenizer('a dog runs on the grass .').input_ids, flush=True)\n")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout + result.stderr
+    return re.split(r"=== call \d\n", result.stdout)[1:]
 
 
 def test_a_saved_folders_tokenizer_loads_without_a_prompt_the_documented_ways(tmp_path):
@@ -63,11 +71,9 @@ def test_a_saved_folders_tokenizer_loads_without_a_prompt_the_documented_ways(tm
     tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(folder)
     expected = f"ids {tokenizer('a dog runs on the grass .').input_ids}"
+    plain, *documented = load_tokenizer_without_a_terminal(folder, tmp_path)
     # The plain call prompts (and, without a terminal, goes on): what the docs warn of. Should transformers stop
     # asking for a tokenizer, this fails, and the docs' warning can go.
-    plain = load_tokenizer_without_a_terminal(folder, "AutoTokenizer.from_pretrained({folder})", tmp_path)
     assert PROMPT in plain and expected in plain
-    for call in ("AutoTokenizer.from_pretrained({folder}, trust_remote_code=True)",
-                 "AutoTokenizer.from_pretrained({folder}, trust_remote_code=False)"):
-        output = load_tokenizer_without_a_terminal(folder, call, tmp_path)
+    for call, output in zip(CALLS[1:], documented, strict=True):
         assert PROMPT not in output and expected in output, (call, output)
