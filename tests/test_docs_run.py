@@ -10,6 +10,11 @@ several processes, GPUs, hours of training); one that needs the real GGUF model 
 runs with ``-m slow``). Everything else runs: a new page (or a new command on a page) is picked up as it is, so a
 command that does nothing, a missing ``--do_train`` or an undefined name in a snippet fails here.
 
+Two things a page takes for granted are supplied: the main job's output folder ``runs/multi30k_de_en`` (a tiny
+finished run, made once), and, before a ``--resume_from_checkpoint last`` command, the killed run it continues (the
+same command stopped after one step). One call of a console script or of ``python scripts/X.py`` runs in this
+process (the same ``main()`` and argv, without a new interpreter's imports); a line with shell syntax runs in bash.
+
 The default set (``not slow``) takes about 2 min on a busy 2-core CPU; what follows the ``slow`` rules adds the
 GGUF conversion and fine-tuning of SmolLM2-135M, the benchmark smoke test and the FSDP2 checks.
 """
