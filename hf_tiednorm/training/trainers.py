@@ -52,11 +52,24 @@ class LossTermsLoggingMixin:
             # The Trainer divides a per-batch loss by the accumulation steps; a loss normalized by
             # num_items_in_batch is already a share of the step (see loss.TiedNormLossMixin.compose_loss).
             divisor = 1 if num_items_in_batch is not None else self.current_gradient_accumulation_steps
+            scale = self._device_loss_scale(num_items_in_batch)
             for name in LOSS_TERMS:
                 if outputs.get(name) is not None:
-                    term = outputs[name].detach().float() / divisor
+                    term = outputs[name].detach().float() * scale / divisor
                     sums[name] = sums.get(name, 0.0) + term
         return (loss, outputs) if return_outputs else loss
+
+    def _device_loss_scale(self, num_items_in_batch) -> int:
+        """The factor by which ``Trainer.compute_loss`` multiplies the model's loss (and so the logged ``loss``) but
+        not the terms in its outputs: with ``average_tokens_across_devices`` the model divides by the token count of
+        all processes, and the Trainer multiplies by the number of processes so that DDP's gradient mean comes out
+        right (the same condition and factor as transformers 5's ``Trainer.compute_loss``). Without it the logged
+        terms were a 1/processes share: ``cross_entropy`` 3.943 beside ``loss`` 7.886 on 2 processes."""
+        args = self.args
+        if not (args.average_tokens_across_devices and num_items_in_batch is not None
+                and (self.model_accepts_loss_kwargs or self.compute_loss_func)):
+            return 1
+        return self.accelerator.num_processes // self.get_tp_size() if args.n_gpu <= 1 else args.n_gpu
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         sums = self._loss_term_sums

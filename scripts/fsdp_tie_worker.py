@@ -1,7 +1,7 @@
-"""One rank of tests/test_distributed.py (and scripts/verify_fsdp_tie.py): shard a tiny model of every family,
+"""One rank of scripts/verify_fsdp_tie.py (and tests/test_distributed.py): shard a tiny model of every family,
 train it and measure it against the same model trained unsharded in this process on the whole global batch.
 
-    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed_worker.py ROUTE OUT_JSON \
+    python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/fsdp_tie_worker.py ROUTE OUT_JSON \
         [FAMILY ...] [--device {auto,cpu,cuda}]
 
 ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.tie_topology.fully_shard_tied``), "accelerate"
@@ -15,6 +15,9 @@ Device: ``--device cpu`` runs CPU processes over gloo (what tests/test_distribut
 ``LOCAL_RANK`` on GPU ``LOCAL_RANK`` over nccl (one process per GPU); ``auto`` (default) is ``cuda`` when a GPU is
 visible. ``use_device`` is the only place that differs between the two: the models, the batches and the reference
 run live on the rank's device, the rest of the worker is the same code.
+
+Self-contained (the tiny models are built here, not imported from the repository's tests/), so a user's checkout
+or copy of scripts/ runs it as it is.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -33,13 +35,24 @@ import torch.distributed as dist
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as tests/conftest.py sets for the test processes
+import hf_tiednorm
+from hf_tiednorm.tie_topology import embedding_tie, fully_shard_tied, untied_pairs
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the models are built in code
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from testing_utils import FAMILIES, tiny_model  # noqa: E402  (tiny configs shared with the test suite)
 
-from hf_tiednorm.tie_topology import embedding_tie, fully_shard_tied, untied_pairs  # noqa: E402
+# The tiny model of each family (the sizes of tests/testing_utils.py's tiny models): config class, LM class, fields.
+_ENCODER_DECODER = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0)
+TINY_FAMILIES = {
+    "seq2seq": (hf_tiednorm.TiedNormSeq2SeqConfig, hf_tiednorm.TiedNormForConditionalGeneration, _ENCODER_DECODER),
+    "bart": (hf_tiednorm.TiedNormBartConfig, hf_tiednorm.TiedNormBartForConditionalGeneration,
+             _ENCODER_DECODER | {"scale_embedding": True}),
+    "causal": (hf_tiednorm.TiedNormCausalConfig, hf_tiednorm.TiedNormForCausalLM,
+               dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)),
+}
+FAMILIES = tuple(TINY_FAMILIES)
 
 STEPS = 3
 LEARNING_RATE = 0.5  # SGD: large enough that a wrong gradient (or a split tie) shows within a few steps
@@ -70,6 +83,14 @@ def use_device(requested: str) -> str:
 
 def on_cpu() -> bool:
     return DEVICE.type == "cpu"
+
+
+def tiny_model(family: str, **overrides) -> torch.nn.Module:
+    """A tiny randomly initialized model of ``family`` (61 tokens, d = 32, 2 layers), the same on every rank."""
+    config_class, model_class, fields = TINY_FAMILIES[family]
+    config = config_class(vocab_size=61, max_position_embeddings=64, **fields | overrides)
+    torch.manual_seed(0)
+    return model_class(config).eval()
 
 
 def build(family: str) -> torch.nn.Module:

