@@ -2,7 +2,7 @@
 """What a user should expect when converting a real pretrained model: fine-tune conversions of one source through
 scripts/run_clm.py with one budget for all, and measure validation / test perplexity along the way.
 
-    flock /tmp/heavy.lock nice -n 10 python experiments/converted_recovery.py --work_dir /work/scratch-realmodel
+    flock /tmp/heavy.lock nice -n 10 python experiments/converted_recovery.py --work_dir scratch-realmodel
 
 For every variant (a ``tiednorm-convert`` of the source: head mode, lossless start, logit bias) it converts the source
 once, fine-tunes the conversion with ``scripts/run_clm.py`` (``--max_steps`` steps, a checkpoint every
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", "/work/shared/data/multi30k"))
+MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 
 # name -> tiednorm-convert flags. The lossless starts compute the source's logits at step 0 (hf_tiednorm/convert.py).
 VARIANTS = {

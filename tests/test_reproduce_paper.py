@@ -504,3 +504,13 @@ def test_each_budget_and_precision_reports_to_its_own_files(tmp_path):
     assert paths[("full", "fp32")] == grid.ROOT / "results" / "paper_summary_full_fp32.json"
     assert len(set(paths.values())) == len(paths)
     assert _args(report_json=str(tmp_path / "x.json")).report_path() == tmp_path / "x.json"
+
+
+def test_a_grid_row_records_the_command_relative_to_the_checkout():
+    """A results row is a record a reader reruns: no absolute path of the machine that ran the cell (issue 33)."""
+    argv = ["scripts/run_translation.py", "--output_dir", f"{runner.ROOT}/runs/grid/cell",
+            "--train_file", f"{runner.ROOT.parent}/shared/data/multi30k/train.de.gz", "--seed", "0"]
+    command = runner.repo_relative_command(argv)
+    assert str(runner.ROOT.parent) not in command
+    assert command == ("scripts/run_translation.py --output_dir runs/grid/cell "
+                       "--train_file ../shared/data/multi30k/train.de.gz --seed 0")

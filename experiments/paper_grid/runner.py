@@ -108,6 +108,13 @@ def prepare_cell_dir(out: Path) -> Path | None:
     return checkpoint
 
 
+def repo_relative_command(argv: list[str]) -> str:
+    """``argv`` as the command a reader reruns from the checkout: this machine's checkout path and its parent
+    (where ``shared/`` lies) become relative (a row must not carry the absolute paths of the machine that ran it)."""
+    text = " ".join(argv)
+    return text.replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
+
+
 def run_cell(args: GridArguments, cell: dict, device: str) -> dict:
     out = ROOT / args.runs_dir / cell["key"]
     checkpoint = prepare_cell_dir(out)
@@ -122,7 +129,7 @@ def run_cell(args: GridArguments, cell: dict, device: str) -> dict:
     row = {**cell, "status": "ok" if rc == 0 else f"failed rc={rc}", "wall_minutes": (time.monotonic() - start) / 60,
            "device": device, "num_threads": args.threads(), "precision": "bf16" if args.bf16() else "fp32",
            "resumed_from": None if checkpoint is None else checkpoint.name,
-           "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": " ".join(argv[1:])}
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": repo_relative_command(argv[1:])}
     results = out / "all_results.json"
     if rc == 0 and results.is_file():
         metrics = json.loads(results.read_text())
