@@ -120,6 +120,10 @@ PLACEHOLDERS = {
     "/tmp/speed.json": "speed.json",
     "/tmp/staged": "staged",
     "/tmp/heavy.lock": "heavy.lock",
+    "tiednorm-export runs/cosine": "tiednorm-export runs/multi30k_de_en",  # docs/training.md's cosine run, tiny
+    "tiednorm-push runs/cosine": "tiednorm-push runs/multi30k_de_en",
+    "benchmark_peft_guard.py --reps 3 --new-tokens 8 --output results/benchmark_peft_guard.json":
+        "benchmark_peft_guard.py --tiny --reps 1 --new-tokens 2 --output peft_guard.json",
     "/work/scratch-realmodel": "scratch-realmodel",
     "--results results/converted_recovery.json": "--results converted_recovery.json --source {models}/llama "
                                                  "--block_size 16 --batch_size 2 --bf16 false",
@@ -238,7 +242,7 @@ def tiny_inputs(tmp_path_factory) -> dict[str, str]:
 
 
 CONSOLE_SCRIPTS = {"tiednorm-convert": "hf_tiednorm.convert", "tiednorm-card": "hf_tiednorm.publishing.model_card",
-                   "tiednorm-push": "hf_tiednorm.publishing.hub"}
+                   "tiednorm-push": "hf_tiednorm.publishing.hub", "tiednorm-export": "hf_tiednorm.publishing.export"}
 SHELL_SYNTAX = re.compile(r"[$|&;<>`()]|^\w+=")
 
 
@@ -263,6 +267,9 @@ def run_in_process(command: str) -> bool:
         status = main(argv) if argv is not None else main()
     except SystemExit as exit_:
         status = exit_.code
+    else:
+        if argv is None and not isinstance(status, int):
+            status = None  # `python X.py` ends with `main()`, whose return value (a report) is not an exit status
     finally:
         sys.argv = saved_argv
         torch.set_num_threads(threads)  # a script sets it for the whole process
