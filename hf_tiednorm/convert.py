@@ -176,6 +176,8 @@ def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
 
 def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> TiedNormWrappedPreTrainedModel:
     """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
+    # The adopted model's config is saved as text_config: it names its source only by a Hub id, never a local path.
+    model.config._name_or_path = portable_name_or_path(model.config._name_or_path)
     config = TiedNormWrappedConfig(text_config=model.config, **options.as_config_fields())
     wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
     wrapped = wrapper_class(config, body=model).train(model.training)

@@ -5,11 +5,13 @@ conversion names its source by a Hub id only, never by a path of this machine.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tiny_architectures import CONFIGS, auto_class, inputs_for
 
-from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
+from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head, portable_name_or_path
 
 
 @pytest.fixture(scope="module", params=["llama", "marian", "bart"])
@@ -54,3 +56,31 @@ def test_generic_false_leaves_the_source_unchanged(saved_source):
     assert type(source) is auto._model_mapping[type(source.config)]
     assert all(torch.equal(source.state_dict()[key], value) for key, value in before.items())
 
+
+def _names_or_paths(config: dict) -> list[str]:
+    found = [config["_name_or_path"]] if "_name_or_path" in config else []
+    return found + [name for value in config.values() if isinstance(value, dict) for name in _names_or_paths(value)]
+
+
+@pytest.mark.parametrize("generic", [True, False])
+def test_a_saved_conversion_carries_no_local_path(saved_source, generic, tmp_path):
+    folder, auto = saved_source
+    source = auto.from_pretrained(folder.resolve())  # _name_or_path: this machine's absolute folder
+    assert source.config._name_or_path == str(folder.resolve())
+    normalize_tied_head(source, "cosine", generic=generic).save_pretrained(tmp_path / "in_memory")
+    convert_checkpoint(folder.resolve(), tmp_path / "from_folder", head_mode="cosine", generic=generic)
+    for saved in ("in_memory", "from_folder"):
+        text = (tmp_path / saved / "config.json").read_text()
+        assert str(folder.resolve()) not in text and str(tmp_path) not in text, saved
+        assert all(name == "" for name in _names_or_paths(json.loads(text))), saved
+
+
+def test_a_hub_id_is_kept(saved_source, tmp_path):
+    folder, auto = saved_source
+    source = auto.from_pretrained(folder)
+    source.config._name_or_path = "HuggingFaceTB/SmolLM2-135M"
+    normalize_tied_head(source, "cosine").save_pretrained(tmp_path)
+    assert _names_or_paths(json.loads((tmp_path / "config.json").read_text())) == ["HuggingFaceTB/SmolLM2-135M"]
+    assert portable_name_or_path("gpt2") == "gpt2"
+    for local in ("/home/user/models/x", str(folder), "../models/x", "C:\\models\\x"):
+        assert portable_name_or_path(local) == "", local
