@@ -76,7 +76,7 @@ class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
 
 class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
     """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs; loading and
-    resizing checked by ``WeightChecksMixin`` (finite weights, special tokens kept).
+    resizing checked (``WeightChecksMixin``: finite weights; ``head_host``: special tokens kept).
 
     A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
     """
