@@ -20,7 +20,9 @@ Untied sources are refused: the normalized head scores with the input embedding,
 be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
 matrix is refused too. The source folder is only read.
 
-``normalize_tied_head`` does the same for a model already loaded in memory.
+``normalize_tied_head`` does the same for a model already loaded in memory; its ``generic`` switch is the CLI's
+``--generic`` (``generic=False`` gives the own family exactly as ``convert_checkpoint`` does). Its default stays
+``generic=True`` (the wrapper, adopting the model without a copy), while ``convert_checkpoint``'s is ``False``.
 
 CLI::
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
@@ -88,10 +91,15 @@ def normalize_tied_head(
     norm_eps: float = 1e-6,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
-) -> TiedNormWrappedPreTrainedModel:
+    generic: bool = True,
+) -> PreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
-    The model itself is adopted, not copied: the result holds it as ``.model`` with its output layer replaced by a
+    With ``generic=False``, a marian / bart / llama ``model`` becomes our own family of its architecture, the same
+    class, weights layout and logits that ``convert_checkpoint`` (CLI ``tiednorm-convert`` without ``--generic``)
+    gives for it: its weights are copied into the new model, and ``model`` is left as it was. Every other architecture,
+    and every one with ``generic=True`` (the default), is wrapped: the model itself is adopted, not copied: the result
+    holds it as ``.model`` with its output layer replaced by a
     ``TiedNormHead`` (and, in a mode that normalizes the input lookups, unit-row lookups), and shares its weights.
     ``head_mode="baseline"`` gives exactly ``model``'s logits, and so does every mode with a lossless start
     (``HeadMode.lossless_start``) with ``lossless_start``. The result saves and reloads with
@@ -104,9 +112,12 @@ def normalize_tied_head(
         head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
             ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
         lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
+        generic: False: map marian / bart / llama onto our own families (as the CLI does by default); True: wrap.
 
     Returns:
-        ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode.
+        ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM`` (or, with ``generic=False`` and a marian /
+        bart / llama model, ``TiedNormForConditionalGeneration`` / ``TiedNormBartForConditionalGeneration`` /
+        ``TiedNormForCausalLM``), in ``model``'s training mode.
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     if options is None:
@@ -116,13 +127,41 @@ def normalize_tied_head(
     if lossless_start:
         options = options.with_lossless_start()
     drop_quantization_state(model)
-    auto = check_source_model(model, options)
+    own_family = not generic and model.config.model_type in SUPPORTED_SOURCES
+    # The own family normalizes its lookups itself; convert_checkpoint checks unit lookups only for the wrapper.
+    auto = check_convertible(model.config) if own_family else check_source_model(model, options)
     if type(model) is not auto._model_mapping[type(model.config)]:
         raise ValueError(
             f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
             f"({auto._model_mapping[type(model.config)].__name__}), which a saved conversion reloads as"
         )
+    if own_family:
+        check_tied(model)
+        return _own_family_in_memory(model, options, lossless_start)
     return _wrap(model, options, lossless_start)
+
+
+def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> PreTrainedModel:
+    """A loaded marian / bart / llama ``model`` (checked) as our own family, as ``convert_checkpoint`` builds it
+    from a folder: same class, weights layout and start; on ``model``'s device, in its training mode."""
+    converted = _to_own_family(model.name_or_path or type(model).__name__, model, options)
+    converted = converted.to(model.device).train(model.training)
+    if lossless_start:
+        start_lossless(converted)
+    return converted
+
+
+# A Hub model id: "name" or "owner/name" of letters, digits, '-', '_', '.'.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def portable_name_or_path(name: str) -> str:
+    """``name`` (a config's ``_name_or_path``) if it is a Hub model id, else "" : an absolute path, or a path
+    that exists on this machine, describes where the source lay here (e.g. a GGUF file in site-packages) and means
+    nothing, or leaks a user's folder names, where the saved conversion is used."""
+    if not name or os.path.isabs(name) or os.path.exists(name) or not _HUB_ID.fullmatch(name):
+        return ""
+    return name
 
 
 def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
@@ -137,6 +176,8 @@ def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
 
 def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> TiedNormWrappedPreTrainedModel:
     """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
+    # The adopted model's config is saved as text_config: it names its source only by a Hub id, never a local path.
+    model.config._name_or_path = portable_name_or_path(model.config._name_or_path)
     config = TiedNormWrappedConfig(text_config=model.config, **options.as_config_fields())
     wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
     wrapped = wrapper_class(config, body=model).train(model.training)

@@ -23,6 +23,7 @@ from .lossless_start import start_resized_tokens
 from .normalized_head import TiedNormHead
 from .peft_guard import check_head_once
 from .pipeline_translation import add_translation_pipeline
+from .weight_checks import check_resize_keeps_special_tokens
 
 
 @contextmanager
@@ -81,14 +82,19 @@ class TiedNormHeadHostMixin:
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
             return self._generate_with_frozen_head(*args, **kwargs)
 
-    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """transformers' resize, refusing a size that drops a special token (weight_checks.py), with the head's
+        per-token terms following the new vocabulary (new tokens of a lossless start by its map)."""
+        check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError(
                 "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
                 "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
             )
         first_new = self.get_output_embeddings().weight.shape[0]
-        embeddings = self._resize_embeddings(*args, **kwargs)
+        embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
         start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (lossless_start.py)
         return embeddings

@@ -68,6 +68,8 @@ class TiedNormLossMixin:
         if self.output_projection is not None:
             hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
         if targets is None:
+            if self.training and num_items_in_batch is not None:
+                self.refuse_loss_scored_outside()
             return self.lm_head(hidden_states), None, {}
         count = token_count(targets, num_items_in_batch)  # the one count of this step
         chunk_size = self.config.loss_chunk_size if self.training else None
@@ -96,6 +98,25 @@ class TiedNormLossMixin:
             share = (targets != -100).sum().to(cross_entropy.device) / count
         terms = {"cross_entropy": cross_entropy, **self.penalty_terms(share)}
         return sum(terms.values()), terms
+
+    def refuse_loss_scored_outside(self) -> None:
+        """Raise ``ValueError`` when a training step's loss is scored from the logits outside the model while a
+        regularizer is configured. The Trainer's label smoother (``TrainingArguments(label_smoothing_factor=...)``)
+        and a ``compute_loss_func`` take the labels away and pass only ``num_items_in_batch``: the penalties, which
+        only the model's own loss adds, would be dropped without a word."""
+        config = self.config
+        penalties = [
+            f"{name}={getattr(config, name)}"
+            for name in ("projection_regularization", "weight_norm_regularization")
+            if getattr(config, name, None)
+        ]
+        if penalties:
+            raise ValueError(
+                "the Trainer scores this training step's logits itself (TrainingArguments(label_smoothing_factor=...)"
+                f" or compute_loss_func), so the model's regularizer penalties ({', '.join(penalties)}) would be "
+                "dropped: set label_smoothing_factor=0 and smooth with the model config's own label_smoothing field "
+                "instead (config.label_smoothing=0.1), which keeps the penalties in the loss"
+            )
 
     def penalty_terms(self, share: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
         """The enabled regularizers at the current weights (``projection_penalty``, ``weight_norm_penalty``; they

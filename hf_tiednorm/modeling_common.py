@@ -39,12 +39,11 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
     (``head_host.py``, shared with the wrapper), the loss (``loss.py``) and the tie, declared by
     ``TiedEmbeddingsMixin`` (``tie_topology.py``); here the initialization and the PEFT guard."""
 
-    def post_init(self) -> None:
-        super().post_init()
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         # PEFT must not bypass the normalized head (peft_guard.py): checked at a call after any structural change.
-        # post_init may run twice.
-        if refuse_bypassed_head not in self._forward_pre_hooks.values():
-            self.register_forward_pre_hook(refuse_bypassed_head)
+        # Registered once per model here (post_init, which may run twice, is TiedEmbeddingsMixin's alone).
+        self.register_forward_pre_hook(refuse_bypassed_head)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -35,8 +35,8 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
 
 
 class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading and
-    # resizing are checked by WeightChecksMixin (finite weights, special tokens kept).
+    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading is
+    # checked by WeightChecksMixin (finite weights, head tensors), resizing by head_host.py (special tokens kept).
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)

@@ -24,6 +24,7 @@ from transformers.models.marian.modeling_marian import (
 
 from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .embeddings import build_embedding
+from .lossless_start import start_resized_tokens
 from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
 from .outputs import CACHE_FIELD, TiedNormSeq2SeqLMOutput
 from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
@@ -75,7 +76,7 @@ class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
 
 class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
     """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs; loading and
-    resizing checked by ``WeightChecksMixin`` (finite weights, special tokens kept).
+    resizing checked (``WeightChecksMixin``: finite weights; ``head_host``: special tokens kept).
 
     A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
     """
@@ -92,10 +93,13 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
 
     # Marian's rule for the decoder's own vocabulary (tie topology "decoder" / "untied"), used as written: it
     # resizes the decoder input embedding (and an untied output layer), updates config.decoder_vocab_size and re-ties;
-    # where Marian then resizes its final_logits_bias, our head, which has none, follows the new vocabulary.
+    # where Marian then resizes its final_logits_bias, our head, which has none, follows the new vocabulary. New
+    # tokens of a lossless-started model start by its mode's lossless map, as resize_token_embeddings starts them.
     def resize_decoder_token_embeddings(self, new_num_tokens: int) -> None:
         check_resize_keeps_special_tokens(self, new_num_tokens)  # the decoder starts, pads and ends with them
-        return MarianMTModel.resize_decoder_token_embeddings(self, new_num_tokens)
+        first_new = self.config.decoder_vocab_size
+        MarianMTModel.resize_decoder_token_embeddings(self, new_num_tokens)
+        start_resized_tokens(self, first_new)
 
     def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
         self.lm_head.match_vocab_size()

@@ -1,11 +1,12 @@
-"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use (issue 24).
+"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
 
-* ``check_finite_weights``: weights that load as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
-  loaded without a word and trained to ``nan``; loading now names the tensor. Every floating-point parameter is
+* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
+  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
   checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
-* ``check_resize_keeps_special_tokens``: ``resize_token_embeddings`` to fewer rows than a special token's id (e.g.
-  2 with ``eos_token_id=2``) was accepted, and generation then emitted only ``<s>``; such a size is refused.
-* ``WeightChecksMixin`` runs both where a model family loads and resizes: put it first among the bases.
+* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
+  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
+  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
+* ``WeightChecksMixin`` runs the load checks where a model family loads: put it first among the bases.
 
 This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
 """
@@ -77,8 +78,8 @@ def check_resize_keeps_special_tokens(
 
 
 class WeightChecksMixin:
-    """``from_pretrained`` checks that the loaded weights are finite; ``resize_token_embeddings`` refuses sizes that
-    drop a special token. First among a model class's bases."""
+    """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded (load_checks.py).
+    First among a model class's bases."""
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -92,10 +93,6 @@ class WeightChecksMixin:
         # shared embedding, is an error naming the tensor and the config field (load_checks.py).
         super()._adjust_missing_and_unexpected_keys(loading_info)
         check_loaded_head(self, loading_info)
-
-    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
-        check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
-        return super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
 
 
 __all__ = ["WeightChecksMixin", "check_finite_weights", "check_resize_keeps_special_tokens", "special_token_ids"]
