@@ -76,7 +76,7 @@ def test_overwrite_output_dir_never_deletes_the_inputs(finished_run, data_flags,
 
 
 def test_resume_refuses_a_checkpoint_of_another_architecture(finished_run, data_flags, monkeypatch):
-    with pytest.raises(ValueError, match=r"head_mode='cosine', but this run builds head_mode='l2'"):
+    with pytest.raises(ValueError, match=r"head_mode='baseline', but this run builds head_mode='l2'"):
         run_script("run_translation", tiny_translation_flags(
             data_flags, finished_run, "--do_train", "--max_steps", "3", "--head_mode", "l2",
             "--resume_from_checkpoint", "last",

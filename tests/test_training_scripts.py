@@ -188,7 +188,8 @@ def test_plot_embedding_norms(trained_de_en, tmp_path):
 )
 def test_translation_bad_arguments(flags, error, message, tmp_path, monkeypatch, multi30k_dir):
     with pytest.raises(error, match=message):
-        run_script("run_translation", ["--output_dir", tmp_path / "out", "--report_to", "none", *flags], monkeypatch)
+        run_script("run_translation", ["--output_dir", tmp_path / "out", "--report_to", "none", "--do_train", *flags],
+                   monkeypatch)
 
 
 def test_finetune_rejects_architecture_flags(trained_de_en, tmp_path, monkeypatch):
@@ -219,14 +220,15 @@ def test_refuses_processes_outside_the_process_group(script, tmp_path, monkeypat
 
 def test_clm_bad_arguments(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="train file not found"):
-        run_script("run_clm", ["--output_dir", tmp_path, "--train_file", tmp_path / "none.txt"], monkeypatch)
+        run_script("run_clm", ["--output_dir", tmp_path, "--do_train", "--train_file", tmp_path / "none.txt"],
+                   monkeypatch)
     with pytest.raises(ValueError, match="block_size must be >= 2"):
-        run_script("run_clm", ["--output_dir", tmp_path, "--block_size", "1"], monkeypatch)
+        run_script("run_clm", ["--output_dir", tmp_path, "--do_train", "--block_size", "1"], monkeypatch)
     # The run flags shared with run_translation.py (hf_tiednorm.training.arguments.RunArguments, setup_run).
     with pytest.raises(ValueError, match="needs --load_best_model_at_end"):
-        run_script("run_clm", ["--output_dir", tmp_path, "--early_stopping_patience", "2"], monkeypatch)
+        run_script("run_clm", ["--output_dir", tmp_path, "--do_train", "--early_stopping_patience", "2"], monkeypatch)
     with pytest.raises(ValueError, match="use --label_smoothing"):
-        run_script("run_clm", ["--output_dir", tmp_path, "--label_smoothing_factor", "0.1"], monkeypatch)
+        run_script("run_clm", ["--output_dir", tmp_path, "--do_train", "--label_smoothing_factor", "0.1"], monkeypatch)
     assert not (tmp_path / "token_counts.pt").exists()  # stopped before any work
 
 
