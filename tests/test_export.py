@@ -103,6 +103,7 @@ ISOLATED = f"""
 import json, torch
 from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+torch.set_num_threads(1)
 GENERATION = {GENERATION!r}
 for folder in sorted(path.parent for path in Path.cwd().glob("*/inputs.json")):
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
@@ -123,9 +124,22 @@ def exported(tmp_path_factory):
     """case -> export folder (holding ``reference.pt``, the source's outputs, and ``isolated.pt``, the export's
     outputs reloaded where hf_tiednorm cannot be imported), or the exception the export raised.
 
-    Every case is built and exported in this process; one subprocess then loads all the exports."""
+    Every case is built and exported in this process; one subprocess then loads all the exports. One torch thread
+    in both: the models are tiny, and two threads per op on a busy machine made the generations ~4× slower."""
     root = tmp_path_factory.mktemp("exports")
     folders = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        build_and_export(root, folders)
+    finally:
+        torch.set_num_threads(threads)
+    assert run_without_package(ISOLATED, cwd=root, timeout=600).strip().endswith("done")
+    return folders
+
+
+def build_and_export(root: Path, folders: dict) -> None:
+    """Build every case, export it into ``root``/case and save its inputs and reference outputs beside it."""
     for name, build in CASES.items():
         source = build()
         try:
@@ -137,8 +151,6 @@ def exported(tmp_path_factory):
         inputs = inputs_of(source)
         (root / name / "inputs.json").write_text(json.dumps({k: v.tolist() for k, v in inputs.items()}))
         torch.save(reference(source, inputs), root / name / "reference.pt")
-    assert run_without_package(ISOLATED, cwd=root, timeout=600).strip().endswith("done")
-    return folders
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
