@@ -26,6 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# The prompts _sentences falls back to without ../shared (the first committed run used them).
+FIXED_PROMPTS = [f"A dog runs on the grass number {i}." for i in range(64, 74)]
+
 
 def convert_to_gguf(plain: Path, llama_cpp: Path, outtype: str, out: Path) -> Path:
     """``convert_hf_to_gguf.py plain --outtype outtype`` with the gguf-py it ships (llama_cpp: the llama.cpp tree)."""
@@ -102,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", choices=("export", "plain"), default="export",
                         help="export: the fine-tuned cosine SmolLM2 exported plain; plain: the unexported SmolLM2, "
                         "as a baseline of llama.cpp's agreement with transformers (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--prompts", choices=("multi30k", "fixed"), default="multi30k",
+                        help="multi30k: the last 10 of the first 74 Multi30k English sentences (../shared); fixed: "
+                        "'A dog runs on the grass number 64.' ... 73., the fallback where ../shared is missing "
+                        "(default: %(default)s)")  # fmt: skip
     parser.add_argument("--new-tokens", type=int, default=16, help="greedy tokens per prompt (default: %(default)s)")
     parser.add_argument("--output", default="results/llama_cpp.json", help="JSON result (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -118,7 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         plain = work / "plain"
     tokenizer = AutoTokenizer.from_pretrained(plain)
     model = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
-    prompts = [tokenizer(text)["input_ids"] for text in _sentences(74)[-10:]]
+    texts = _sentences(74)[-10:] if args.prompts == "multi30k" else FIXED_PROMPTS
+    if args.prompts == "multi30k" and texts == FIXED_PROMPTS:
+        raise FileNotFoundError("no Multi30k under ../shared/data/multi30k: pass --prompts fixed to use the fallback")
+    prompts = [tokenizer(text)["input_ids"] for text in texts]
     margins = []
     expected, expected_logits = transformers_greedy(model, prompts, args.new_tokens, margins)
     llama_cpp = Path(args.llama_cpp_source) / "vendor" / "llama.cpp"
@@ -130,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     record = {"cpu": _cpu(), "llama_cpp_python": llama_cpp_python.__version__, "model": model.config.model_type,
               "source": described[args.source] if not args.plain else str(plain),
-              "prompts": len(prompts), "new_tokens": args.new_tokens}  # fmt: skip
+              "prompts": f"{len(prompts)} {args.prompts}", "new_tokens": args.new_tokens}  # fmt: skip
     for outtype in ("f32", "f16"):
         gguf = convert_to_gguf(plain, llama_cpp, outtype, work / f"plain.{outtype}.gguf")
         continuations, logits = llama_greedy(gguf, prompts, args.new_tokens)
@@ -151,8 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     output = Path(args.output)
     results = json.loads(output.read_text()) if output.is_file() else {}
     if "f32" in results:  # the single-record layout of an earlier run: that was the export
-        results = {"export": results}
-    results[args.source] = record
+        results = {"export_fixed_prompts": results}
+    results[args.source if args.prompts == "multi30k" else f"{args.source}_fixed_prompts"] = record
     output.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(record, indent=2))
 
