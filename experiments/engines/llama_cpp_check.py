@@ -41,9 +41,13 @@ def convert_to_gguf(plain: Path, llama_cpp: Path, outtype: str, out: Path) -> Pa
     return out
 
 
-def llama_greedy(path: Path, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], list[np.ndarray]]:
+def llama_greedy(
+    path: Path, prompts: list[list[int]], new_tokens: int, suppress: tuple[int, ...] = ()
+) -> tuple[list[list[int]], list[np.ndarray]]:
     """Greedy continuations by llama.cpp of token-id ``prompts`` (fed as ids: no second tokenizer involved), and the
-    logits of each prompt's last position."""
+    logits of each prompt's last position. ``suppress``: token ids never chosen (the end-of-sequence ids, as
+    transformers' ``min_new_tokens`` forbids them until the last token: without it the two engines follow different
+    decoding rules once a model wants to stop)."""
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False, n_threads=torch.get_num_threads())
@@ -54,7 +58,9 @@ def llama_greedy(path: Path, prompts: list[list[int]], new_tokens: int) -> tuple
         last_logits.append(np.array(llm.scores[len(ids) - 1], dtype=np.float32))
         out = []
         for _ in range(new_tokens):
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            scores = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            scores[list(suppress)] = -np.inf
+            token = int(np.argmax(scores))
             out.append(token)
             llm.eval([token])
         continuations.append(out)
@@ -141,9 +147,12 @@ def main(argv: list[str] | None = None) -> None:
     record = {"cpu": _cpu(), "llama_cpp_python": llama_cpp_python.__version__, "model": model.config.model_type,
               "source": described[args.source] if not args.plain else str(plain),
               "prompts": f"{len(prompts)} {args.prompts}", "new_tokens": args.new_tokens}  # fmt: skip
+    eos = model.generation_config.eos_token_id
+    suppress = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    record["eos_suppressed_in_both"] = list(suppress)
     for outtype in ("f32", "f16"):
         gguf = convert_to_gguf(plain, llama_cpp, outtype, work / f"plain.{outtype}.gguf")
-        continuations, logits = llama_greedy(gguf, prompts, args.new_tokens)
+        continuations, logits = llama_greedy(gguf, prompts, args.new_tokens, suppress)
         same = sum(a == b for a, b in zip(continuations, expected))
         first_divergence = [
             next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(continuations, expected)
