@@ -33,14 +33,22 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import re
 from pathlib import Path
 
+import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
-from .convert_checks import SUPPORTED_TEXT, check_convertible, check_tied, check_unit_lookups
+from .convert_checks import (
+    SUPPORTED_TEXT,
+    check_convertible,
+    check_tied,
+    check_unit_lookups,
+    tie_parallel_output_rows,
+)
 from .families import FAMILIES, family_of_source
 from .gguf_checks import check_gguf_file
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
@@ -275,9 +283,16 @@ def convert_checkpoint(
 
     load = {"gguf_file": gguf_file} if gguf_file is not None else {}
     source_config = AutoConfig.from_pretrained(source, **load)
-    auto = check_convertible(source_config)  # before loading any weight
+    # An untied source whose output rows are positive multiples c_i of its input rows (a plain export with a trained
+    # logit scale) converts with a lossless start that sets a logit scale: c_i goes into g_i. Others are refused.
+    parallel = (
+        lossless_start and "logit_scale" in options.mode.lossless_start
+        and not getattr(source_config, "tie_word_embeddings", False)
+    )  # fmt: skip
+    auto = check_convertible(_tied_copy(source_config) if parallel else source_config)  # before loading any weight
     source_model = auto.from_pretrained(source, dtype="auto", **load).eval()
     drop_quantization_state(source_model)
+    row_scales = tie_parallel_output_rows(source_model, str(source), options.norm_eps) if parallel else None
     check_tied(source_model)
     if source_config.model_type in SUPPORTED_SOURCES and not generic:
         model = _to_own_family(source, source_model, options)
@@ -287,6 +302,8 @@ def convert_checkpoint(
         if options.mode.normalizes_input_lookups:
             check_unit_lookups(source_model, options.norm_eps)
         model = _wrap(source_model, options, lossless_start)
+    if row_scales is not None:
+        _take_row_scales(model, row_scales)
     model.eval()
 
     if output_dir is not None:
@@ -298,6 +315,22 @@ def convert_checkpoint(
         ):
             copy_tokenizer(source, output_dir, **load)
     return model
+
+
+def _tied_copy(config):
+    config = copy.deepcopy(config)
+    config.tie_word_embeddings = True
+    return config
+
+
+@torch.no_grad()
+def _take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
+    """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
+    c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
+    head = model.get_output_embeddings()
+    head.logit_scale.mul_(row_scales.to(head.logit_scale))
+    if head.logit_bias is not None:
+        head.logit_bias.mul_(row_scales.to(head.logit_bias))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,6 +49,63 @@ def check_convertible(config) -> type:
     return auto
 
 
+@torch.no_grad()
+def parallel_row_scales(output_rows: torch.Tensor, input_rows: torch.Tensor, eps: float, where: str) -> torch.Tensor:
+    """c (V,) fp32 with output row r_i = c_i·w_i and c_i > 0 for every row, checked numerically; ``ValueError``
+    naming the first row that is not a positive multiple of its input row (``where`` names the checkpoint).
+
+    A plain export of a model with a trained logit scale (hf_tiednorm's ``tiednorm-export``) is untied but every
+    output row is parallel to its lookup (row i = g_i·σ_i·w_i), so a lossless start that sets a per-token logit scale
+    can take c_i into g_i and give back its logits. A dead input row (‖w_i‖ ≤ eps) must have a dead output row (c_i =
+    0: both score 0)."""
+    if output_rows.shape != input_rows.shape:
+        raise ValueError(
+            f"{where}: the output matrix {tuple(output_rows.shape)} and the input embedding {tuple(input_rows.shape)} "
+            "differ in shape, so its output rows cannot be multiples of its input rows"
+        )
+    r, w = output_rows.float(), input_rows.float()
+    norms = torch.linalg.vector_norm(w, dim=-1)
+    live = norms > eps
+    scales = torch.where(live, (r * w).sum(-1) / norms.clamp_min(eps).square(), torch.zeros_like(norms))
+    residual = torch.linalg.vector_norm(r - scales[:, None] * w, dim=-1)
+    tolerance = max(1e-5, 64 * torch.finfo(output_rows.dtype).eps)
+    bad = (residual > tolerance * torch.linalg.vector_norm(r, dim=-1).clamp_min(eps)) | (live & (scales <= 0))
+    bad |= ~live & (torch.linalg.vector_norm(r, dim=-1) > eps)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(
+            f"{where} has untied output embeddings and its output row {row} is not a positive multiple of its input "
+            f"row {row} (c = {scales[row].item():.4g}, |r − c·w| = {residual[row].item():.3g}, ‖r‖ = "
+            f"{torch.linalg.vector_norm(r[row]).item():.3g}; {int(bad.sum())} such rows): a lossless start can take "
+            "a per-token factor of each row into the logit scale, nothing else. Supported: "
+            f"{SUPPORTED_TEXT}, or an untied one whose output rows are positive multiples of its input rows (a plain "
+            "export) with --lossless-start in a mode that sets a logit scale."
+        )
+    return scales
+
+
+def tie_parallel_output_rows(model: PreTrainedModel, where: str, eps: float) -> torch.Tensor:
+    """Tie the untied ``model``'s output layer to its input embedding, in place, after checking that its output rows
+    are positive multiples c_i of the input rows (``parallel_row_scales``) and that tying changes no other weight
+    (an encoder-decoder whose encoder, decoder and shared lookups differ is refused). Returns c (V,) fp32."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if not isinstance(head, nn.Linear) or isinstance(head, TiedNormHead) or head.bias is not None:
+        raise ValueError(f"{where}: the output layer is not a bias-free linear layer (got {type(head).__name__})")
+    scales = parallel_row_scales(head.weight, embedding.weight, eps, where)
+    before = dict(model.state_dict())
+    head_keys = {f"{name}.weight" for name, module in model.named_modules() if module is head}
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    changed = [k for k, v in model.state_dict().items() if k in before and k not in head_keys
+               and not torch.equal(v, before[k])]  # fmt: skip
+    if changed or model.get_output_embeddings().weight is not embedding.weight:
+        raise ValueError(
+            f"{where}: tying its output layer to its input embedding also changes {changed or 'the output layer'}: "
+            "its lookups are untied too, which one normalized tied matrix cannot hold"
+        )
+    return scales
+
+
 def check_tied(model: PreTrainedModel) -> None:
     """Raise ``ValueError`` unless ``model``'s output layer is a bias-free linear layer holding its input embedding
     matrix: the same tensor, or (a checkpoint that stored both) equal values. (``check_convertible`` checks its
@@ -97,4 +154,7 @@ def check_unit_lookups(model: PreTrainedModel, norm_eps: float) -> None:
             )
 
 
-__all__ = ["SUPPORTED_TEXT", "check_convertible", "check_tied", "check_unit_lookups"]
+__all__ = [
+    "SUPPORTED_TEXT", "check_convertible", "check_tied", "check_unit_lookups", "parallel_row_scales",
+    "tie_parallel_output_rows",
+]  # fmt: skip

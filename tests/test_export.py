@@ -14,7 +14,7 @@ import pytest
 import torch
 from testing_utils import FAMILIES, REPO_ROOT, model_inputs, run_without_package, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
@@ -84,61 +84,87 @@ def inputs_of(model) -> dict[str, torch.Tensor]:
     return inputs_for(model) if model.config.model_type == "tiednorm_wrapped" else model_inputs(model)
 
 
-def auto_for(model):
-    return AutoModelForSeq2SeqLM if model.config.is_encoder_decoder else AutoModelForCausalLM
+GENERATION = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+BEAMS = (1, 3)
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """case -> (source model, export folder, logits of the export reloaded where hf_tiednorm cannot be imported)."""
-    root = tmp_path_factory.mktemp("exports")
-    sources, folders = {}, {}
-    for name, build in CASES.items():
-        sources[name] = build()
-        folders[name] = root / name
-        try:
-            export_plain(sources[name], folders[name])
-        except Exception as error:  # reported by this case's test, not by every case's
-            sources[name] = error
-            continue
-        (folders[name] / "inputs.json").write_text(
-            json.dumps({k: v.tolist() for k, v in inputs_of(sources[name]).items()})
-        )
-    code = f"""
+@torch.no_grad()
+def reference(model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the export must reproduce: the source's logits on ``inputs`` and its greedy and beam generations."""
+    out = {"logits": model(**inputs).logits.float()}
+    for beams in BEAMS:
+        out[f"generate_{beams}"] = model.generate(input_ids=inputs["input_ids"], num_beams=beams, **GENERATION)
+    return out
+
+
+# Run once, where hf_tiednorm cannot be imported: every export folder is loaded by stock transformers and gives its
+# logits and generations on the inputs saved beside it (the same computation as ``reference``).
+ISOLATED = f"""
 import json, torch
 from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
-for folder in sorted(path.parent for path in Path({str(root)!r}).glob("*/inputs.json")):
+torch.set_num_threads(1)
+GENERATION = {GENERATION!r}
+for folder in sorted(path.parent for path in Path.cwd().glob("*/inputs.json")):
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_pretrained(folder, trust_remote_code=False).eval()
     inputs = {{k: torch.tensor(v) for k, v in json.loads((folder / "inputs.json").read_text()).items()}}
     with torch.no_grad():
-        torch.save(model(**inputs).logits, folder / "isolated_logits.pt")
+        out = {{"logits": model(**inputs).logits.float()}}
+        for beams in {BEAMS!r}:
+            out[f"generate_{{beams}}"] = model.generate(input_ids=inputs["input_ids"], num_beams=beams, **GENERATION)
+    torch.save(out, folder / "isolated.pt")
 print("done")
 """
-    assert run_without_package(code, cwd=root, timeout=600).strip().endswith("done")
-    return {name: (sources[name], folders[name]) for name in CASES}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """case -> export folder (holding ``reference.pt``, the source's outputs, and ``isolated.pt``, the export's
+    outputs reloaded where hf_tiednorm cannot be imported), or the exception the export raised.
+
+    Every case is built and exported in this process; one subprocess then loads all the exports. One torch thread
+    in both: the models are tiny, and two threads per op on a busy machine made the generations ~4× slower."""
+    root = tmp_path_factory.mktemp("exports")
+    folders = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        build_and_export(root, folders)
+    finally:
+        torch.set_num_threads(threads)
+    assert run_without_package(ISOLATED, cwd=root, timeout=600).strip().endswith("done")
+    return folders
+
+
+def build_and_export(root: Path, folders: dict) -> None:
+    """Build every case, export it into ``root``/case and save its inputs and reference outputs beside it."""
+    for name, build in CASES.items():
+        source = build()
+        try:
+            export_plain(source, root / name, check=False)
+        except Exception as error:  # reported by this case's test, not by every case's
+            folders[name] = error
+            continue
+        folders[name] = root / name
+        inputs = inputs_of(source)
+        (root / name / "inputs.json").write_text(json.dumps({k: v.tolist() for k, v in inputs.items()}))
+        torch.save(reference(source, inputs), root / name / "reference.pt")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_export_reloads_without_hf_tiednorm_with_the_same_logits_and_generations(case, exported):
-    source, folder = exported[case]
-    if isinstance(source, Exception):
-        raise source
+    folder = exported[case]
+    if isinstance(folder, Exception):
+        raise folder
     assert not list(folder.glob("*.py")), "the export must carry no code"
     config = json.loads((folder / "config.json").read_text())
     assert "auto_map" not in config and not config["model_type"].startswith("tiednorm"), config["model_type"]
-    inputs = inputs_of(source)
-    with torch.no_grad():
-        expected = source(**inputs).logits
-    isolated = torch.load(folder / "isolated_logits.pt")
-    assert (isolated - expected).abs().max().item() <= TOLERANCE
-    plain = auto_for(source).from_pretrained(folder, trust_remote_code=False).eval()
-    prompt = {"input_ids": inputs["input_ids"]}
-    for beams in (1, 3):
-        options = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=beams, pad_token_id=0)
-        torch.testing.assert_close(plain.generate(**prompt, **options), source.generate(**prompt, **options))
+    expected, isolated = torch.load(folder / "reference.pt"), torch.load(folder / "isolated.pt")
+    assert (isolated["logits"] - expected["logits"]).abs().max().item() <= TOLERANCE
+    for beams in BEAMS:
+        torch.testing.assert_close(isolated[f"generate_{beams}"], expected[f"generate_{beams}"])
 
 
 def test_l2_bakes_the_unit_lookups_and_keeps_the_tie_where_the_rows_equal_them():
@@ -190,6 +216,36 @@ def test_round_trip_back_to_the_normalized_head_gives_the_same_logits(head_mode,
     inputs = model_inputs(source)
     with torch.no_grad():
         torch.testing.assert_close(back(**inputs).logits, source(**inputs).logits, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("head_mode", ["cosine", "square"])
+def test_an_untied_export_of_a_trained_logit_scale_converts_back_with_equal_logits(head_mode, tmp_path):
+    source = lossless_llama(tmp_path, head_mode)
+    with torch.no_grad():  # trained: g_i no longer the lossless ‖w_i‖ / ‖w_i‖², so the export is untied
+        source.lm_head.logit_scale.mul_(torch.rand(61, generator=torch.Generator().manual_seed(2)) + 0.5)
+    result = export_plain(source, tmp_path / "plain")
+    assert not result.tied and not json.loads((tmp_path / "plain" / "config.json").read_text())["tie_word_embeddings"]
+    back = convert_checkpoint(tmp_path / "plain", tmp_path / "back", head_mode=head_mode, lossless_start=True)
+    assert back.config.head_mode == head_mode and back.lm_head.weight is back.get_input_embeddings().weight
+    inputs = model_inputs(source)
+    with torch.no_grad():
+        torch.testing.assert_close(back(**inputs).logits, source(**inputs).logits, rtol=0, atol=TOLERANCE)
+
+
+def test_an_untied_source_converts_only_with_parallel_rows_and_a_logit_scale_start(tmp_path):
+    source = lossless_llama(tmp_path, "cosine")
+    with torch.no_grad():
+        source.lm_head.logit_scale.mul_(torch.rand(61, generator=torch.Generator().manual_seed(2)) + 0.5)
+    export_plain(source, tmp_path / "plain")
+    for head_mode, start in (("distance", True), ("cosine", False)):  # no logit scale to take c_i: refused as before
+        with pytest.raises(ValueError, match="untied output embeddings"):
+            convert_checkpoint(tmp_path / "plain", head_mode=head_mode, lossless_start=start)
+    plain = LlamaForCausalLM.from_pretrained(tmp_path / "plain")
+    with torch.no_grad():
+        plain.lm_head.weight[7] += 0.01 * torch.randn(plain.lm_head.weight.shape[1])  # row 7 leaves its line
+    plain.save_pretrained(tmp_path / "bent")
+    with pytest.raises(ValueError, match="output row 7 is not a positive multiple of its input row 7"):
+        convert_checkpoint(tmp_path / "bent", head_mode="cosine", lossless_start=True)
 
 
 REFUSALS = {

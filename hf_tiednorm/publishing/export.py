@@ -55,7 +55,8 @@ from transformers import (
 
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..convert import copy_tokenizer
-from ..normalized_head import TiedNormEmbedding, TiedNormHead, unit_rows
+from ..head_modes import get_head_mode
+from ..normalized_head import TiedNormEmbedding, TiedNormHead
 
 # hf_tiednorm's own families -> (parent config class, parent model class).
 OWN_PARENTS = {
@@ -77,22 +78,9 @@ _DROPPED = _OWN_FIELDS | {
 
 
 def normalizes_lookups(config) -> bool:
-    """Whether the model's head mode looks up unit rows ŵ_i at the input (Liu et al. eq. 19), which the export
-    writes into the embedding. TODO(registry): ask the mode."""
-    return config.head_mode == "l2"
-
-
-@torch.no_grad()
-def effective_column_terms(head: TiedNormHead) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head's whole affine map of the plain scores, logits = (W·h) * scale + bias, as two fp32 (V,) vectors:
-    the mode's terms with the logit scale g and the logit bias b folded in (``TiedNormHead.column_terms``), "multiply
-    by one" / "add zero" written out. TODO(registry): ask the mode."""
-    scale, bias = head.column_terms()
-    vocab_size = head.weight.shape[0]
-    ones = torch.ones(vocab_size, dtype=torch.float32, device=head.weight.device)
-    scale = ones if scale is None else scale.float().expand(vocab_size)
-    bias = torch.zeros_like(ones) if bias is None else bias.float().expand(vocab_size)
-    return scale.clone(), bias.clone()
+    """Whether the model's head mode looks up unit rows ŵ_i at the input (``HeadMode.normalizes_input_lookups``),
+    which the export writes into the embedding (``HeadMode.plain_input_weight``)."""
+    return get_head_mode(config.head_mode).normalizes_input_lookups
 
 
 @dataclass
@@ -140,12 +128,15 @@ def _refuse_unexportable(model: PreTrainedModel) -> None:
         )
 
 
-def _bias_reason(config) -> str:
-    """Which mode/option of ``config`` puts a per-token bias on the scores."""
+def _bias_reason(model: PreTrainedModel) -> str:
+    """Which mode/option of ``model`` puts a per-token bias on the scores: its mode's own bias term (asked of the
+    mode, ``HeadMode.column_terms``) and/or the learned logit bias b."""
+    head = model.get_output_embeddings()
     reasons = []
-    if config.head_mode == "distance":
-        reasons.append("head_mode 'distance' (its bias −½‖w_i‖², times g)")
-    if config.logit_bias:
+    _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
+    if mode_bias is not None and mode_bias.count_nonzero():
+        reasons.append(f"head_mode {head.mode.name!r} (its score {head.mode.equation}, times g)")
+    if head.logit_bias is not None and head.logit_bias.count_nonzero():
         reasons.append("logit_bias=True (the learned per-token b)")
     return " and ".join(reasons) or "the model's final_logits_bias"
 
@@ -182,8 +173,9 @@ def _parent_config(model: PreTrainedModel, tie: bool):
 def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tuple[dict, torch.Tensor]:
     """The parent's state dict (output rows, l2 lookups baked) and the effective per-token bias (V,) fp32."""
     head = body.get_submodule(head_path)
-    scale, bias = effective_column_terms(head)
-    rows = head.weight.float() * scale[:, None]  # (V, d): row i scores w_i·h·scale_i
+    rows, bias = head.plain_output_layer()  # (V, d): row i scores w_i·h·scale_i (mode, g and b folded in by the head)
+    if bias is None:
+        bias = torch.zeros(rows.shape[0], dtype=torch.float32, device=rows.device)
     if projection is not None:  # logits = W'·(P·h) = (W'·P)·h
         rows = rows @ projection.weight.float()
     dtype = head.weight.dtype
@@ -200,8 +192,7 @@ def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tu
                 f"embedding {name} has normalize={module.normalize}, but head_mode={model.config.head_mode!r}: the "
                 "model's lookups disagree with its head mode; reload it from its folder"
             )
-        if module.normalize:
-            state[f"{name}.weight"] = unit_rows(module.weight, module.norm_eps)
+        state[f"{name}.weight"] = head.mode.plain_input_weight(module.weight.detach(), module.norm_eps)
         baked = state[f"{name}.weight"]
         if module.weight is head.weight and _equal_up_to_rounding(state[f"{head_path}.weight"], baked):
             # The effective rows are the lookups (baseline, plain l2, an untrained lossless start: ‖w_i‖·w_i/‖w_i‖):
@@ -304,7 +295,7 @@ def export_plain(
     elif bias.count_nonzero():
         raise ValueError(
             f"{parent_class.__name__} has no per-token bias after its output layer, but this model's scores carry one "
-            f"from {_bias_reason(model.config)} ({int(bias.count_nonzero())} of {bias.numel()} tokens non-zero): the "
+            f"from {_bias_reason(model)} ({int(bias.count_nonzero())} of {bias.numel()} tokens non-zero): the "
             f"plain export would change its logits. Parents that take a bias: {BIAS_PARENTS}; a lossless-start "
             "distance model that was not trained has a zero bias and exports"
         )

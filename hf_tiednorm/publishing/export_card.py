@@ -12,14 +12,17 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from .model_card import MODE_EQUATIONS
+from ..head_modes import get_head_mode
 
-# What the baked output row i and bias are, per head mode (g: the logit scale, b: the logit bias, P: Press & Wolf's
-# projection when the model had one); the l2 lookups are written into the embedding.
-BAKED_ROWS = {
-    "baseline": "g_i·w_i", "l2": "g_i·ŵ_i (and the input embedding holds ŵ_i)", "square": "g_i·w_i/‖w_i‖²",
-    "distance": "g_i·w_i, bias −½g_i‖w_i‖²", "cosine": "g_i·w_i/‖w_i‖",
-}  # fmt: skip
+
+def baked_rows(head_mode: str) -> str:
+    """What the baked output row i and bias are for ``head_mode``, asked of the registered mode: every mode scores
+    σ_i·(w_i·h) + β_i (``HeadMode.column_terms``), times the logit scale g, plus the logit bias b."""
+    mode = get_head_mode(head_mode)
+    text = f"row i = g_i·σ_i·w_i, bias g_i·β_i + b_i, where {mode.equation} = σ_i·(w_i·h) + β_i"
+    if mode.normalizes_input_lookups:
+        text += "; the input embedding holds the lookups the mode makes (HeadMode.plain_input_weight)"
+    return text
 
 
 def export_card(result, repo_id: str | None = None) -> ModelCard:
@@ -27,7 +30,12 @@ def export_card(result, repo_id: str | None = None) -> ModelCard:
     name = repo_id or "."
     auto = "AutoModelForSeq2SeqLM" if result.model.config.is_encoder_decoder else "AutoModelForCausalLM"
     head = result.head
-    equation, reference = MODE_EQUATIONS[head["head_mode"]]
+    mode = get_head_mode(head["head_mode"])
+    back = f"`tiednorm-convert {name} normalized/ --head-mode {mode.name}"
+    if mode.lossless_start is None:  # e.g. l2: its unit lookups are baked already
+        back += f"` (head mode {mode.name} has no lossless start; fine-tune after converting)"
+    else:
+        back += " --lossless-start` (the lossless start gives back these logits)"
     data = ModelCardData(library_name="transformers", tags=["hf_tiednorm", "hf_tiednorm-export"])
     checked = (
         f"largest |logit difference| to the normalized model on random token ids: {result.max_abs_diff:.1e}"
@@ -41,9 +49,9 @@ def export_card(result, repo_id: str | None = None) -> ModelCard:
 # {name.split("/")[-1] if repo_id else "Plain export of an hf_tiednorm model"}
 
 A **{result.parent}** checkpoint for stock `transformers` (no remote code, `hf_tiednorm` not needed). It was trained
-with a **normalized tied output head** (`hf_tiednorm`, `head_mode="{head["head_mode"]}"`: {equation}, {reference};
+with a **normalized tied output head** (`hf_tiednorm`, `head_mode="{head["head_mode"]}"`: {mode.equation}, {mode.paper};
 logit scale `{head["logit_scale"]}`, logit bias `{head["logit_bias"]}`) and **exported plain**: every head mode is an
-affine map of the plain scores, so the output layer's rows are the effective ones ({BAKED_ROWS[head["head_mode"]]})
+affine map of the plain scores, so the output layer's rows are the effective ones ({baked_rows(head["head_mode"])})
 and the logits are the normalized model's, exactly up to float rounding ({checked}).
 
 | | |
@@ -60,9 +68,7 @@ tokenizer = AutoTokenizer.from_pretrained("{name}")
 model = {auto}.from_pretrained("{name}")
 ```
 
-To train it further with the normalized head, convert it back:
-`tiednorm-convert {name} normalized/ --head-mode {head["head_mode"]} --lossless-start` (l2 without
-`--lossless-start`: its unit lookups are baked already).
+To train it further with the normalized head, convert it back: {back}.
 """
     return ModelCard(text)
 
@@ -74,4 +80,4 @@ def write_export_card(folder: str | Path, result, repo_id: str | None = None) ->
     return path
 
 
-__all__ = ["BAKED_ROWS", "export_card", "write_export_card"]
+__all__ = ["baked_rows", "export_card", "write_export_card"]
