@@ -81,6 +81,10 @@ RULES = [
          "subprocesses: minutes even with a tiny source"),
     Rule(r"experiments/benchmark_speed\.py", "slow", "times every head mode (about a minute; "
          "tests/test_benchmark_speed.py runs the same --quick smoke test)"),
+    Rule(r"experiments/engines/llama_cpp_check\.py", "skip", "needs llama-cpp-python, compiled from its sdist (15+ "
+         "min on 2 cores; not a dependency of the package); tests/test_export_llama_cpp.py (slow) runs the same check"),
+    Rule(r"experiments/engines/onnx_export\.py", "slow", "converts, fine-tunes and exports SmolLM2-135M and a "
+         "Multi30k-sized Marian model to ONNX: minutes; tests/test_export_engines.py runs a tiny export by default"),
     Rule(r"scripts/verify_fsdp_tie\.py", "slow", "2 routes x 3 families of 2-process FSDP2 training: about 1.5 min"),
 ]
 
