@@ -315,9 +315,6 @@ def main(argv: list[str] | None = None) -> None:
     import json
     import tempfile
 
-    import onnxruntime
-    import transformers
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="fine-tuning steps of SmolLM2 (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=8, help="greedy tokens (default: %(default)s)")
@@ -325,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", help="folder for the models and graphs, kept (default: a new temporary folder); "
                         "llama_cpp_check.py --plain WORK/plain reuses the SmolLM2 export")
     args = parser.parse_args(argv)
+    import onnxruntime  # after the flags: --help needs neither
+    import transformers
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tiednorm_onnx_"))
     work.mkdir(parents=True, exist_ok=True)
     record = {
