@@ -29,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-# A repository path: one of the tracked top-level folders, not preceded by a path character (so /work/x/scripts/...
+# A repository path: one of the tracked top-level folders, not preceded by a path character (so /home/x/scripts/...
 # or ../shared/... are not taken for one).
 REPO_PATH = re.compile(
     r"(?<![\w./~-])((?:hf_tiednorm|scripts|tests|docs|results|model_cards|experiments|\.ci)/[\w.{},*/<>-]*)"
@@ -208,7 +208,7 @@ def test_checks_fail_on_a_broken_reference(tmp_path):
     md.write_text(
         "See [that](other.md#a-heading), [gone](missing.md), [bad anchor](other.md#no-such-heading).\n"
         "Run `python scripts/run_translation.py scripts/configs/no_such_config.yaml`, read\n"
-        "`results/paper_summary_full.{md,nope}` and `hf_tiednorm/no_such_module.py`, not `/work/x/scripts/a.py`\n"
+        "`results/paper_summary_full.{md,nope}` and `hf_tiednorm/no_such_module.py`, not `/home/x/scripts/a.py`\n"
         "nor `runs/out` nor `results/paper_summary_<budget>.json`; call `hf_tiednorm.convert.no_such_function`.\n"
         "```bash\ntiednorm-convert a b --head-mode cosine --no-such-option \\\n    --generic\n"
         "python scripts/run_clm.py --head_mode cosine --no_such_flag 1\n```\n",

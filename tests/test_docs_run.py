@@ -128,7 +128,6 @@ PLACEHOLDERS = {
     "tiednorm-push runs/cosine": "tiednorm-push runs/multi30k_de_en",
     "benchmark_peft_guard.py --reps 3 --new-tokens 8 --output results/benchmark_peft_guard.json":
         "benchmark_peft_guard.py --tiny --reps 1 --new-tokens 2 --output peft_guard.json",
-    "/work/scratch-realmodel": "scratch-realmodel",
     "--results results/converted_recovery.json": "--results converted_recovery.json --source {models}/llama "
                                                  "--block_size 16 --batch_size 2 --bf16 false",
     "--max_steps 30 --eval_every 15 --max_eval_samples 200": "--max_steps 2 --eval_every 1 --max_eval_samples 8",

