@@ -44,26 +44,20 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
-    BartConfig,
     BartForConditionalGeneration,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MarianConfig,
     MarianMTModel,
     PreTrainedModel,
 )
 
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..convert import copy_tokenizer
+from ..families import FAMILIES
 from ..head_modes import get_head_mode
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
 
-# hf_tiednorm's own families -> (parent config class, parent model class).
-OWN_PARENTS = {
-    "tiednorm_seq2seq": (MarianConfig, MarianMTModel),
-    "tiednorm_bart": (BartConfig, BartForConditionalGeneration),
-    "tiednorm_causal": (LlamaConfig, LlamaForCausalLM),
-}
+# hf_tiednorm's own families -> (parent config class, parent model class), from the family table: the parent is the
+# architecture the family converts from 1:1 (families.py), so a new family exports without an edit here.
+OWN_PARENTS = {family.model_type: (family.hf_parent_config, family.source_class) for family in FAMILIES.values()}
 WRAPPED = "tiednorm_wrapped"
 # The per-token bias slot a parent adds after its output layer (Marian, BART, mBART, Pegasus, Blenderbot, ...).
 BIAS_SLOT = "final_logits_bias"
