@@ -80,3 +80,15 @@ def test_verify_fsdp_tie_skips_zero3_without_deepspeed_and_says_so():
     assert completed.returncode == 0, output
     assert 'SKIP  zero3: deepspeed is not installed (pip install -e ".[deepspeed]")' in output
     assert "FAIL" not in output and "skipped: zero3" in output
+
+
+def test_ci_runs_in_a_clone_named_as_readme_clones_it():
+    """README's install block clones into `hf_tiednorm`; .ci/run re-runs itself in a clone of that name, so the suite
+    sees the path a user's clone has (issue 42: the isolation helper once dropped such a clone's site-packages)."""
+    readme_clone = re.search(r"^git clone \S+(?: \S+)* (\S+) && cd (\S+)$", (REPO_ROOT / "README.md").read_text(),
+                             re.MULTILINE)
+    assert readme_clone and readme_clone.group(1) == readme_clone.group(2) == "hf_tiednorm", readme_clone
+    ci = (REPO_ROOT / ".ci/run").read_text()
+    assert 'git clone -q "$PWD" "$clone_parent/hf_tiednorm"' in ci
+    assert 'exec bash "$clone_parent/hf_tiednorm/.ci/run"' in ci
+    assert '[ "$(basename "$PWD")" != hf_tiednorm ]' in ci  # and inside that clone it runs the suite itself

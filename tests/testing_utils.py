@@ -94,16 +94,33 @@ def model_inputs(model, batch_size: int = 2, length: int = 7, seed: int = 0) -> 
 
 
 # Prepended to code run by `run_without_package`: makes `import hf_tiednorm` fail even when the package is
-# installed (editable installs put a finder on sys.meta_path), so only remote code can provide the classes.
+# installed, so only remote code can provide the classes. The package is blocked by what it is, never by a substring
+# of a path (a clone named `hf_tiednorm`, as README's install block names it, keeps its venv's site-packages in a path
+# holding that name): a meta-path blocker refuses the import, and the places it would come from are removed, namely
+# every sys.path entry (the checkout root, the working folder) that holds the package, and every meta-path finder
+# (an editable install's) that would find it.
 _BLOCK_PACKAGE = """
-import sys
+import importlib.machinery, os, sys
+def _holds_package(entry):
+    folder = os.path.abspath(entry or os.getcwd())
+    return os.path.isfile(os.path.join(folder, "hf_tiednorm", "__init__.py")) or os.path.isfile(
+        os.path.join(folder, "hf_tiednorm.py"))
+def _finds_package(finder):
+    if finder is importlib.machinery.PathFinder or not hasattr(finder, "find_spec"):
+        return False
+    try:
+        return finder.find_spec("hf_tiednorm", None) is not None
+    except Exception:
+        return False
+sys.path = [p for p in sys.path if not _holds_package(p)]
+sys.meta_path = [f for f in sys.meta_path if not _finds_package(f)]
 class _BlockHfTiednorm:
     def find_spec(self, name, path=None, target=None):
         if name == "hf_tiednorm" or name.startswith("hf_tiednorm."):
             raise ImportError("hf_tiednorm is blocked in this process")
         return None
 sys.meta_path.insert(0, _BlockHfTiednorm())
-sys.path = [p for p in sys.path if p not in ("", ".") and "hf_tiednorm" not in p]
+sys.path_importer_cache.clear()
 try:
     import hf_tiednorm
 except ImportError:
@@ -113,14 +130,15 @@ else:
 """
 
 
-def run_without_package(code: str, cwd: Path, timeout: int = 300) -> str:
-    """Run `code` in a fresh Python process where `hf_tiednorm` cannot be imported; return its stdout."""
+def run_without_package(code: str, cwd: Path, timeout: int = 300, python: str | None = None) -> str:
+    """Run `code` in a fresh Python process (``python``, by default this one's interpreter) where `hf_tiednorm`
+    cannot be imported; return its stdout."""
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
-        [sys.executable, "-c", _BLOCK_PACKAGE + code],
+        [python or sys.executable, "-c", _BLOCK_PACKAGE + code],
         cwd=cwd,
         env=env,
         capture_output=True,
