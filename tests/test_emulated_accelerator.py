@@ -62,8 +62,18 @@ def train_steps(model, accelerator: EmulatedAccelerator, steps: int = 2, autocas
             optimizer.zero_grad()
 
 
+# Syncs the emulation sees only because its "device" tensors really are on the CPU: these functions read a tensor
+# on the host only under `tensor.device.type == "cpu"` (free there) and assert on the device otherwise
+# (torch._assert_async). Reviewed one by one; the emulation cannot fake `.device`.
+CPU_ONLY_SYNCS = {("chunked_loss.py", "check_labels_in_vocabulary")}
+
+
 def assert_no_own_syncs(accelerator: EmulatedAccelerator) -> None:
-    assert not accelerator.own_syncs, f"host syncs of hf_tiednorm in a training step: {dict(accelerator.own_syncs)}"
+    syncs = {
+        site: count for site, count in accelerator.own_syncs.items()
+        if not any(f"{file}:" in site and f"({function})" in site for file, function in CPU_ONLY_SYNCS)
+    }
+    assert not syncs, f"host syncs of hf_tiednorm in a training step: {syncs}"
 
 
 # -- the emulation itself --------------------------------------------------------------------------------------------
