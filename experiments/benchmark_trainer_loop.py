@@ -71,6 +71,13 @@ class BenchmarkArguments:
         metadata={"help": "comma-separated collator padding multiples to run each model/precision with (0: none); "
                   "'default': the run's own (8 on an accelerator, none on CPU: --pad_to_multiple_of of the scripts)"},
     )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "a saved tokenizer folder (e.g. a main-job run's); None: train the recipe's"}
+    )
+    tiny: bool = field(
+        default=False,
+        metadata={"help": "a toy model (d = 32, 1 + 1 layers) for a CI-sized smoke run; the speeds mean nothing"},
+    )
     count_shapes: bool = field(
         default=False,
         metadata={"help": "only count the distinct (batch, length) shapes of one epoch of the main job's training "
@@ -132,6 +139,9 @@ def run_child(settings: dict) -> dict:
     data = tokenize_parallel(raw, tokenizer, config["source_lang"], config["target_lang"], 128, 128)["train"]
     dims = {k: config[k] for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
                                    "dropout", "label_smoothing", "tie_topology")}
+    if settings.get("tiny"):
+        dims |= {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                 "encoder_attention_heads": 2, "decoder_attention_heads": 2}
     ours = hf_tiednorm.TiedNormSeq2SeqConfig(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
@@ -298,10 +308,15 @@ def main() -> None:
     config = recipe()
     data_dir = Path(args.data_dir) if Path(args.data_dir).is_absolute() else (ROOT / args.data_dir).resolve()
     work = Path(tempfile.mkdtemp(prefix="benchmark_trainer_loop_"))
-    raw = load_parallel({"train": str(data_dir / "train.{lang}.gz")}, config["source_lang"], config["target_lang"])
-    tokenizer = train_joint_tokenizer(training_texts(raw["train"], [config["source_lang"], config["target_lang"]]),
-                                      vocab_size=config["vocab_size"], model="bpe", model_max_length=128)
-    tokenizer.save_pretrained(work / "tokenizer")
+    if args.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(args.tokenizer).save_pretrained(work / "tokenizer")
+    else:
+        raw = load_parallel({"train": str(data_dir / "train.{lang}.gz")}, config["source_lang"], config["target_lang"])
+        tokenizer = train_joint_tokenizer(training_texts(raw["train"], [config["source_lang"], config["target_lang"]]),
+                                          vocab_size=config["vocab_size"], model="bpe", model_max_length=128)
+        tokenizer.save_pretrained(work / "tokenizer")
     if args.count_shapes:
         paddings = [0, 8] if args.padding_list() == [None] else [n or 0 for n in args.padding_list()]
         counts = count_shapes(str(work / "tokenizer"), data_dir, paddings)
@@ -346,7 +361,7 @@ def main() -> None:
                         "precision": precision, "steps": args.steps, "skip_steps": args.skip_steps,
                         "num_threads": args.num_threads, "data_dir": str(data_dir),
                         "profile": args.profile, "keep_freed_cpu_memory": args.keep_freed_cpu_memory,
-                        "pad_to_multiple_of": padding,
+                        "pad_to_multiple_of": padding, "tiny": args.tiny,
                         "tokenizer": str(work / "tokenizer"), "output_dir": str(work / f"{model}-{label}")}
             done = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)], cwd=ROOT, env=env,
                                   capture_output=True, text=True, check=False)

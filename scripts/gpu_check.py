@@ -17,6 +17,7 @@ Steps, each its own process under ``timeout`` with a log in --log_dir, in this o
 4. ``fsdp_tie``: scripts/verify_fsdp_tie.py (FSDP2 and accelerate routes).
 5. ``head_loss``: experiments/benchmark_lm_head_loss.py (the LLM-scale head loss of issue 39), when present.
 
+The later steps reuse the first main job's tokenizer (the same data gives the same BPE) when it saved one.
 A step that fails or runs out of time is recorded as such and the next one runs; the time left bounds each step's
 limit (--budget_s in all), and a step with under 20 s left is skipped. Exit status: 0 when every step that ran
 passed, 1 otherwise. The JSON names the GPU (or CPU), torch and CUDA, and holds each step's status, seconds, the
@@ -71,8 +72,8 @@ def plan(args: argparse.Namespace) -> list[Step]:
     main = [py, "scripts/run_translation.py", MAIN_CONFIG, "--do_eval", "false", "--overwrite_output_dir", "true"]
     if args.tiny:
         main += [*TINY_MAIN_FLAGS]
-        loop = ["--models", "ours-baseline,marian", "--precisions", "fp32,bf16", "--pad_to_multiple_of", "8",
-                "--steps", "3", "--skip_steps", "1", "--reps", "1", "--num_threads", "1"]
+        loop = ["--models", "ours-baseline,marian", "--precisions", "fp32,bf16", "--pad_to_multiple_of", "0,8",
+                "--steps", "3", "--skip_steps", "1", "--reps", "1", "--num_threads", "1", "--tiny", "true"]
         fsdp = ["--device", "cpu", "--routes", "fsdp2"]
         head = ["--device", "cpu", "--dtype", "float32", "--vocab", "512", "--dim", "32", "--tokens", "64",
                 "--reps", "1"]
@@ -85,16 +86,16 @@ def plan(args: argparse.Namespace) -> list[Step]:
                 "--paths", "plain,fused,chunked", "--reps", "3"]
     data = ["--data_dir", args.data_dir] if args.data_dir else []
     return [
-        Step("main_fp32", [*main, "--bf16", "false", "--output_dir", str(out / "main_fp32")], 130,
+        Step("main_fp32", [*main, "--bf16", "false", "--output_dir", str(out / "main_fp32")], 120,
              "the main job end to end in fp32", out / "main_fp32"),
-        Step("main_default", [*main, "--output_dir", str(out / "main_default")], 130,
+        Step("main_default", [*main, "--output_dir", str(out / "main_default")], 120,
              "the main job end to end in the precision the scripts pick here", out / "main_default"),
         Step("trainer_loop", [py, "experiments/benchmark_trainer_loop.py", *loop, *data,
                               "--output", str(out / "trainer_loop.json"), "--note", "scripts/gpu_check.py"],
-             150, "trainer loop tokens/s: ours vs HF Marian, fp32 vs bf16, padding multiple 0 vs 8",
+             170, "trainer loop tokens/s: ours vs HF Marian, fp32 vs bf16, padding multiple 0 vs 8",
              out / "trainer_loop.json"),
-        Step("fsdp_tie", [py, "scripts/verify_fsdp_tie.py", *fsdp], 70, "the tie under FSDP2 / accelerate"),
-        Step("head_loss", [py, HEAD_LOSS_BENCHMARK, *head, "--output", str(out / "head_loss.json")], 60,
+        Step("fsdp_tie", [py, "scripts/verify_fsdp_tie.py", *fsdp], 60, "the tie under FSDP2 / accelerate"),
+        Step("head_loss", [py, HEAD_LOSS_BENCHMARK, *head, "--output", str(out / "head_loss.json")], 50,
              "LM-head loss + backward at LLM scale (issue 39)", out / "head_loss.json",
              optional_script=HEAD_LOSS_BENCHMARK),
     ]
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="CI-sized steps on a CPU (toy model, a few batches)")
     parser.add_argument("--budget_s", type=int, default=DEFAULT_BUDGET_S, help="seconds for all steps together")
-    parser.add_argument("--main_minutes", type=float, default=1.0,
+    parser.add_argument("--main_minutes", type=float, default=0.5,
                         help="--max_train_minutes of each main-job run (the run still scores and writes its card)")
     parser.add_argument("--only", nargs="+", default=None, help="run only these steps (names as in the plan)")
     parser.add_argument("--work_dir", default=None, help="run folders and benchmark JSON (default: a temp folder)")
@@ -219,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         elif left < MIN_STEP_SECONDS and not args.tiny:
             result = {"status": "skipped", "what": step.what, "note": f"out of budget ({left} s left)"}
         else:
+            tokenizer = work / "main_fp32" / "tokenizer.json"
+            if step.name in ("main_default", "trainer_loop") and tokenizer.is_file():  # the same data, the same BPE
+                flag = "--tokenizer_name" if step.name == "main_default" else "--tokenizer"
+                step.command = [*step.command, flag, str(tokenizer.parent)]
             # --tiny runs on a CI machine's CPU, maybe a busy one: its steps get 3x their limits, and no budget.
             seconds = 3 * step.limit_s if args.tiny else min(step.limit_s, left)
             result = run_step(step, seconds, log_dir, env)

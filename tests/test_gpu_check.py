@@ -45,7 +45,7 @@ def test_main_job_results_need_bleu_card_and_both_plots(tmp_path):
 
 
 # Slow: it runs every step of the check as its own process on the CPU (two tiny training runs with scoring, the
-# FSDP2 check on 2 processes, 4 trainer-loop runs): about 2-3 minutes on a busy 2-core machine.
+# FSDP2 check on 2 processes, 8 trainer-loop runs of a toy model): about 4 minutes on a busy 2-core machine.
 @pytest.mark.slow
 def test_the_tiny_gpu_check_runs_every_step_on_a_cpu(tmp_path, multi30k_dir):
     report_path = tmp_path / "gpu_tiny.json"
