@@ -66,6 +66,23 @@ class BenchmarkArguments:
     output: str = field(default="results/benchmark_trainer_loop.json", metadata={"help": "JSON written here"})
     note: str = field(default="", metadata={"help": "free text stored in the JSON (e.g. the machine's other load)"})
     profile: bool = field(default=False, metadata={"help": "run the timed steps under torch.profiler (top ops)"})
+    pad_to_multiple_of: str = field(
+        default="default",
+        metadata={"help": "comma-separated collator padding multiples to run each model/precision with (0: none); "
+                  "'default': the run's own (8 on an accelerator, none on CPU: --pad_to_multiple_of of the scripts)"},
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "a saved tokenizer folder (e.g. a main-job run's); None: train the recipe's"}
+    )
+    tiny: bool = field(
+        default=False,
+        metadata={"help": "a toy model (d = 32, 1 + 1 layers) for a CI-sized smoke run; the speeds mean nothing"},
+    )
+    count_shapes: bool = field(
+        default=False,
+        metadata={"help": "only count the distinct (batch, length) shapes of one epoch of the main job's training "
+                  "batches with each --pad_to_multiple_of (the full training set, group_by_length), and exit"},
+    )
     child: str | None = field(default=None, metadata={"help": "internal: one run's settings as JSON"})
 
     def __post_init__(self):
@@ -81,6 +98,15 @@ class BenchmarkArguments:
     def precision_list(self) -> list[str]:
         return [p for p in self.precisions.split(",") if p]
 
+    def padding_list(self) -> list[int | None]:
+        """None: the run's default padding multiple."""
+        return [None if p == "default" else int(p) for p in self.pad_to_multiple_of.split(",") if p]
+
+    def variants(self) -> list[tuple[str, str, int | None]]:
+        """(label, precision, padding multiple) of every run setting: "bf16", or "bf16-pad8" with several paddings."""
+        paddings = self.padding_list()
+        return [(p if paddings == [None] else f"{p}-pad{n}", p, n) for n in paddings for p in self.precision_list()]
+
 
 def recipe() -> dict:
     return yaml.safe_load(MAIN_JOB_CONFIG.read_text())
@@ -95,7 +121,7 @@ def run_child(settings: dict) -> dict:
     from hf_tiednorm.training.callbacks import TiedWeightsCheck
     from hf_tiednorm.training.cpu_memory import keep_freed_memory
     from hf_tiednorm.training.data import load_parallel, tokenize_parallel
-    from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, choose_attention
+    from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, choose_attention, padding_multiple
     from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -113,6 +139,9 @@ def run_child(settings: dict) -> dict:
     data = tokenize_parallel(raw, tokenizer, config["source_lang"], config["target_lang"], 128, 128)["train"]
     dims = {k: config[k] for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
                                    "dropout", "label_smoothing", "tie_topology")}
+    if settings.get("tiny"):
+        dims |= {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                 "encoder_attention_heads": 2, "decoder_attention_heads": 2}
     ours = hf_tiednorm.TiedNormSeq2SeqConfig(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
@@ -124,15 +153,20 @@ def run_child(settings: dict) -> dict:
             "per_device_train_batch_size", "train_sampling_strategy", "seed")
     args = TiedNormSeq2SeqTrainingArguments(
         output_dir=settings["output_dir"], max_steps=settings["steps"], save_strategy="no", report_to="none",
-        logging_steps=10, bf16=settings["precision"] == "bf16", disable_tqdm=True, dataloader_pin_memory=False,
+        logging_steps=10, bf16=settings["precision"] == "bf16", disable_tqdm=True,
         label_smoothing_factor=config["label_smoothing"] if marian else 0.0, **{k: config[k] for k in keys},
+        pad_to_multiple_of=settings.get("pad_to_multiple_of"),
     )
     choose_attention(model, args)  # as run_translation.py does
-    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
+                                      pad_to_multiple_of=padding_multiple(args))
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     batch_tokens: list[int] = []
+    batch_shapes: list[tuple[int, ...]] = []
 
     def counting_collator(features):
         batch = collator(features)
+        batch_shapes.append(tuple(batch["input_ids"].shape) + tuple(batch["labels"].shape))
         sources = int(batch["attention_mask"].sum())
         batch_tokens.append(sources + int((batch["labels"] != -100).sum()))
         return batch
@@ -144,6 +178,8 @@ def run_child(settings: dict) -> dict:
 
     class StepClock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step in (settings["skip_steps"], settings["steps"]):
+                synchronize()  # a GPU runs ahead of the host: the timed span ends when its work is done
             step_ends.append(time.perf_counter())
             if profiler is not None and state.global_step == settings["skip_steps"]:
                 profiler.start()
@@ -165,7 +201,53 @@ def run_child(settings: dict) -> dict:
         seconds = trainer.state.log_history[-1]["train_runtime"]
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
             "steps_per_s": (settings["steps"] - skip) / seconds, "mixed_precision": args.mixed_precision,
+            "pad_to_multiple_of": args.pad_to_multiple_of, "device": str(args.device),
+            "distinct_shapes": len({tuple(shape) for shape in batch_shapes}),
             "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry], "top_ops": top_ops}
+
+
+def count_shapes(tokenizer_dir: str, data_dir: Path, paddings: list[int]) -> dict[str, dict]:
+    """One epoch of the main job's training batches (the full training set, its batch size, group_by_length and
+    seed, the Trainer's own sampler and run_translation.py's collator) per padding multiple: the number of batches and
+    of distinct (batch, source length, target length) shapes, and the padding share of the tokens."""
+    import torch
+    from transformers import AutoTokenizer, DataCollatorForSeq2Seq, set_seed
+
+    import hf_tiednorm
+    from hf_tiednorm.training.data import load_parallel, tokenize_parallel
+    from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments
+    from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer
+
+    config = recipe()
+    set_seed(config["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    raw = load_parallel({"train": str(data_dir / "train.{lang}.gz")}, config["source_lang"], config["target_lang"])
+    data = tokenize_parallel(raw, tokenizer, config["source_lang"], config["target_lang"], 128, 128)["train"]
+    model = hf_tiednorm.TiedNormForConditionalGeneration(hf_tiednorm.TiedNormSeq2SeqConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, decoder_start_token_id=tokenizer.bos_token_id,
+        d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        encoder_attention_heads=1, decoder_attention_heads=1))  # only the collator's decoder-input shift needs it
+    counts = {}
+    for padding in paddings:
+        args = TiedNormSeq2SeqTrainingArguments(
+            output_dir=tempfile.mkdtemp(), report_to="none", bf16=False, use_cpu=True, pad_to_multiple_of=padding,
+            per_device_train_batch_size=config["per_device_train_batch_size"],
+            train_sampling_strategy=config["train_sampling_strategy"], seed=config["seed"],
+        )
+        collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
+                                          pad_to_multiple_of=padding or None)
+        trainer = TiedNormSeq2SeqTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
+                                         data_collator=collator)
+        shapes, tokens, real = set(), 0, 0
+        for batch in trainer.get_train_dataloader():
+            shapes.add((*batch["input_ids"].shape, batch["labels"].shape[1]))
+            tokens += batch["input_ids"].numel() + batch["labels"].numel()
+            real += int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
+        counts[f"pad_to_multiple_of={padding}"] = {
+            "batches": len(trainer.get_train_dataloader()), "distinct_shapes": len(shapes),
+            "padding_share": round(1 - real / tokens, 4), "torch": torch.__version__,
+        }
+    return counts
 
 
 def machine() -> dict:
@@ -175,7 +257,8 @@ def machine() -> dict:
 
     return {"cpu": cpuinfo_field("model name") or platform.processor(), "cpu_count": os.cpu_count(),
             "bf16_flags": cpu_bf16_flags(), "torch": torch.__version__, "platform": platform.platform(),
-            "cuda": torch.cuda.is_available()}
+            "cuda": torch.cuda.is_available(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def summarize(results: dict[str, list[dict]], args: BenchmarkArguments) -> dict:
@@ -184,14 +267,20 @@ def summarize(results: dict[str, list[dict]], args: BenchmarkArguments) -> dict:
     done = {name: reps for name, reps in results.items() if reps}
     medians = {name: statistics.median(r["tokens_per_s"] for r in reps) for name, reps in done.items()}
     pairs = []  # (ratio name, numerator run, denominator run)
+    labels = {(precision, padding): label for label, precision, padding in args.variants()}
     for model in args.model_list():
-        if {"fp32", "bf16"} <= set(args.precision_list()):
-            pairs.append((f"{model}: bf16 / fp32", f"{model}/bf16", f"{model}/fp32"))
+        for (precision, padding), label in labels.items():
+            fp32 = labels.get(("fp32", padding))
+            if precision == "bf16" and fp32 is not None:
+                pairs.append((f"{model}: {label} / {fp32}", f"{model}/{label}", f"{model}/{fp32}"))
+            unpadded = labels.get((precision, 0))
+            if padding and unpadded is not None:
+                pairs.append((f"{model}: {label} / {unpadded}", f"{model}/{label}", f"{model}/{unpadded}"))
         if model != "marian" and "marian" in args.model_list():
-            pairs += [(f"{model} / marian ({p})", f"{model}/{p}", f"marian/{p}") for p in args.precision_list()]
+            pairs += [(f"{model} / marian ({p})", f"{model}/{p}", f"marian/{p}") for p in labels.values()]
         plain = model.removesuffix("-chunked")
         if plain != model and plain in args.model_list():
-            pairs += [(f"{model} / {plain} ({p})", f"{model}/{p}", f"{plain}/{p}") for p in args.precision_list()]
+            pairs += [(f"{model} / {plain} ({p})", f"{model}/{p}", f"{plain}/{p}") for p in labels.values()]
     pairs = [(name, top, bottom) for name, top, bottom in pairs if top in done and bottom in done]
     per_rep = {
         name: [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(done[top], done[bottom], strict=False)]
@@ -219,12 +308,30 @@ def main() -> None:
     config = recipe()
     data_dir = Path(args.data_dir) if Path(args.data_dir).is_absolute() else (ROOT / args.data_dir).resolve()
     work = Path(tempfile.mkdtemp(prefix="benchmark_trainer_loop_"))
-    raw = load_parallel({"train": str(data_dir / "train.{lang}.gz")}, config["source_lang"], config["target_lang"])
-    tokenizer = train_joint_tokenizer(training_texts(raw["train"], [config["source_lang"], config["target_lang"]]),
-                                      vocab_size=config["vocab_size"], model="bpe", model_max_length=128)
-    tokenizer.save_pretrained(work / "tokenizer")
-    runs = [(m, p) for m in args.model_list() for p in args.precision_list()]
-    results: dict[str, list[dict]] = {f"{m}/{p}": [] for m, p in runs}
+    if args.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(args.tokenizer).save_pretrained(work / "tokenizer")
+    else:
+        raw = load_parallel({"train": str(data_dir / "train.{lang}.gz")}, config["source_lang"], config["target_lang"])
+        tokenizer = train_joint_tokenizer(training_texts(raw["train"], [config["source_lang"], config["target_lang"]]),
+                                          vocab_size=config["vocab_size"], model="bpe", model_max_length=128)
+        tokenizer.save_pretrained(work / "tokenizer")
+    if args.count_shapes:
+        paddings = [0, 8] if args.padding_list() == [None] else [n or 0 for n in args.padding_list()]
+        counts = count_shapes(str(work / "tokenizer"), data_dir, paddings)
+        for name, value in counts.items():
+            print(f"{name}: {value['batches']} batches an epoch, {value['distinct_shapes']} distinct (batch, source "
+                  f"length, target length) shapes, {100 * value['padding_share']:.1f}% padding tokens", flush=True)
+        output = ROOT / args.output
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps({"command": shlex.join(["python", "experiments/benchmark_trainer_loop.py",
+                                                              *sys.argv[1:]]), "shapes_per_epoch": counts}, indent=1)
+                          + "\n")
+        print(f"written to {output}")
+        return
+    runs = [(m, v) for m in args.model_list() for v in args.variants()]
+    results: dict[str, list[dict]] = {f"{m}/{label}": [] for m, (label, _, _) in runs}
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
@@ -248,21 +355,22 @@ def main() -> None:
     for rep in range(args.reps):
         # Each repetition starts one run later in the list, so that no contender always takes the same place (the
         # first run after a pause or after another contender's run was measurably slower).
-        for model, precision in runs[rep % len(runs):] + runs[: rep % len(runs)]:
+        for model, (label, precision, padding) in runs[rep % len(runs):] + runs[: rep % len(runs)]:
             family, head_mode, loss_chunk_size = MODELS[model]
             settings = {"family": family, "head_mode": head_mode, "loss_chunk_size": loss_chunk_size,
                         "precision": precision, "steps": args.steps, "skip_steps": args.skip_steps,
                         "num_threads": args.num_threads, "data_dir": str(data_dir),
                         "profile": args.profile, "keep_freed_cpu_memory": args.keep_freed_cpu_memory,
-                        "tokenizer": str(work / "tokenizer"), "output_dir": str(work / f"{model}-{precision}")}
+                        "pad_to_multiple_of": padding, "tiny": args.tiny,
+                        "tokenizer": str(work / "tokenizer"), "output_dir": str(work / f"{model}-{label}")}
             done = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)], cwd=ROOT, env=env,
                                   capture_output=True, text=True, check=False)
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
-                raise RuntimeError(f"{model}/{precision} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+                raise RuntimeError(f"{model}/{label} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
             result = {"rep": rep, "loadavg_1min": os.getloadavg()[0], **json.loads(line.removeprefix("RESULT "))}
-            results[f"{model}/{precision}"].append(result)
-            print(f"rep {rep} {model:21s} {precision}: {result['tokens_per_s']:8.0f} tokens/s "
+            results[f"{model}/{label}"].append(result)
+            print(f"rep {rep} {model:21s} {label}: {result['tokens_per_s']:8.0f} tokens/s "
                   f"({result['steps_per_s']:.3f} steps/s, load {result['loadavg_1min']:.1f})", flush=True)
             write_report(complete=False)  # a killed benchmark keeps every finished run
     summary = write_report(complete=True)

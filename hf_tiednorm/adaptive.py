@@ -83,17 +83,33 @@ class AdaptiveInput(nn.Module):
         return f"edges={self.edges}, normalize={self.normalize}"
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Without a host sync (a GPU would wait for every band's data-dependent selection): every band looks up every
+        # token, its id clamped into the band, and a mask keeps the band's own tokens. The ids are not clamped below
+        # the first band nor above the last, so an id outside [0, V) fails that band's lookup as in an nn.Embedding
+        # (IndexError on CPU, a device-side assert on CUDA); nothing else is checked on the way. Each token costs
+        # every band's lookup and projection (sum of d_i ≤ 4/3·d), as the head already scores every band.
+        try:
+            return self._embed(input_ids)
+        except IndexError as error:
+            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         flat = input_ids.reshape(-1)  # (tokens,)
-        if flat.numel() and (flat.min() < 0 or flat.max() >= self.num_embeddings):
-            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings))
         weight = self.projections[0].weight
         out = torch.zeros(flat.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
-        for lo, hi, band, projection in zip(self.edges[:-1], self.edges[1:], self.bands, self.projections):
-            positions = ((flat >= lo) & (flat < hi)).nonzero().squeeze(-1)  # (n,)
-            rows = band(flat[positions] - lo)  # (n, d_i)
+        last = len(self.bands) - 1
+        bands = zip(self.edges[:-1], self.edges[1:], self.bands, self.projections)
+        for i, (lo, hi, band, projection) in enumerate(bands):
+            local = flat - lo  # (tokens,): the band's own ids, the others clamped into it
+            if i > 0:
+                local = local.clamp(min=0)
+            if i < last:
+                local = local.clamp(max=hi - lo - 1)
+            rows = band(local)  # (tokens, d_i)
             if self.normalize:
                 rows = unit_rows(rows, self.norm_eps)
-            out = out.index_copy(0, positions, projection(rows).to(out.dtype))  # (tokens, d)
+            inside = ((flat >= lo) & (flat < hi)).unsqueeze(-1)  # (tokens, 1)
+            out = torch.where(inside, projection(rows).to(out.dtype), out)  # (tokens, d)
         return out.view(*input_ids.shape, self.hidden_size)
 
 

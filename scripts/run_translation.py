@@ -69,7 +69,7 @@ from hf_tiednorm.training.arguments import (
 )
 from hf_tiednorm.training.callbacks import run_callbacks
 from hf_tiednorm.training.data import load_parallel, token_counts, tokenize_parallel, training_texts
-from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments
+from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, padding_multiple
 from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
@@ -313,7 +313,9 @@ def main() -> None:
         train_dataset=tokenized["train"] if training_args.do_train else None,
         eval_dataset=tokenized.get("validation"),
         processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        data_collator=DataCollatorForSeq2Seq(
+            tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=padding_multiple(training_args)
+        ),
         compute_metrics=scorers.get("validation"),
         callbacks=run_callbacks(run_args),
     )

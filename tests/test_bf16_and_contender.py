@@ -24,8 +24,10 @@ from hf_tiednorm.training.precision import (
     choose_attention,
     cpu_bf16_flag,
     cpu_description,
+    padding_multiple,
     register_cpu_bf16_attention,
     resolve_bf16,
+    resolve_padding,
 )
 
 # TINY_TRANSLATION_FLAGS without its "--bf16 false": these tests choose the precision themselves.
@@ -39,7 +41,7 @@ assert TINY_TRANSLATION_FLAGS[-2:] == ["--bf16", "false"]
         (None, False, False, "avx512_bf16", True, "the CPU has avx512_bf16"),
         (None, False, False, "amx_bf16", True, "the CPU has amx_bf16"),
         (None, False, False, None, False, "bf16 would be emulated"),
-        (None, False, True, "avx512_bf16", False, "an accelerator is present: HF's default"),
+        (None, False, True, "avx512_bf16", False, "an accelerator without native bf16: HF's default"),
         (None, True, True, "avx512_bf16", True, "the CPU has avx512_bf16"),  # --use_cpu on a GPU box trains on CPU
         (False, False, False, "avx512_bf16", False, "--bf16 false"),
         (True, False, False, None, True, "emulated and may be slower"),
@@ -49,6 +51,34 @@ assert TINY_TRANSLATION_FLAGS[-2:] == ["--bf16", "false"]
 def test_resolve_bf16(requested, use_cpu, accelerator, flag, expected, why):
     bf16, note = resolve_bf16(requested, use_cpu, accelerator, flag)
     assert bf16 is expected and why in note
+
+
+@pytest.mark.parametrize(
+    ("requested", "use_cpu", "expected", "why"),
+    [
+        (None, False, True, "the GPU (NVIDIA H200) has native bf16: bf16 autocast"),  # issue 38: the GPU default
+        (False, False, False, "--bf16 false"),
+        (None, True, True, "the CPU has avx512_bf16"),  # --use_cpu: the CPU decides
+    ],
+)
+def test_resolve_bf16_on_a_gpu_with_native_bf16(requested, use_cpu, expected, why):
+    bf16, note = resolve_bf16(requested, use_cpu, True, "avx512_bf16", "NVIDIA H200")
+    assert bf16 is expected and why in note
+
+
+@pytest.mark.parametrize(("requested", "on_accelerator", "expected"), [(None, True, 8), (None, False, 0), (0, True, 0),
+                                                                       (16, False, 16)])
+def test_resolve_padding_pads_to_a_multiple_of_8_on_an_accelerator(requested, on_accelerator, expected):
+    """group_by_length batches without a padding multiple took ~209 shapes an epoch, 25 with 8 (issue 38)."""
+    assert resolve_padding(requested, on_accelerator) == expected
+
+
+def test_padding_multiple_reaches_the_collator_and_refuses_a_negative_one(tmp_path):
+    args = TiedNormSeq2SeqTrainingArguments(output_dir=str(tmp_path), use_cpu=True, pad_to_multiple_of=8)
+    assert padding_multiple(args) == 8 and "padded to a multiple of 8" in args.precision_note
+    assert padding_multiple(TiedNormSeq2SeqTrainingArguments(output_dir=str(tmp_path), use_cpu=True)) is None
+    with pytest.raises(ValueError, match="--pad_to_multiple_of must be >= 0"):
+        TiedNormSeq2SeqTrainingArguments(output_dir=str(tmp_path), pad_to_multiple_of=-1)
 
 
 def test_cpu_bf16_flag_reads_the_flags_line(tmp_path):

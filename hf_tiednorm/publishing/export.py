@@ -283,7 +283,8 @@ def export_plain(
     state, bias = _baked_state(model, body, head_path, projection)
     parent_class = OWN_PARENTS[model.config.model_type][1] if model.config.model_type in OWN_PARENTS else type(body)
     if BIAS_SLOT not in state and parent_class in (MarianMTModel, BartForConditionalGeneration):
-        state[BIAS_SLOT] = torch.zeros(1, bias.numel(), dtype=state[f"{head_path}.weight"].dtype)
+        head_weight = state[f"{head_path}.weight"]
+        state[BIAS_SLOT] = torch.zeros(1, bias.numel(), dtype=head_weight.dtype, device=head_weight.device)
     if BIAS_SLOT in state:
         state[BIAS_SLOT] = (state[BIAS_SLOT].float() + bias[None]).to(state[BIAS_SLOT].dtype)
     elif bias.count_nonzero():
@@ -299,7 +300,8 @@ def export_plain(
         state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"]
     dtype = state[f"{head_path}.weight"].dtype
     for tie in (True, False):
-        target = parent_class(_parent_config(model, tie)).to(dtype)
+        # On the source's device: the check feeds both models the same inputs (a model trained on a GPU stays there).
+        target = parent_class(_parent_config(model, tie)).to(device=state[f"{head_path}.weight"].device, dtype=dtype)
         conflicts = _tied_groups_agree(target, state)
         if not conflicts:
             break

@@ -44,16 +44,33 @@ class TiedWeightsCheck(TrainerCallback):
 
 
 class TimeBudgetCallback(TrainerCallback):
-    """Stops training once the budget is spent; ranks agree through an all-reduce so that none waits forever."""
+    """Stops training once the budget is spent. One process reads its clock after every step (no tensor, no host
+    sync). Several agree every ``agree_every`` steps through one all-reduce (MAX) of a flag on the Trainer's device
+    (``args.device``: NCCL serves no CPU tensor), so that no rank waits forever in a collective the others left; all
+    ranks count the same steps, so they all reach the same agreement step. The one host read of the agreed flag
+    is paid every ``agree_every`` steps, not every step."""
 
-    def __init__(self, minutes: float):
+    def __init__(self, minutes: float, agree_every: int = 10):
+        if agree_every < 1:
+            raise ValueError(f"agree_every must be >= 1, got {agree_every}")
         self.deadline = time.monotonic() + 60 * minutes
+        self.agree_every = agree_every
+
+    @staticmethod
+    def ranks_over(over: bool, device: torch.device) -> torch.Tensor:
+        """The all-reduced (MAX) 0/1 flag of every rank's ``over``, a 0-dim tensor on ``device`` (the device the
+        process group's backend serves: the Trainer's)."""
+        flag = torch.tensor(float(over), device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return flag
 
     def on_step_end(self, args, state, control, **kwargs):
-        over = torch.tensor(float(time.monotonic() > self.deadline))
+        over = time.monotonic() > self.deadline
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(over, op=torch.distributed.ReduceOp.MAX)
-        if over.item():
+            if state.global_step % self.agree_every:
+                return
+            over = bool(self.ranks_over(over, args.device).item())
+        if over:
             logger.warning("max_train_minutes reached at step %d: stopping training", state.global_step)
             control.should_training_stop = True
             control.should_save = True

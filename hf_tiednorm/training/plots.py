@@ -21,7 +21,8 @@ NORM_VS_FREQUENCY_PLOT = "embedding_norms_vs_frequency.png"
 
 
 def embedding_row_norms(model: PreTrainedModel) -> torch.Tensor:
-    """(V,) fp32 norms of the stored input-embedding rows, in token-id order (band after band when adaptive)."""
+    """(V,) fp32 norms of the stored input-embedding rows, in token-id order (band after band when adaptive), on the
+    model's device."""
     weights = embedding_matrices(model.get_input_embeddings())
     return torch.cat([torch.linalg.vector_norm(w.detach().float(), dim=-1) for w in weights])
 
@@ -33,7 +34,9 @@ def plot_embedding_norms(
     into ``output_dir``; returns their paths."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    norms = embedding_row_norms(model)
+    # Host copies: matplotlib reads numpy arrays, and a model trained on a GPU has its norms there (counts come from
+    # the data, on the host; a mask of one must not index the other across devices).
+    norms = embedding_row_norms(model).cpu()
     title = f"{title} ({getattr(model.config, 'head_mode', '?')})"
 
     figure, axis = plt.subplots(figsize=(5, 3.5))
@@ -49,6 +52,7 @@ def plot_embedding_norms(
     if counts is not None:
         if counts.shape[0] != norms.shape[0]:
             raise ValueError(f"{counts.shape[0]} token counts for an embedding of {norms.shape[0]} rows")
+        counts = counts.cpu()
         seen = counts > 0  # log scale: unseen tokens have no position on the axis
         figure, axis = plt.subplots(figsize=(5, 3.5))
         axis.scatter(counts[seen].numpy(), norms[seen].numpy(), s=3, alpha=0.4)

@@ -25,6 +25,12 @@ from transformers.modeling_utils import PreTrainedModel
 
 from ..families import FAMILIES
 
+# Batches on an accelerator are padded to a multiple of this many tokens (``padding_multiple``): with
+# group_by_length and no padding multiple, the main job's batches took about 209 distinct (batch, length) shapes an
+# epoch, against 25 with 8, and a GPU's attention kernels (cuDNN) plan anew for every new shape. The suspected cause
+# of bf16 at 0.097x fp32 on an H200 (issue 38); not verified on a GPU.
+GPU_PAD_TO_MULTIPLE_OF = 8
+
 # CPU flags of native bf16 matrix multiplication (x86). Without them oneDNN emulates bf16 through fp32, and
 # autocast would only add casts.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -67,9 +73,20 @@ def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return f"CPU ({model}, {flags}, {os.cpu_count()} cores)"
 
 
-def resolve_bf16(requested: bool | None, use_cpu: bool, accelerator: bool, cpu_flag: str | None) -> tuple[bool, str]:
+def accelerator_bf16() -> str | None:
+    """The accelerator's name when it computes in bf16 natively (a CUDA GPU of compute capability >= 8.0: A100, H100,
+    H200, ...), else None (no accelerator, an older GPU, or one whose bf16 support torch does not report)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_bf16_supported(including_emulation=False):
+        return None
+    return torch.cuda.get_device_name()
+
+
+def resolve_bf16(
+    requested: bool | None, use_cpu: bool, accelerator: bool, cpu_flag: str | None, gpu_bf16: str | None = None
+) -> tuple[bool, str]:
     """(bf16, why): --bf16 as given, or when not given bf16 autocast where training runs on a CPU with native bf16
-    matmuls (``cpu_flag``); with an accelerator (CUDA, ...) HF's own default (fp32) stands."""
+    matmuls (``cpu_flag``) or on a GPU with native bf16 (``gpu_bf16``: its name, ``accelerator_bf16``); with another
+    accelerator HF's own default (fp32) stands."""
     on_cpu = use_cpu or not accelerator
     if requested is not None:
         why = f"--bf16 {str(requested).lower()}"
@@ -79,11 +96,26 @@ def resolve_bf16(requested: bool | None, use_cpu: bool, accelerator: bool, cpu_f
                 f"{EMULATED_BF16_SLOWDOWN})"
             )
         return requested, why
+    if not on_cpu and gpu_bf16 is not None:
+        return True, (
+            f"the GPU ({gpu_bf16}) has native bf16: bf16 autocast, loss/norms/softmax fp32 (--bf16 false; its "
+            "speed-up is not yet measured: scripts/gpu_check.sh)"
+        )
     if not on_cpu:
-        return False, "an accelerator is present: HF's default fp32 (pass --bf16 true for bf16 autocast)"
+        return False, "an accelerator without native bf16: HF's default fp32 (pass --bf16 true for bf16 autocast)"
     if cpu_flag is None:
         return False, f"the CPU has none of {BF16_CPU_FLAGS} (bf16 would be emulated): fp32 (--bf16 true to force)"
     return True, f"the CPU has {cpu_flag} (native bf16 matmuls): bf16 autocast, loss/norms/softmax fp32 (--bf16 false)"
+
+
+def resolve_padding(requested: int | None, on_accelerator: bool) -> int:
+    """--pad_to_multiple_of as given (0: none), or unset ``GPU_PAD_TO_MULTIPLE_OF`` on an accelerator and 0 on CPU
+    (where padding only adds work)."""
+    if requested is None:
+        return GPU_PAD_TO_MULTIPLE_OF if on_accelerator else 0
+    if requested < 0:
+        raise ValueError(f"--pad_to_multiple_of must be >= 0 (0: no padding multiple), got {requested}")
+    return requested
 
 
 @dataclass
@@ -96,8 +128,9 @@ class Bf16DefaultMixin:
         default=None,
         metadata={
             "help": "bf16 mixed precision (autocast; master weights, loss, norms and softmax stay fp32). Unset: on "
-            f"if training runs on a CPU with native bf16 matmuls ({', '.join(BF16_CPU_FLAGS)}), HF's default (off) "
-            "with a GPU. --bf16 false opts out; --bf16 true also works on a CPU-only machine without --use_cpu."
+            f"if training runs on a CPU with native bf16 matmuls ({', '.join(BF16_CPU_FLAGS)}) or on a GPU with "
+            "native bf16 (compute capability >= 8.0), else off. --bf16 false opts out; --bf16 true also works on a "
+            "CPU-only machine without --use_cpu."
         },
     )
 
@@ -109,10 +142,25 @@ class Bf16DefaultMixin:
         },
     )
 
+    pad_to_multiple_of: int | None = field(
+        default=None,
+        metadata={
+            "help": "pad every batch to a multiple of this many tokens (the collator's pad_to_multiple_of; 0: no "
+            f"padding beyond the longest row). Unset: {GPU_PAD_TO_MULTIPLE_OF} when training runs on an "
+            "accelerator (fewer distinct batch shapes for its kernels to plan), none on CPU."
+        },
+    )
+
     def __post_init__(self) -> None:
         self.bf16, self.precision_note = resolve_bf16(
-            self.bf16, self.use_cpu, torch.accelerator.is_available(), cpu_bf16_flag()
+            self.bf16, self.use_cpu, torch.accelerator.is_available(), cpu_bf16_flag(),
+            None if self.use_cpu else accelerator_bf16(),
         )
+        self.pad_to_multiple_of = resolve_padding(
+            self.pad_to_multiple_of, torch.accelerator.is_available() and not self.use_cpu
+        )
+        if self.pad_to_multiple_of:
+            self.precision_note += f"; batches padded to a multiple of {self.pad_to_multiple_of} (--pad_to_multiple_of)"
         if EMULATED_BF16_SLOWDOWN in self.precision_note:  # asked for, and slow enough to say so loudly
             warnings.warn(f"bf16 on this CPU: {self.precision_note}; --bf16 false trains in fp32", stacklevel=2)
         if self.dataloader_pin_memory is None:
@@ -152,6 +200,12 @@ class TiedNormSeq2SeqTrainingArguments(Bf16DefaultMixin, Seq2SeqTrainingArgument
             "Unset: --generation_num_beams throughout."
         },
     )
+
+
+def padding_multiple(training_args: TrainingArguments) -> int | None:
+    """The collators' ``pad_to_multiple_of`` of a run: --pad_to_multiple_of (``Bf16DefaultMixin``), None for 0 or
+    for arguments without the field (HF's own)."""
+    return getattr(training_args, "pad_to_multiple_of", None) or None
 
 
 # The attention of bf16 autocast on CPU (choose_attention), and the model types whose own eager attention it
