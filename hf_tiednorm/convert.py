@@ -279,8 +279,9 @@ def convert_checkpoint(
         output_dir = Path(output_dir)
         existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
         if not existing.is_dir():
-            raise NotADirectoryError(f"output_dir {output_dir} is or lies below a file ({existing}): choose a new or "
-                                     "empty folder for the converted model")
+            named = "is a file" if existing == output_dir else f"lies below {existing}, which is a file"
+            raise NotADirectoryError(f"output_dir {output_dir} {named}: choose a new or empty folder for the converted "
+                                     "model")
         if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:
             raise ValueError(f"output_dir {output_dir} must lie outside the source checkpoint {source}")
         if output_dir.exists() and any(output_dir.iterdir()):
