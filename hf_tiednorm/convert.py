@@ -278,10 +278,8 @@ def convert_checkpoint(
     if output_dir is not None:
         output_dir = Path(output_dir)
         existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
-        if not existing.is_dir():
-            named = "is a file" if existing == output_dir else f"lies below {existing}, which is a file"
-            raise NotADirectoryError(f"output_dir {output_dir} {named}: choose a new or empty folder for the converted "
-                                     "model")
+        if not existing.is_dir():  # output_dir is a file, or lies below one
+            raise NotADirectoryError(f"output_dir {output_dir}: {existing} is a file; choose a new or empty folder")
         if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:
             raise ValueError(f"output_dir {output_dir} must lie outside the source checkpoint {source}")
         if output_dir.exists() and any(output_dir.iterdir()):

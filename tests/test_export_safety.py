@@ -216,7 +216,7 @@ def test_another_models_tokenizer_is_refused_naming_both(route, tmp_path):
 
 def test_a_tokenizer_with_another_end_of_sequence_token_is_refused(tmp_path):
     saved(tiny_model("causal", head_mode="cosine", eos_token_id=5), tmp_path / "model")
-    with pytest.raises(ValueError, match=r"its eos token id is 2, the model's is \[5\]"):
+    with pytest.raises(ValueError, match=r"its end-of-sequence token id is 2, the model's is \[5\]"):
         export_plain(tmp_path / "model", tmp_path / "out")
 
 

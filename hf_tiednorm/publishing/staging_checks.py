@@ -164,31 +164,28 @@ def _ids(value) -> set[int]:
 
 def check_tokenizer_fits(tokenizer, model, tokenizer_source: Path | str, model_source: Path | str) -> None:
     """``ValueError`` naming both folders when ``tokenizer`` is not one ``model`` can use: an id it produces (its
-    vocabulary, its special tokens) that the model's embedding has no row for, or an end-of-sequence / padding token
-    other than the model's (config and generation config) where both define one. Another model's tokenizer passed
-    these silently and failed at the first use with an IndexError."""
+    vocabulary, its special tokens) that the model's embedding has no row for, or an end-of-sequence token other
+    than the model's (config, text config and generation config) where both define one. Another model's tokenizer
+    passed silently and failed at the first use with an IndexError."""
     config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    sizes = [getattr(c, key, None) for c in (config, text) for key in ("vocab_size", "decoder_vocab_size")]
-    vocab_size = max(size for size in sizes if size)
+    configs = (config, config.get_text_config()) if hasattr(config, "get_text_config") else (config,)
+    vocab_size = max(getattr(c, key, None) or 0 for c in configs for key in ("vocab_size", "decoder_vocab_size"))
     where = f"the tokenizer of {tokenizer_source} does not belong to the model of {model_source}"
-    special = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "bos", "eos", "unk")}
-    highest = max([len(tokenizer) - 1, *(i for i in special.values() if i is not None)])
+    special = [getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "bos", "eos", "unk")]
+    highest = max([len(tokenizer) - 1, *(i for i in special if i is not None)])
     if highest >= vocab_size:
         raise ValueError(
             f"{where}: it has {len(tokenizer)} tokens (ids up to {highest}), the model's vocab_size is {vocab_size}, "
             "so its ids would index past the embedding. Pass the model's own tokenizer (--tokenizer / tokenizer=)"
         )
     generation = getattr(model, "generation_config", None)
-    for name in ("eos", "pad"):
-        expected = _ids(getattr(config, f"{name}_token_id", None)) | _ids(
-            getattr(generation, f"{name}_token_id", None) if generation is not None else None
+    expected = set().union(*(_ids(getattr(c, "eos_token_id", None)) for c in (*configs, generation) if c is not None))
+    if tokenizer.eos_token_id is not None and expected and tokenizer.eos_token_id not in expected:
+        raise ValueError(
+            f"{where}: its end-of-sequence token id is {tokenizer.eos_token_id}, the model's is {sorted(expected)} "
+            "(config.json / generation_config.json), so generation would not stop where the model learned to. Pass "
+            "the model's own tokenizer (--tokenizer / tokenizer=)"
         )
-        if special[name] is not None and expected and special[name] not in expected:
-            raise ValueError(
-                f"{where}: its {name} token id is {special[name]}, the model's is {sorted(expected)} (config.json / "
-                "generation_config.json). Pass the model's own tokenizer (--tokenizer / tokenizer=)"
-            )
 
 
 def unshipped_head_mode(name: str) -> str | None:
