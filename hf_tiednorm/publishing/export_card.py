@@ -40,18 +40,18 @@ def _untied_refusal(model) -> str | None:
     and no other lookup matrix that tying would change), or None."""
     config = model.config
     if type(config).from_dict(config.to_dict()).tie_word_embeddings:
-        return (f"its config reloads with tie_word_embeddings=True ({type(config).__name__} sets it), so the converter "
-                "reads the untied output layer as a broken tie")
+        return (f"the export's config reloads with tie_word_embeddings=True ({type(config).__name__} sets it), so the "
+                "converter reads its untied output layer as a broken tie")
     head, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
     try:
-        parallel_row_scales(head, embedding, 1e-6, "this export")
+        parallel_row_scales(head, embedding, 1e-6, "the export")
     except ValueError as error:
-        return str(error).split(": a lossless start")[0].removeprefix("this export ")
+        return str(error).split(": a lossless start")[0]
     others = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)
               and module.weight is not embedding and module.weight.shape == embedding.shape
               and not torch.equal(module.weight, embedding)]  # fmt: skip
     if others:
-        return f"its lookups {others} differ from its input embedding, and one tied matrix cannot hold them all"
+        return f"the export's lookups {others} differ from its input embedding: one tied matrix cannot hold them all"
     return None
 
 
@@ -63,7 +63,7 @@ def convert_back(result, folder: str = THIS_FOLDER) -> tuple[list[str] | None, s
     if not result.tied:
         refusal = _untied_refusal(model)
         if refusal:
-            return None, f"its untied output layer cannot be tied back: {refusal}"
+            return None, refusal
     shipped = unshipped_head_mode(mode.name) is None
     note = "the lossless start gives back these logits"
     if shipped and result.tied and mode.lossless_start is None and mode.normalizes_input_lookups:
@@ -91,10 +91,12 @@ def export_card(result, repo_id: str | None = None) -> ModelCard:
     local = repo_id.split("/")[-1] if repo_id else THIS_FOLDER
     command, note = convert_back(result, local)
     if command is None:
-        back = f"it cannot be converted back losslessly ({note}); resume training from the hf_tiednorm checkpoint"
+        back = (f"It cannot be converted back to the normalized head losslessly: {note}. To train it further, resume "
+                "from the hf_tiednorm checkpoint it was exported from.")
     else:
         download = f"`hf download {repo_id} --local-dir {local}`, then " if repo_id else ""
-        back = f"convert it back: {download}`{' '.join(command)}` ({note})"
+        back = (f"To train it further with the normalized head, convert it back: {download}`{' '.join(command)}` "
+                f"({note}).")
     data = ModelCardData(library_name="transformers", tags=["hf_tiednorm", "hf_tiednorm-export"])
     if result.max_abs_diff is not None:
         checked = (
@@ -129,7 +131,7 @@ tokenizer = AutoTokenizer.from_pretrained("{name}")
 model = {auto}.from_pretrained("{name}")
 ```
 
-To train it further with the normalized head, {back}.
+{back}
 """
     return ModelCard(text)
 
