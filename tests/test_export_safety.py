@@ -338,7 +338,7 @@ def test_the_cards_convert_back_command_gives_back_the_logits(case, tmp_path):
     card = (tmp_path / "plain" / "README.md").read_text()
     inputs = inputs_for(source) if source.config.model_type == "tiednorm_wrapped" else model_inputs(source)
     if expected == "cannot":
-        assert "cannot be converted back losslessly" in card and "tiednorm-convert" not in card
+        assert "cannot be converted back to the normalized head losslessly" in card and "tiednorm-convert" not in card
         return
     command = shlex.split(card.split("convert it back: `")[1].split("`")[0].replace(THIS_FOLDER, "PLACEHOLDER"))
     assert command[:3] == ["tiednorm-convert", "PLACEHOLDER", "normalized/"], command
