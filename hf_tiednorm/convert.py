@@ -77,9 +77,9 @@ _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 _TARGET_ONLY_KEYS = {"lm_head.logit_scale", "lm_head.logit_bias"}
 
 
-def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options) -> None:
+def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
     """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the
-    converter and ``tiednorm-push`` ship a tokenizer this way). ``load_options``: more arguments of
+    converter and ``tiednorm-push`` ship a tokenizer this way), and return it. ``load_options``: more arguments of
     ``AutoTokenizer.from_pretrained`` (``gguf_file``)."""
     tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
     # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
@@ -87,6 +87,7 @@ def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **l
     for key in ("is_local", "local_files_only"):
         tokenizer.init_kwargs.pop(key, None)
     tokenizer.save_pretrained(output_dir)
+    return tokenizer
 
 
 def normalize_tied_head(
@@ -276,6 +277,9 @@ def convert_checkpoint(
         options = options.with_lossless_start()
     if output_dir is not None:
         output_dir = Path(output_dir)
+        existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
+        if not existing.is_dir():  # output_dir is a file, or lies below one
+            raise NotADirectoryError(f"output_dir {output_dir}: {existing} is a file; choose a new or empty folder")
         if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:
             raise ValueError(f"output_dir {output_dir} must lie outside the source checkpoint {source}")
         if output_dir.exists() and any(output_dir.iterdir()):

@@ -313,6 +313,7 @@ def measure_seq2seq(model, plain, work: Path, new_tokens: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
+    import os
     import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -329,6 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     record = {
         "cpu": _cpu(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__, "dtype": "float32",
+        # The timings mean something only on an idle machine (issue 40: a busy one gave 22x instead of ~2x).
+        "load_average_1_5_15_min_at_start": list(os.getloadavg()),
     }  # fmt: skip
     if (work / "plain" / "config.json").is_file():  # an earlier run with this --work: reuse its models
         from transformers import AutoTokenizer
@@ -359,6 +362,7 @@ def main(argv: list[str] | None = None) -> None:
                    "max_abs_logit_diff_export_vs_normalized": result.max_abs_diff},
         **measure_seq2seq(model, result.model, work, args.new_tokens),
     }  # fmt: skip
+    record["load_average_1_5_15_min_at_end"] = list(os.getloadavg())
     Path(args.output).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
 

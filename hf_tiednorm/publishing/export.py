@@ -16,13 +16,19 @@ source                            parent architecture (the checkpoint written)
 ================================= ======================================================================
 
 What changes: the output layer is untied (its rows are the effective rows, and Press & Wolf's projection P is
-folded into them: (W'P)·h = W'·(P·h)) unless the effective rows equal the input lookups up to rounding
-(``baseline``, plain ``l2``, an untrained lossless start), in which case the tie is kept (an untied encoder-decoder
+folded into them: (W'P)·h = W'·(P·h)) unless the effective rows are the input lookups, i.e. the effective fp32 scale
+of every row is 1 up to the rounding of its own fp32 computation (``baseline`` and ``l2`` without a logit scale, an
+untrained lossless start), whatever the weight dtype, in which case the tie is kept (an untied encoder-decoder
 parent stores its encoder, decoder and shared lookups apart: transformers 5 ties them only with
 ``tie_word_embeddings``); ``l2``'s unit-row lookups ŵ_i are written into the embedding; the effective bias goes
 to ``final_logits_bias`` (added to what a wrapped Marian/BART already had). A parent without a head bias (Llama,
 Qwen, Gemma, GPT-2, T5, ...) takes only a model whose bias is identically zero. Adaptive input/softmax has no parent
 architecture and is refused. The untied output layer adds a V×d matrix: the size increase is reported.
+
+Every export is checked before anything is written: a baked tensor that is not finite is refused by name, and the
+export's logits must equal the model's on random token ids within ``logit_tolerance`` (``check=False`` skips only
+the logit comparison; export_checks.py). The output folder is staged beside its target and renamed into place
+(``staged_folder``).
 
 CLI (``tiednorm-export``; ``python -m hf_tiednorm.export`` is the same)::
 
@@ -54,6 +60,15 @@ from ..convert import copy_tokenizer
 from ..families import FAMILIES
 from ..head_modes import get_head_mode
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
+from .export_checks import check_logits, refuse_non_finite, rows_are_lookups
+from .staging_checks import (
+    check_new_folder,
+    check_tokenizer_files,
+    check_tokenizer_fits,
+    check_weight_files,
+    find_tokenizer,
+    staged_folder,
+)
 
 # hf_tiednorm's own families -> (parent config class, parent model class), from the family table: the parent is the
 # architecture the family converts from 1:1 (families.py), so a new family exports without an edit here.
@@ -89,6 +104,7 @@ class PlainExport:
     bias_slot: str | None  # where the effective bias went (None: it is identically zero)
     added_values: int  # stored values added (negative: removed), the untied V×d matrix minus the folded terms
     max_abs_diff: float | None  # source vs export logits on random ids (None: not checked)
+    tolerance: float | None = None  # the largest max_abs_diff the check accepted (None: not checked)
 
     def size_text(self) -> str:
         dtype = next(self.model.parameters()).dtype
@@ -187,18 +203,12 @@ def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tu
                 "model's lookups disagree with its head mode; reload it from its folder"
             )
         state[f"{name}.weight"] = head.mode.plain_input_weight(module.weight.detach(), module.norm_eps)
-        baked = state[f"{name}.weight"]
-        if module.weight is head.weight and _equal_up_to_rounding(state[f"{head_path}.weight"], baked):
+        exact_lookups = head.mode.plain_input_weight(module.weight.detach().float(), module.norm_eps)
+        if module.weight is head.weight and rows_are_lookups(rows, exact_lookups):
             # The effective rows are the lookups (baseline, plain l2, an untrained lossless start: ‖w_i‖·w_i/‖w_i‖):
             # write the lookups themselves, so that the export keeps the tie and its size.
-            state[f"{head_path}.weight"] = baked
+            state[f"{head_path}.weight"] = state[f"{name}.weight"]
     return state, bias
-
-
-def _equal_up_to_rounding(rows: torch.Tensor, lookups: torch.Tensor) -> bool:
-    """Whether the baked rows equal the lookups within a few roundings of their dtype (element-wise, relative)."""
-    tolerance = 8 * torch.finfo(lookups.dtype).eps
-    return bool(((rows.float() - lookups.float()).abs() <= tolerance * lookups.float().abs()).all())
 
 
 def _tied_groups_agree(target: PreTrainedModel, state: dict) -> list[tuple[str, str]]:
@@ -223,7 +233,8 @@ def _stored_values(model: torch.nn.Module) -> int:
 
 
 @torch.no_grad()
-def _max_abs_diff(source: PreTrainedModel, target: PreTrainedModel) -> float:
+def _max_abs_diff(source: PreTrainedModel, target: PreTrainedModel) -> tuple[float, float]:
+    """(max |target − source logits|, max |source logit|) on random ids (NaN where either is not finite)."""
     generator = torch.Generator().manual_seed(0)
     vocab = source.config.vocab_size
     inputs = {"input_ids": torch.randint(0, vocab, (2, 9), generator=generator)}
@@ -233,12 +244,13 @@ def _max_abs_diff(source: PreTrainedModel, target: PreTrainedModel) -> float:
     device = next(source.parameters()).device
     inputs = {k: v.to(device) for k, v in inputs.items()}
     expected = source(**inputs).logits.float()
-    return (target(**inputs).logits.float() - expected).abs().max().item()
+    return (target(**inputs).logits.float() - expected).abs().max().item(), expected.abs().max().item()
 
 
 def _load(folder: Path) -> PreTrainedModel:
     import hf_tiednorm  # noqa: F401  (registers the families with the Auto classes)
 
+    check_weight_files(folder)  # a truncated model.safetensors is named (transformers' error names no file)
     config = AutoConfig.from_pretrained(folder)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     return auto.from_pretrained(folder, dtype="auto").eval()
@@ -260,11 +272,13 @@ def export_plain(
         output_dir: new or empty folder for the parent checkpoint (weights, config, generation config, tokenizer,
             README card); None keeps it in memory.
         tokenizer: a tokenizer folder to copy, when ``model_or_folder`` is a model or its folder has none.
-        check: compare the two models' logits on random ids (``PlainExport.max_abs_diff``).
+        check: compare the two models' logits on random ids (``PlainExport.max_abs_diff``) and refuse a difference
+            above ``logit_tolerance`` (the baked weights are checked to be finite either way).
         write_card: write the model card README.md into ``output_dir``.
 
     Returns:
-        ``PlainExport``, whose ``model`` is the parent model (eval mode, the source's dtype).
+        ``PlainExport``, whose ``model`` is the parent model (eval mode, the source's dtype). A model passed in keeps
+        its training mode.
     """
     folder = None
     if isinstance(model_or_folder, PreTrainedModel):
@@ -273,11 +287,14 @@ def export_plain(
         folder = Path(model_or_folder)
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder} has no config.json: pass a folder written by save_pretrained")
-        model = _load(folder)
-    if output_dir is not None:
+    tokenizer_source = find_tokenizer(folder, tokenizer)
+    if output_dir is not None:  # checked before the model loads: a mistake here costs nothing
         output_dir = Path(output_dir)
-        if output_dir.exists() and any(output_dir.iterdir()):
-            raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the exported model")
+        check_new_folder(output_dir, "output_dir", outside=folder)
+        if tokenizer_source is not None:
+            check_tokenizer_files(tokenizer_source)
+    if folder is not None:
+        model = _load(folder)
     _refuse_unexportable(model)
     body, head_path, projection = _source_parts(model)
     state, bias = _baked_state(model, body, head_path, projection)
@@ -294,6 +311,7 @@ def export_plain(
             f"plain export would change its logits. Parents that take a bias: {BIAS_PARENTS}; a lossless-start "
             "distance model that was not trained has a zero bias and exports"
         )
+    refuse_non_finite(state)
 
     if parent_class is BartForConditionalGeneration and "model.shared.weight" not in state:
         # BART's parent always has model.shared (its input embedding); an untied encoder looks up its own copy.
@@ -320,6 +338,15 @@ def export_plain(
     tied = any(
         isinstance(m, torch.nn.Embedding) and m.weight is output_weight for m in target.modules()
     )
+    difference = tolerance = None
+    if check:
+        training = {module: module.training for module in model.modules()}
+        try:  # compared in eval mode (no dropout); the caller's model keeps its own mode
+            difference, largest = _max_abs_diff(model.eval(), target)
+            tolerance = check_logits(difference, largest, dtype)
+        finally:
+            for module, mode in training.items():
+                module.training = mode
     result = PlainExport(
         model=target,
         parent=parent_class.__name__,
@@ -328,56 +355,28 @@ def export_plain(
         tied=tied,
         bias_slot=BIAS_SLOT if BIAS_SLOT in state and state[BIAS_SLOT].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),
-        max_abs_diff=_max_abs_diff(model.eval(), target) if check else None,
+        max_abs_diff=difference,
+        tolerance=tolerance,
     )
     if output_dir is not None:
-        _save(result, output_dir, folder, tokenizer, write_card)
+        with staged_folder(output_dir) as partial:  # a failure leaves no half-written output_dir
+            _save(result, partial, folder, tokenizer_source)
+            if write_card:
+                from .export_card import write_export_card
+
+                write_export_card(partial, result)
     return result
 
 
-def _save(result: PlainExport, output_dir: Path, folder: Path | None, tokenizer, write_card: bool) -> None:
+def _save(result: PlainExport, output_dir: Path, folder: Path | None, tokenizer_source: Path | None) -> None:
     result.model.save_pretrained(output_dir)
     config_path = output_dir / "config.json"
     config = json.loads(config_path.read_text())
     if config.pop("auto_map", None) is not None:  # never: a stock class writes none; kept as a guard
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tokenizer_source = Path(tokenizer) if tokenizer is not None else folder
-    if tokenizer_source is not None and any(
-        (tokenizer_source / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
-    ):
-        copy_tokenizer(tokenizer_source, output_dir)
-    if write_card:
-        from .export_card import write_export_card
-
-        write_export_card(output_dir, result)
-
-
-def prepare_plain_upload_folder(
-    checkpoint: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    *,
-    repo_id: str,
-    tokenizer: str | os.PathLike | None = None,
-    **card_inputs,
-) -> Path:
-    """What ``tiednorm-push --plain`` uploads: the plain export of ``checkpoint`` with its card naming ``repo_id``.
-
-    The export card describes the bake; the metrics/dataset/languages/training of an hf_tiednorm card are not
-    rendered on it, so passing them is refused rather than dropped."""
-    given = sorted(name for name, value in card_inputs.items() if value is not None)
-    if given:
-        raise ValueError(
-            f"{given} are not shown on the card of a plain export; push the hf_tiednorm model without --plain to "
-            "publish them, or leave them out"
-        )
-    from .export_card import write_export_card
-    from .staging_checks import check_no_token, check_staged_files
-
-    check_no_token(Path(checkpoint))  # the same publishing guards as the hf_tiednorm upload (hub.py)
-    result = export_plain(checkpoint, output_dir, tokenizer=tokenizer, write_card=False)
-    write_export_card(output_dir, result, repo_id=repo_id)
-    check_staged_files(Path(output_dir))
-    return Path(output_dir)
+    if tokenizer_source is not None:
+        tokenizer = copy_tokenizer(tokenizer_source, output_dir)
+        check_tokenizer_fits(tokenizer, result.model, tokenizer_source, folder or "the model passed in")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -400,7 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"wrote {args.output_dir}: {result.parent} (from {result.source_type}, head_mode {result.head['head_mode']}); "
         f"output layer {'tied' if result.tied else 'untied'}; size: {result.size_text()}; "
-        f"bias: {result.bias_slot or 'none'}; max |logit difference| on random ids: {result.max_abs_diff:.2e}"
+        f"bias: {result.bias_slot or 'none'}; max |logit difference| on random ids: {result.max_abs_diff:.2e} "
+        f"(tolerance {result.tolerance:.2e})"
     )
 
 

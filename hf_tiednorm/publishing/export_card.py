@@ -10,9 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from huggingface_hub import ModelCard, ModelCardData
 
+from ..convert import SUPPORTED_SOURCES
+from ..convert_checks import parallel_row_scales
 from ..head_modes import get_head_mode
+from .staging_checks import unshipped_head_mode
+
+# Where the card's commands name the export: a placeholder the user replaces (a local card cannot know where the
+# folder will be; tests/test_export.py substitutes it), or, on a Hub card, the folder `hf download` writes.
+THIS_FOLDER = "<this folder>"
 
 
 def baked_rows(head_mode: str) -> str:
@@ -25,23 +33,78 @@ def baked_rows(head_mode: str) -> str:
     return text
 
 
+@torch.no_grad()
+def _untied_refusal(model) -> str | None:
+    """Why ``tiednorm-convert --lossless-start`` cannot tie the untied export ``model`` back (the converter's own
+    conditions, convert.py: a config that reloads untied, output rows that are positive multiples of the input rows,
+    and no other lookup matrix that tying would change), or None."""
+    config = model.config
+    if type(config).from_dict(config.to_dict()).tie_word_embeddings:
+        return (f"the export's config reloads with tie_word_embeddings=True ({type(config).__name__} sets it), so the "
+                "converter reads its untied output layer as a broken tie")
+    head, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    try:
+        parallel_row_scales(head, embedding, 1e-6, "the export")
+    except ValueError as error:
+        return str(error).split(": a lossless start")[0]
+    others = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)
+              and module.weight is not embedding and module.weight.shape == embedding.shape
+              and not torch.equal(module.weight, embedding)]  # fmt: skip
+    if others:
+        return f"the export's lookups {others} differ from its input embedding: one tied matrix cannot hold them all"
+    return None
+
+
+def convert_back(result, folder: str = THIS_FOLDER) -> tuple[list[str] | None, str]:
+    """The ``tiednorm-convert`` arguments that give the normalized head back to the export ``result`` (an
+    ``export.PlainExport``) with its logits, reading ``folder``, and a note saying why this mode and flags; or
+    (None, why it cannot). tests/test_export.py runs the command for every case it gives one."""
+    model, mode = result.model, get_head_mode(result.head["head_mode"])
+    if not result.tied:
+        refusal = _untied_refusal(model)
+        if refusal:
+            return None, refusal
+    shipped = unshipped_head_mode(mode.name) is None
+    note = "the lossless start gives back these logits"
+    if shipped and result.tied and mode.lossless_start is None and mode.normalizes_input_lookups:
+        arguments, note = ["--head-mode", mode.name], f"{mode.name}'s lookups are baked already: the same logits"
+    elif shipped and mode.lossless_start is not None and (result.tied or "logit_scale" in mode.lossless_start):
+        arguments = ["--head-mode", mode.name, "--lossless-start"]
+    else:  # any tied or parallel export comes back with a per-token logit scale: cosine's start sets one
+        arguments = ["--head-mode", "cosine", "--lossless-start"]
+        why = ("is registered only in the process that trained it" if not shipped else
+               "has no lossless start" if mode.lossless_start is None else
+               "sets no per-token logit scale at its lossless start, which this untied export needs")
+        note = f"head mode {mode.name} {why}; cosine's lossless start gives back these logits"
+    if result.bias_slot is not None and model.config.model_type in SUPPORTED_SOURCES:
+        arguments.append("--generic")  # hf_tiednorm's own family has no final_logits_bias
+        note += "; --generic keeps the final_logits_bias"
+    return ["tiednorm-convert", folder, "normalized/", *arguments], note
+
+
 def export_card(result, repo_id: str | None = None) -> ModelCard:
     """The card of ``result`` (an ``export.PlainExport``); ``repo_id`` names the model in the snippet (else ".")."""
     name = repo_id or "."
     auto = "AutoModelForSeq2SeqLM" if result.model.config.is_encoder_decoder else "AutoModelForCausalLM"
     head = result.head
     mode = get_head_mode(head["head_mode"])
-    back = f"`tiednorm-convert {name} normalized/ --head-mode {mode.name}"
-    if mode.lossless_start is None:  # e.g. l2: its unit lookups are baked already
-        back += f"` (head mode {mode.name} has no lossless start; fine-tune after converting)"
+    local = repo_id.split("/")[-1] if repo_id else THIS_FOLDER
+    command, note = convert_back(result, local)
+    if command is None:
+        back = (f"It cannot be converted back to the normalized head losslessly: {note}. To train it further, resume "
+                "from the hf_tiednorm checkpoint it was exported from.")
     else:
-        back += " --lossless-start` (the lossless start gives back these logits)"
+        download = f"`hf download {repo_id} --local-dir {local}`, then " if repo_id else ""
+        back = (f"To train it further with the normalized head, convert it back: {download}`{' '.join(command)}` "
+                f"({note}).")
     data = ModelCardData(library_name="transformers", tags=["hf_tiednorm", "hf_tiednorm-export"])
-    checked = (
-        f"largest |logit difference| to the normalized model on random token ids: {result.max_abs_diff:.1e}"
-        if result.max_abs_diff is not None
-        else "logits not compared at export time"
-    )
+    if result.max_abs_diff is not None:
+        checked = (
+            f"the logits are the normalized model's up to float rounding: the largest |logit difference| on random "
+            f"token ids was {result.max_abs_diff:.1e}, checked against the tolerance {result.tolerance:.1e}"
+        )
+    else:
+        checked = "the logits were not compared with the normalized model's at export time"
     text = f"""---
 {data.to_yaml()}
 ---
@@ -51,8 +114,8 @@ def export_card(result, repo_id: str | None = None) -> ModelCard:
 A **{result.parent}** checkpoint for stock `transformers` (no remote code, `hf_tiednorm` not needed). It was trained
 with a **normalized tied output head** (`hf_tiednorm`, `head_mode="{head["head_mode"]}"`: {mode.equation}, {mode.paper};
 logit scale `{head["logit_scale"]}`, logit bias `{head["logit_bias"]}`) and **exported plain**: every head mode is an
-affine map of the plain scores, so the output layer's rows are the effective ones ({baked_rows(head["head_mode"])})
-and the logits are the normalized model's, exactly up to float rounding ({checked}).
+affine map of the plain scores, so the output layer's rows are the effective ones ({baked_rows(head["head_mode"])});
+{checked}.
 
 | | |
 |---|---|
@@ -68,7 +131,7 @@ tokenizer = AutoTokenizer.from_pretrained("{name}")
 model = {auto}.from_pretrained("{name}")
 ```
 
-To train it further with the normalized head, convert it back: {back}.
+{back}
 """
     return ModelCard(text)
 
@@ -80,4 +143,4 @@ def write_export_card(folder: str | Path, result, repo_id: str | None = None) ->
     return path
 
 
-__all__ = ["baked_rows", "export_card", "write_export_card"]
+__all__ = ["THIS_FOLDER", "baked_rows", "convert_back", "export_card", "write_export_card"]

@@ -4,8 +4,9 @@
 together with the modeling code (``save_pretrained`` of a registered model writes ``auto_map`` and copies the code
 files, so the repository loads with ``trust_remote_code=True`` without hf_tiednorm installed), the tokenizer, the
 model card (README.md; the checkpoint's own card is kept with its loading snippets and title naming ``repo_id``,
-not the local folder) and the plots (``*.png``) of the checkpoint folder. It then creates the repository and uploads
-the staged folder in one commit with ``huggingface_hub``. With ``dry_run_dir`` it only writes the staged folder there.
+not the local folder) and the plots a run writes there (``RUN_PLOTS``; any other image is left out, with a log
+line). It then creates the repository and uploads the staged folder in one commit with ``huggingface_hub``. With
+``dry_run_dir`` it only writes the staged folder there.
 The repository id is validated (huggingface_hub's rule) before anything is staged. The checkpoint folder itself is only
 read, never modified.
 
@@ -18,6 +19,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import shutil
@@ -31,8 +33,10 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from ..convert import copy_tokenizer
+from ..training.plots import EMBEDDING_NORM_PLOT, NORM_VS_FREQUENCY_PLOT
 from .auto_map import foreign_auto_map
-from .export import prepare_plain_upload_folder
+from .export import export_plain
+from .export_card import write_export_card
 from .model_card import (
     add_card_arguments,
     card_inputs_from_args,
@@ -41,15 +45,22 @@ from .model_card import (
     write_model_card,
 )
 from .provenance import base_model_provenance, hub_id
-from .staging_checks import check_no_token, check_staged_files, check_tokenizer_files
+from .staging_checks import (
+    check_new_folder,
+    check_no_token,
+    check_staged_files,
+    check_tokenizer_files,
+    check_tokenizer_fits,
+    find_tokenizer,
+    staged_folder,
+    unshipped_head_mode,
+)
 
+logger = logging.getLogger(__name__)
 
-def _find_tokenizer_source(checkpoint: Path, tokenizer: str | os.PathLike | None) -> Path:
-    source = Path(tokenizer) if tokenizer is not None else checkpoint
-    if not ((source / "tokenizer.json").is_file() or (source / "tokenizer_config.json").is_file()):
-        hint = "" if tokenizer is not None else "; pass the tokenizer folder with `tokenizer=` (CLI: --tokenizer)"
-        raise FileNotFoundError(f"no tokenizer (tokenizer.json / tokenizer_config.json) in {source}{hint}")
-    return source
+# The plots a training run (or experiments/plot_embedding_norms.py) writes into a model folder: the only images
+# published. Any other *.png there (a screenshot dropped in the folder) is not the run's and stays local.
+RUN_PLOTS = (EMBEDDING_NORM_PLOT, NORM_VS_FREQUENCY_PLOT)
 
 
 def card_for_repo(card_path: Path, repo_id: str) -> ModelCard:
@@ -89,13 +100,17 @@ def prepare_upload_folder(
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     check_repo_id(repo_id)
     config = load_tiednorm_config(checkpoint)
-    tokenizer_source = _find_tokenizer_source(checkpoint, tokenizer)
-    if output_dir.resolve() == checkpoint.resolve() or checkpoint.resolve() in output_dir.resolve().parents:
-        raise ValueError(f"the upload folder {output_dir} must lie outside the checkpoint folder {checkpoint}")
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the upload preview")
+    tokenizer_source = find_tokenizer(checkpoint, tokenizer, required=True)
+    check_new_folder(output_dir, "upload folder", outside=checkpoint)
     check_no_token(checkpoint)
     check_tokenizer_files(tokenizer_source)
+    unshipped = unshipped_head_mode(config.head_mode)
+    if unshipped:
+        raise ValueError(
+            f"{checkpoint}: {unshipped}. Publish the plain export instead (tiednorm-push --plain, "
+            "push_to_hub(plain=True): the head baked into its parent architecture, no remote code), or add the mode "
+            "to hf_tiednorm/head_modes.py"
+        )
 
     foreign = foreign_auto_map(getattr(config, "auto_map", None))
     if foreign:
@@ -106,27 +121,54 @@ def prepare_upload_folder(
         )
     auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto_class.from_pretrained(checkpoint, dtype="auto")
+    left_out = sorted(path.name for path in checkpoint.glob("*.png") if path.name not in RUN_PLOTS)
+    if left_out:
+        logger.warning("not staged: %s in %s (only the plots a run writes are published: %s)",
+                       ", ".join(left_out), checkpoint, ", ".join(RUN_PLOTS))
     # Staged beside the target and renamed into place at the end: a failure leaves no half-written folder (which
     # made the rerun refuse "not empty").
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.staging-", dir=output_dir.parent))
-    try:
+    with staged_folder(output_dir) as partial:
         # Re-saving (rather than copying) guarantees safetensors weights, the current code files and auto_map.
         model.save_pretrained(partial)
-        copy_tokenizer(tokenizer_source, partial)
-        for plot in sorted(checkpoint.glob("*.png")):
-            shutil.copy2(plot, partial / plot.name)
+        staged_tokenizer = copy_tokenizer(tokenizer_source, partial)
+        check_tokenizer_fits(staged_tokenizer, model, tokenizer_source, checkpoint)
+        for name in RUN_PLOTS:
+            if (checkpoint / name).is_file():
+                shutil.copy2(checkpoint / name, partial / name)
         card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
         if all(value is None for value in card_inputs.values()) and (checkpoint / "README.md").is_file():
             card_for_repo(checkpoint / "README.md", repo_id).save(partial / "README.md")
         else:
             write_model_card(partial, repo_id=repo_id, **card_inputs)
         check_staged_files(partial)
-        if output_dir.exists():
-            output_dir.rmdir()  # empty (checked above)
-        os.replace(partial, output_dir)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    return output_dir
+
+
+def prepare_plain_upload_folder(
+    checkpoint: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    repo_id: str,
+    tokenizer: str | os.PathLike | None = None,
+    **card_inputs,
+) -> Path:
+    """What ``tiednorm-push --plain`` uploads: the plain export of ``checkpoint`` with its card naming ``repo_id``.
+
+    The export card describes the bake; the metrics/dataset/languages/training of an hf_tiednorm card are not
+    rendered on it, so passing them is refused rather than dropped."""
+    given = sorted(name for name, value in card_inputs.items() if value is not None)
+    if given:
+        raise ValueError(
+            f"{given} are not shown on the card of a plain export; push the hf_tiednorm model without --plain to "
+            "publish them, or leave them out"
+        )
+    checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    check_new_folder(output_dir, "upload folder", outside=checkpoint)  # the same rule as without --plain (hub.py)
+    check_no_token(checkpoint)  # the same publishing guards as the hf_tiednorm upload (hub.py)
+    with staged_folder(output_dir) as partial:  # the card and the checks too: all or nothing
+        result = export_plain(checkpoint, partial, tokenizer=tokenizer, write_card=False)
+        write_export_card(partial, result, repo_id=repo_id)
+        check_staged_files(partial)
     return output_dir
 
 

@@ -1,20 +1,32 @@
-"""What must not be staged for upload: a token, a path of this machine, a file that cannot be read.
+"""What must not be staged for upload or export: a token, a path of this machine, a file that cannot be read, another
+model's tokenizer, a head mode the staged code does not define; and how a folder is staged (atomically).
 
 ``tiednorm-push`` publishes a checkpoint folder written on a private machine. Transformers' ``training_args.bin``
 pickles ``TrainingArguments`` with ``hub_token`` in clear (the training scripts strip it since; older folders may
 hold one); a card or config written by an older run may name the local folder it was fine-tuned from; a corrupt
 ``tokenizer.json`` failed half-way through staging with a bare JSONDecodeError. ``training_args_token`` reads the
 pickle's opcodes without running it; ``check_staged_files`` refuses a staged folder with an absolute path of this
-machine in its card or JSON files; ``check_tokenizer_files`` names an unreadable tokenizer JSON before staging.
+machine in its card or JSON files; ``check_tokenizer_files`` names an unreadable tokenizer JSON before staging;
+``check_tokenizer_fits`` refuses a tokenizer whose ids the model cannot look up (another model's, issue 40 S8);
+``unshipped_head_mode`` says why the remote code copied beside a model would not define its head mode (a mode
+registered at runtime, issue 40 S6); ``check_new_folder`` refuses an output folder that is a file, not empty, or
+inside the folder read from; ``staged_folder`` writes a folder beside its target and renames it into place, so that
+a failure leaves nothing half-written (issue 40 U6).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickletools
+import shutil
+import uuid
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from .. import head_modes
 from .provenance import local_paths_in
 
 # Staged text files that the checkpoint's own run wrote (the .py code files are the package's).
@@ -53,6 +65,32 @@ def check_no_token(checkpoint: Path) -> None:
         )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def find_tokenizer(
+    checkpoint: Path | None, tokenizer: str | os.PathLike | None, *, required: bool = False
+) -> Path | None:
+    """The folder whose tokenizer is staged: ``tokenizer`` when given (``FileNotFoundError`` naming it when it is
+    no folder or holds no tokenizer: it was asked for), else ``checkpoint`` when it holds one, else None
+    (``FileNotFoundError`` with ``required``)."""
+    if tokenizer is not None:
+        source = Path(tokenizer)
+        if not source.is_dir():
+            raise FileNotFoundError(f"tokenizer folder not found: {source} (--tokenizer / tokenizer=)")
+        if not any((source / name).is_file() for name in TOKENIZER_FILES):
+            raise FileNotFoundError(f"no tokenizer ({' / '.join(TOKENIZER_FILES)}) in {source} (--tokenizer)")
+        return source
+    if checkpoint is not None and any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
+        return checkpoint
+    if required:
+        raise FileNotFoundError(
+            f"no tokenizer ({' / '.join(TOKENIZER_FILES)}) in {checkpoint}; pass the tokenizer folder with "
+            "`tokenizer=` (CLI: --tokenizer)"
+        )
+    return None
+
+
 def check_tokenizer_files(folder: Path) -> None:
     """``ValueError`` naming the tokenizer JSON file of ``folder`` that does not parse."""
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -78,4 +116,102 @@ def check_staged_files(folder: Path) -> None:
                          "base_model must be a Hub id) and stage again")
 
 
-__all__ = ["check_no_token", "check_staged_files", "check_tokenizer_files", "training_args_token"]
+def check_new_folder(folder: Path, what: str, *, outside: Path | None = None) -> None:
+    """Refuse ``folder`` as the folder a command writes: a file (or a path below a file), a folder that is not empty,
+    or, with ``outside``, a folder that is or lies inside ``outside`` (the checkpoint read from). ``what`` names it."""
+    existing = next(path for path in (folder, *folder.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        named = "is a file" if existing == folder else f"lies below {existing}, which is a file"
+        raise NotADirectoryError(f"{what} {folder} {named}: choose a new or empty folder")
+    if outside is not None and (folder.resolve() == outside.resolve() or outside.resolve() in folder.resolve().parents):
+        raise ValueError(f"{what} {folder} must lie outside the checkpoint folder {outside}, which is only read")
+    if folder.is_dir() and any(folder.iterdir()):
+        raise FileExistsError(f"{folder} is not empty; choose a new or empty folder for the {what}")
+
+
+@contextmanager
+def staged_folder(folder: Path) -> Iterator[Path]:
+    """A new folder beside ``folder`` to write into; renamed to ``folder`` (new or empty, checked by the caller) when
+    the block ends, removed when it raises: a failed staging leaves no half-written ``folder`` (which made the
+    rerun refuse it as "not empty")."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = folder.parent / f".{folder.name}.staging-{uuid.uuid4().hex[:8]}"
+    partial.mkdir()  # mkdir, not mkdtemp: the folder gets the user's umask, not 0700
+    try:
+        yield partial
+        if folder.exists():
+            folder.rmdir()  # empty (checked)
+        os.replace(partial, folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def check_weight_files(folder: Path) -> None:
+    """``ValueError`` naming each ``*.safetensors`` file of ``folder`` that is truncated or has no valid header (the
+    loader's own error names no file)."""
+    from ..training.run_directory import safetensors_problem  # here: run_directory imports the Trainer
+
+    problems = [problem for path in sorted(folder.glob("*.safetensors")) if (problem := safetensors_problem(path))]
+    if problems:
+        raise ValueError(f"the weights in {folder} cannot load: {'; '.join(problems)}; save the model again")
+
+
+def _ids(value) -> set[int]:
+    if value is None:
+        return set()
+    return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
+
+
+def check_tokenizer_fits(tokenizer, model, tokenizer_source: Path | str, model_source: Path | str) -> None:
+    """``ValueError`` naming both folders when ``tokenizer`` is not one ``model`` can use: an id it produces (its
+    vocabulary, its special tokens) that the model's embedding has no row for, or an end-of-sequence token other
+    than the model's (config, text config and generation config) where both define one. Another model's tokenizer
+    passed silently and failed at the first use with an IndexError."""
+    config = model.config
+    configs = (config, config.get_text_config()) if hasattr(config, "get_text_config") else (config,)
+    vocab_size = max(getattr(c, key, None) or 0 for c in configs for key in ("vocab_size", "decoder_vocab_size"))
+    where = f"the tokenizer of {tokenizer_source} does not belong to the model of {model_source}"
+    special = [getattr(tokenizer, f"{name}_token_id", None) for name in ("pad", "bos", "eos", "unk")]
+    highest = max([len(tokenizer) - 1, *(i for i in special if i is not None)])
+    if highest >= vocab_size:
+        raise ValueError(
+            f"{where}: it has {len(tokenizer)} tokens (ids up to {highest}), the model's vocab_size is {vocab_size}, "
+            "so its ids would index past the embedding. Pass the model's own tokenizer (--tokenizer / tokenizer=)"
+        )
+    generation = getattr(model, "generation_config", None)
+    expected = set().union(*(_ids(getattr(c, "eos_token_id", None)) for c in (*configs, generation) if c is not None))
+    if tokenizer.eos_token_id is not None and expected and tokenizer.eos_token_id not in expected:
+        raise ValueError(
+            f"{where}: its end-of-sequence token id is {tokenizer.eos_token_id}, the model's is {sorted(expected)} "
+            "(config.json / generation_config.json), so generation would not stop where the model learned to. Pass "
+            "the model's own tokenizer (--tokenizer / tokenizer=)"
+        )
+
+
+def unshipped_head_mode(name: str) -> str | None:
+    """Why the model wing's code, copied beside a saved model as its remote code, would not score as this process
+    does in head mode ``name``: a mode added or redefined at runtime (``register_head_mode``) lives only in this
+    process. None for a mode the code defines itself."""
+    mode = head_modes.get_head_mode(name)
+    cls = type(mode)
+    if cls.__module__ == head_modes.__name__ and getattr(head_modes, cls.__name__, None) is cls and not vars(mode):
+        return None
+    return (
+        f"head_mode {name!r} was registered at runtime (register_head_mode: {cls.__module__}.{cls.__qualname__}); "
+        "the remote code saved with the model (hf_tiednorm/head_modes.py) does not define it, so "
+        "from_pretrained(..., trust_remote_code=True) would refuse the model"
+    )
+
+
+__all__ = [
+    "check_new_folder",
+    "check_no_token",
+    "check_staged_files",
+    "check_tokenizer_files",
+    "check_tokenizer_fits",
+    "check_weight_files",
+    "find_tokenizer",
+    "staged_folder",
+    "training_args_token",
+    "unshipped_head_mode",
+]
