@@ -363,7 +363,9 @@ def probe_head_mode(mode: HeadMode) -> None:
         if mode.lossless_start is not None:
             mode.lossless_terms(weight, eps)
     except (TypeError, ValueError) as error:
-        raise type(error)(f"register_head_mode refuses it, on a random {tuple(weight.shape)} probe weight: {error}") from None
+        raise type(error)(
+            f"register_head_mode refuses it, on a random {tuple(weight.shape)} probe weight: {error}"
+        ) from None
 
 
 def unregister_head_mode(name: str) -> None:
@@ -418,7 +420,7 @@ for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
 
 
 def head_mode_summaries() -> str:
-    """"name summary" of every registered mode, for help texts."""
+    """ "name summary" of every registered mode, for help texts."""
     return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
 
 

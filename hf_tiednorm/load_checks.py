@@ -8,11 +8,11 @@ b = 0, a ``config.json`` edited to ``logit_scale="none"`` or ``logit_bias=false`
 edited to add them starts them fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which
 ``generate`` fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is
-initialized at random and any tensor the model has no place for is dropped, which changes the logits just as much
-(a missing ``up_proj`` of a tiny Llama: 0.34). ``check_loaded_head`` turns each of these into an error naming the
-tensor, the config field where one is involved, and the folder. What transformers itself accounts for is not an
-error: a tied copy that is saved once, a non-persistent buffer, a family's ``_keys_to_ignore_on_load_*`` (Marian's
-computed position tables), a ``rotary_emb.inv_freq`` of older checkpoints. It runs from transformers' own hook on the loading report
+initialized at random and any tensor the model has no place for is dropped, which changes the logits just as
+silently. ``check_loaded_head`` turns each of these into an error naming the tensor, the config field where one is
+involved, and the folder. What transformers itself accounts for is not an error: a tied copy that is saved once, a
+non-persistent buffer, a family's ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old
+checkpoint's ``rotary_emb.inv_freq``. It runs from transformers' own hook on the loading report
 (``_adjust_missing_and_unexpected_keys``, see ``weight_checks.WeightChecksMixin``), so transformers' report table
 is still printed first.
 

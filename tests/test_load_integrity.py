@@ -120,3 +120,49 @@ except ValueError as error:
         cwd=tmp_path,
     )
     assert out.strip().splitlines()[-1] == "refused"
+
+
+def a_layer_tensor(weights: dict) -> str:
+    """A 2-d weight of the first layer (not the embedding, not a head term): Marian/BART's ``...layers.0.fc1``,
+    Llama's ``...layers.0.mlp...``, GPT-2's ``...h.0.mlp...``, T5's ``...block.0.layer...``."""
+    return next(key for key in sorted(weights) if ".0." in key and weights[key].dim() == 2)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_weights_missing_a_layer_tensor_are_refused_naming_it_and_the_folder(name, tmp_path):
+    cls = saved(name, tmp_path, logit_scale="vector")
+    key = a_layer_tensor(load_file(tmp_path / "model.safetensors"))
+    drop_tensors(tmp_path, lambda k: k == key)
+    with pytest.raises(
+        ValueError, match=rf"tensor '{key}' is missing from the weights: it would be initialized"
+    ) as error:
+        cls.from_pretrained(tmp_path)
+    assert str(tmp_path) in str(error.value)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_weights_holding_a_tensor_the_model_has_no_place_for_are_refused(name, tmp_path):
+    cls = saved(name, tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    key = a_layer_tensor(weights)
+    extra = key.replace(".0.", ".7.")  # a layer the config does not build (e.g. weights of a deeper model)
+    save_file(weights | {extra: weights[key].clone()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"the weights hold tensor '{extra}', which {cls.__name__} .*has no place"):
+        cls.from_pretrained(tmp_path)
+
+
+def test_the_remote_code_refuses_a_missing_layer_tensor_too(tmp_path):
+    saved("causal", tmp_path / "model")
+    key = a_layer_tensor(load_file(tmp_path / "model" / "model.safetensors"))
+    drop_tensors(tmp_path / "model", lambda k: k == key)
+    out = run_without_package(
+        f"""
+from transformers import AutoModelForCausalLM
+try:
+    AutoModelForCausalLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
+except ValueError as error:
+    print("refused" if "{key}' is missing from the weights" in str(error) else error)
+""",
+        cwd=tmp_path,
+    )
+    assert out.strip().splitlines()[-1] == "refused", out
