@@ -190,9 +190,14 @@ def test_a_mode_returning_bad_column_terms_is_refused_naming_the_mode_and_the_te
     instance = HeadMode()  # the same terms set on an instance instead of a subclass
     instance.name, instance.column_terms = "bad_terms", lambda weight, eps: terms(weight)
     for mode in (Bad(), instance):
-        with pytest.raises((TypeError, ValueError), match=rf"head mode 'bad_terms': column_terms returned {message}"):
-            register_head_mode(mode)
-        assert "bad_terms" not in HEAD_MODES
+        try:
+            with pytest.raises(
+                (TypeError, ValueError), match=rf"head mode 'bad_terms': column_terms returned {message}"
+            ):
+                register_head_mode(mode)
+            assert "bad_terms" not in HEAD_MODES
+        finally:
+            unregister_head_mode("bad_terms")
 
 
 class SevenRows(HeadMode):
@@ -246,14 +251,19 @@ class Shifted(RootNorm):
         return scale, torch.full_like(scale, -0.1)
 
 
+LOSSLESS_REFUSAL = (
+    r"head mode '{}' declares lossless_start=\('logit_scale',\), but its lossless_terms do not give back the plain "
+    r"scores .*g_i·bias_i \+ b_i = -0\.\d+ \(must be 0\)"
+)
+
+
 def test_a_lossless_start_that_cannot_undo_the_modes_bias_is_refused_when_registered():
-    with pytest.raises(
-        ValueError,
-        match=r"head mode 'root_shifted' declares lossless_start=\('logit_scale',\), but its"
-        r" lossless_terms do not give back the plain scores .*g_i·bias_i \+ b_i = -0\.\d+ \(must be 0\)",
-    ):
-        register_head_mode(Shifted())
-    assert "root_shifted" not in HEAD_MODES
+    try:
+        with pytest.raises(ValueError, match=LOSSLESS_REFUSAL.format("root_shifted")):
+            register_head_mode(Shifted())
+        assert "root_shifted" not in HEAD_MODES
+    finally:
+        unregister_head_mode("root_shifted")
 
 
 def test_a_lossless_start_that_declares_the_bias_too_converts_with_the_sources_logits():
@@ -303,5 +313,8 @@ def test_a_lossless_term_the_start_does_not_declare_is_refused():
             g, _ = super().lossless_terms(weight, eps)
             return g, torch.zeros_like(g)
 
-    with pytest.raises(ValueError, match=r"'root_extra_bias': lossless_terms returned a logit_bias but lossless_start"):
-        register_head_mode(ExtraBias())
+    try:
+        with pytest.raises(ValueError, match=r"'root_extra_bias': lossless_terms returned a logit_bias but lossless_"):
+            register_head_mode(ExtraBias())
+    finally:
+        unregister_head_mode("root_extra_bias")

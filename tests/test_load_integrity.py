@@ -109,17 +109,25 @@ def test_a_complete_folder_still_loads_exactly(tmp_path):
 def test_the_remote_code_refuses_too(tmp_path):
     saved("wrapped-gpt2", tmp_path / "model", logit_scale="vector")
     drop_tensors(tmp_path / "model", lambda key: key.endswith(".logit_scale"))
+    # and a folder missing a layer tensor (own family), in the same process (one interpreter start)
+    saved("causal", tmp_path / "layer")
+    key = a_layer_tensor(load_file(tmp_path / "layer" / "model.safetensors"))
+    drop_tensors(tmp_path / "layer", lambda k: k == key)
     out = run_without_package(
         f"""
 from transformers import AutoModelForCausalLM
-try:
-    AutoModelForCausalLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
-except ValueError as error:
-    print("refused" if "'model.lm_head.logit_scale' is missing" in str(error) else error)
+for folder, named in [({str(tmp_path / "model")!r}, "'model.lm_head.logit_scale' is missing"),
+                      ({str(tmp_path / "layer")!r}, "'{key}' is missing from the weights: it would be initialized")]:
+    try:
+        AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    except ValueError as error:
+        print("refused" if named in str(error) and folder in str(error) else error)
+    else:
+        print("loaded", folder)
 """,
         cwd=tmp_path,
     )
-    assert out.strip().splitlines()[-1] == "refused"
+    assert out.strip().splitlines()[-2:] == ["refused", "refused"], out
 
 
 def a_layer_tensor(weights: dict) -> str:
@@ -149,20 +157,3 @@ def test_weights_holding_a_tensor_the_model_has_no_place_for_are_refused(name, t
     save_file(weights | {extra: weights[key].clone()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"the weights hold tensor '{extra}', which {cls.__name__} .*has no place"):
         cls.from_pretrained(tmp_path)
-
-
-def test_the_remote_code_refuses_a_missing_layer_tensor_too(tmp_path):
-    saved("causal", tmp_path / "model")
-    key = a_layer_tensor(load_file(tmp_path / "model" / "model.safetensors"))
-    drop_tensors(tmp_path / "model", lambda k: k == key)
-    out = run_without_package(
-        f"""
-from transformers import AutoModelForCausalLM
-try:
-    AutoModelForCausalLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
-except ValueError as error:
-    print("refused" if "{key}' is missing from the weights" in str(error) else error)
-""",
-        cwd=tmp_path,
-    )
-    assert out.strip().splitlines()[-1] == "refused", out
