@@ -134,10 +134,29 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
+    _refuse(model, errors)
+
+
+def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
+    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
+    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
+    instead of converting a randomly initialized layer "lossless"."""
+    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
+    _refuse(model, other_tensor_errors(model, missing, unexpected))
+
+
+def _refuse(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
 
 
-__all__ = ["HEAD_TERMS", "check_loaded_head", "embedding_errors", "head_term_errors", "other_tensor_errors"]
+__all__ = [
+    "HEAD_TERMS",
+    "check_loaded_head",
+    "check_source_loaded",
+    "embedding_errors",
+    "head_term_errors",
+    "other_tensor_errors",
+]

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from testing_utils import FAMILIES, run_without_package, tiny_model
 from tiny_architectures import source_model
 
-from hf_tiednorm.convert import normalize_tied_head
+from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 
 WRAPPED = ("gpt2", "t5")
 # Every model of the package: its name, and a builder taking the head's learned-term options.
@@ -157,3 +157,13 @@ def test_weights_holding_a_tensor_the_model_has_no_place_for_are_refused(name, t
     save_file(weights | {extra: weights[key].clone()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=rf"the weights hold tensor '{extra}', which {cls.__name__} .*has no place"):
         cls.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "marian"])  # our own family's route, the wrapper's, Marian's
+def test_a_conversion_source_missing_a_layer_tensor_is_refused_naming_it(name, tmp_path):
+    source_model(name).save_pretrained(tmp_path / "source")
+    key = a_layer_tensor(load_file(tmp_path / "source" / "model.safetensors"))
+    drop_tensors(tmp_path / "source", lambda k: k == key)
+    with pytest.raises(ValueError, match=rf"cannot load {tmp_path / 'source'} .*\n  - tensor '{key}' is missing"):
+        convert_checkpoint(tmp_path / "source", tmp_path / "out", head_mode="cosine", lossless_start=True)
+    assert not (tmp_path / "out").exists()
