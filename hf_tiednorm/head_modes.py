@@ -420,19 +420,19 @@ for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
 
 
 def head_mode_summaries() -> str:
-    """ "name summary" of every registered mode, for help texts."""
+    """"name summary" of every registered mode, for help texts."""
     return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
 
 
 __all__ = [
     "DEFAULT_HEAD_MODE",
     "HEAD_MODES",
-    "HeadMode",
-    "get_head_mode",
-    "head_mode_summaries",
     "LOSSLESS_RTOL",
+    "HeadMode",
     "check_lossless",
     "check_terms",
+    "get_head_mode",
+    "head_mode_summaries",
     "inverse_row_norms",
     "probe_head_mode",
     "register_head_mode",
