@@ -354,8 +354,8 @@ def probe_head_mode(mode: HeadMode) -> None:
     """Run ``mode``'s column terms, and its lossless start if it declares one, on a small random weight (7 rows,
     one of them dead, on the CPU): a term of the wrong type, shape, dtype or device, or a lossless start that does not
     give back the plain scores, is refused by the mode's name when it is registered, not when a model uses it."""
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(7, 5, generator=generator) * torch.linspace(0.2, 3.0, 7).unsqueeze(-1)
+    generator = torch.Generator().manual_seed(0)  # on the CPU, also inside a torch.device("meta") block
+    weight = torch.randn(7, 5, generator=generator, device="cpu") * torch.linspace(0.2, 3.0, 7, device="cpu")[:, None]
     weight[0] = 0  # a dead row, as HF's zeroed padding row
     eps = 1e-6
     try:
