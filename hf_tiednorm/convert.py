@@ -53,6 +53,7 @@ from .families import FAMILIES, family_of_source
 from .gguf_checks import check_gguf_file
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
 from .head_options import LOGIT_SCALES, HeadOptions
+from .load_checks import check_source_loaded
 from .lossless_start import drop_quantization_state, start_lossless
 from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForCausalLM,
@@ -294,7 +295,9 @@ def convert_checkpoint(
         and not getattr(source_config, "tie_word_embeddings", False)
     )  # fmt: skip
     auto = check_convertible(_tied_copy(source_config) if parallel else source_config)  # before loading any weight
-    source_model = auto.from_pretrained(source, dtype="auto", **load).eval()
+    source_model, loading = auto.from_pretrained(source, dtype="auto", output_loading_info=True, **load)
+    check_source_loaded(source_model, loading)  # a tensor missing from the folder is named, not made up (issue 40)
+    source_model.eval()
     drop_quantization_state(source_model)
     row_scales = tie_parallel_output_rows(source_model, str(source), options.norm_eps) if parallel else None
     check_tied(source_model)

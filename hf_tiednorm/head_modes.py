@@ -26,13 +26,20 @@ a mode's name:
 ``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model wing and travels
 with a saved model as remote code: a folder whose config names a mode that its code files do not define is refused
 by name when it is loaded (``get_head_mode``).
+
+What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
+``lossless_terms`` a subclass defines with the checks of ``head_mode_checks.py`` (the terms' type, shape, dtype and
+device; a declared lossless start verified on the weights), and ``register_head_mode`` runs them on a small probe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
+
+from .head_mode_checks import ColumnTerms, checked_column_terms, checked_lossless_terms, probe_head_mode
 
 LIU_ET_AL = "Liu, Zhai & Chen (2020)"
 
@@ -55,9 +62,6 @@ def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
     Scaled in fp32 so that fp16 rows cannot overflow on the way.
     """
     return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
-
-
-ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
 
 
 class HeadMode:
@@ -87,16 +91,26 @@ class HeadMode:
     lossless_refusal: str = "this mode declares no lossless start"
     cites_liu_et_al: bool = True
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        # Every column_terms / lossless_terms a mode defines returns checked terms (module docstring).
+        super().__init_subclass__(**kwargs)
+        if "column_terms" in cls.__dict__:
+            cls.column_terms = checked_column_terms(cls.__dict__["column_terms"])
+        if "lossless_terms" in cls.__dict__:
+            cls.lossless_terms = checked_lossless_terms(cls.__dict__["lossless_terms"])
+
     def column_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
         """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
 
         Args:
             weight: W, (V, d) (or one band's (n, d)); eps: the dead-row threshold ``norm_eps``.
         Returns:
-            fp32 vectors of shape (V,), or None for "multiply by one" / "add zero".
+            fp32 vectors of shape (V,) on ``weight``'s device (a 0-dim tensor stands for one value for every row),
+            or None for "multiply by one" / "add zero"; anything else is refused naming the mode and the term.
         """
         raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
 
+    @checked_lossless_terms
     def lossless_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
         """The per-token logit scale g and logit bias b (fp32 (V,), or None where ``lossless_start`` sets none) that
         make this mode's scores equal the plain w_i·h: g·(W·h·scale + bias) + b = W·h, i.e. g = 1/scale and
@@ -199,8 +213,18 @@ def register_head_mode(mode: HeadMode, *, replace: bool = False) -> HeadMode:
         raise ValueError(f"head mode {mode.name!r}: lossless_start may name 'logit_scale' / 'logit_bias' only")
     if mode.name in _REGISTRY and not replace:
         raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
+    # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.
+    for attribute, checked in (("column_terms", checked_column_terms), ("lossless_terms", checked_lossless_terms)):
+        if attribute in vars(mode):
+            setattr(mode, attribute, functools.partial(checked(_unbound(vars(mode)[attribute])), mode))
+    probe_head_mode(mode)
     _REGISTRY[mode.name] = mode
     return mode
+
+
+def _unbound(function: Callable) -> Callable:
+    """A function set on an instance takes (weight, eps); the checks call it as (self, weight, eps)."""
+    return getattr(function, "__func__", None) or (lambda self, *args, **kwargs: function(*args, **kwargs))
 
 
 def unregister_head_mode(name: str) -> None:

@@ -89,6 +89,16 @@ class HeadOptions:
                     f"(logit_scale='vector'); logit_scale={logit_scale!r} cannot give back the source's logits: "
                     "leave logit_scale unset or 'vector'"
                 )
+            if self.logit_scale_init is not None:
+                # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
+                # dropped while config.json recorded it.
+                raise ValueError(
+                    f"logit_scale_init={self.logit_scale_init} (--logit-scale-init) cannot be combined with "
+                    f"lossless_start (--lossless-start): for head_mode {self.head_mode!r} the lossless start sets "
+                    "every per-token logit scale g_i itself, to the value that gives back the source's logits "
+                    f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
+                    "lossless_start"
+                )
             logit_scale = "vector"
         elif logit_scale != "none":
             raise ValueError(

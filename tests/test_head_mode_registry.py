@@ -160,3 +160,161 @@ def test_registering_refuses_a_taken_name_and_a_bad_lossless_term():
     bad.lossless_start = ("temperature",)
     with pytest.raises(ValueError, match="logit_scale"):
         register_head_mode(bad)
+
+
+def rows(weight: torch.Tensor) -> int:
+    return weight.shape[0]
+
+
+# What a user's column_terms may get wrong, and the term the refusal names (U9 of issue 40).
+BAD_TERMS = {
+    "a (V, 1) scale": (lambda w: (torch.ones(rows(w), 1), None), r"a scale of shape \(7, 1\) .*must have shape \(7,\)"),
+    "a (d,) bias": (lambda w: (None, torch.zeros(w.shape[1])), r"a bias of shape \(5,\) .*must have shape \(7,\)"),
+    "a Python float scale": (lambda w: (2.0, None), r"a float as its scale \(2.0\); it must be a tensor"),
+    "an integer bias": (lambda w: (None, torch.ones(rows(w), dtype=torch.long)), r"a torch.int64 bias; .*floating"),
+    "one tensor": (lambda w: torch.ones(rows(w)), r"Tensor .*it must return a pair \(scale, bias\)"),
+    "a scale on another device": (lambda w: (torch.ones(rows(w), device="meta"), None), r"its scale on meta, the"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TERMS)
+def test_a_mode_returning_bad_column_terms_is_refused_naming_the_mode_and_the_term(case):
+    terms, message = BAD_TERMS[case]
+
+    class Bad(HeadMode):
+        name, equation = "bad_terms", "s_i = ?"
+
+        def column_terms(self, weight, eps):
+            return terms(weight)
+
+    instance = HeadMode()  # the same terms set on an instance instead of a subclass
+    instance.name, instance.column_terms = "bad_terms", lambda weight, eps: terms(weight)
+    for mode in (Bad(), instance):
+        try:
+            with pytest.raises(
+                (TypeError, ValueError), match=rf"head mode 'bad_terms': column_terms returned {message}"
+            ):
+                register_head_mode(mode)
+            assert "bad_terms" not in HEAD_MODES
+        finally:
+            unregister_head_mode("bad_terms")
+
+
+class SevenRows(HeadMode):
+    """Right on the 7-row registration probe, wrong for any other vocabulary: checked where a model uses it too."""
+
+    name, equation = "seven_rows", "s_i = w_i·h·2"
+
+    def column_terms(self, weight, eps):
+        return torch.full((7,), 2.0), None
+
+
+@pytest.mark.parametrize("length", [2, 40])  # tokens ≤ d scale the logits, tokens > d the rows of W
+def test_a_wrong_shape_is_refused_where_the_model_uses_the_mode_for_every_batch(length):
+    register_head_mode(SevenRows())
+    try:
+        model = tiny_model("causal", head_mode="seven_rows")
+        inputs = model_inputs(model, batch_size=1, length=length)
+        with pytest.raises(ValueError, match=r"head mode 'seven_rows': column_terms returned a scale of shape \(7,\)"):
+            model(**inputs)
+    finally:
+        unregister_head_mode("seven_rows")
+
+
+def test_a_0_dim_term_stands_for_one_value_for_every_row():
+    class Doubled(HeadMode):
+        name, equation = "doubled", "s_i = 2·w_i·h − 1"
+
+        def column_terms(self, weight, eps):
+            return torch.tensor(2.0, device=weight.device), torch.tensor(-1.0, device=weight.device)
+
+    register_head_mode(Doubled())
+    try:
+        head = tiny_model("causal", head_mode="doubled").get_output_embeddings()
+        scale, bias = head.mode.column_terms(head.weight, head.norm_eps)
+        assert scale.shape == bias.shape == (head.weight.shape[0],) and scale.dtype == torch.float32
+        for tokens in (3, 40):
+            hidden = torch.randn(tokens, head.weight.shape[1])
+            with torch.no_grad():
+                torch.testing.assert_close(head(hidden), 2 * hidden @ head.weight.T - 1)
+    finally:
+        unregister_head_mode("doubled")
+
+
+class Shifted(RootNorm):
+    """s_i = w_i·h/‖w_i‖^½ − 0.1: a bias term that only a logit bias can undo."""
+
+    name = "root_shifted"
+
+    def column_terms(self, weight, eps):
+        scale, _ = super().column_terms(weight, eps)
+        return scale, torch.full_like(scale, -0.1)
+
+
+LOSSLESS_REFUSAL = (
+    r"head mode '{}' declares lossless_start=\('logit_scale',\), but its lossless_terms do not give back the plain "
+    r"scores .*g_i·bias_i \+ b_i = -0\.\d+ \(must be 0\)"
+)
+
+
+def test_a_lossless_start_that_cannot_undo_the_modes_bias_is_refused_when_registered():
+    try:
+        with pytest.raises(ValueError, match=LOSSLESS_REFUSAL.format("root_shifted")):
+            register_head_mode(Shifted())
+        assert "root_shifted" not in HEAD_MODES
+    finally:
+        unregister_head_mode("root_shifted")
+
+
+def test_a_lossless_start_that_declares_the_bias_too_converts_with_the_sources_logits():
+    class ShiftedWithBias(Shifted):
+        lossless_start = ("logit_scale", "logit_bias")
+
+    register_head_mode(ShiftedWithBias())
+    try:
+        source = source_model("llama")
+        inputs = inputs_for(source)
+        with torch.no_grad():
+            expected = source(**inputs).logits
+            converted = normalize_tied_head(copy.deepcopy(source), "root_shifted", lossless_start=True).eval()
+            torch.testing.assert_close(converted(**inputs).logits, expected, rtol=0, atol=1e-5)
+    finally:
+        unregister_head_mode("root_shifted")
+
+
+class ShiftedAboveTen(RootNorm):
+    """s_i = w_i·h/‖w_i‖^½ − 0.1·[‖w_i‖ > 10]: its plain lossless start holds on the small registration probe and
+    fails on a weight with a long row, so it is verified on the weights being converted too."""
+
+    name = "root_shifted_above_ten"
+
+    def column_terms(self, weight, eps):
+        scale, _ = super().column_terms(weight, eps)
+        return scale, -0.1 * (torch.linalg.vector_norm(weight.float(), dim=-1) > 10).float()
+
+
+def test_a_lossless_start_is_verified_on_the_weights_it_converts():
+    register_head_mode(ShiftedAboveTen())
+    try:
+        source = source_model("llama")
+        with torch.no_grad():
+            source.get_input_embeddings().weight[5] *= 100
+        with pytest.raises(ValueError, match=r"head mode 'root_shifted_above_ten' .* at row 5 of"):
+            normalize_tied_head(source, "root_shifted_above_ten", lossless_start=True)
+    finally:
+        unregister_head_mode("root_shifted_above_ten")
+
+
+def test_a_lossless_term_the_start_does_not_declare_is_refused():
+    class ExtraBias(RootNorm):
+        name = "root_extra_bias"
+
+        def lossless_terms(self, weight, eps):
+            g, _ = super().lossless_terms(weight, eps)
+            return g, torch.zeros_like(g)
+
+    try:
+        with pytest.raises(ValueError, match=r"'root_extra_bias': lossless_terms returned a logit_bias but lossless_"):
+            register_head_mode(ExtraBias())
+    finally:
+        unregister_head_mode("root_extra_bias")

@@ -10,6 +10,7 @@ from testing_utils import tiny_config
 from tiny_architectures import source_model
 
 import hf_tiednorm.convert as convert
+from hf_tiednorm.head_modes import HEAD_MODES, get_head_mode
 from hf_tiednorm.head_options import HeadOptions
 from hf_tiednorm.normalized_head import TiedNormHead
 
@@ -49,6 +50,30 @@ def test_the_lossless_start_options_follow_the_mode():
         HeadOptions("l2").with_lossless_start()
     with pytest.raises(ValueError, match="logit_scale='scalar' cannot give back"):
         HeadOptions("cosine", "scalar").with_lossless_start()
+
+
+SCALE_STARTS = [name for name in HEAD_MODES if "logit_scale" in (get_head_mode(name).lossless_start or ())]
+
+
+@pytest.mark.parametrize("head_mode", SCALE_STARTS)
+def test_an_explicit_logit_scale_init_is_refused_where_the_lossless_start_sets_g(head_mode):
+    assert SCALE_STARTS  # cosine and square at least
+    with pytest.raises(
+        ValueError,
+        match=r"logit_scale_init=5.0 \(--logit-scale-init\) cannot be combined with "
+        r"lossless_start \(--lossless-start\)",
+    ):
+        HeadOptions(head_mode, "vector", 5.0).with_lossless_start()
+    # Every other mode cannot even be given a logit_scale_init with a lossless start: its start needs
+    # logit_scale='none', and logit_scale_init without a logit_scale is refused when the options are made.
+
+
+def test_the_converter_cli_refuses_logit_scale_init_with_lossless_start_and_writes_nothing(tmp_path):
+    source_model("llama").save_pretrained(tmp_path / "source")
+    flags = ["--head-mode", "cosine", "--logit-scale", "vector", "--logit-scale-init", "5", "--lossless-start"]
+    with pytest.raises(ValueError, match=r"--logit-scale-init\) cannot be combined with .*--lossless-start"):
+        convert.main([str(tmp_path / "source"), str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out" / "config.json").exists()
 
 
 @pytest.mark.parametrize("generic", [True, False])

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from testing_utils import FAMILIES, run_without_package, tiny_model
 from tiny_architectures import source_model
 
-from hf_tiednorm.convert import normalize_tied_head
+from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 
 WRAPPED = ("gpt2", "t5")
 # Every model of the package: its name, and a builder taking the head's learned-term options.
@@ -109,14 +109,61 @@ def test_a_complete_folder_still_loads_exactly(tmp_path):
 def test_the_remote_code_refuses_too(tmp_path):
     saved("wrapped-gpt2", tmp_path / "model", logit_scale="vector")
     drop_tensors(tmp_path / "model", lambda key: key.endswith(".logit_scale"))
+    # and a folder missing a layer tensor (own family), in the same process (one interpreter start)
+    saved("causal", tmp_path / "layer")
+    key = a_layer_tensor(load_file(tmp_path / "layer" / "model.safetensors"))
+    drop_tensors(tmp_path / "layer", lambda k: k == key)
     out = run_without_package(
         f"""
 from transformers import AutoModelForCausalLM
-try:
-    AutoModelForCausalLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True)
-except ValueError as error:
-    print("refused" if "'model.lm_head.logit_scale' is missing" in str(error) else error)
+for folder, named in [({str(tmp_path / "model")!r}, "'model.lm_head.logit_scale' is missing"),
+                      ({str(tmp_path / "layer")!r}, "'{key}' is missing from the weights: it would be initialized")]:
+    try:
+        AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    except ValueError as error:
+        print("refused" if named in str(error) and folder in str(error) else error)
+    else:
+        print("loaded", folder)
 """,
         cwd=tmp_path,
     )
-    assert out.strip().splitlines()[-1] == "refused"
+    assert out.strip().splitlines()[-2:] == ["refused", "refused"], out
+
+
+def a_layer_tensor(weights: dict) -> str:
+    """A 2-d weight of the first layer (not the embedding, not a head term): Marian/BART's ``...layers.0.fc1``,
+    Llama's ``...layers.0.mlp...``, GPT-2's ``...h.0.mlp...``, T5's ``...block.0.layer...``."""
+    return next(key for key in sorted(weights) if ".0." in key and weights[key].dim() == 2)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_weights_missing_a_layer_tensor_are_refused_naming_it_and_the_folder(name, tmp_path):
+    cls = saved(name, tmp_path, logit_scale="vector")
+    key = a_layer_tensor(load_file(tmp_path / "model.safetensors"))
+    drop_tensors(tmp_path, lambda k: k == key)
+    with pytest.raises(
+        ValueError, match=rf"tensor '{key}' is missing from the weights: it would be initialized"
+    ) as error:
+        cls.from_pretrained(tmp_path)
+    assert str(tmp_path) in str(error.value)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_weights_holding_a_tensor_the_model_has_no_place_for_are_refused(name, tmp_path):
+    cls = saved(name, tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    key = a_layer_tensor(weights)
+    extra = key.replace(".0.", ".7.")  # a layer the config does not build (e.g. weights of a deeper model)
+    save_file(weights | {extra: weights[key].clone()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"the weights hold tensor '{extra}', which {cls.__name__} .*has no place"):
+        cls.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "marian"])  # our own family's route, the wrapper's, Marian's
+def test_a_conversion_source_missing_a_layer_tensor_is_refused_naming_it(name, tmp_path):
+    source_model(name).save_pretrained(tmp_path / "source")
+    key = a_layer_tensor(load_file(tmp_path / "source" / "model.safetensors"))
+    drop_tensors(tmp_path / "source", lambda k: k == key)
+    with pytest.raises(ValueError, match=rf"cannot load {tmp_path / 'source'} .*\n  - tensor '{key}' is missing"):
+        convert_checkpoint(tmp_path / "source", tmp_path / "out", head_mode="cosine", lossless_start=True)
+    assert not (tmp_path / "out").exists()
