@@ -39,7 +39,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
 from .checkpoint_reading import archive_problems, missing_weight_names
-from .run_outputs import overwritable_entries
+from .run_outputs import check_inputs_kept, overwritable_entries
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +272,9 @@ def prepare_output_dir(
     tokenizer left beside the new ones): only the entries a run of ours writes, never while a run holds a lock
     beneath the folder (``overwritable_entries``). A run resuming a checkpoint of --output_dir continues that
     folder; only the previous end-of-run results go. ``inputs`` maps flags to the paths they read
-    (--model_name_or_path, data files, the config file), which --overwrite_output_dir must not delete. Every rank
-    checks before any rank writes; the main process cleans."""
+    (--model_name_or_path, --tokenizer_name, data files, the resumed checkpoint, the config file): a deletion that
+    would remove one, however it is spelled (``run_outputs.check_inputs_kept``), is refused before anything is
+    deleted. Every rank checks before any rank writes; the main process cleans."""
     output_dir = Path(training_args.output_dir).resolve()
     previous = []
     if output_dir.is_dir():
@@ -285,6 +286,7 @@ def prepare_output_dir(
                 f"--overwrite_output_dir would delete --resume_from_checkpoint {resume}; drop one of the two flags"
             )
         stale = [output_dir / name for name in END_OF_RUN_FILES]
+        check_inputs_kept([path for path in stale if path.exists() or path.is_symlink()], inputs)
     elif previous:
         if not overwrite:
             names = ", ".join(path.name for path in previous[:5]) + (", ..." if len(previous) > 5 else "")

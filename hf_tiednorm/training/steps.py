@@ -105,7 +105,10 @@ def prepare_run(
     record = run_record(model_args, data_args, training_args)
     changes = check_resume_record(resume, training_args.output_dir, record, output_args.allow_run_change)
     files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
-    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
+    languages = [lang for lang in (getattr(data_args, "source_lang", None), getattr(data_args, "target_lang", None))
+                 if lang]
+    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume,
+                       run_inputs(model_args, files, languages, resume))
     if training_args.do_train and training_args.process_index == 0:
         write_run_record(training_args.output_dir, record, changes)
     set_seed(training_args.seed)
@@ -233,10 +236,20 @@ def split_files(train_file: str, validation_file: str | None, test_file: str | N
     return files
 
 
-def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dict[str, str | None]:
-    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses an --output_dir holding one)."""
+def run_inputs(
+    model_args: TiedNormModelArguments, files: dict[str, str], languages: Iterable[str] = (), resume: str | None = None
+) -> dict[str, str | None]:
+    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses to delete one): the model, the
+    tokenizer, each data file (a ``{lang}`` pattern for each of ``languages``), the resumed checkpoint and the config
+    file."""
+    languages = list(languages)
+    data = {}
+    for split, pattern in files.items():
+        names = [pattern.replace("{lang}", lang) for lang in languages] if "{lang}" in pattern and languages else [pattern]
+        data.update({f"--{split}_file ({lang})" if len(names) > 1 else f"--{split}_file": name
+                     for lang, name in zip(languages or [None], names)})
     return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-            **{f"--{split}_file": path for split, path in files.items()}, "the config file": config_file_argument()}
+            **data, "--resume_from_checkpoint": resume, "the config file": config_file_argument()}
 
 
 def select_first(raw: dict, limits: dict[str, int | None]) -> None:
