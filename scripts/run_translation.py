@@ -239,7 +239,7 @@ def main() -> None:
                 f"{flag} {length} exceeds the model's max_position_embeddings={positions}: a longer sequence would "
                 f"index past its position table mid-training; lower {flag} to at most {positions}{remedy}"
             )
-    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config)
+    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config, run_args)
 
     # Data: one column a language.
     raw = load_parallel(files, data_args.source_lang, data_args.target_lang, keep_empty=data_args.keep_empty_lines)

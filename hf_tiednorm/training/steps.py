@@ -6,7 +6,6 @@ training with the final save, and the plots and model card.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -26,7 +25,6 @@ from transformers import (
     set_seed,
 )
 from transformers.modeling_utils import PreTrainedModel
-from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import CONFIG_NAME
 
 from ..publishing.auto_map import foreign_auto_map
@@ -41,6 +39,7 @@ from .arguments import (
     config_file_argument,
     parse_arguments,
 )
+from .checkpoint_reading import read_trainer_state
 from .cpu_memory import keep_freed_memory
 from .data import token_counts
 from .plots import plot_embedding_norms
@@ -95,14 +94,16 @@ def prepare_run(
     training_args: TrainingArguments,
     resume: str | None,
     run_config: PretrainedConfig,
+    run_args: RunArguments | None = None,
 ) -> dict[str, str]:
     """The last checks before any work, once the script has built ``run_config``: a resumed checkpoint must hold the
     same architecture (``check_resume_config``) and continue the same run (``check_resume_record``: data, languages,
-    objective, regularizers, precision, seed), --output_dir takes this run (``prepare_output_dir``) and records what
-    defines it (``run_record.json``), then the seed.
+    objective, regularizers, precision, seed, every training argument that can change the result, ``run_args``'
+    --early_stopping_patience; a schedule left to train), --output_dir takes this run (``prepare_output_dir``) and
+    records what defines it (``run_record.json``), then the seed.
     ``data_args`` has ``train_file``, ``validation_file`` and ``test_file``. Returns the data files by split."""
     check_resume_config(resume, run_config, model_args.architecture_fields())
-    record = run_record(model_args, data_args, training_args)
+    record = run_record(model_args, data_args, training_args, run_args)
     changes = check_resume_record(resume, training_args.output_dir, record, output_args.allow_run_change)
     files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
     languages = [lang for lang in (getattr(data_args, "source_lang", None), getattr(data_args, "target_lang", None))
@@ -245,7 +246,8 @@ def run_inputs(
     languages = list(languages)
     data = {}
     for split, pattern in files.items():
-        names = [pattern.replace("{lang}", lang) for lang in languages] if "{lang}" in pattern and languages else [pattern]
+        expand = "{lang}" in pattern and languages
+        names = [pattern.replace("{lang}", lang) for lang in languages] if expand else [pattern]
         data.update({f"--{split}_file ({lang})" if len(names) > 1 else f"--{split}_file": name
                      for lang, name in zip(languages or [None], names)})
     return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
@@ -347,7 +349,7 @@ def train_and_save(trainer: Trainer, resume: str | None, num_examples: dict[str,
     ``train_loss`` averages (``train_loss_first_step``/``train_loss_last_step``; after a resume also
     ``train_resumed_from_step``) and the ``precision`` trained in; returns them."""
     start = time.monotonic()
-    first_step = 1 + (json.loads(Path(resume, TRAINER_STATE_NAME).read_text())["global_step"] if resume else 0)
+    first_step = 1 + (read_trainer_state(resume)["global_step"] if resume else 0)
     train_result = trainer.train(resume_from_checkpoint=resume)
     save_final_model(trainer)  # model + tokenizer
     minutes = (time.monotonic() - start) / 60
