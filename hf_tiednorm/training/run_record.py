@@ -249,7 +249,7 @@ def check_resume_record(resume: str | None, output_dir: str | Path, record: dict
     unrecorded = unrecorded_settings(saved, record)
     if unrecorded:
         logger.warning("--resume_from_checkpoint %s: %s predates these settings, which this resume cannot check: %s",
-                       resume, path, ", ".join(unrecorded[:20]) + (", ..." if len(unrecorded) > 20 else ""))
+                       resume, path, ", ".join(unrecorded))
     allowed = [*allowed, *EXTENDABLE]
     refused = [(name, old, new) for name, old, new in differences if name.split(" ")[0] not in allowed]
     if refused:
