@@ -6,6 +6,12 @@ from, notes, data, or another run training in a sub-folder. Deleting the folder'
 deletion is by name: only the entries a run of ours writes (``RUN_OUTPUT_PATTERNS``: its model, tokenizer, copied
 model-wing code, checkpoints, results, card, plots, token counts, run record), and never while a live run holds a
 lock anywhere beneath the folder (``live_locks_beneath``). Every other entry is kept and named in the log.
+
+Nor may it delete an input of the run (``run_inputs``: the model, tokenizer, data files, resumed checkpoint, config
+file): ``--model_name_or_path X --output_dir X --overwrite_output_dir`` deleted X's model before loading it, since
+only an input lying *beneath* a deleted entry was protected. ``check_inputs_kept`` compares every path through which
+an input is read (``reached_through``: relative, trailing slash, symlinks along the way; a folder's files, which may
+be links) with the entries to delete, and refuses by name before anything is deleted.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import fcntl
 import fnmatch
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
+
+from .arguments import config_file_argument
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +134,24 @@ def overwritable_entries(output_dir: Path, entries: list[Path], protected: dict[
     return ours
 
 
+def run_inputs(
+    model_args, files: dict[str, str], languages: Iterable[str] = (), resume: str | None = None
+) -> dict[str, str | None]:
+    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses to delete one): the model, the
+    tokenizer, each data file (a ``{lang}`` pattern for each of ``languages``), the resumed checkpoint and the config
+    file."""
+    languages = list(languages)
+    data = {}
+    for split, pattern in files.items():
+        expand = "{lang}" in pattern and languages
+        names = [pattern.replace("{lang}", lang) for lang in languages] if expand else [pattern]
+        data.update({f"--{split}_file ({lang})" if len(names) > 1 else f"--{split}_file": name
+                     for lang, name in zip(languages or [None], names)})
+    return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
+            **data, "--resume_from_checkpoint": resume, "the config file": config_file_argument()}
+
+
 __all__ = [
     "RUN_OUTPUT_PATTERNS", "check_inputs_kept", "input_paths", "is_run_output", "live_locks_beneath",
-    "overwritable_entries", "reached_through",
+    "overwritable_entries", "reached_through", "run_inputs",
 ]

@@ -36,7 +36,6 @@ from .arguments import (
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
-    config_file_argument,
     parse_arguments,
 )
 from .checkpoint_reading import read_trainer_state
@@ -52,6 +51,7 @@ from .run_directory import (
     save_final_model,
     scored_run_folder,
 )
+from .run_outputs import run_inputs
 from .run_record import check_resume_record, precision_name, run_record, write_run_record
 from .tokenization import train_joint_tokenizer
 from .vocab_order import frequency_ordered
@@ -235,23 +235,6 @@ def split_files(train_file: str, validation_file: str | None, test_file: str | N
     if test_file:
         files["test"] = test_file
     return files
-
-
-def run_inputs(
-    model_args: TiedNormModelArguments, files: dict[str, str], languages: Iterable[str] = (), resume: str | None = None
-) -> dict[str, str | None]:
-    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses to delete one): the model, the
-    tokenizer, each data file (a ``{lang}`` pattern for each of ``languages``), the resumed checkpoint and the config
-    file."""
-    languages = list(languages)
-    data = {}
-    for split, pattern in files.items():
-        expand = "{lang}" in pattern and languages
-        names = [pattern.replace("{lang}", lang) for lang in languages] if expand else [pattern]
-        data.update({f"--{split}_file ({lang})" if len(names) > 1 else f"--{split}_file": name
-                     for lang, name in zip(languages or [None], names)})
-    return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-            **data, "--resume_from_checkpoint": resume, "the config file": config_file_argument()}
 
 
 def select_first(raw: dict, limits: dict[str, int | None]) -> None:
