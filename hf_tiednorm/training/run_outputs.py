@@ -81,7 +81,10 @@ def reached_through(path: str | os.PathLike) -> list[Path]:
             current = current.parent
         elif part != ".":
             visited.append(current / part)
-            current = (current / part).resolve()
+            try:
+                current = (current / part).resolve()
+            except (OSError, RuntimeError):  # a symlink loop: it reads nothing beyond the link
+                current = current / part
     return [*visited, current]
 
 
@@ -89,9 +92,12 @@ def input_paths(value: str) -> list[Path]:
     """The paths an input named ``value`` is read through (``reached_through``): for a folder (a model, tokenizer or
     checkpoint: its files are read), also those of each of its entries, which may be links into another folder."""
     paths = reached_through(value)
-    if paths[-1].is_dir():
-        for entry in paths[-1].iterdir():
-            paths += reached_through(entry)
+    try:
+        entries = list(paths[-1].iterdir()) if paths[-1].is_dir() else []
+    except OSError:  # unreadable: the run fails reading it, before this check matters
+        entries = []
+    for entry in entries:
+        paths += reached_through(entry)
     return paths
 
 
