@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import sys
 
@@ -278,3 +279,22 @@ def test_an_epoch_count_already_reached_is_refused_before_any_work(recorded_run,
             "--label_smoothing", "0.1", "--resume_from_checkpoint", output_dir / "checkpoint-4",
         ), monkeypatch)
     assert {name: (output_dir / name).read_bytes() for name in before} == before
+
+
+def test_with_load_best_model_at_end_the_evaluations_that_choose_it_are_recorded(monkeypatch, tmp_path, data_flags):
+    """The evaluations pick the final model among the checkpoints: another --eval_steps, validation file or beam
+    size would pick another. Without --load_best_model_at_end they may change."""
+    best = ["--load_best_model_at_end", "true", "--eval_strategy", "steps", "--save_strategy", "steps",
+            "--eval_steps", "2", "--save_steps", "2", *data_flags]
+    checkpoint = saved_run(tmp_path, record_of(monkeypatch, *best))
+    validation = data_flags[data_flags.index("--validation_file") + 1]
+    changed = [*best, "--validation_file", data_flags[data_flags.index("--test_file") + 1]]
+    for flags, named in (([*best, "--eval_steps", "4", "--save_steps", "4"], r"eval_steps: 2 -> 4"),
+                         ([*best, "--generation_num_beams", "3"], r"generation_num_beams: None -> 3"),
+                         (changed, rf"validation_file: '{re.escape(validation)}' -> ")):
+        with pytest.raises(ValueError, match=rf"continues a run started with other settings .*{named}"):
+            check_resume_record(str(checkpoint), tmp_path / "run", record_of(monkeypatch, *flags), [])
+    plain = saved_run(tmp_path / "plain", record_of(monkeypatch, *data_flags))
+    scored_otherwise = record_of(monkeypatch, *data_flags, "--eval_steps", "4", "--generation_num_beams", "3",
+                                 "--validation_file", data_flags[data_flags.index("--test_file") + 1])
+    assert check_resume_record(str(plain), tmp_path / "plain" / "run", scored_otherwise, []) == []

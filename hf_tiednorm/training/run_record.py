@@ -49,8 +49,8 @@ TRAINING_FIELDS_NOT_RECORDED = (
     "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node", "logging_nan_inf_filter",
     "include_num_input_tokens_seen", "log_level", "log_level_replica", "disable_tqdm", "report_to",
     "skip_memory_metrics", "debug",
-    # scoring during and after training: evaluation cadence, batch and precision, generation settings. (With
-    # --load_best_model_at_end, which is recorded, they choose among the saved checkpoints, as the save cadence does.)
+    # scoring during and after training: evaluation cadence, batch and precision, generation settings (recorded
+    # with --load_best_model_at_end: BEST_MODEL_FIELDS)
     "eval_strategy", "eval_steps", "eval_delay", "per_device_eval_batch_size", "prediction_loss_only",
     "eval_on_start", "eval_do_concat_batches", "eval_use_gather_object", "eval_accumulation_steps",
     "include_for_metrics", "batch_eval_metrics", "bf16_full_eval", "fp16_full_eval", "predict_with_generate",
@@ -72,6 +72,14 @@ DATA_FIELDS_NOT_RECORDED = (
     "max_eval_samples", "max_predict_samples", "preprocessing_num_workers", "validation_file", "test_file",
     "overwrite_cache",
 )
+# With --load_best_model_at_end (which --early_stopping_patience needs) the evaluations choose the final model among
+# the checkpoints: what they score, how, and when, is recorded then.
+BEST_MODEL_FIELDS = (
+    "eval_strategy", "eval_steps", "eval_delay", "save_strategy", "save_steps", "prediction_loss_only",
+    "bf16_full_eval", "fp16_full_eval", "predict_with_generate", "generation_max_length", "generation_num_beams",
+    "generation_config", "generation_num_beams_during_training",
+)
+BEST_MODEL_DATA_FIELDS = ("validation_file", "max_eval_samples")
 # Model flags that do not change what is trained.
 MODEL_FIELDS_NOT_RECORDED = ("length_penalty",)
 # The scripts' run flags that do not change what is trained: threads and memory reuse, and this process's time
@@ -96,14 +104,18 @@ def file_identity(path: Path) -> dict[str, Any]:
     return {"sha256": digest.hexdigest()}
 
 
-def data_file_identities(data_args) -> dict[str, Any]:
-    """The training data files by name (a ``{lang}`` pattern expanded for both languages) and their identities."""
-    pattern = getattr(data_args, "train_file", None)
-    if not pattern:
-        return {}
+def data_file_identities(data_args, flags: tuple[str, ...] = ("train_file",)) -> dict[str, Any]:
+    """The data files of ``flags`` by name (a ``{lang}`` pattern expanded for both languages) and their
+    identities."""
+    identities = {}
     langs = [getattr(data_args, name, None) for name in ("source_lang", "target_lang")]
-    paths = [pattern.format(lang=lang) for lang in langs if lang] if "{lang}" in pattern else [pattern]
-    return {f"train_file {path}": file_identity(Path(path)) for path in paths}
+    for flag in flags:
+        pattern = getattr(data_args, flag, None)
+        if not pattern:
+            continue
+        paths = [pattern.replace("{lang}", lang) for lang in langs if lang] if "{lang}" in pattern else [pattern]
+        identities.update({f"{flag} {path}": file_identity(Path(path)) for path in paths})
+    return identities
 
 
 def _plain(value: Any) -> Any:
@@ -131,10 +143,15 @@ def run_record(model_args, data_args, training_args: TrainingArguments, run_args
     """What defines the run, by section: ``data`` (the data flags and the training files' identities), ``model``
     (every model flag: family, head, objective and regularizers such as label smoothing and dropout), ``training``
     (every TrainingArguments field but ``TRAINING_FIELDS_NOT_RECORDED``: seed, schedule, optimizer, sampler,
-    precision, ...) and ``run`` (the scripts' ``RunArguments`` but ``RUN_FIELDS_NOT_RECORDED``)."""
-    data = _recorded(data_args, DATA_FIELDS_NOT_RECORDED)
-    data.update(data_file_identities(data_args))
-    training = _recorded(training_args, TRAINING_FIELDS_NOT_RECORDED)
+    precision, ...; with --load_best_model_at_end also the evaluations that choose the final model,
+    ``BEST_MODEL_FIELDS``, and the validation data) and ``run`` (the scripts' ``RunArguments`` but
+    ``RUN_FIELDS_NOT_RECORDED``)."""
+    best = bool(getattr(training_args, "load_best_model_at_end", False))
+    data = _recorded(data_args, tuple(name for name in DATA_FIELDS_NOT_RECORDED
+                                      if not (best and name in BEST_MODEL_DATA_FIELDS)))
+    data.update(data_file_identities(data_args, ("train_file", "validation_file") if best else ("train_file",)))
+    training = _recorded(training_args, tuple(name for name in TRAINING_FIELDS_NOT_RECORDED
+                                              if not (best and name in BEST_MODEL_FIELDS)))
     training["precision"] = precision_name(training_args)
     record = {"data": data, "model": _recorded(model_args, MODEL_FIELDS_NOT_RECORDED), "training": training}
     if run_args is not None:
@@ -161,14 +178,14 @@ SECTIONS = ("data", "model", "training", "run")
 def record_differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(flag, old value, new value) for every recorded flag whose value differs, in section order. A setting that
     ``old`` does not hold at all (a record written before it was recorded: older code, older transformers) is not
-    compared (``unrecorded_settings`` names those), except another training file's identity."""
+    compared (``unrecorded_settings`` names those), except another data file's identity ("train_file <path>")."""
     differences = []
     for section in SECTIONS:
         if section not in old:
             continue
         before, after = old[section], new.get(section, {})
         for name in sorted(set(before) | set(after)):
-            if (name in before or name.startswith("train_file ")) and before.get(name) != after.get(name):
+            if (name in before or " " in name) and before.get(name) != after.get(name):
                 differences.append((name, before.get(name), after.get(name)))
     return differences
 
@@ -177,7 +194,7 @@ def unrecorded_settings(old: dict, new: dict) -> list[str]:
     """The settings of ``new`` that the record ``old`` does not hold (it predates them): a resume cannot check
     them."""
     return [name for section in SECTIONS for name in new.get(section, {})
-            if name not in old.get(section, {}) and not name.startswith("train_file ")]
+            if name not in old.get(section, {}) and " " not in name]
 
 
 def read_run_record(path: Path) -> dict:
