@@ -64,8 +64,8 @@ TRAINING_FIELDS_NOT_RECORDED = (
     "gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_checkpointing",
     "activation_checkpointing_kwargs", "torch_empty_cache_steps", "use_cache", "dataloader_num_workers",
     "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
-    "dataloader_multiprocessing_context", "dataloader_in_order", "ddp_find_unused_parameters", "ddp_bucket_cap_mb",
-    "ddp_static_graph", "ddp_timeout",
+    "dataloader_multiprocessing_context", "dataloader_in_order", "ddp_find_unused_parameters", "ddp_static_graph",
+    "ddp_timeout",
 )
 # Data flags that do not change what is trained (scoring limits, workers); every other data flag is recorded.
 DATA_FIELDS_NOT_RECORDED = (
