@@ -291,6 +291,7 @@ def test_with_load_best_model_at_end_the_evaluations_that_choose_it_are_recorded
     changed = [*best, "--validation_file", data_flags[data_flags.index("--test_file") + 1]]
     for flags, named in (([*best, "--eval_steps", "4", "--save_steps", "4"], r"eval_steps: 2 -> 4"),
                          ([*best, "--generation_num_beams", "3"], r"generation_num_beams: None -> 3"),
+                         ([*best, "--length_penalty", "0.6"], r"length_penalty: 1\.0 -> 0\.6"),
                          (changed, rf"validation_file: '{re.escape(validation)}' -> ")):
         with pytest.raises(ValueError, match=rf"continues a run started with other settings .*{named}"):
             check_resume_record(str(checkpoint), tmp_path / "run", record_of(monkeypatch, *flags), [])

@@ -80,7 +80,7 @@ BEST_MODEL_FIELDS = (
     "generation_config", "generation_num_beams_during_training",
 )
 BEST_MODEL_DATA_FIELDS = ("validation_file", "max_eval_samples")
-# Model flags that do not change what is trained.
+# Model flags that do not change what is trained (but the evaluations that choose the best model).
 MODEL_FIELDS_NOT_RECORDED = ("length_penalty",)
 # The scripts' run flags that do not change what is trained: threads and memory reuse, and this process's time
 # budget (a stop, like a kill; the schedule is --max_steps / --num_train_epochs). --early_stopping_patience is
@@ -153,7 +153,8 @@ def run_record(model_args, data_args, training_args: TrainingArguments, run_args
     training = _recorded(training_args, tuple(name for name in TRAINING_FIELDS_NOT_RECORDED
                                               if not (best and name in BEST_MODEL_FIELDS)))
     training["precision"] = precision_name(training_args)
-    record = {"data": data, "model": _recorded(model_args, MODEL_FIELDS_NOT_RECORDED), "training": training}
+    model = _recorded(model_args, () if best else MODEL_FIELDS_NOT_RECORDED)  # the beam search's length penalty
+    record = {"data": data, "model": model, "training": training}
     if run_args is not None:
         record["run"] = _recorded(run_args, RUN_FIELDS_NOT_RECORDED)
     return record
