@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 from script_helpers import run_script, tiny_translation_flags
-from testing_utils import tiny_seq2seq_config, tiny_tokenizer
+from testing_utils import tiny_causal_config, tiny_seq2seq_config, tiny_tokenizer
 
 from hf_tiednorm.training.run_directory import lock_path
 from hf_tiednorm.training.run_outputs import check_inputs_kept, is_run_output
@@ -142,4 +142,19 @@ def test_overwrite_in_place_keeps_the_model(tmp_path, monkeypatch, data_flags, f
         flags = [*flags[:flags.index("--d_model")], *flags[flags.index("--dropout"):]]
     with pytest.raises(ValueError, match=rf"--overwrite_output_dir would delete .*X/.*, which {flag} X reads"):
         run_script("run_translation", [*flags, flag, "X"], monkeypatch)
+    assert {path.name: path.read_bytes() for path in model.iterdir()} == before
+
+
+def test_overwrite_in_place_keeps_the_causal_model(tmp_path, monkeypatch):
+    """The same through run_clm.py (the check is the scripts' shared step)."""
+    model = tmp_path / "X"
+    tiny_causal_config().save_pretrained(model)
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = {path.name: path.read_bytes() for path in model.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"--overwrite_output_dir would delete .*X/.*, which --model_name_or_path "
+                                         r"\./X reads"):
+        run_script("run_clm", ["--output_dir", "X", "--overwrite_output_dir", "--do_train", "--max_steps", "1",
+                               "--report_to", "none", "--block_size", "32", "--model_name_or_path", "./X"],
+                   monkeypatch)
     assert {path.name: path.read_bytes() for path in model.iterdir()} == before
