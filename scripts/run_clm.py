@@ -125,7 +125,7 @@ def main() -> None:
             f"--block_size {data_args.block_size} exceeds the saved model's max_position_embeddings={positions}; "
             "lower --block_size to at most that"
         )
-    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config)
+    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config, run_args)
 
     # Data: one ``text`` column a split.
     raw = load_monolingual(files, data_args.text_column)

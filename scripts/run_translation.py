@@ -176,6 +176,13 @@ class DataArguments(DataArgumentsBase):
             "warning naming how many and the first line)"
         },
     )
+    keep_copied_pairs: bool = field(
+        default=False,
+        metadata={
+            "help": "keep the pairs whose target equals the source up to whitespace (names, numbers; by default they "
+            "are dropped, with a warning naming how many and the first line; a split of copies only is refused)"
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()  # the model card's dataset_name
@@ -239,10 +246,11 @@ def main() -> None:
                 f"{flag} {length} exceeds the model's max_position_embeddings={positions}: a longer sequence would "
                 f"index past its position table mid-training; lower {flag} to at most {positions}{remedy}"
             )
-    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config)
+    files = steps.prepare_run(model_args, data_args, output_args, training_args, resume, run_config, run_args)
 
     # Data: one column a language.
-    raw = load_parallel(files, data_args.source_lang, data_args.target_lang, keep_empty=data_args.keep_empty_lines)
+    raw = load_parallel(files, data_args.source_lang, data_args.target_lang, keep_empty=data_args.keep_empty_lines,
+                        keep_copies=data_args.keep_copied_pairs)
     steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
                        "test": data_args.max_predict_samples})
 

@@ -3,6 +3,7 @@ label that names other data, a header-only csv and a split of empty lines, each 
 
 from __future__ import annotations
 
+import gzip
 import logging
 
 import pytest
@@ -85,3 +86,74 @@ def test_dataset_name_that_is_not_the_files_is_refused(script):
     with pytest.raises(ValueError, match=r"--dataset_name wmt16 .*reads the Multi30k files.*does not download"):
         data_arguments(dataset_name="wmt16")
     assert data_arguments(dataset_name="bentrevett/multi30k").dataset_name == "bentrevett/multi30k"
+
+
+# --- issue 40 S14, U10 ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", ["ein hund läuft \n eine frau liest\n", "ein  hund läuft\neine frau liest\t\n",
+                                    "ein hund läuft\r\neine frau liest\u00a0\n"])
+def test_a_target_equal_to_the_source_up_to_whitespace_is_a_copy_task(tmp_path, target):
+    """S14: a target file that is the source plus whitespace trained as a copy task; only identical lines were
+    refused."""
+    pattern = write_pair(tmp_path, "ein hund läuft\neine frau liest\n", target)
+    with pytest.raises(ValueError, match=r"train source file .*train\.de and target file .*train\.en hold the same "
+                                         r"lines \(up to whitespace\): training would learn to copy"):
+        load_parallel({"train": pattern}, "de", "en")
+    with pytest.raises(ValueError, match=r"would learn to copy"):  # whatever --keep_copied_pairs says
+        load_parallel({"train": pattern}, "de", "en", keep_copies=True)
+
+
+def test_copied_pairs_are_dropped_with_a_warning(tmp_path, caplog):
+    """Some pairs whose target is the source up to whitespace: dropped with the count and first line, as empty pairs
+    are; --keep_copied_pairs keeps them (still warned)."""
+    source = ["eins", "Berlin", "", "drei", "ok"]
+    target = ["one", " Berlin ", "two", "three", "ok"]
+    pattern = write_pair(tmp_path, "\n".join(source) + "\n", "\n".join(target) + "\n")
+    with caplog.at_level(logging.WARNING):
+        pairs = load_parallel({"train": pattern}, "de", "en")["train"]
+    assert pairs["de"] == ["eins", "drei"] and pairs["en"] == ["one", "three"]
+    copies = "2 pairs whose target equals the source up to whitespace (a copy) (the first at line 2) dropped"
+    assert copies in caplog.text
+    assert "1 pairs with an empty or whitespace-only side (the first at line 3)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        kept = load_parallel({"train": pattern}, "de", "en", keep_copies=True)["train"]
+    assert kept["de"] == ["eins", "Berlin", "drei", "ok"] and "kept (--keep_copied_pairs)" in caplog.text
+
+
+def test_table_columns_equal_up_to_whitespace_are_a_copy_task(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"de": "ein hund", "en": "ein hund "}\n{"de": "eine frau", "en": "eine  frau"}\n')
+    with pytest.raises(ValueError, match=r"pairs\.jsonl: the 'de' and 'en' columns hold the same text \(up to "
+                                         r"whitespace\): training would learn to copy"):
+        load_parallel({"train": str(path)}, "de", "en")
+
+
+@pytest.mark.parametrize("name", ["train.{lang}", "train.{lang}.GZ", "train.{lang}.txt"])
+def test_gzip_is_told_by_its_bytes_not_its_name(tmp_path, caplog, name):
+    """U10: a gzip file without .gz (or with .GZ) was reported as "not UTF-8, convert it with iconv"."""
+    for lang, text in (("de", "ein hund läuft\n"), ("en", "a dog runs\n")):
+        (tmp_path / name.format(lang=lang)).write_bytes(gzip.compress(text.encode()))
+    with caplog.at_level(logging.WARNING):
+        pairs = load_parallel({"train": str(tmp_path / name)}, "de", "en")["train"]
+    assert pairs["de"] == ["ein hund läuft"] and pairs["en"] == ["a dog runs"]
+    assert ("is gzip-compressed" in caplog.text) == (not name.endswith(".GZ"))
+
+
+def test_a_gzipped_table_named_gz_in_capitals_is_a_table(tmp_path):
+    path = tmp_path / "pairs.jsonl.GZ"
+    path.write_bytes(gzip.compress(b'{"de": "ein hund", "en": "a dog"}\n'))
+    assert load_parallel({"train": str(path)}, "de", "en")["train"]["en"] == ["a dog"]
+
+
+def test_a_directory_given_as_a_data_file_is_named_as_one(tmp_path):
+    """U10: a directory was "not found"."""
+    (tmp_path / "data.de").mkdir()
+    (tmp_path / "data.en").write_text("a dog\n")
+    with pytest.raises(IsADirectoryError, match=r"train file .*data\.de is a directory, not a file"):
+        load_parallel({"train": str(tmp_path / "data.{lang}")}, "de", "en")
+    (tmp_path / "pairs.jsonl").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"validation file .*pairs\.jsonl is a directory"):
+        load_parallel({"validation": str(tmp_path / "pairs.jsonl")}, "de", "en")
+    with pytest.raises(IsADirectoryError, match=r"test file .*data\.de is a directory"):
+        read_text_lines(str(tmp_path / "data.de"), "test")

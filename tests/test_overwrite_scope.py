@@ -9,8 +9,10 @@ import os
 import pytest
 import yaml
 from script_helpers import run_script, tiny_translation_flags
+from testing_utils import tiny_causal_config, tiny_seq2seq_config, tiny_tokenizer
 
 from hf_tiednorm.training.run_directory import lock_path
+from hf_tiednorm.training.run_outputs import check_inputs_kept, is_run_output
 
 
 def test_overwrite_of_a_parent_folder_spares_a_live_run_beneath(data_flags, tmp_path, monkeypatch):
@@ -56,3 +58,103 @@ def test_overwrite_keeps_the_config_file_and_files_no_run_wrote(data_flags, tmp_
     assert (folder / "my_data" / "extra.de").is_file()
     assert not (folder / "checkpoint-9").exists()
     assert (folder / "model.safetensors").is_file()
+
+
+# --- issue 40 S1: no input of a run is deleted, however its path is spelled ---------------------------------------
+
+def model_folder(folder):
+    """A saved-model folder (a tiny config, weights and tokenizer files; the refusal comes before anything loads
+    them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tiny_seq2seq_config().save_pretrained(folder)
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text(name)
+    return folder
+
+
+def deleted_entries(output_dir):
+    return [path for path in output_dir.resolve().iterdir() if is_run_output(path)]
+
+
+@pytest.mark.parametrize("spelling", ["model", "model/", "./model", "../cwd/../cwd/model", "link", "link/",
+                                      "model/config.json"])
+def test_an_input_in_the_output_dir_is_refused_however_spelled(tmp_path, monkeypatch, spelling):
+    """`--model_name_or_path X --output_dir X --overwrite_output_dir` deleted X's model before loading it; the check
+    protected only inputs *beneath* a deleted entry, so the output folder being the model folder passed."""
+    cwd = tmp_path / "cwd"
+    model = model_folder(cwd / "model")
+    (cwd / "link").symlink_to(model)
+    monkeypatch.chdir(cwd)
+    for output_dir in (model, cwd / "link"):  # --output_dir spelled either way too
+        with pytest.raises(ValueError, match=rf"would delete .*model/.*, which --model_name_or_path {spelling} reads: "
+                                             "nothing has been deleted"):
+            check_inputs_kept(deleted_entries(output_dir), {"--model_name_or_path": spelling})
+
+
+def test_an_input_beneath_or_through_a_deleted_entry_is_refused(tmp_path, monkeypatch):
+    """A checkpoint of the old run given as the model, a link entry of the output folder given as the tokenizer, and
+    a model folder whose weights are links into the output folder."""
+    out = model_folder(tmp_path / "out")
+    (out / "checkpoint-3").mkdir()
+    (out / "checkpoint-3" / "config.json").write_text("{}")
+    elsewhere = model_folder(tmp_path / "elsewhere")
+    (out / "checkpoint-4").symlink_to(elsewhere)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "model.safetensors").symlink_to(out / "model.safetensors")
+    monkeypatch.chdir(tmp_path)
+    deleted = deleted_entries(out)
+    for flag, value in (("--model_name_or_path", "out/checkpoint-3"), ("--tokenizer_name", "out/checkpoint-4/"),
+                        ("--model_name_or_path", str(linked)), ("--train_file", "out/test_predictions.txt"),
+                        ("the config file", "out/config.json"), ("--resume_from_checkpoint", "out/checkpoint-3")):
+        (out / "test_predictions.txt").write_text("x\n")
+        with pytest.raises(ValueError, match=rf"which {flag} {value} reads"):
+            check_inputs_kept([*deleted, out.resolve() / "test_predictions.txt"], {flag: value})
+
+
+def test_inputs_that_no_deletion_touches_pass(tmp_path, monkeypatch):
+    """What the check must not refuse: a link's target (removing the link keeps it), a model folder holding the
+    output folder (a nested fine-tune: runs/base/finetuned), data that no run of ours writes, and no input."""
+    out = model_folder(tmp_path / "base" / "finetuned")
+    elsewhere = model_folder(tmp_path / "elsewhere")
+    (out / "checkpoint-4").symlink_to(elsewhere)
+    (out / "train.de").write_text("ein hund\n")
+    monkeypatch.chdir(tmp_path)
+    check_inputs_kept(deleted_entries(out), {
+        "--model_name_or_path": "base", "--tokenizer_name": str(elsewhere), "--train_file": "base/finetuned/train.de",
+        "--validation_file": None,
+    })
+
+
+@pytest.mark.parametrize("flag", ["--model_name_or_path", "--tokenizer_name"])
+def test_overwrite_in_place_keeps_the_model(tmp_path, monkeypatch, data_flags, flag):
+    """The issue's reproduction: the script deleted X's model ("deleting the previous run's outputs"), then failed
+    with "cannot load the tokenizer"."""
+    model = tmp_path / "X"
+    tiny_seq2seq_config().save_pretrained(model)
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(model)
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = {path.name: path.read_bytes() for path in model.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    flags = tiny_translation_flags(data_flags, "X/", "--overwrite_output_dir", "--do_train", "--max_steps", "1")
+    if flag == "--model_name_or_path":  # a saved model fixes its architecture flags
+        flags = [*flags[:flags.index("--d_model")], *flags[flags.index("--dropout"):]]
+    with pytest.raises(ValueError, match=rf"--overwrite_output_dir would delete .*X/.*, which {flag} X reads"):
+        run_script("run_translation", [*flags, flag, "X"], monkeypatch)
+    assert {path.name: path.read_bytes() for path in model.iterdir()} == before
+
+
+def test_overwrite_in_place_keeps_the_causal_model(tmp_path, monkeypatch):
+    """The same through run_clm.py (the check is the scripts' shared step)."""
+    model = tmp_path / "X"
+    tiny_causal_config().save_pretrained(model)
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = {path.name: path.read_bytes() for path in model.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"--overwrite_output_dir would delete .*X/.*, which --model_name_or_path "
+                                         r"\./X reads"):
+        run_script("run_clm", ["--output_dir", "X", "--overwrite_output_dir", "--do_train", "--max_steps", "1",
+                               "--report_to", "none", "--block_size", "32", "--model_name_or_path", "./X"],
+                   monkeypatch)
+    assert {path.name: path.read_bytes() for path in model.iterdir()} == before

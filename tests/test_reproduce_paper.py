@@ -362,6 +362,7 @@ def test_a_killed_full_budget_cell_resumes_from_its_last_complete_checkpoint(tmp
         folder.mkdir(parents=True)
         # Every file a resume needs (hf_tiednorm.training.run_directory.checkpoint_problems), tiny.
         save_file({"weight": torch.zeros(2, 2)}, folder / "model.safetensors")
+        (folder / "config.json").write_text("{}")
         for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
             torch.save({}, folder / name)
         (folder / "trainer_state.json").write_text(state)

@@ -67,7 +67,7 @@ def test_overwrite_output_dir_starts_clean(finished_run, data_flags, tmp_path, m
 
 
 def test_overwrite_output_dir_never_deletes_the_inputs(finished_run, data_flags, monkeypatch):
-    with pytest.raises(ValueError, match=r"would delete --model_name_or_path .*checkpoint-2"):
+    with pytest.raises(ValueError, match=r"delete .*checkpoint-2, which --model_name_or_path .*checkpoint-2 reads"):
         run_script("run_translation", [
             *data_flags, "--output_dir", finished_run, "--overwrite_output_dir", "--model_name_or_path",
             finished_run / "checkpoint-2", "--report_to", "none", "--do_train", "--max_steps", "1",
@@ -103,7 +103,7 @@ def test_resolve_resume_checkpoint_means_last_complete(tmp_path):
         folder = tmp_path / f"checkpoint-{step}"
         write_checkpoint_files(folder)  # weights, optimizer, scheduler, RNG state (issue 24: all that a resume needs)
         if complete:
-            (folder / "trainer_state.json").write_text("{}")
+            (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
     (tmp_path / "checkpoint-10" / "trainer_state.json").write_text('{"global_st')  # killed mid-write
     args = SimpleNamespace(output_dir=str(tmp_path), resume_from_checkpoint="last")
     assert resolve_resume_checkpoint(args) == str(tmp_path / "checkpoint-2")
@@ -113,8 +113,10 @@ def test_resolve_resume_checkpoint_means_last_complete(tmp_path):
 
 
 def write_checkpoint_files(folder) -> None:
-    """Every file of a checkpoint but trainer_state.json, tiny: valid safetensors weights and small state files."""
+    """Every file of a checkpoint but trainer_state.json, tiny: valid safetensors weights, config and small state
+    files."""
     folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
     save_file({"weight": torch.zeros(2, 2)}, folder / "model.safetensors")
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
         torch.save({}, folder / name)

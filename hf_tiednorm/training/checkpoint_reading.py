@@ -19,20 +19,33 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers.trainer import TRAINER_STATE_NAME
 
-# The torch archives a Trainer checkpoint holds (torch.save's zip format).
-ARCHIVE_PATTERNS = ("optimizer.pt", "scheduler.pt", "rng_state*.pth")
+# The torch archives a Trainer checkpoint holds (torch.save's zip format), its weights in torch's format included.
+ARCHIVE_PATTERNS = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "pytorch_model*.bin")
+# torch.save's legacy (pre-1.6, non-zip) format starts with a pickle: not an archive, and not checked here.
+LEGACY_PATTERNS = ("pytorch_model*.bin",)
 
 
 def archive_problem(path: Path) -> str | None:
     """Why the torch archive ``path`` cannot be read (not a zip archive, its central directory cut off, a member's
-    data past the end), or None."""
+    data past the end, a zip without torch's records: no ``<name>/data.pkl``), or None. A ``pytorch_model*.bin``
+    in torch's legacy pickle format (no zip) is not checked."""
     try:
+        if any(path.match(pattern) for pattern in LEGACY_PATTERNS):
+            with open(path, "rb") as handle:
+                if handle.read(1) == b"\x80":  # a pickle's PROTO opcode: the legacy format
+                    return None
         with zipfile.ZipFile(path) as archive:
             size = path.stat().st_size
-            for info in archive.infolist():
+            infos = archive.infolist()
+            for info in infos:
                 if info.header_offset + info.compress_size > size:
                     return f"{path.name} is truncated (member {info.filename} ends past the file's {size} bytes)"
+            if not any(info.filename.endswith("data.pkl") for info in infos):
+                names = ", ".join(info.filename for info in infos[:3]) or "none"
+                return (f"{path.name} is a zip archive but not one torch.save wrote (no data.pkl record; its members: "
+                        f"{names})")
     except (OSError, zipfile.BadZipFile, ValueError) as error:
         return f"{path.name} cannot be read as a torch archive ({type(error).__name__}: {error}; truncated?)"
     return None
@@ -42,6 +55,31 @@ def archive_problems(folder: Path) -> list[str]:
     """``archive_problem`` of every torch archive of the checkpoint ``folder``."""
     paths = sorted({path for pattern in ARCHIVE_PATTERNS for path in folder.glob(pattern)})
     return [problem for path in paths if (problem := archive_problem(path))]
+
+
+def trainer_state_problem(path: Path) -> str | None:
+    """Why the Trainer's state ``path`` (``trainer_state.json``) cannot resume a run, or None: unreadable, not JSON
+    (a save interrupted), or not an object with an integer ``global_step`` (``{}``, ``[]``, ``null``)."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return f"no valid {path.name} (its save was interrupted? {type(error).__name__}: {str(error)[:80]})"
+    if not isinstance(state, dict):
+        return f"{path.name} holds {type(state).__name__ if state is not None else 'null'}, not the Trainer's state"
+    step = state.get("global_step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"{path.name} has no global_step (a step count; it holds {step!r})"
+    return None
+
+
+def read_trainer_state(folder: str | Path) -> dict:
+    """The checkpoint ``folder``'s ``trainer_state.json``; ``ValueError`` naming the file when it cannot serve
+    (``trainer_state_problem``)."""
+    path = Path(folder) / TRAINER_STATE_NAME
+    problem = trainer_state_problem(path)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
+    return json.loads(path.read_text())
 
 
 def _saved_names(path: Path) -> set[str]:
@@ -76,4 +114,6 @@ def missing_weight_names(folder: Path) -> list[str]:
     return sorted(names[0] for names in groups.values() if not saved.intersection(names))
 
 
-__all__ = ["archive_problem", "archive_problems", "missing_weight_names"]
+__all__ = [
+    "archive_problem", "archive_problems", "missing_weight_names", "read_trainer_state", "trainer_state_problem",
+]

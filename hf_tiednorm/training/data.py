@@ -6,9 +6,11 @@ named by a pattern holding ``{lang}``: ``train.{lang}.gz`` reads ``train.de.gz``
 
 Nothing here changes the task silently (issue 24): a UTF-8 byte-order mark is stripped (and logged) instead of becoming
 part of the first sentence and a vocabulary token; a target file that is the source file (the same path, a symlink
-to it, or a copy with the same lines) is refused, since it would train a copy task; a truncated, corrupt or
-mislabelled ``.gz`` file, a json/jsonl/csv row whose language field is missing, null or not a string, and a
-``translation`` dict without one of the languages stop with the file (and row) named.
+to it, or a copy with the same lines up to whitespace) is refused, since it would train a copy task; a truncated,
+corrupt or mislabelled ``.gz`` file, a json/jsonl/csv row whose language field is missing, null or not a string, and a
+``translation`` dict without one of the languages stop with the file (and row) named. gzip is told by a file's first
+bytes (``.GZ`` and a compressed file without ``.gz`` read too, logged); a directory named as a data file is named as
+one.
 
 Text files are read here rather than with 🤗 datasets' ``text`` loader, which splits lines with ``str.splitlines``:
 a lone ``\r`` (or another Unicode line break) inside a sentence would start a new row there, shifting every later
@@ -16,9 +18,10 @@ pair of a parallel corpus although both files have the same ``wc -l``. Here a li
 before it, as in CRLF files, is dropped), and two sides align when they have the same number of such lines. A file
 with old-Mac ``\r`` line endings (no ``\n`` at all: it would read as one line) is split at ``\r`` with a warning;
 more lone ``\r`` than ``\n`` is refused as ambiguous. An empty file, a csv header without rows and bytes that are
-not UTF-8 stop with the file named (and the line and byte offset). A pair with an empty or whitespace-only side is
-dropped with a warning naming the count and the first line (``keep_empty``: kept), and a split of such pairs only
-is refused. Literal special-token strings in the text stay text (``split_special_tokens``).
+not UTF-8 stop with the file named (and the line and byte offset). A pair with an empty or whitespace-only side, and
+a pair whose target equals its source up to whitespace (a copy), are dropped with a warning naming the count and the
+first line (``keep_empty`` / ``keep_copies``: kept, still warned); a split of such pairs only is refused. Literal
+special-token strings in the text stay text (``split_special_tokens``).
 """
 
 from __future__ import annotations
@@ -41,22 +44,43 @@ TABLE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv"}
 
 
 def _table_format(path: str) -> str | None:
-    suffixes = Path(path).suffixes
+    suffixes = [suffix.lower() for suffix in Path(path).suffixes]
     suffix = suffixes[-2] if len(suffixes) > 1 and suffixes[-1] == ".gz" else (suffixes[-1] if suffixes else "")
     return TABLE_FORMATS.get(suffix)
 
 
 def _check_exists(path: str, split: str) -> None:
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{split} file {path} is a directory, not a file: name the file in it (e.g. "
+                                f"{Path(path) / 'train.jsonl'}, or a text-file pattern such as "
+                                f"{Path(path) / 'train.{lang}.gz'})")
     if not Path(path).is_file():
         raise FileNotFoundError(f"{split} file not found: {path}")
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: str) -> bool:
+    """Whether ``path`` is gzip-compressed, by its first two bytes (whatever its name: ``.gz``, ``.GZ`` or none)."""
+    with open(path, "rb") as handle:
+        return handle.read(2) == GZIP_MAGIC
 
 
 def read_lines(path: str, split: str) -> list[str]:
     """The lines of a UTF-8 text file (``.gz`` works), split on ``\n`` only; ``ValueError`` naming the file when it
     is empty, not UTF-8 (with the line and byte offset of the first bad byte) or a ``.gz`` file that does not
-    decompress (truncated, corrupt, or not gzip at all). A leading UTF-8 byte-order mark is stripped, with a log line.
+    decompress (truncated, corrupt, or not gzip at all). gzip is told by the file's first bytes, so ``.GZ`` or a
+    compressed file without ``.gz`` reads too (logged). A directory is named as one. A leading UTF-8 byte-order mark
+    is stripped, with a log line.
     """
-    opener = gzip.open if path.endswith(".gz") else open
+    _check_exists(path, split)
+    named_gz = path.lower().endswith(".gz")
+    compressed = is_gzip(path)
+    if compressed and not named_gz:
+        logger.warning("%s file %s is gzip-compressed (its first bytes) although its name does not end in .gz: "
+                       "decompressed", split, path)
+    opener = gzip.open if compressed or named_gz else open
     try:
         with opener(path, "rb") as handle:
             data = handle.read()
@@ -74,7 +98,7 @@ def read_lines(path: str, split: str) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        where = "of the decompressed text " if path.endswith(".gz") else ""
+        where = "of the decompressed text " if compressed else ""
         raise ValueError(
             f"{split} file {path} is not UTF-8: line {line}, byte offset {error.start} {where}"
             f"({data[error.start:error.start + 1]!r}: {error.reason}); convert it, e.g. with iconv -t UTF-8"
@@ -129,16 +153,13 @@ def _check_pattern(pattern: str, split: str) -> None:
         )
 
 
-def _check_not_copy_task(paths: dict[str, str], sides: dict[str, list[str]], split: str) -> None:
-    """Refuse a source file that is the target file (same path, a link to it, or the same lines): a copy task."""
+def _check_not_copy_task(paths: dict[str, str], split: str) -> None:
+    """Refuse a source file that is the target file (same path, a link to it): a copy task. The same lines in two
+    files (up to whitespace) are ``drop_pairs``' to refuse."""
     (source, target) = paths.values()
     if os.path.samefile(source, target):
         raise ValueError(f"{split} source file {source} and target file {target} are the same file (a link?): "
                          "training would learn to copy; give the target language's file")
-    (source_lines, target_lines) = sides.values()
-    if source_lines == target_lines:
-        raise ValueError(f"{split} source file {source} and target file {target} hold the same lines: training "
-                         "would learn to copy; give the target language's file")
 
 
 def _text_column(values: list, split: str, path: str, column: str) -> None:
@@ -162,31 +183,57 @@ def _translation_columns(table: Dataset, split: str, path: str, languages: tuple
     return Dataset.from_dict(columns)
 
 
-def drop_empty_pairs(sides: dict[str, list[str]], split: str, where: str, keep: bool = False) -> dict[str, list]:
-    """``sides`` (language → aligned lines) without the pairs whose source or target is empty or whitespace only,
-    with a warning naming how many and the first line (``keep``: kept, still warned). ``ValueError`` when no pair
-    is left: the split holds empty lines only."""
+def is_copy(source: str, target: str) -> bool:
+    """Whether a pair's target is its source up to whitespace (spaces, tabs, a trailing \\r, NBSP: ``str.split``)."""
+    return source.split() == target.split()
+
+
+def drop_pairs(
+    sides: dict[str, list[str]], split: str, where: str, keep_empty: bool = False, keep_copies: bool = False,
+    copy_refusal: str | None = None,
+) -> dict[str, list]:
+    """``sides`` (language → aligned lines) without the pairs that teach no translation, each kind with a warning
+    naming how many and the first line: a pair whose source or target is empty or whitespace only (``keep_empty``:
+    kept, still warned), and a pair whose target equals its source up to whitespace, which trains a copy
+    (``keep_copies``: kept, still warned). ``ValueError`` when no pair is left: a split of empty lines only, or of
+    copies only (``copy_refusal``: the message; training would learn to copy, whatever ``keep_copies``)."""
     (source, target) = sides.values()
-    empty = [row for row, pair in enumerate(zip(source, target)) if not (pair[0].strip() and pair[1].strip())]
-    if not empty:
+    empty, copies = [], []
+    for row, (left, right) in enumerate(zip(source, target)):
+        if not (left.strip() and right.strip()):
+            empty.append(row)
+        elif is_copy(left, right):
+            copies.append(row)
+    if not empty and not copies:
         return sides
     if len(empty) == len(source):
         raise ValueError(f"{split} {where}: every pair has an empty (or whitespace-only) side ({len(empty)} "
                          f"line{'s' * (len(empty) > 1)}): the {split} split holds no text to train or score on")
-    action = "kept (--keep_empty_lines)" if keep else "dropped (--keep_empty_lines keeps them)"
-    logger.warning("%s %s: %d pairs with an empty or whitespace-only side (the first at line %d) %s",
-                   split, where, len(empty), empty[0] + 1, action)
-    if keep:
+    if len(empty) + len(copies) == len(source):
+        raise ValueError(copy_refusal or f"{split} {where}: every pair's target equals its source up to whitespace "
+                         "(the same lines): training would learn to copy; give the target language's text")
+    drop = set()
+    for rows, what, keep, flag in ((empty, "with an empty or whitespace-only side", keep_empty, "--keep_empty_lines"),
+                                   (copies, "whose target equals the source up to whitespace (a copy)", keep_copies,
+                                    "--keep_copied_pairs")):
+        if rows:
+            action = f"kept ({flag})" if keep else f"dropped ({flag} keeps them)"
+            logger.warning("%s %s: %d pairs %s (the first at line %d) %s", split, where, len(rows), what,
+                           rows[0] + 1, action)
+            if not keep:
+                drop.update(rows)
+    if not drop:
         return sides
-    drop = set(empty)
     return {lang: [line for row, line in enumerate(lines) if row not in drop] for lang, lines in sides.items()}
 
 
 def load_parallel(
-    split_files: dict[str, str], source_lang: str, target_lang: str, keep_empty: bool = False
+    split_files: dict[str, str], source_lang: str, target_lang: str, keep_empty: bool = False,
+    keep_copies: bool = False,
 ) -> DatasetDict:
     """A ``DatasetDict`` with one string column per language (``source_lang``, ``target_lang``) for each split;
-    pairs with an empty side are dropped with a warning unless ``keep_empty`` (``drop_empty_pairs``)."""
+    pairs with an empty side are dropped with a warning unless ``keep_empty``, pairs whose target is the source up
+    to whitespace unless ``keep_copies``; a split of copies only is refused (``drop_pairs``)."""
     if source_lang == target_lang:
         raise ValueError(f"source_lang and target_lang are both {source_lang!r}; give two different languages")
     splits = {}
@@ -204,13 +251,12 @@ def load_parallel(
             table = table.select_columns([source_lang, target_lang])
             for lang in (source_lang, target_lang):
                 _text_column(table[lang], split, pattern, lang)
-            columns = drop_empty_pairs({lang: table[lang] for lang in (source_lang, target_lang)}, split,
-                                       f"file {pattern}", keep_empty)
+            refusal = (f"{split} file {pattern}: the {source_lang!r} and {target_lang!r} columns hold the same text "
+                       "(up to whitespace): training would learn to copy")
+            columns = drop_pairs({lang: table[lang] for lang in (source_lang, target_lang)}, split,
+                                 f"file {pattern}", keep_empty, keep_copies, refusal)
             if len(columns[source_lang]) != len(table):
                 table = Dataset.from_dict(columns)
-            if table[source_lang] == table[target_lang]:
-                raise ValueError(f"{split} file {pattern}: the {source_lang!r} and {target_lang!r} columns hold the "
-                                 "same text: training would learn to copy")
             splits[split] = table
             continue
         _check_pattern(pattern, split)
@@ -223,8 +269,11 @@ def load_parallel(
             raise ValueError(
                 f"{split} files are not aligned: " + ", ".join(f"{path} has {n} lines" for path, n in counts.items())
             )
-        sides = drop_empty_pairs(sides, split, f"files {' / '.join(paths.values())}", keep_empty)
-        _check_not_copy_task(paths, sides, split)
+        _check_not_copy_task(paths, split)
+        (source, target) = paths.values()
+        refusal = (f"{split} source file {source} and target file {target} hold the same lines (up to whitespace): "
+                   "training would learn to copy; give the target language's file")
+        sides = drop_pairs(sides, split, f"files {' / '.join(paths.values())}", keep_empty, keep_copies, refusal)
         splits[split] = Dataset.from_dict(sides)
     return DatasetDict(splits)
 

@@ -10,10 +10,11 @@ What no run may do silently (issue 24, docs/run_safety.md):
   folder before anything else and holds it for the process's lifetime. The kernel drops it when the process ends,
   however it ends, so a lock file left by a dead process is only named (its pid) and taken over.
 * **A resume that drifts.** A checkpoint is *complete* when it holds everything the resume restores: loadable weights
-  (a safetensors file whose header and size agree), ``optimizer.pt``, ``scheduler.pt``, the RNG state and a
-  ``trainer_state.json`` that parses. Without the optimizer and scheduler (``--save_only_model``) the learning-rate
-  schedule restarted and the weights drifted from an uninterrupted run; such a checkpoint is refused by name (fine-tune
-  its weights with ``--model_name_or_path`` instead).
+  (a safetensors file whose header and size agree, a torch archive that reads), its ``config.json``,
+  ``optimizer.pt``, ``scheduler.pt``, the RNG state and a ``trainer_state.json`` holding the step. Without the
+  optimizer and scheduler (``--save_only_model``) the learning-rate schedule restarted and the weights drifted from
+  an uninterrupted run; such a checkpoint is refused by name (fine-tune its weights with ``--model_name_or_path``
+  instead).
 * **A score that destroys the run.** Evaluating or predicting without ``--do_train`` in a finished run folder scores
   its trained weights and writes into a new sub-folder (``scored_run_folder``), never over the run's results.
 * **A card that describes other weights.** The final save removes the previous model card and plots before the new
@@ -38,8 +39,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
-from .checkpoint_reading import archive_problems, missing_weight_names
-from .run_outputs import overwritable_entries
+from .checkpoint_reading import archive_problems, missing_weight_names, trainer_state_problem
+from .run_outputs import check_inputs_kept, overwritable_entries
 
 logger = logging.getLogger(__name__)
 
@@ -173,22 +174,24 @@ def safetensors_problem(path: Path) -> str | None:
 
 def checkpoint_problems(folder: Path) -> list[str]:
     """What keeps ``folder`` from resuming exactly where its run stopped: each missing or broken file the resume
-    needs (weights, ``optimizer.pt``, ``scheduler.pt``, the RNG state, a ``trainer_state.json`` that parses), each
+    needs (weights, ``config.json``, ``optimizer.pt``, ``scheduler.pt``, the RNG state, a ``trainer_state.json``
+    holding the step: ``checkpoint_reading.trainer_state_problem``), each
     archive that cannot be read and each model tensor the weights lack (``checkpoint_reading``); [] for a complete
     checkpoint. The Trainer writes trainer_state.json last (``Trainer._save_checkpoint``), so a save killed
     half-way lacks it. DeepSpeed and FSDP checkpoints keep their weights and optimizer in ``global_step*`` /
     ``pytorch_model_fsdp*`` / ``optimizer_*`` entries, which count as present."""
     problems = []
-    try:
-        json.loads((folder / TRAINER_STATE_NAME).read_text())
-    except (OSError, ValueError):
-        problems.append(f"no valid {TRAINER_STATE_NAME} (its save was interrupted)")
+    state_problem = trainer_state_problem(folder / TRAINER_STATE_NAME)
+    if state_problem:
+        problems.append(state_problem)
     names = {path.name for path in folder.iterdir()} if folder.is_dir() else set()
+    if CONFIG_NAME not in names and "adapter_config.json" not in names:
+        problems.append(f"no {CONFIG_NAME} (the model's architecture)")
     sharded = any(name.startswith(("global_step", "pytorch_model_fsdp")) for name in names)
     weights = [name for name in WEIGHTS_NAMES if name in names]
     if not weights and not sharded:
         problems.append("no weights (model.safetensors)")
-    for name in weights:
+    for name in sorted(names):  # every safetensors file, the shards of a sharded save included
         if name.endswith(".safetensors"):
             problem = safetensors_problem(folder / name)
             if problem:
@@ -272,8 +275,9 @@ def prepare_output_dir(
     tokenizer left beside the new ones): only the entries a run of ours writes, never while a run holds a lock
     beneath the folder (``overwritable_entries``). A run resuming a checkpoint of --output_dir continues that
     folder; only the previous end-of-run results go. ``inputs`` maps flags to the paths they read
-    (--model_name_or_path, data files, the config file), which --overwrite_output_dir must not delete. Every rank
-    checks before any rank writes; the main process cleans."""
+    (--model_name_or_path, --tokenizer_name, data files, the resumed checkpoint, the config file): a deletion that
+    would remove one, however it is spelled (``run_outputs.check_inputs_kept``), is refused before anything is
+    deleted. Every rank checks before any rank writes; the main process cleans."""
     output_dir = Path(training_args.output_dir).resolve()
     previous = []
     if output_dir.is_dir():
@@ -285,6 +289,7 @@ def prepare_output_dir(
                 f"--overwrite_output_dir would delete --resume_from_checkpoint {resume}; drop one of the two flags"
             )
         stale = [output_dir / name for name in END_OF_RUN_FILES]
+        check_inputs_kept([path for path in stale if path.exists() or path.is_symlink()], inputs)
     elif previous:
         if not overwrite:
             names = ", ".join(path.name for path in previous[:5]) + (", ..." if len(previous) > 5 else "")

@@ -6,6 +6,12 @@ from, notes, data, or another run training in a sub-folder. Deleting the folder'
 deletion is by name: only the entries a run of ours writes (``RUN_OUTPUT_PATTERNS``: its model, tokenizer, copied
 model-wing code, checkpoints, results, card, plots, token counts, run record), and never while a live run holds a
 lock anywhere beneath the folder (``live_locks_beneath``). Every other entry is kept and named in the log.
+
+Nor may it delete an input of the run (``run_inputs``: the model, tokenizer, data files, resumed checkpoint, config
+file): ``--model_name_or_path X --output_dir X --overwrite_output_dir`` deleted X's model before loading it, since
+only an input lying *beneath* a deleted entry was protected. ``check_inputs_kept`` compares every path through which
+an input is read (``reached_through``: relative, trailing slash, symlinks along the way; a folder's files, which may
+be links) with the entries to delete, and refuses by name before anything is deleted.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import fcntl
 import fnmatch
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
+
+from .arguments import config_file_argument
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +67,63 @@ def live_locks_beneath(folder: Path) -> list[Path]:
     return live
 
 
+def reached_through(path: str | os.PathLike) -> list[Path]:
+    """Every path the file system walks to reach ``path``: each component as named (a symlink itself included),
+    with the components before it resolved, then the real path. A spelling through a link (``run/model`` where
+    ``run`` links elsewhere, or a link that is an entry of --output_dir) is reached through that link, which a
+    deletion of the link would break although its target stays."""
+    current = Path.cwd()
+    visited = []
+    for part in Path(path).parts:
+        if part == os.sep:
+            current = Path(part)
+        elif part == "..":
+            current = current.parent
+        elif part != ".":
+            visited.append(current / part)
+            try:
+                current = (current / part).resolve()
+            except (OSError, RuntimeError):  # a symlink loop: it reads nothing beyond the link
+                current = current / part
+    return [*visited, current]
+
+
+def input_paths(value: str) -> list[Path]:
+    """The paths an input named ``value`` is read through (``reached_through``): for a folder (a model, tokenizer or
+    checkpoint: its files are read), also those of each of its entries, which may be links into another folder."""
+    paths = reached_through(value)
+    try:
+        entries = list(paths[-1].iterdir()) if paths[-1].is_dir() else []
+    except OSError:  # unreadable: the run fails reading it, before this check matters
+        entries = []
+    for entry in entries:
+        paths += reached_through(entry)
+    return paths
+
+
+def check_inputs_kept(deleted: list[Path], inputs: dict[str, str | None]) -> None:
+    """``ValueError`` naming the flag, its path and the entry, before anything is deleted, when deleting the entries
+    ``deleted`` (each a path in a resolved folder; a link is removed, not followed) would remove or cut off an input
+    of the run (``inputs``: flag → path: the model, tokenizer, data files, resumed checkpoint, config file), however
+    the input is spelled (relative, trailing slash, through a symlink, the output folder itself): the input is an
+    entry to delete or lies beneath one, or one of its files is such an entry (--output_dir is the model folder)."""
+    for flag, value in inputs.items():
+        if not value:
+            continue
+        for path in input_paths(value):
+            hit = next((entry for entry in deleted if entry == path or entry in path.parents), None)
+            if hit is not None:
+                raise ValueError(
+                    f"--overwrite_output_dir would delete {hit}, which {flag} {value} reads: nothing has been deleted. "
+                    "Give another --output_dir (the run's outputs then go there), or move the input out of it"
+                )
+
+
 def overwritable_entries(output_dir: Path, entries: list[Path], protected: dict[str, str | None]) -> list[Path]:
     """The entries of ``output_dir`` that --overwrite_output_dir deletes: those a run of ours wrote. Refuses
-    (``RuntimeError``) when a live run holds a lock beneath ``output_dir``, and (``ValueError``) when an entry to
-    delete holds one of the ``protected`` paths (flag → path: the run's inputs, its config file). Logs the entries it
-    keeps."""
+    (``RuntimeError``) when a live run holds a lock beneath ``output_dir``, and (``ValueError``, ``check_inputs_kept``)
+    when deleting an entry would remove one of the ``protected`` paths (flag → path: the run's inputs, its config
+    file). Logs the entries it keeps."""
     live = live_locks_beneath(output_dir)
     if live:
         holders = ", ".join(str(path) for path in live)
@@ -71,13 +132,7 @@ def overwritable_entries(output_dir: Path, entries: list[Path], protected: dict[
             "wait for it to finish or choose another --output_dir"
         )
     ours = [path for path in entries if is_run_output(path)]
-    for flag, value in protected.items():
-        if value is None:
-            continue
-        resolved = Path(value).resolve()
-        for path in ours:
-            if resolved == path.resolve() or path.resolve() in resolved.parents:
-                raise ValueError(f"--overwrite_output_dir would delete {flag} {value}, which lies in --output_dir")
+    check_inputs_kept(ours, protected)
     kept = [path.name for path in entries if not is_run_output(path)]
     if kept:
         logger.warning("--overwrite_output_dir: keeping %d entries of %s that no run of ours wrote: %s",
@@ -85,4 +140,24 @@ def overwritable_entries(output_dir: Path, entries: list[Path], protected: dict[
     return ours
 
 
-__all__ = ["RUN_OUTPUT_PATTERNS", "is_run_output", "live_locks_beneath", "overwritable_entries"]
+def run_inputs(
+    model_args, files: dict[str, str], languages: Iterable[str] = (), resume: str | None = None
+) -> dict[str, str | None]:
+    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses to delete one): the model, the
+    tokenizer, each data file (a ``{lang}`` pattern for each of ``languages``), the resumed checkpoint and the config
+    file."""
+    languages = list(languages)
+    data = {}
+    for split, pattern in files.items():
+        expand = "{lang}" in pattern and languages
+        names = [pattern.replace("{lang}", lang) for lang in languages] if expand else [pattern]
+        data.update({f"--{split}_file ({lang})" if len(names) > 1 else f"--{split}_file": name
+                     for lang, name in zip(languages or [None], names)})
+    return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
+            **data, "--resume_from_checkpoint": resume, "the config file": config_file_argument()}
+
+
+__all__ = [
+    "RUN_OUTPUT_PATTERNS", "check_inputs_kept", "input_paths", "is_run_output", "live_locks_beneath",
+    "overwritable_entries", "reached_through", "run_inputs",
+]

@@ -6,7 +6,6 @@ training with the final save, and the plots and model card.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -26,7 +25,6 @@ from transformers import (
     set_seed,
 )
 from transformers.modeling_utils import PreTrainedModel
-from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import CONFIG_NAME
 
 from ..publishing.auto_map import foreign_auto_map
@@ -38,9 +36,9 @@ from .arguments import (
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
-    config_file_argument,
     parse_arguments,
 )
+from .checkpoint_reading import read_trainer_state
 from .cpu_memory import keep_freed_memory
 from .data import token_counts
 from .plots import plot_embedding_norms
@@ -53,6 +51,7 @@ from .run_directory import (
     save_final_model,
     scored_run_folder,
 )
+from .run_outputs import run_inputs
 from .run_record import check_resume_record, precision_name, run_record, write_run_record
 from .tokenization import train_joint_tokenizer
 from .vocab_order import frequency_ordered
@@ -95,17 +94,22 @@ def prepare_run(
     training_args: TrainingArguments,
     resume: str | None,
     run_config: PretrainedConfig,
+    run_args: RunArguments | None = None,
 ) -> dict[str, str]:
     """The last checks before any work, once the script has built ``run_config``: a resumed checkpoint must hold the
     same architecture (``check_resume_config``) and continue the same run (``check_resume_record``: data, languages,
-    objective, regularizers, precision, seed), --output_dir takes this run (``prepare_output_dir``) and records what
-    defines it (``run_record.json``), then the seed.
+    objective, regularizers, precision, seed, every training argument that can change the result, ``run_args``'
+    --early_stopping_patience; a schedule left to train), --output_dir takes this run (``prepare_output_dir``) and
+    records what defines it (``run_record.json``), then the seed.
     ``data_args`` has ``train_file``, ``validation_file`` and ``test_file``. Returns the data files by split."""
     check_resume_config(resume, run_config, model_args.architecture_fields())
-    record = run_record(model_args, data_args, training_args)
+    record = run_record(model_args, data_args, training_args, run_args)
     changes = check_resume_record(resume, training_args.output_dir, record, output_args.allow_run_change)
     files = split_files(data_args.train_file, data_args.validation_file, data_args.test_file)
-    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume, run_inputs(model_args, files))
+    languages = [lang for lang in (getattr(data_args, "source_lang", None), getattr(data_args, "target_lang", None))
+                 if lang]
+    prepare_output_dir(training_args, output_args.overwrite_output_dir, resume,
+                       run_inputs(model_args, files, languages, resume))
     if training_args.do_train and training_args.process_index == 0:
         write_run_record(training_args.output_dir, record, changes)
     set_seed(training_args.seed)
@@ -233,12 +237,6 @@ def split_files(train_file: str, validation_file: str | None, test_file: str | N
     return files
 
 
-def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dict[str, str | None]:
-    """The paths a run reads, by flag, for ``prepare_output_dir`` (which refuses an --output_dir holding one)."""
-    return {"--model_name_or_path": model_args.model_name_or_path, "--tokenizer_name": model_args.tokenizer_name,
-            **{f"--{split}_file": path for split, path in files.items()}, "the config file": config_file_argument()}
-
-
 def select_first(raw: dict, limits: dict[str, int | None]) -> None:
     """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place); None keeps them all."""
     for split, limit in limits.items():
@@ -334,7 +332,7 @@ def train_and_save(trainer: Trainer, resume: str | None, num_examples: dict[str,
     ``train_loss`` averages (``train_loss_first_step``/``train_loss_last_step``; after a resume also
     ``train_resumed_from_step``) and the ``precision`` trained in; returns them."""
     start = time.monotonic()
-    first_step = 1 + (json.loads(Path(resume, TRAINER_STATE_NAME).read_text())["global_step"] if resume else 0)
+    first_step = 1 + (read_trainer_state(resume)["global_step"] if resume else 0)
     train_result = trainer.train(resume_from_checkpoint=resume)
     save_final_model(trainer)  # model + tokenizer
     minutes = (time.monotonic() - start) / 60
