@@ -51,6 +51,7 @@ from .convert_checks import (
 )
 from .families import FAMILIES, family_of_source
 from .gguf_checks import check_gguf_file
+from .head_host import keep_head_terms_fp32
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
 from .head_options import LOGIT_SCALES, HeadOptions
 from .lossless_start import drop_quantization_state, start_lossless
@@ -217,6 +218,7 @@ def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOpt
             "keeps the architecture's final_logits_bias"
         )
     model = target_class(config).to(source_model.dtype)
+    keep_head_terms_fp32(model)  # g and b stay fp32 in a bf16/fp16 source, as from_pretrained keeps them
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing) - _TARGET_ONLY_KEYS
     unexpected = set(unexpected) - _SOURCE_ONLY_KEYS
