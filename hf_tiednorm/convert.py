@@ -20,9 +20,10 @@ Untied sources are refused: the normalized head scores with the input embedding,
 be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
 matrix is refused too. The source folder is only read.
 
-``normalize_tied_head`` does the same for a model already loaded in memory; its ``generic`` switch is the CLI's
-``--generic`` (``generic=False`` gives the own family exactly as ``convert_checkpoint`` does). Its default stays
-``generic=True`` (the wrapper, adopting the model without a copy), while ``convert_checkpoint``'s is ``False``.
+``normalize_tied_head`` does the same for a model already loaded in memory, with the same default: a marian / bart /
+llama model becomes the own family exactly as ``convert_checkpoint`` (CLI ``tiednorm-convert``) makes it (same
+class, weight names, ``name_or_path`` and logits), so an adapter trained on one route loads onto the other; its
+``generic=True`` is the CLI's ``--generic`` (the wrapper, adopting the model without a copy).
 
 CLI::
 
@@ -100,15 +101,15 @@ def normalize_tied_head(
     norm_eps: float = 1e-6,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
-    generic: bool = True,
+    generic: bool = False,
 ) -> PreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
-    With ``generic=False``, a marian / bart / llama ``model`` becomes our own family of its architecture, the same
-    class, weights layout and logits that ``convert_checkpoint`` (CLI ``tiednorm-convert`` without ``--generic``)
-    gives for it: its weights are copied into the new model, and ``model`` is left as it was. Every other architecture,
-    and every one with ``generic=True`` (the default), is wrapped: the model itself is adopted, not copied: the result
-    holds it as ``.model`` with its output layer replaced by a
+    A marian / bart / llama ``model`` becomes our own family of its architecture (the default, as the CLI does), the
+    same class, weights layout, ``name_or_path`` and logits that ``convert_checkpoint`` (CLI ``tiednorm-convert``
+    without ``--generic``) gives for it: its weights are copied into the new model, and ``model`` is left as it was.
+    Every other architecture, and every one with ``generic=True``, is wrapped: the model itself is adopted, not
+    copied: the result holds it as ``.model`` with its output layer replaced by a
     ``TiedNormHead`` (and, in a mode that normalizes the input lookups, unit-row lookups), and shares its weights.
     ``head_mode="baseline"`` gives exactly ``model``'s logits, and so does every mode with a lossless start
     (``HeadMode.lossless_start``) with ``lossless_start``. The result saves and reloads with
@@ -121,12 +122,14 @@ def normalize_tied_head(
         head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
             ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
         lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
-        generic: False: map marian / bart / llama onto our own families (as the CLI does by default); True: wrap.
+        generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
+            them (the CLI's ``--generic``). Other architectures are wrapped either way.
 
     Returns:
-        ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM`` (or, with ``generic=False`` and a marian /
-        bart / llama model, ``TiedNormForConditionalGeneration`` / ``TiedNormBartForConditionalGeneration`` /
-        ``TiedNormForCausalLM``), in ``model``'s training mode.
+        ``TiedNormForConditionalGeneration`` / ``TiedNormBartForConditionalGeneration`` / ``TiedNormForCausalLM``
+        for a marian / bart / llama model (without ``generic``), else ``TiedNormWrappedForCausalLM`` /
+        ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode, with ``model``'s ``name_or_path`` (PEFT records
+        it as the adapter's base model; a saved config keeps only a Hub id, ``portable_name_or_path``).
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     if options is None:
@@ -136,6 +139,7 @@ def normalize_tied_head(
     if lossless_start:
         options = options.with_lossless_start()
     drop_quantization_state(model)
+    name_or_path = model.name_or_path
     own_family = not generic and model.config.model_type in SUPPORTED_SOURCES
     # The own family normalizes its lookups itself; convert_checkpoint checks unit lookups only for the wrapper.
     auto = check_convertible(model.config) if own_family else check_source_model(model, options)
@@ -146,8 +150,18 @@ def normalize_tied_head(
         )
     if own_family:
         check_tied(model)
-        return _own_family_in_memory(model, options, lossless_start)
-    return _wrap(model, options, lossless_start)
+        converted = _own_family_in_memory(model, options, lossless_start)
+    else:
+        converted = _wrap(model, options, lossless_start)
+    return _named(converted, name_or_path)
+
+
+def _named(model: PreTrainedModel, name_or_path: str) -> PreTrainedModel:
+    """``model`` named as its source was (``name_or_path``, which PEFT's ``adapter_config.json`` records as the base
+    model): both routes give the same name. Only the top-level name, which ``save_pretrained`` does not write."""
+    model.name_or_path = name_or_path
+    model.config._name_or_path = name_or_path
+    return model
 
 
 def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> PreTrainedModel:
@@ -306,7 +320,7 @@ def convert_checkpoint(
         model = _wrap(source_model, options, lossless_start)
     if row_scales is not None:
         _take_row_scales(model, row_scales)
-    model.eval()
+    model = _named(model.eval(), source_model.name_or_path)
 
     if output_dir is not None:
         model.save_pretrained(output_dir)

@@ -90,3 +90,60 @@ print(type(model).__module__.startswith("transformers_modules"), head.weight.dty
         cwd=tmp_path,
     )
     assert out.split()[-4:] == ["True", "torch.bfloat16", "torch.float32", "torch.float32"]
+
+
+# --- item 4: one default conversion route --------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from tiny_architectures import CONFIGS, auto_class  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "marian"])
+def test_both_routes_give_one_model_by_default(name, tmp_path):
+    folder = tmp_path / "source"
+    source = source_model(name)
+    if hasattr(source, "final_logits_bias"):  # zero, as in released models (the own family has no such bias)
+        source.final_logits_bias.zero_()
+    source.save_pretrained(folder)
+    auto = auto_class(CONFIGS[name])
+    from_cli = convert_checkpoint(folder, head_mode="cosine")
+    in_memory = normalize_tied_head(auto.from_pretrained(folder), "cosine")
+    assert type(in_memory) is type(from_cli)
+    assert list(in_memory.state_dict()) == list(from_cli.state_dict())
+    assert in_memory.name_or_path == from_cli.name_or_path == str(folder)  # not blanked: PEFT records it
+    if name != "gpt2":  # a family of our own is the default on both routes, the wrapper only with generic=True
+        assert "Wrapped" not in type(in_memory).__name__
+        assert "Wrapped" in type(normalize_tied_head(auto.from_pretrained(folder), "cosine", generic=True)).__name__
+
+
+def test_a_lora_adapter_trained_on_one_route_loads_onto_the_other(tmp_path):
+    folder = tmp_path / "source"
+    source_model("llama").save_pretrained(folder)
+    convert_checkpoint(folder, tmp_path / "converted", head_mode="cosine", lossless_start=True)
+    # Trained on the in-memory route ...
+    torch.manual_seed(0)
+    model = normalize_tied_head(AutoModelForCausalLM.from_pretrained(folder), "cosine", lossless_start=True)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    inputs = inputs_for(model)
+    for _ in range(3):
+        peft_model(**inputs, labels=inputs["input_ids"]).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    peft_model.eval()
+    with torch.no_grad():
+        trained = peft_model(**inputs).logits
+    peft_model.save_pretrained(tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        folder
+    )
+    # ... loads onto the CLI's conversion, every key in place, with the same logits.
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "converted").eval()
+    with torch.no_grad():
+        untuned = base(**inputs).logits
+    loaded = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded(**inputs).logits, trained, atol=1e-5)
+    assert not torch.allclose(untuned, trained, atol=1e-3)  # the adapter did change the model
