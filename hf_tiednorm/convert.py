@@ -1,29 +1,22 @@
 """Give a tied checkpoint of any ``transformers`` causal LM or encoder-decoder the normalized tied head.
 
-Two targets, chosen by the source's ``model_type``:
-
-* ``marian``, ``bart`` and ``llama`` map 1:1 onto hf_tiednorm's own families (``TiedNormForConditionalGeneration``,
-  ``TiedNormBartForConditionalGeneration``, ``TiedNormForCausalLM``), which add the technique fields (adaptive
-  softmax, regularizers, chunked loss). Marian's / BART's ``final_logits_bias`` has no counterpart there (it is zero in
-  released models; a non-zero one is refused: convert with ``generic=True`` to keep it).
-* Every other tied causal LM or encoder-decoder (GPT-2, Qwen2/3, Gemma 2/3, Mistral, Phi-3, T5, mBART, M2M100/NLLB,
-  ...), and those three with ``generic=True``, is wrapped as it is: ``TiedNormWrappedForCausalLM`` /
-  ``TiedNormWrappedForSeq2SeqLM`` (modeling_tiednorm_wrapped.py) keep transformers' own model and replace only its
-  output layer (and, in l2 mode, its lookups), so what the architecture does around the head is kept.
+``marian``, ``bart`` and ``llama`` map 1:1 onto hf_tiednorm's own families (families.py), which add the technique
+fields (adaptive softmax, regularizers, chunked loss); Marian's / BART's ``final_logits_bias`` must be zero there (as
+in released models; ``generic=True`` keeps a non-zero one). Every other tied causal LM or encoder-decoder (GPT-2,
+Qwen2/3, Gemma 2/3, Mistral, Phi-3, T5, mBART, M2M100/NLLB, ...), and those three with ``generic=True``, is wrapped as
+it is (modeling_tiednorm_wrapped.py: transformers' own model, only its output layer, and in l2 mode its lookups,
+replaced). ``normalize_tied_head`` (a model in memory) and ``convert_checkpoint`` (a folder or GGUF file; CLI
+``tiednorm-convert``) give the same model by default: same class, weight names, ``name_or_path`` and logits.
 
 With ``head_mode="baseline"`` the converted model computes exactly the source's logits. Other modes keep every
 weight and change only how the output layer scores tokens (and, in l2 mode, the input lookups); the model then needs
-fine-tuning — unless it starts lossless (``lossless_start=True``, CLI ``--lossless-start``; lossless_start.py). GGUF
-files (``gguf_file=``, or a ``.gguf`` path) convert too; the converted model carries no quantization state.
+fine-tuning, unless it starts lossless (``lossless_start=True``, CLI ``--lossless-start``; lossless_start.py). GGUF
+files convert too; the converted model carries no quantization state. The source's Hub id and license are recorded
+in the saved config (``provenance``, source_provenance.py) for every later model card.
 
-Untied sources are refused: the normalized head scores with the input embedding, so a separate output matrix would
-be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
-matrix is refused too. The source folder is only read.
-
-``normalize_tied_head`` does the same for a model already loaded in memory, with the same default: a marian / bart /
-llama model becomes the own family exactly as ``convert_checkpoint`` (CLI ``tiednorm-convert``) makes it (same
-class, weight names, ``name_or_path`` and logits), so an adapter trained on one route loads onto the other; its
-``generic=True`` is the CLI's ``--generic`` (the wrapper, adopting the model without a copy).
+Untied sources are refused (the normalized head scores with the input embedding, so a separate output matrix would
+be dropped), and so is a config claiming ``tie_word_embeddings=True`` whose checkpoint stores a different output
+matrix. The source folder is only read.
 
 CLI::
 
@@ -34,12 +27,9 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import copy
 import os
-import re
 from pathlib import Path
 
-import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
@@ -49,19 +39,28 @@ from .convert_checks import (
     check_tied,
     check_unit_lookups,
     tie_parallel_output_rows,
+    tied_copy,
 )
 from .families import FAMILIES, family_of_source
 from .gguf_checks import check_gguf_file
 from .head_host import keep_head_terms_fp32
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
 from .head_options import LOGIT_SCALES, HeadOptions
-from .lossless_start import drop_quantization_state, start_lossless
+from .lossless_start import drop_quantization_state, start_lossless, take_row_scales
 from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForCausalLM,
     TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
 )
 from .peft_guard import refuse_peft_before_normalizing
+from .source_provenance import (
+    check_base_model_id,
+    folder_provenance,
+    gguf_provenance,
+    name_like_source,
+    portable_name_or_path,
+    record_provenance,
+)
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
 SUPPORTED_SOURCES = {
@@ -80,9 +79,8 @@ _TARGET_ONLY_KEYS = {"lm_head.logit_scale", "lm_head.logit_bias"}
 
 
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options) -> None:
-    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the
-    converter and ``tiednorm-push`` ship a tokenizer this way). ``load_options``: more arguments of
-    ``AutoTokenizer.from_pretrained`` (``gguf_file``)."""
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
+    and ``tiednorm-push`` ship a tokenizer so); ``load_options``: more ``AutoTokenizer.from_pretrained`` arguments."""
     tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
     # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
     # the tokenizer; published, it would make every user's load local-only.
@@ -102,6 +100,8 @@ def normalize_tied_head(
     lossless_start: bool = False,
     options: HeadOptions | None = None,
     generic: bool = False,
+    base_model: str | None = None,
+    license: str | None = None,
 ) -> PreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
@@ -124,6 +124,8 @@ def normalize_tied_head(
         lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
         generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
             them (the CLI's ``--generic``). Other architectures are wrapped either way.
+        base_model, license: the source's Hub id and license, recorded in the config (``provenance``, read by every
+            card) over what ``model.name_or_path`` states (source_provenance.py); None: what it states, or unknown.
 
     Returns:
         ``TiedNormForConditionalGeneration`` / ``TiedNormBartForConditionalGeneration`` / ``TiedNormForCausalLM``
@@ -132,6 +134,7 @@ def normalize_tied_head(
         it as the adapter's base model; a saved config keeps only a Hub id, ``portable_name_or_path``).
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
+    check_base_model_id(base_model)
     if options is None:
         options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias, norm_eps)
     elif head_mode is not None:
@@ -153,15 +156,8 @@ def normalize_tied_head(
         converted = _own_family_in_memory(model, options, lossless_start)
     else:
         converted = _wrap(model, options, lossless_start)
-    return _named(converted, name_or_path)
-
-
-def _named(model: PreTrainedModel, name_or_path: str) -> PreTrainedModel:
-    """``model`` named as its source was (``name_or_path``, which PEFT's ``adapter_config.json`` records as the base
-    model): both routes give the same name. Only the top-level name, which ``save_pretrained`` does not write."""
-    model.name_or_path = name_or_path
-    model.config._name_or_path = name_or_path
-    return model
+    record_provenance(converted, folder_provenance(name_or_path), base_model=base_model, license=license)
+    return name_like_source(converted, name_or_path)
 
 
 def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> PreTrainedModel:
@@ -172,19 +168,6 @@ def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless
     if lossless_start:
         start_lossless(converted)
     return converted
-
-
-# A Hub model id: "name" or "owner/name" of letters, digits, '-', '_', '.'.
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-
-
-def portable_name_or_path(name: str) -> str:
-    """``name`` (a config's ``_name_or_path``) if it is a Hub model id, else "" : an absolute path, or a path
-    that exists on this machine, describes where the source lay here (e.g. a GGUF file in site-packages) and means
-    nothing, or leaks a user's folder names, where the saved conversion is used."""
-    if not name or os.path.isabs(name) or os.path.exists(name) or not _HUB_ID.fullmatch(name):
-        return ""
-    return name
 
 
 def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
@@ -257,6 +240,8 @@ def convert_checkpoint(
     gguf_file: str | None = None,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
+    base_model: str | None = None,
+    license: str | None = None,
 ) -> PreTrainedModel:
     """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
@@ -272,6 +257,9 @@ def convert_checkpoint(
         lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
         head_mode, logit_scale, logit_scale_init, logit_bias: the head's settings (head_options.py), or ``options``
             holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
+        base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
+            saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
+            ``general.license`` (source_provenance.py). None: what the source states, else unknown.
     """
     source = Path(source)
     if gguf_file is None and source.suffix == ".gguf":
@@ -284,6 +272,7 @@ def convert_checkpoint(
         raise FileNotFoundError(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
         )
+    check_base_model_id(base_model)
     if options is None:
         options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias)
     elif head_mode is not None:
@@ -305,7 +294,7 @@ def convert_checkpoint(
         lossless_start and "logit_scale" in options.mode.lossless_start
         and not getattr(source_config, "tie_word_embeddings", False)
     )  # fmt: skip
-    auto = check_convertible(_tied_copy(source_config) if parallel else source_config)  # before loading any weight
+    auto = check_convertible(tied_copy(source_config) if parallel else source_config)  # before loading any weight
     source_model = auto.from_pretrained(source, dtype="auto", **load).eval()
     drop_quantization_state(source_model)
     row_scales = tie_parallel_output_rows(source_model, str(source), options.norm_eps) if parallel else None
@@ -319,8 +308,12 @@ def convert_checkpoint(
             check_unit_lookups(source_model, options.norm_eps)
         model = _wrap(source_model, options, lossless_start)
     if row_scales is not None:
-        _take_row_scales(model, row_scales)
-    model = _named(model.eval(), source_model.name_or_path)
+        take_row_scales(model, row_scales)
+    found = folder_provenance(source)
+    if gguf_file is not None:  # what the file states first, then its folder
+        found = {key: value or found[key] for key, value in gguf_provenance(source / gguf_file).items()}
+    record_provenance(model, found, base_model=base_model, license=license)
+    model = name_like_source(model.eval(), source_model.name_or_path)
 
     if output_dir is not None:
         model.save_pretrained(output_dir)
@@ -331,22 +324,6 @@ def convert_checkpoint(
         ):
             copy_tokenizer(source, output_dir, **load)
     return model
-
-
-def _tied_copy(config):
-    config = copy.deepcopy(config)
-    config.tie_word_embeddings = True
-    return config
-
-
-@torch.no_grad()
-def _take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
-    """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
-    c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
-    head = model.get_output_embeddings()
-    head.logit_scale.mul_(row_scales.to(head.logit_scale))
-    if head.logit_bias is not None:
-        head.logit_bias.mul_(row_scales.to(head.logit_bias))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -401,6 +378,16 @@ def build_parser() -> argparse.ArgumentParser:
         "‖w_i‖ / ‖w_i‖², distance a logit bias ½‖w_i‖²; l2 is refused: its input lookups change too) (default: off)",
     )
     parser.add_argument(
+        "--license",
+        help="license id of the source's weights, recorded for every card of this model and its fine-tunes "
+        "(default: what the source states: its README.md or config, a GGUF's general.license; else unknown)",
+    )
+    parser.add_argument(
+        "--base-model",
+        help="Hub id of the source (owner/name), recorded for every card (default: what the source states: its "
+        "place in the Hugging Face cache or its config; else none, and the card says a local model)",
+    )
+    parser.add_argument(
         "--generic",
         action="store_true",
         help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
@@ -423,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
         generic=args.generic,
         gguf_file=args.gguf_file,
         lossless_start=args.lossless_start,
+        base_model=args.base_model,
+        license=args.license,
     )
     print(f"wrote {args.output_dir}")
 

@@ -147,3 +147,90 @@ def test_a_lora_adapter_trained_on_one_route_loads_onto_the_other(tmp_path):
     with torch.no_grad():
         assert torch.allclose(loaded(**inputs).logits, trained, atol=1e-5)
     assert not torch.allclose(untuned, trained, atol=1e-3)  # the adapter did change the model
+
+
+# --- item 1: cards claim no license nobody stated; a conversion records its source for every later card ----------
+
+from huggingface_hub import ModelCard  # noqa: E402
+from testing_utils import tiny_tokenizer  # noqa: E402
+
+from hf_tiednorm import convert  # noqa: E402
+from hf_tiednorm.publishing import export, hub, model_card  # noqa: E402
+from hf_tiednorm.source_provenance import gguf_provenance  # noqa: E402
+
+
+def _llama_source(folder, readme: str | None = None):
+    source_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    if readme is not None:
+        (folder / "README.md").write_text(readme)
+    return folder
+
+
+def test_a_source_of_unknown_license_gets_no_license_claim(tmp_path):
+    convert.main([str(_llama_source(tmp_path / "tiny-llama")), str(tmp_path / "c"), "--head-mode", "cosine",
+                  "--lossless-start"])
+    staged = hub.push_to_hub(tmp_path / "c", "u/c", dry_run_dir=tmp_path / "s")
+    card = ModelCard.load(staged / "README.md")
+    assert card.data.license == "unknown" and card.data.base_model is None
+    assert "License: unknown" in card.text and "apache" not in card.text.lower()
+
+
+def test_a_conversion_records_its_source_for_every_later_card(tmp_path):
+    cache = tmp_path / "hub" / "models--google--tiny-gemmaish" / "snapshots" / "abc"
+    cache.mkdir(parents=True)
+    _llama_source(cache, "---\nlicense: gemma\n---\n# tiny\n")
+    convert.main([str(cache), str(tmp_path / "c"), "--head-mode", "cosine", "--lossless-start"])
+    recorded = AutoModelForCausalLM.from_pretrained(tmp_path / "c").config.provenance
+    assert (recorded["base_model"], recorded["license"]) == ("google/tiny-gemmaish", "gemma")
+    # a fine-tune (the Trainer saves the loaded config) of the local conversion, then its card
+    tuned = tmp_path / "tuned"
+    AutoModelForCausalLM.from_pretrained(tmp_path / "c").save_pretrained(tuned)
+    tiny_tokenizer().save_pretrained(tuned)
+    card = model_card.render_model_card(tuned, base_model=str(tmp_path / "c"))
+    assert (card.data.license, card.data.base_model) == ("gemma", "google/tiny-gemmaish")
+    # re-rendered with --metrics (no base model given), pushed, exported plain: the same license and base model
+    (tmp_path / "m.json").write_text('{"eval_perplexity": 12.5}')
+    model_card.main([str(tuned), "--metrics", str(tmp_path / "m.json"), "--dataset", "d/x"])
+    cards = {"re-rendered": ModelCard.load(tuned / "README.md")}
+    cards["pushed"] = ModelCard.load(hub.push_to_hub(tuned, "u/t", dry_run_dir=tmp_path / "s1") / "README.md")
+    cards["plain"] = ModelCard.load(
+        hub.push_to_hub(tuned, "u/t", dry_run_dir=tmp_path / "s2", plain=True) / "README.md"
+    )
+    for what, card in cards.items():
+        assert (card.data.license, card.data.base_model) == ("gemma", "google/tiny-gemmaish"), what
+    assert "Based on `google/tiny-gemmaish`" in cards["re-rendered"].text
+    export.export_plain(tuned, tmp_path / "exported")
+    assert ModelCard.load(tmp_path / "exported" / "README.md").data.license == "gemma"
+
+
+def test_license_and_base_model_flags_state_them(tmp_path):
+    source = _llama_source(tmp_path / "src")
+    args = [str(source), str(tmp_path / "c"), "--head-mode", "cosine"]
+    with pytest.raises(ValueError, match="--base-model '/abs/llama' is not a Hub model id"):
+        convert.main([*args, "--base-model", "/abs/llama"])
+    convert.main([*args, "--license", "llama3.2", "--base-model", "meta-llama/Llama-3.2-1B"])
+    staged = hub.push_to_hub(tmp_path / "c", "u/c", dry_run_dir=tmp_path / "s")
+    card = ModelCard.load(staged / "README.md")
+    assert (card.data.license, card.data.base_model) == ("llama3.2", "meta-llama/Llama-3.2-1B")
+    hub.main([str(tmp_path / "c"), "u/c", "--dry-run", str(tmp_path / "s2"), "--license", "other"])
+    assert ModelCard.load(tmp_path / "s2" / "README.md").data.license == "other"
+    # in memory: the same fields
+    model = normalize_tied_head(AutoModelForCausalLM.from_pretrained(source), "cosine", license="mit")
+    assert model.config.provenance == {"base_model": None, "license": "mit", "name": None}
+
+
+def test_a_gguf_files_license_and_name_are_read(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_name("Smollm2 135M")
+    writer.add_license("apache-2.0")
+    writer.add_string("general.base_model.0.repo_url", "https://huggingface.co/HuggingFaceTB/SmolLM2-135M")
+    writer.add_tensor("t", torch.zeros(4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_provenance(tmp_path / "m.gguf") == {
+        "base_model": "HuggingFaceTB/SmolLM2-135M", "license": "apache-2.0", "name": "Smollm2 135M"
+    }

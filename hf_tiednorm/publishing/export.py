@@ -347,7 +347,7 @@ def _save(result: PlainExport, output_dir: Path, folder: Path | None, tokenizer,
     if write_card:
         from .export_card import write_export_card
 
-        write_export_card(output_dir, result)
+        write_export_card(output_dir, result, source=folder)
 
 
 def prepare_plain_upload_folder(
@@ -373,7 +373,7 @@ def prepare_plain_upload_folder(
 
     check_no_token(Path(checkpoint))  # the same publishing guards as the hf_tiednorm upload (hub.py)
     result = export_plain(checkpoint, output_dir, tokenizer=tokenizer, write_card=False)
-    write_export_card(output_dir, result, repo_id=repo_id)
+    write_export_card(output_dir, result, repo_id=repo_id, source=checkpoint)
     check_staged_files(Path(output_dir))
     return Path(output_dir)
 

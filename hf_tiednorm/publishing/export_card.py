@@ -13,6 +13,7 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from ..head_modes import get_head_mode
+from ..source_provenance import PROVENANCE, folder_provenance
 
 
 def baked_rows(head_mode: str) -> str:
@@ -25,8 +26,33 @@ def baked_rows(head_mode: str) -> str:
     return text
 
 
-def export_card(result, repo_id: str | None = None) -> ModelCard:
-    """The card of ``result`` (an ``export.PlainExport``); ``repo_id`` names the model in the snippet (else ".")."""
+def _metadata(result, name: str, source: Path | None) -> ModelCardData:
+    """The export's front matter: the pipeline tag of its architecture and, from the hf_tiednorm checkpoint it was
+    exported from (``source``), what that card states (data sets, languages, metrics, license, base model) or, with
+    no card, the provenance its config records; a license nobody stated is ``unknown``."""
+    stated = ModelCardData()
+    if source is not None and (source / "README.md").is_file():
+        stated = ModelCard.load(source / "README.md").data
+    provenance = getattr(result.model.config, PROVENANCE, None) or {}
+    if source is not None and not provenance and (source / "config.json").is_file():
+        provenance = folder_provenance(source)
+    encoder_decoder = result.model.config.is_encoder_decoder
+    return ModelCardData(
+        library_name="transformers",
+        pipeline_tag="translation" if encoder_decoder else "text-generation",
+        tags=["hf_tiednorm", "hf_tiednorm-export"],
+        language=stated.language,
+        datasets=stated.datasets,
+        license=stated.license or provenance.get("license") or "unknown",
+        base_model=stated.base_model or provenance.get("base_model"),
+        model_name=name.split("/")[-1] if stated.eval_results else None,
+        eval_results=stated.eval_results,
+    )
+
+
+def export_card(result, repo_id: str | None = None, source: str | Path | None = None) -> ModelCard:
+    """The card of ``result`` (an ``export.PlainExport``); ``repo_id`` names the model in the snippet (else ".");
+    ``source``: the hf_tiednorm checkpoint folder it was exported from, whose card's metadata the export keeps."""
     name = repo_id or "."
     auto = "AutoModelForSeq2SeqLM" if result.model.config.is_encoder_decoder else "AutoModelForCausalLM"
     head = result.head
@@ -36,7 +62,7 @@ def export_card(result, repo_id: str | None = None) -> ModelCard:
         back += f"` (head mode {mode.name} has no lossless start; fine-tune after converting)"
     else:
         back += " --lossless-start` (the lossless start gives back these logits)"
-    data = ModelCardData(library_name="transformers", tags=["hf_tiednorm", "hf_tiednorm-export"])
+    data = _metadata(result, name if repo_id else "plain-export", Path(source) if source is not None else None)
     checked = (
         f"largest |logit difference| to the normalized model on random token ids: {result.max_abs_diff:.1e}"
         if result.max_abs_diff is not None
@@ -73,10 +99,12 @@ To train it further with the normalized head, convert it back: {back}.
     return ModelCard(text)
 
 
-def write_export_card(folder: str | Path, result, repo_id: str | None = None) -> Path:
-    """Write ``export_card(result, repo_id)`` to ``folder``/README.md and return its path."""
+def write_export_card(
+    folder: str | Path, result, repo_id: str | None = None, source: str | Path | None = None
+) -> Path:
+    """Write ``export_card(result, repo_id, source)`` to ``folder``/README.md and return its path."""
     path = Path(folder) / "README.md"
-    export_card(result, repo_id).save(path)
+    export_card(result, repo_id, source).save(path)
     return path
 
 
