@@ -234,3 +234,40 @@ def test_a_gguf_files_license_and_name_are_read(tmp_path):
     assert gguf_provenance(tmp_path / "m.gguf") == {
         "base_model": "HuggingFaceTB/SmolLM2-135M", "license": "apache-2.0", "name": "Smollm2 135M"
     }
+
+
+# --- item 3: a wrapped config refuses every own-family field by name, however it arrives ---------------------------
+
+from transformers import AutoConfig  # noqa: E402
+
+from hf_tiednorm.configuration_tiednorm_wrapped import OWN_FAMILY_FIELDS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def wrapped_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wrapped")
+    normalize_tied_head(source_model("gpt2"), "cosine").save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["label_smoothing", "loss_chunk_size"])
+def test_a_wrapped_config_refuses_own_family_fields_by_name(wrapped_folder, name, tmp_path):
+    value = {"label_smoothing": 0.1, "loss_chunk_size": 16}[name]
+    config = AutoConfig.from_pretrained(wrapped_folder)
+    with pytest.raises(ValueError, match=rf"\['{name}'\] are fields of hf_tiednorm's own model families \(set as"):
+        setattr(config, name, value)
+    with pytest.raises(ValueError, match=rf"\['{name}'\] are fields .* \(from_pretrained keyword arguments\)"):
+        AutoModelForCausalLM.from_pretrained(wrapped_folder, **{name: value})
+    saved = json.loads((wrapped_folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, name: value}))
+    with pytest.raises(ValueError, match=rf"\['{name}'\] are fields .* \(given to TiedNormWrappedConfig or read"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+def test_every_own_family_field_is_refused_as_an_attribute(wrapped_folder):
+    config = AutoConfig.from_pretrained(wrapped_folder)
+    for name in OWN_FAMILY_FIELDS:
+        with pytest.raises(ValueError, match=name):
+            setattr(config, name, None)
+    config.use_cache = False  # the wrapped architecture's own fields are still set where its model reads them
+    assert config.text_config.use_cache is False
