@@ -271,3 +271,43 @@ def test_every_own_family_field_is_refused_as_an_attribute(wrapped_folder):
             setattr(config, name, None)
     config.use_cache = False  # the wrapped architecture's own fields are still set where its model reads them
     assert config.text_config.use_cache is False
+
+
+# --- item 6: cards state only what happened ------------------------------------------------------------------------
+
+from testing_utils import tiny_model  # noqa: E402
+
+from hf_tiednorm.publishing.card_metrics import parse_metrics  # noqa: E402
+
+
+def test_only_metrics_are_listed_as_metrics():
+    results, _ = parse_metrics({
+        "train_loss": 3.2, "train_loss_first_step": 1, "train_loss_last_step": 20, "train_runtime": 12.0,
+        "train_samples_per_second": 3.0, "train_steps_per_second": 1.0, "total_flos": 1e9, "epoch": 1.0,
+        "eval_loss": 3.0, "eval_perplexity": 20.1, "eval_runtime": 1.0, "eval_samples": 33, "train_blocks": 80,
+    })  # fmt: skip
+    assert results == [(None, "train_loss (mean of steps 1–20)", 3.2), ("validation", "loss", 3.0),
+                       ("validation", "perplexity", 20.1)]
+
+
+def test_a_subset_score_says_so(tmp_path):
+    tiny_model("causal").save_pretrained(tmp_path)
+    card = model_card.render_model_card(tmp_path, metrics={"eval_perplexity": 20.1, "test_perplexity": 21.0},
+                                        dataset="d/x", eval_subsets={"validation": (200, 1014), "test": (5, 5)})
+    assert [r.dataset_split for r in card.data.eval_results] == ["validation[:200]", "test"]  # all 5 of 5: whole
+    assert "Scored on a subset only: the first 200 of 1,014 rows of the validation split" in card.text
+    assert "perplexity (validation[:200])" in card.text and "perplexity (test) | 21" in card.text
+
+
+def test_the_plain_card_keeps_pipeline_tag_datasets_and_metrics(tmp_path):
+    tiny_model("causal").save_pretrained(tmp_path / "run")
+    tiny_tokenizer().save_pretrained(tmp_path / "run")
+    model_card.write_model_card(tmp_path / "run", metrics={"test_perplexity": 21.0}, dataset="d/x", languages=["en"],
+                                license="mit")
+    for staged in (export.export_plain(tmp_path / "run", tmp_path / "plain") and tmp_path / "plain",
+                   hub.push_to_hub(tmp_path / "run", "u/p", dry_run_dir=tmp_path / "s", plain=True)):
+        data = ModelCard.load(staged / "README.md").data
+        assert (data.pipeline_tag, data.datasets, data.language, data.license) == ("text-generation", ["d/x"],
+                                                                                   ["en"], "mit")
+        assert [(r.dataset_split, r.metric_type, r.metric_value) for r in data.eval_results] == [
+            ("test", "perplexity", 21.0)]

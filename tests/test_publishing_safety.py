@@ -110,7 +110,7 @@ def test_a_base_models_hub_id_and_license_are_published(base_run, tmp_path):
     assert "Fine-tuned from `someone/tiny-base`" in card.text and str(tmp_path) not in card.text
     assert render_model_card(base_run).data.license == "unknown"  # nobody stated one: never a default (issue 43)
     (snapshot / "README.md").unlink()
-    assert render_model_card(base_run, base_model=str(snapshot)).data.license is None  # unknown: not claimed
+    assert render_model_card(base_run, base_model=str(snapshot)).data.license == "unknown"  # not claimed
 
 
 def test_push_rewrites_an_old_cards_local_base_model(base_run, tmp_path):

@@ -229,6 +229,7 @@ def render_model_card(
     dataset: str | None = None,
     languages: list[str] | None = None,
     training: dict[str, Any] | None = None,
+    eval_subsets: dict[str, tuple[int, int]] | None = None,
     repo_id: str | None = None,
     license: str | None = None,
     base_model: str | None = None,
@@ -244,6 +245,8 @@ def render_model_card(
         dataset: Hub id of the training and evaluation data set, e.g. ``"bentrevett/multi30k"``.
         languages: ISO codes of the languages, e.g. ``["de", "en"]``.
         training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
+        eval_subsets: splits scored on their first rows only, ``{split: (rows scored, rows in the file)}`` (the
+            scripts' ``--max_eval_samples``): the card says so, and the model-index names the split ``split[:N]``.
         repo_id: Hub repository the card describes (used in the loading snippet); defaults to the folder name.
         license: license identifier of the weights; None: the base model's where it states one
             (``base_model_provenance``), else the one the folder's config records (a conversion's ``provenance``,
@@ -261,6 +264,9 @@ def render_model_card(
         config.provenance = {**(getattr(config, PROVENANCE, None) or {}), "base_model": base_model_id}
     source_id, license, based_on = card_provenance(config, base_model, license)
     results, signature = parse_metrics(metrics or {})
+    subsets = {split: used for split, (used, total) in (eval_subsets or {}).items() if used < total}
+    results = [(f"{split}[:{subsets[split]}]" if split in subsets else split, name, value)
+               for split, name, value in results]
     if results and dataset is None:
         raise ValueError("metrics were given without `dataset`: the model-index needs the evaluation dataset's id")
     if repo_id is not None:
@@ -315,6 +321,8 @@ def render_model_card(
         language=languages,
         training=training or {},
         results={f"{name} ({split})" if split else name: f"{value:g}" for split, name, value in results},
+        subsets=[f"the first {used:,} of {total:,} rows of the {split} split" for split, (used, total)
+                 in sorted((eval_subsets or {}).items()) if used < total],
         bleu_signature=signature,
         norm_plot=EMBEDDING_NORM_PLOT if (folder / EMBEDDING_NORM_PLOT).is_file() else None,
         citations=citations,

@@ -239,11 +239,15 @@ def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dic
             **{f"--{split}_file": path for split, path in files.items()}, "the config file": config_file_argument()}
 
 
-def select_first(raw: dict, limits: dict[str, int | None]) -> None:
-    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place); None keeps them all."""
+def select_first(raw: dict, limits: dict[str, int | None]) -> dict[str, tuple[int, int]]:
+    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place); None keeps them all. Returns
+    ``{split: (rows kept, rows in the file)}`` of the splits cut, for the model card (it says a score is a subset's)."""
+    cut = {}
     for split, limit in limits.items():
-        if split in raw and limit is not None:
-            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+        if split in raw and limit is not None and limit < len(raw[split]):
+            cut[split] = (limit, len(raw[split]))
+            raw[split] = raw[split].select(range(limit))
+    return cut
 
 
 def load_or_train_tokenizer(
