@@ -311,3 +311,35 @@ def test_the_plain_card_keeps_pipeline_tag_datasets_and_metrics(tmp_path):
                                                                                    ["en"], "mit")
         assert [(r.dataset_split, r.metric_type, r.metric_value) for r in data.eval_results] == [
             ("test", "perplexity", 21.0)]
+
+
+# --- the docs say all of this ----------------------------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from hf_tiednorm.head_host import TiedNormHeadHostMixin  # noqa: E402
+from hf_tiednorm.publishing.provenance import UNKNOWN_LICENSE  # noqa: E402
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _flat(page: str) -> str:
+    return " ".join((DOCS / page).read_text().split())
+
+
+def test_the_docs_say_what_the_code_does():
+    converting, training, publishing = _flat("converting.md"), _flat("training.md"), _flat("publishing.md")
+    # item 7: a lossless start's resized tokens take g = ‖w_new‖ (tests/test_lossless_resize.py), not g = 1
+    assert "start by the same map from their initial rows: g_i = ‖w_new‖ (cosine)" in converting
+    assert "get g = `logit_scale_init` (1 by default) and b = 0" not in converting
+    # item 2: the fp32 head terms, by the mechanism the code uses
+    assert TiedNormHeadHostMixin._keep_in_fp32_modules_strict == ["logit_scale", "logit_bias"]
+    assert "`_keep_in_fp32_modules_strict`" in training and "keeps them fp32" in converting
+    # item 4: one default; items 1, 6, 8
+    assert "give the same model for every source both accept, by default" in converting
+    assert "The defaults differ" not in converting
+    assert f"`license: {UNKNOWN_LICENSE}`" in publishing
+    assert "apache-2.0` for a model trained from scratch" not in publishing
+    assert "`--license` / `--base-model`" in converting and "`--license` / `--base-model`" in publishing
+    assert "named `validation[:200]`" in publishing and "`validation[:200]`" in training
+    assert "`--validation_file None`" in training
