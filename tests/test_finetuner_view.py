@@ -4,8 +4,26 @@ name, and run_clm's ``--validation_file None``."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from peft import LoraConfig, PeftModel, get_peft_model
 from script_helpers import load_script
-from transformers import HfArgumentParser
+from testing_utils import run_without_package, tiny_model, tiny_tokenizer
+from tiny_architectures import CONFIGS, auto_class, inputs_for, source_model
+from transformers import AutoConfig, AutoModelForCausalLM, HfArgumentParser
+
+from hf_tiednorm import convert
+from hf_tiednorm.configuration_tiednorm_wrapped import OWN_FAMILY_FIELDS
+from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
+from hf_tiednorm.head_host import TiedNormHeadHostMixin
+from hf_tiednorm.publishing import export, hub, model_card
+from hf_tiednorm.publishing.card_metrics import parse_metrics
+from hf_tiednorm.publishing.provenance import UNKNOWN_LICENSE
+from hf_tiednorm.source_provenance import gguf_provenance
 
 
 def test_validation_file_none_means_no_evaluation():
@@ -20,13 +38,7 @@ def test_validation_file_none_means_no_evaluation():
 
 # --- item 2: the head's learned terms stay fp32 under a bf16 load, on both routes, and train -------------------------
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from testing_utils import run_without_package  # noqa: E402
-from tiny_architectures import inputs_for, source_model  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
 
-from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head  # noqa: E402
 
 HEAD_TERMS = {"head_mode": "cosine", "lossless_start": True, "logit_bias": True}
 
@@ -94,10 +106,7 @@ print(type(model).__module__.startswith("transformers_modules"), head.weight.dty
 
 # --- item 4: one default conversion route --------------------------------------------------------------------------
 
-import json  # noqa: E402
 
-from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
-from tiny_architectures import CONFIGS, auto_class  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "marian"])
@@ -151,12 +160,7 @@ def test_a_lora_adapter_trained_on_one_route_loads_onto_the_other(tmp_path):
 
 # --- item 1: cards claim no license nobody stated; a conversion records its source for every later card ----------
 
-from huggingface_hub import ModelCard  # noqa: E402
-from testing_utils import tiny_tokenizer  # noqa: E402
 
-from hf_tiednorm import convert  # noqa: E402
-from hf_tiednorm.publishing import export, hub, model_card  # noqa: E402
-from hf_tiednorm.source_provenance import gguf_provenance  # noqa: E402
 
 
 def _llama_source(folder, readme: str | None = None):
@@ -238,9 +242,7 @@ def test_a_gguf_files_license_and_name_are_read(tmp_path):
 
 # --- item 3: a wrapped config refuses every own-family field by name, however it arrives ---------------------------
 
-from transformers import AutoConfig  # noqa: E402
 
-from hf_tiednorm.configuration_tiednorm_wrapped import OWN_FAMILY_FIELDS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -275,9 +277,7 @@ def test_every_own_family_field_is_refused_as_an_attribute(wrapped_folder):
 
 # --- item 6: cards state only what happened ------------------------------------------------------------------------
 
-from testing_utils import tiny_model  # noqa: E402
 
-from hf_tiednorm.publishing.card_metrics import parse_metrics  # noqa: E402
 
 
 def test_only_metrics_are_listed_as_metrics():
@@ -315,10 +315,7 @@ def test_the_plain_card_keeps_pipeline_tag_datasets_and_metrics(tmp_path):
 
 # --- the docs say all of this ----------------------------------------------------------------------------------------
 
-from pathlib import Path  # noqa: E402
 
-from hf_tiednorm.head_host import TiedNormHeadHostMixin  # noqa: E402
-from hf_tiednorm.publishing.provenance import UNKNOWN_LICENSE  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -240,13 +240,11 @@ def run_inputs(model_args: TiedNormModelArguments, files: dict[str, str]) -> dic
 
 
 def select_first(raw: dict, limits: dict[str, int | None]) -> dict[str, tuple[int, int]]:
-    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place); None keeps them all. Returns
-    ``{split: (rows kept, rows in the file)}`` of the splits cut, for the model card (it says a score is a subset's)."""
-    cut = {}
-    for split, limit in limits.items():
-        if split in raw and limit is not None and limit < len(raw[split]):
-            cut[split] = (limit, len(raw[split]))
-            raw[split] = raw[split].select(range(limit))
+    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place; None: all); returns ``{split:
+    (rows kept, rows in the file)}`` of the splits cut, for the model card (which says a score is a subset's)."""
+    cut = {s: (n, len(raw[s])) for s, n in limits.items() if s in raw and n is not None and n < len(raw[s])}
+    for split, (limit, _) in cut.items():
+        raw[split] = raw[split].select(range(limit))
     return cut
 
 
