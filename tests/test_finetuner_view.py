@@ -204,6 +204,9 @@ def test_a_conversion_records_its_source_for_every_later_card(tmp_path):
     for what, card in cards.items():
         assert (card.data.license, card.data.base_model) == ("gemma", "google/tiny-gemmaish"), what
     assert "Based on `google/tiny-gemmaish`" in cards["re-rendered"].text
+    # the kept card, with the license stated at push time: front matter and body
+    stated = ModelCard.load(hub.push_to_hub(tuned, "u/t", dry_run_dir=tmp_path / "s3", license="mit") / "README.md")
+    assert stated.data.license == "mit" and "License: `mit`." in stated.text and "`gemma`" not in stated.text
     export.export_plain(tuned, tmp_path / "exported")
     assert ModelCard.load(tmp_path / "exported" / "README.md").data.license == "gemma"
 
