@@ -17,8 +17,22 @@ from .configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesC
 from .remote_code_map import drop_source_auto_map
 
 # Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
-# loss and head, so accepting them would silently ignore them.
+# loss and head, so accepting them would silently ignore them. Refused by name however they arrive: in config.json,
+# as from_pretrained keyword arguments, or set as attributes.
 OWN_FAMILY_FIELDS = (*(field.name for field in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
+
+
+def refuse_own_family_fields(names, how: str) -> None:
+    """``ValueError`` naming the own-family fields among ``names`` (``how``: where they were given)."""
+    unsupported = sorted(set(names) & set(OWN_FAMILY_FIELDS))
+    if unsupported:
+        hint = (" (label smoothing: the Trainer's label_smoothing_factor / --label_smoothing_factor applies it to a "
+                "wrapped model)" if "label_smoothing" in unsupported else "")
+        raise ValueError(
+            f"{unsupported} are fields of hf_tiednorm's own model families ({how}); a wrapped model (any "
+            "architecture, trained with its own loss) has no code for them, so they would be ignored: drop them, or, "
+            f"for a marian/bart/llama source, convert without --generic to get the own family{hint}"
+        )
 
 
 @strict
@@ -37,13 +51,7 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     text_config: dict | PreTrainedConfig | None = None
 
     def __post_init__(self, **kwargs):
-        unsupported = sorted(set(kwargs) & set(OWN_FAMILY_FIELDS))
-        if unsupported:
-            raise ValueError(
-                f"{unsupported} are fields of hf_tiednorm's own model families; a wrapped model (any architecture, "
-                "trained with its own loss) has no code for them: drop them, or, for a marian/bart/llama source, "
-                "convert without --generic to get the own family"
-            )
+        refuse_own_family_fields(kwargs, "given to TiedNormWrappedConfig or read from its config.json")
         if self.text_config is None:
             raise ValueError("text_config is required: the config (or config dict) of the model to wrap")
         if isinstance(self.text_config, dict):
@@ -60,6 +68,13 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         self.is_encoder_decoder = self.text_config.is_encoder_decoder
         super().__post_init__(**kwargs)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any):
+        # from_pretrained(folder, loss_chunk_size=16) hands such keywords here; unknown to the config, they would
+        # reach the model's __init__ as a bare TypeError.
+        refuse_own_family_fields(kwargs, "from_pretrained keyword arguments")
+        return super().from_dict(config_dict, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         # Called only when normal lookup fails: fall through to the wrapped model's config. Private names and
         # text_config itself (absent while the config is being built or copied) are never delegated.
@@ -74,6 +89,7 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         return {k: v for k, v in super()._get_generation_parameters().items() if k in self.__dict__}
 
     def __setattr__(self, name: str, value: Any) -> None:
+        refuse_own_family_fields([name], "set as an attribute")
         if name == "text_config":
             drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (remote_code_map.py)
         # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it.
@@ -90,4 +106,4 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         super().__setattr__(name, value)
 
 
-__all__ = ["TiedNormWrappedConfig"]
+__all__ = ["OWN_FAMILY_FIELDS", "TiedNormWrappedConfig", "refuse_own_family_fields"]

@@ -1,28 +1,16 @@
 """Give a tied checkpoint of any ``transformers`` causal LM or encoder-decoder the normalized tied head.
 
-Two targets, chosen by the source's ``model_type``:
-
-* ``marian``, ``bart`` and ``llama`` map 1:1 onto hf_tiednorm's own families (``TiedNormForConditionalGeneration``,
-  ``TiedNormBartForConditionalGeneration``, ``TiedNormForCausalLM``), which add the technique fields (adaptive
-  softmax, regularizers, chunked loss). Marian's / BART's ``final_logits_bias`` has no counterpart there (it is zero in
-  released models; a non-zero one is refused: convert with ``generic=True`` to keep it).
-* Every other tied causal LM or encoder-decoder (GPT-2, Qwen2/3, Gemma 2/3, Mistral, Phi-3, T5, mBART, M2M100/NLLB,
-  ...), and those three with ``generic=True``, is wrapped as it is: ``TiedNormWrappedForCausalLM`` /
-  ``TiedNormWrappedForSeq2SeqLM`` (modeling_tiednorm_wrapped.py) keep transformers' own model and replace only its
-  output layer (and, in l2 mode, its lookups), so what the architecture does around the head is kept.
-
-With ``head_mode="baseline"`` the converted model computes exactly the source's logits. Other modes keep every
-weight and change only how the output layer scores tokens (and, in l2 mode, the input lookups); the model then needs
-fine-tuning — unless it starts lossless (``lossless_start=True``, CLI ``--lossless-start``; lossless_start.py). GGUF
-files (``gguf_file=``, or a ``.gguf`` path) convert too; the converted model carries no quantization state.
-
-Untied sources are refused: the normalized head scores with the input embedding, so a separate output matrix would
-be dropped. A checkpoint whose config claims ``tie_word_embeddings=True`` but stores a different output
-matrix is refused too. The source folder is only read.
-
-``normalize_tied_head`` does the same for a model already loaded in memory; its ``generic`` switch is the CLI's
-``--generic`` (``generic=False`` gives the own family exactly as ``convert_checkpoint`` does). Its default stays
-``generic=True`` (the wrapper, adopting the model without a copy), while ``convert_checkpoint``'s is ``False``.
+``marian``, ``bart`` and ``llama`` map 1:1 onto hf_tiednorm's own families (families.py; Marian's / BART's
+``final_logits_bias`` must be zero there, as in released models, or use ``generic=True``). Every other tied causal LM
+or encoder-decoder (GPT-2, Qwen, Gemma, Mistral, Phi-3, T5, mBART, NLLB, ...), and those three with ``generic=True``,
+is wrapped as it is (modeling_tiednorm_wrapped.py). ``normalize_tied_head`` (a model in memory) and
+``convert_checkpoint`` (a folder or GGUF file; CLI ``tiednorm-convert``) give the same model by default: same class,
+weight names, ``name_or_path`` and logits. With ``head_mode="baseline"`` the logits are exactly the source's; other
+modes change how the output layer scores tokens (and, in l2 mode, the lookups) and need fine-tuning unless the model
+starts lossless (``lossless_start=True``; lossless_start.py). A converted model carries no quantization state; the
+source's Hub id and license are recorded in its config (``provenance``, source_provenance.py) for every later card.
+Untied sources are refused (the head scores with the input embedding: a separate output matrix would be dropped), as
+is a config claiming a tie its checkpoint does not hold. The source folder is only read.
 
 CLI::
 
@@ -33,12 +21,9 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import copy
 import os
-import re
 from pathlib import Path
 
-import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
@@ -48,25 +33,32 @@ from .convert_checks import (
     check_tied,
     check_unit_lookups,
     tie_parallel_output_rows,
+    tied_copy,
 )
 from .families import FAMILIES, family_of_source
 from .gguf_checks import check_gguf_file
+from .head_host import keep_head_terms_fp32
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
 from .head_options import LOGIT_SCALES, HeadOptions
 from .load_checks import check_source_loaded
-from .lossless_start import drop_quantization_state, start_lossless
+from .lossless_start import drop_quantization_state, start_lossless, take_row_scales
 from .modeling_tiednorm_wrapped import (
     TiedNormWrappedForCausalLM,
     TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
 )
 from .peft_guard import refuse_peft_before_normalizing
+from .source_provenance import (
+    check_base_model_id,
+    folder_provenance,
+    gguf_provenance,
+    name_like_source,
+    portable_name_or_path,
+    record_provenance,
+)
 
 # model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
-SUPPORTED_SOURCES = {
-    family.source_model_type: (family.source_class, family.config_class, family.lm_class)
-    for family in FAMILIES.values()
-}
+SUPPORTED_SOURCES = {f.source_model_type: (f.source_class, f.config_class, f.lm_class) for f in FAMILIES.values()}
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
     "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
@@ -79,9 +71,9 @@ _TARGET_ONLY_KEYS = {"lm_head.logit_scale", "lm_head.logit_bias"}
 
 
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
-    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the
-    converter and ``tiednorm-push`` ship a tokenizer this way), and return it. ``load_options``: more arguments of
-    ``AutoTokenizer.from_pretrained`` (``gguf_file``)."""
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
+    and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
+    arguments."""
     tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
     # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
     # the tokenizer; published, it would make every user's load local-only.
@@ -101,15 +93,17 @@ def normalize_tied_head(
     norm_eps: float = 1e-6,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
-    generic: bool = True,
+    generic: bool = False,
+    base_model: str | None = None,
+    license: str | None = None,
 ) -> PreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
-    With ``generic=False``, a marian / bart / llama ``model`` becomes our own family of its architecture, the same
-    class, weights layout and logits that ``convert_checkpoint`` (CLI ``tiednorm-convert`` without ``--generic``)
-    gives for it: its weights are copied into the new model, and ``model`` is left as it was. Every other architecture,
-    and every one with ``generic=True`` (the default), is wrapped: the model itself is adopted, not copied: the result
-    holds it as ``.model`` with its output layer replaced by a
+    A marian / bart / llama ``model`` becomes our own family of its architecture (the default, as the CLI does), the
+    same class, weights layout, ``name_or_path`` and logits that ``convert_checkpoint`` (CLI ``tiednorm-convert``
+    without ``--generic``) gives for it: its weights are copied into the new model, and ``model`` is left as it was.
+    Every other architecture, and every one with ``generic=True``, is wrapped: the model itself is adopted, not
+    copied: the result holds it as ``.model`` with its output layer replaced by a
     ``TiedNormHead`` (and, in a mode that normalizes the input lookups, unit-row lookups), and shares its weights.
     ``head_mode="baseline"`` gives exactly ``model``'s logits, and so does every mode with a lossless start
     (``HeadMode.lossless_start``) with ``lossless_start``. The result saves and reloads with
@@ -122,14 +116,19 @@ def normalize_tied_head(
         head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
             ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
         lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
-        generic: False: map marian / bart / llama onto our own families (as the CLI does by default); True: wrap.
+        generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
+            them (the CLI's ``--generic``). Other architectures are wrapped either way.
+        base_model, license: the source's Hub id and license, recorded in the config (``provenance``, read by every
+            card) over what ``model.name_or_path`` states (source_provenance.py); None: what it states, or unknown.
 
     Returns:
-        ``TiedNormWrappedForCausalLM`` or ``TiedNormWrappedForSeq2SeqLM`` (or, with ``generic=False`` and a marian /
-        bart / llama model, ``TiedNormForConditionalGeneration`` / ``TiedNormBartForConditionalGeneration`` /
-        ``TiedNormForCausalLM``), in ``model``'s training mode.
+        ``TiedNormForConditionalGeneration`` / ``TiedNormBartForConditionalGeneration`` / ``TiedNormForCausalLM``
+        for a marian / bart / llama model (without ``generic``), else ``TiedNormWrappedForCausalLM`` /
+        ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode, with ``model``'s ``name_or_path`` (PEFT records
+        it as the adapter's base model; a saved config keeps only a Hub id, ``portable_name_or_path``).
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
+    check_base_model_id(base_model)
     if options is None:
         options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias, norm_eps)
     elif head_mode is not None:
@@ -137,6 +136,7 @@ def normalize_tied_head(
     if lossless_start:
         options = options.with_lossless_start()
     drop_quantization_state(model)
+    name_or_path = model.name_or_path
     own_family = not generic and model.config.model_type in SUPPORTED_SOURCES
     # The own family normalizes its lookups itself; convert_checkpoint checks unit lookups only for the wrapper.
     auto = check_convertible(model.config) if own_family else check_source_model(model, options)
@@ -147,8 +147,11 @@ def normalize_tied_head(
         )
     if own_family:
         check_tied(model)
-        return _own_family_in_memory(model, options, lossless_start)
-    return _wrap(model, options, lossless_start)
+        converted = _own_family_in_memory(model, options, lossless_start)
+    else:
+        converted = _wrap(model, options, lossless_start)
+    record_provenance(converted, folder_provenance(name_or_path), base_model=base_model, license=license)
+    return name_like_source(converted, name_or_path)
 
 
 def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> PreTrainedModel:
@@ -159,19 +162,6 @@ def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless
     if lossless_start:
         start_lossless(converted)
     return converted
-
-
-# A Hub model id: "name" or "owner/name" of letters, digits, '-', '_', '.'.
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-
-
-def portable_name_or_path(name: str) -> str:
-    """``name`` (a config's ``_name_or_path``) if it is a Hub model id, else "" : an absolute path, or a path
-    that exists on this machine, describes where the source lay here (e.g. a GGUF file in site-packages) and means
-    nothing, or leaks a user's folder names, where the saved conversion is used."""
-    if not name or os.path.isabs(name) or os.path.exists(name) or not _HUB_ID.fullmatch(name):
-        return ""
-    return name
 
 
 def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
@@ -219,6 +209,7 @@ def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOpt
             "keeps the architecture's final_logits_bias"
         )
     model = target_class(config).to(source_model.dtype)
+    keep_head_terms_fp32(model)  # g and b stay fp32 in a bf16/fp16 source, as from_pretrained keeps them
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing) - _TARGET_ONLY_KEYS
     unexpected = set(unexpected) - _SOURCE_ONLY_KEYS
@@ -243,6 +234,8 @@ def convert_checkpoint(
     gguf_file: str | None = None,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
+    base_model: str | None = None,
+    license: str | None = None,
 ) -> PreTrainedModel:
     """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
@@ -258,6 +251,9 @@ def convert_checkpoint(
         lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
         head_mode, logit_scale, logit_scale_init, logit_bias: the head's settings (head_options.py), or ``options``
             holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
+        base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
+            saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
+            ``general.license`` (source_provenance.py). None: what the source states, else unknown.
     """
     source = Path(source)
     if gguf_file is None and source.suffix == ".gguf":
@@ -270,6 +266,7 @@ def convert_checkpoint(
         raise FileNotFoundError(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
         )
+    check_base_model_id(base_model)
     if options is None:
         options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias)
     elif head_mode is not None:
@@ -294,7 +291,7 @@ def convert_checkpoint(
         lossless_start and "logit_scale" in options.mode.lossless_start
         and not getattr(source_config, "tie_word_embeddings", False)
     )  # fmt: skip
-    auto = check_convertible(_tied_copy(source_config) if parallel else source_config)  # before loading any weight
+    auto = check_convertible(tied_copy(source_config) if parallel else source_config)  # before loading any weight
     source_model, loading = auto.from_pretrained(source, dtype="auto", output_loading_info=True, **load)
     check_source_loaded(source_model, loading)  # a tensor missing from the folder is named, not made up (issue 40)
     source_model.eval()
@@ -310,8 +307,12 @@ def convert_checkpoint(
             check_unit_lookups(source_model, options.norm_eps)
         model = _wrap(source_model, options, lossless_start)
     if row_scales is not None:
-        _take_row_scales(model, row_scales)
-    model.eval()
+        take_row_scales(model, row_scales)
+    found = folder_provenance(source)
+    if gguf_file is not None:  # what the file states first, then its folder
+        found = {key: value or found[key] for key, value in gguf_provenance(source / gguf_file).items()}
+    record_provenance(model, found, base_model=base_model, license=license)
+    model = name_like_source(model.eval(), source_model.name_or_path)
 
     if output_dir is not None:
         model.save_pretrained(output_dir)
@@ -322,22 +323,6 @@ def convert_checkpoint(
         ):
             copy_tokenizer(source, output_dir, **load)
     return model
-
-
-def _tied_copy(config):
-    config = copy.deepcopy(config)
-    config.tie_word_embeddings = True
-    return config
-
-
-@torch.no_grad()
-def _take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
-    """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
-    c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
-    head = model.get_output_embeddings()
-    head.logit_scale.mul_(row_scales.to(head.logit_scale))
-    if head.logit_bias is not None:
-        head.logit_bias.mul_(row_scales.to(head.logit_bias))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -392,6 +377,16 @@ def build_parser() -> argparse.ArgumentParser:
         "‖w_i‖ / ‖w_i‖², distance a logit bias ½‖w_i‖²; l2 is refused: its input lookups change too) (default: off)",
     )
     parser.add_argument(
+        "--license",
+        help="license id of the source's weights, recorded for every card of this model and its fine-tunes "
+        "(default: what the source states: its README.md or config, a GGUF's general.license; else unknown)",
+    )
+    parser.add_argument(
+        "--base-model",
+        help="Hub id of the source (owner/name), recorded for every card (default: what the source states: its "
+        "place in the Hugging Face cache or its config; else none, and the card says a local model)",
+    )
+    parser.add_argument(
         "--generic",
         action="store_true",
         help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
@@ -414,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
         generic=args.generic,
         gguf_file=args.gguf_file,
         lossless_start=args.lossless_start,
+        base_model=args.base_model,
+        license=args.license,
     )
     print(f"wrote {args.output_dir}")
 

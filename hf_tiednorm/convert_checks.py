@@ -106,6 +106,14 @@ def tie_parallel_output_rows(model: PreTrainedModel, where: str, eps: float) -> 
     return scales
 
 
+def tied_copy(config):
+    """A copy of ``config`` claiming tied embeddings (an untied source whose output rows are parallel to its input
+    rows is checked as the tied model it converts to)."""
+    config = copy.deepcopy(config)
+    config.tie_word_embeddings = True
+    return config
+
+
 def check_tied(model: PreTrainedModel) -> None:
     """Raise ``ValueError`` unless ``model``'s output layer is a bias-free linear layer holding its input embedding
     matrix: the same tensor, or (a checkpoint that stored both) equal values. (``check_convertible`` checks its
@@ -156,5 +164,5 @@ def check_unit_lookups(model: PreTrainedModel, norm_eps: float) -> None:
 
 __all__ = [
     "SUPPORTED_TEXT", "check_convertible", "check_tied", "check_unit_lookups", "parallel_row_scales",
-    "tie_parallel_output_rows",
+    "tie_parallel_output_rows", "tied_copy",
 ]  # fmt: skip

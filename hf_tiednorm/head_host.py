@@ -42,9 +42,23 @@ def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
         model.reshard()
 
 
+def keep_head_terms_fp32(model: nn.Module) -> None:
+    """Put the head's learned per-token terms (``TiedNormHeadHostMixin._keep_in_fp32_modules_strict``) back in fp32
+    after a cast of the whole model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
+    kept = TiedNormHeadHostMixin._keep_in_fp32_modules_strict
+    for name, param in model.named_parameters():
+        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
 class TiedNormHeadHostMixin:
     """Put before the ``PreTrainedModel`` class in the bases of a model whose ``get_output_embeddings()`` is a
     ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``)."""
+
+    # The head's learned per-token terms stay fp32 under every load dtype (transformers' strict keep-in-fp32 list:
+    # from_pretrained(dtype=torch.bfloat16 / float16) casts everything else): in bf16, a step of a small learning
+    # rate rounds away on g_i ~ 1 (bf16 has 8 mantissa bits), so g and b would never train.
+    _keep_in_fp32_modules_strict = ["logit_scale", "logit_bias"]
 
     def _place_output_head(self, head: nn.Module) -> None:
         """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""
@@ -111,4 +125,4 @@ class TiedNormHeadHostMixin:
         super().save_pretrained(save_directory, *args, **kwargs)
 
 
-__all__ = ["TiedNormHeadHostMixin"]
+__all__ = ["TiedNormHeadHostMixin", "keep_head_terms_fp32"]

@@ -105,4 +105,15 @@ def start_resized_tokens(model: PreTrainedModel, first_new: int) -> None:
         head.logit_bias[first_new:] = bias
 
 
-__all__ = ["drop_quantization_state", "lossless_head_options", "start_lossless", "start_resized_tokens"]
+@torch.no_grad()
+def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
+    """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
+    c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
+    head = model.get_output_embeddings()
+    head.logit_scale.mul_(row_scales.to(head.logit_scale))
+    if head.logit_bias is not None:
+        head.logit_bias.mul_(row_scales.to(head.logit_bias))
+
+
+__all__ = ["drop_quantization_state", "lossless_head_options", "start_lossless", "start_resized_tokens",
+           "take_row_scales"]

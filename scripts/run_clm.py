@@ -129,8 +129,8 @@ def main() -> None:
 
     # Data: one ``text`` column a split.
     raw = load_monolingual(files, data_args.text_column)
-    steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
-                       "test": data_args.max_eval_samples})
+    subsets = steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                                       "test": data_args.max_eval_samples})
 
     # Tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new one.
     tokenizer = steps.load_or_train_tokenizer(
@@ -193,6 +193,7 @@ def main() -> None:
     # Embedding-norm plots and the model card.
     card = {"metrics": results, "dataset": data_args.dataset_name, "languages": None,
             "base_model": model_args.model_name_or_path,
+            "eval_subsets": {split: subsets[split] for split in ("validation", "test") if split in subsets},
             "training": steps.card_training(model_args, training_args,
                                             trainer.state if training_args.do_train else None,
                                             block_size=data_args.block_size)}

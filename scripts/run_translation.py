@@ -251,8 +251,8 @@ def main() -> None:
     # Data: one column a language.
     raw = load_parallel(files, data_args.source_lang, data_args.target_lang, keep_empty=data_args.keep_empty_lines,
                         keep_copies=data_args.keep_copied_pairs)
-    steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
-                       "test": data_args.max_predict_samples})
+    subsets = steps.select_first(raw, {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+                                       "test": data_args.max_predict_samples})
 
     # Tokenizer: the checkpoint's, a given one, the one a previous run saved in output_dir, or a new joint one.
     # --adaptive_cutoffs counts on both sides of the training data: the adaptive embedding is shared three-way.
@@ -356,6 +356,7 @@ def main() -> None:
         "dataset": data_args.dataset_name,
         "languages": [data_args.source_lang, data_args.target_lang],
         "base_model": model_args.model_name_or_path,
+        "eval_subsets": {split: subsets[split] for split in ("validation", "test") if split in subsets},
         "training": steps.card_training(
             model_args, training_args, trainer.state if training_args.do_train else None,
             lr_scheduler_type=str(training_args.lr_scheduler_type),

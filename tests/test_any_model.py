@@ -98,7 +98,7 @@ def test_each_mode_equals_the_reference_computed_from_the_weights(name, head_mod
     source = source_model(name)
     inputs = inputs_for(source)
     expected = reference_logits(source, inputs, head_mode)
-    model = normalize_tied_head(source_model(name), head_mode).eval()
+    model = normalize_tied_head(source_model(name), head_mode, generic=True).eval()
     assert model.config.head_mode == head_mode
     with torch.no_grad():
         torch.testing.assert_close(model(**inputs).logits.float(), expected, rtol=1e-5, atol=1e-5)
@@ -117,14 +117,14 @@ def test_the_logit_scale_multiplies_the_score_inside_the_soft_cap(logit_scale, i
     cap = source.config.final_logit_softcapping
     norms = torch.linalg.vector_norm(weight, dim=-1).clamp_min(1e-6)
     expected = cap * torch.tanh(g * (h @ weight.T) / norms / cap)
-    model = normalize_tied_head(source, "cosine", logit_scale=logit_scale, logit_scale_init=init).eval()
+    model = normalize_tied_head(source, "cosine", logit_scale=logit_scale, logit_scale_init=init, generic=True).eval()
     with torch.no_grad():
         torch.testing.assert_close(model(**inputs).logits, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_kv_cache_equals_full_forward_and_resize_keeps_the_head(name):
-    model = normalize_tied_head(source_model(name), "cosine", logit_scale="vector").eval()
+    model = normalize_tied_head(source_model(name), "cosine", logit_scale="vector", generic=True).eval()
     inputs = inputs_for(model)
     prompt = inputs["input_ids"]
     with torch.no_grad():

@@ -88,9 +88,17 @@ def test_evaluation_only_exits_cleanly_with_its_metrics(converted_llama, tmp_pat
 
 def test_the_card_of_a_fine_tuned_conversion(converted_llama, tmp_path, monkeypatch):
     model, data = converted_llama
-    flags = [*clm_flags(model, data, tmp_path / "out"), "--do_train", "--do_eval", "--max_steps", "3"]
+    flags = [*clm_flags(model, data, tmp_path / "out"), "--do_train", "--do_eval", "--max_steps", "3",
+             "--max_eval_samples", "5"]
     run_script("run_clm", flags, monkeypatch)
     card = ModelCard.load(tmp_path / "out" / "README.md")
+    # Issue 43: a subset's score says so, only metrics are metrics, and no license is claimed.
+    assert "Scored on a subset only: the first 5 of 6 rows of the test split; the first 5 of 6 rows of the " \
+        "validation split" in card.text
+    assert {result.dataset_split for result in card.data.eval_results} == {"validation[:5]", "test[:5]"}
+    assert "runtime" not in card.text and "_first_step" not in card.text and "per_second" not in card.text
+    assert "| train_loss (mean of steps 1–3) |" in card.text
+    assert card.data.license == "unknown"
     assert card.data.datasets == ["bentrevett/multi30k"]  # not "train.en"
     assert card.data.base_model is None  # a local folder is no Hub id (issue 34 §5): never published as a path
     assert "Fine-tuned from a local model" in card.text and str(model) not in card.text

@@ -43,7 +43,7 @@ def own(family, **fields):
 def wrapped(architecture, head_mode, **fields):
     # A lossless start keeps the g / b it was given (an untrained start: a distance model's bias sums to zero).
     finish = (lambda model: model) if fields.get("lossless_start") else trained_looking
-    return lambda: finish(normalize_tied_head(source_model(architecture), head_mode, **fields).eval())
+    return lambda: finish(normalize_tied_head(source_model(architecture), head_mode, generic=True, **fields).eval())
 
 
 CASES = {}

@@ -321,7 +321,8 @@ BACK = {  # case -> (build, what the card must say: "command" or "cannot")
         lambda: trained(tiny_model("seq2seq", head_mode="distance", logit_scale="scalar")), "command"
     ),
     "wrapped-marian-distance": (
-        lambda: trained(normalize_tied_head(source_model("marian"), "distance", logit_bias=True).eval()), "command"
+        lambda: trained(normalize_tied_head(source_model("marian"), "distance", logit_bias=True, generic=True).eval()),
+        "command",
     ),
     "marian-decoder-topology": (lambda: tiny_model("seq2seq", head_mode="cosine", tie_topology="decoder"), "cannot"),
     "wrapped-t5-vector": (

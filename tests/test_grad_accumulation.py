@@ -41,7 +41,7 @@ def wrapped_model(name: str):
         if isinstance(getattr(config, field, None), float):
             setattr(config, field, 0.0)
     torch.manual_seed(0)
-    return normalize_tied_head(auto_class(config).from_config(config), "cosine", logit_scale="scalar")
+    return normalize_tied_head(auto_class(config).from_config(config), "cosine", logit_scale="scalar", generic=True)
 
 
 def examples(encoder_decoder: bool) -> list[dict[str, torch.Tensor]]:

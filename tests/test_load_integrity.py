@@ -22,7 +22,7 @@ MODELS = [*FAMILIES, *(f"wrapped-{name}" for name in WRAPPED)]
 
 def build(name: str, **head):
     if name.startswith("wrapped-"):
-        return normalize_tied_head(source_model(name.removeprefix("wrapped-")), "cosine", **head)
+        return normalize_tied_head(source_model(name.removeprefix("wrapped-")), "cosine", generic=True, **head)
     return tiny_model(name, **head)
 
 

@@ -34,7 +34,7 @@ def test_in_memory_lossless_start_gives_the_source_logits(name, head_mode):
     source = source_model(name)
     inputs = inputs_for(source)
     expected = source_logits(source, inputs)
-    model = normalize_tied_head(source, head_mode, lossless_start=True).eval()
+    model = normalize_tied_head(source, head_mode, lossless_start=True, generic=True).eval()
     assert model.get_output_embeddings().head_mode == head_mode  # the head is normalized...
     assert (model.config.logit_scale, model.config.logit_bias) == EXPECTED_OPTIONS[head_mode]
     torch.testing.assert_close(source_logits(model, inputs), expected, rtol=1e-5, atol=1e-5)  # ...at the same logits
@@ -116,7 +116,7 @@ def gguf_loaded(name: str):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_a_gguf_loaded_model_converts_without_quantization_state(name, tmp_path):
-    model = normalize_tied_head(gguf_loaded(name), "cosine", lossless_start=True)
+    model = normalize_tied_head(gguf_loaded(name), "cosine", lossless_start=True, generic=True)
     assert not hasattr(model.config, "quantization_config")
     assert not hasattr(model.config.text_config, "quantization_config")
     assert getattr(model.model, "hf_quantizer", None) is None

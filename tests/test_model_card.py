@@ -36,7 +36,7 @@ def test_seq2seq_card_with_bleu(tmp_path):
     )
     card = ModelCard.load(path)
     data = card.data
-    assert (data.library_name, data.pipeline_tag, data.license) == ("transformers", "translation", "apache-2.0")
+    assert (data.library_name, data.pipeline_tag, data.license) == ("transformers", "translation", "unknown")
     assert {"tiednorm", "cosine"} <= set(data.tags) and data.language == ["de", "en"]
     assert data.datasets == ["bentrevett/multi30k"]
     (result,) = data.eval_results  # the loss stays in the body, only sacreBLEU / perplexity go to the model-index

@@ -94,7 +94,7 @@ def test_fine_tuned_card_and_staged_files_name_no_local_path(base_run, data_flag
     card = ModelCard.load(output_dir / "README.md")
     assert card.data.base_model is None and "Fine-tuned from a local model" in card.text
     assert str(base_run) not in card.text
-    assert card.data.license == "apache-2.0"  # the base model's card's license (a model of our own training)
+    assert card.data.license == "unknown"  # the base model's card states none: never a default (issue 43)
     staged = hub.push_to_hub(output_dir, "me/tuned", dry_run_dir=tmp_path / "staged")
     assert machine_paths(staged) == []
 
@@ -108,9 +108,9 @@ def test_a_base_models_hub_id_and_license_are_published(base_run, tmp_path):
     card = render_model_card(base_run, base_model=str(snapshot))
     assert (card.data.base_model, card.data.license) == ("someone/tiny-base", "mit")
     assert "Fine-tuned from `someone/tiny-base`" in card.text and str(tmp_path) not in card.text
-    assert render_model_card(base_run).data.license == "apache-2.0"  # trained from scratch: the project's
+    assert render_model_card(base_run).data.license == "unknown"  # nobody stated one: never a default (issue 43)
     (snapshot / "README.md").unlink()
-    assert render_model_card(base_run, base_model=str(snapshot)).data.license is None  # unknown: not claimed
+    assert render_model_card(base_run, base_model=str(snapshot)).data.license == "unknown"  # not claimed
 
 
 def test_push_rewrites_an_old_cards_local_base_model(base_run, tmp_path):

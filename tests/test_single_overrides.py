@@ -14,7 +14,7 @@ from hf_tiednorm.convert import normalize_tied_head
 
 def models():
     yield from ((family, tiny_model(family)) for family in FAMILIES)
-    yield "wrapped", normalize_tied_head(source_model("llama"), "cosine")
+    yield "wrapped", normalize_tied_head(source_model("llama"), "cosine", generic=True)
 
 
 def own_overrides(model, method: str) -> list[str]:

@@ -364,7 +364,7 @@ def export_plain(
             if write_card:
                 from .export_card import write_export_card
 
-                write_export_card(partial, result)
+                write_export_card(partial, result, source=folder)
     return result
 
 

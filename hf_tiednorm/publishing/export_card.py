@@ -16,6 +16,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from ..convert import SUPPORTED_SOURCES
 from ..convert_checks import parallel_row_scales
 from ..head_modes import get_head_mode
+from ..source_provenance import PROVENANCE, folder_provenance
 from .staging_checks import unshipped_head_mode
 
 # Where the card's commands name the export: a placeholder the user replaces (a local card cannot know where the
@@ -82,8 +83,33 @@ def convert_back(result, folder: str = THIS_FOLDER) -> tuple[list[str] | None, s
     return ["tiednorm-convert", folder, "normalized/", *arguments], note
 
 
-def export_card(result, repo_id: str | None = None) -> ModelCard:
-    """The card of ``result`` (an ``export.PlainExport``); ``repo_id`` names the model in the snippet (else ".")."""
+def _metadata(result, name: str, source: Path | None) -> ModelCardData:
+    """The export's front matter: the pipeline tag of its architecture and, from the hf_tiednorm checkpoint it was
+    exported from (``source``), what that card states (data sets, languages, metrics, license, base model) or, with
+    no card, the provenance its config records; a license nobody stated is ``unknown``."""
+    stated = ModelCardData()
+    if source is not None and (source / "README.md").is_file():
+        stated = ModelCard.load(source / "README.md").data
+    provenance = getattr(result.model.config, PROVENANCE, None) or {}
+    if source is not None and not provenance and (source / "config.json").is_file():
+        provenance = folder_provenance(source)
+    encoder_decoder = result.model.config.is_encoder_decoder
+    return ModelCardData(
+        library_name="transformers",
+        pipeline_tag="translation" if encoder_decoder else "text-generation",
+        tags=["hf_tiednorm", "hf_tiednorm-export"],
+        language=stated.language,
+        datasets=stated.datasets,
+        license=stated.license or provenance.get("license") or "unknown",
+        base_model=stated.base_model or provenance.get("base_model"),
+        model_name=name.split("/")[-1] if stated.eval_results else None,
+        eval_results=stated.eval_results,
+    )
+
+
+def export_card(result, repo_id: str | None = None, source: str | Path | None = None) -> ModelCard:
+    """The card of ``result`` (an ``export.PlainExport``); ``repo_id`` names the model in the snippet (else ".");
+    ``source``: the hf_tiednorm checkpoint folder it was exported from, whose card's metadata the export keeps."""
     name = repo_id or "."
     auto = "AutoModelForSeq2SeqLM" if result.model.config.is_encoder_decoder else "AutoModelForCausalLM"
     head = result.head
@@ -97,7 +123,7 @@ def export_card(result, repo_id: str | None = None) -> ModelCard:
         download = f"`hf download {repo_id} --local-dir {local}`, then " if repo_id else ""
         back = (f"To train it further with the normalized head, convert it back: {download}`{' '.join(command)}` "
                 f"({note}).")
-    data = ModelCardData(library_name="transformers", tags=["hf_tiednorm", "hf_tiednorm-export"])
+    data = _metadata(result, name if repo_id else "plain-export", Path(source) if source is not None else None)
     if result.max_abs_diff is not None:
         checked = (
             f"the logits are the normalized model's up to float rounding: the largest |logit difference| on random "
@@ -136,10 +162,12 @@ model = {auto}.from_pretrained("{name}")
     return ModelCard(text)
 
 
-def write_export_card(folder: str | Path, result, repo_id: str | None = None) -> Path:
-    """Write ``export_card(result, repo_id)`` to ``folder``/README.md and return its path."""
+def write_export_card(
+    folder: str | Path, result, repo_id: str | None = None, source: str | Path | None = None
+) -> Path:
+    """Write ``export_card(result, repo_id, source)`` to ``folder``/README.md and return its path."""
     path = Path(folder) / "README.md"
-    export_card(result, repo_id).save(path)
+    export_card(result, repo_id, source).save(path)
     return path
 
 

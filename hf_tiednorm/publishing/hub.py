@@ -44,7 +44,7 @@ from .model_card import (
     load_tiednorm_config,
     write_model_card,
 )
-from .provenance import base_model_provenance, hub_id
+from .provenance import base_model_provenance, hub_id, provenance_from_args, state_provenance
 from .staging_checks import (
     check_new_folder,
     check_no_token,
@@ -91,11 +91,15 @@ def prepare_upload_folder(
     dataset: str | None = None,
     languages: list[str] | None = None,
     training: dict[str, Any] | None = None,
+    license: str | None = None,
+    base_model_id: str | None = None,
 ) -> Path:
     """Write into ``output_dir`` (new or empty) every file that ``push_to_hub`` uploads, and return it.
 
     The model card is rendered from the given metrics/dataset/languages/training; when none of them is given and the
-    checkpoint already has a README.md (e.g. written by the training script), that card is kept as is.
+    checkpoint already has a README.md (e.g. written by the training script), that card is kept as is. ``license``
+    / ``base_model_id`` (CLI ``--license`` / ``--base-model``) state the card's license and base model over what the
+    checkpoint records (``model_card.render_model_card``).
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     check_repo_id(repo_id)
@@ -137,9 +141,11 @@ def prepare_upload_folder(
                 shutil.copy2(checkpoint / name, partial / name)
         card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
         if all(value is None for value in card_inputs.values()) and (checkpoint / "README.md").is_file():
-            card_for_repo(checkpoint / "README.md", repo_id).save(partial / "README.md")
+            card = card_for_repo(checkpoint / "README.md", repo_id)
+            state_provenance(card, license=license, base_model_id=base_model_id)
+            card.save(partial / "README.md")
         else:
-            write_model_card(partial, repo_id=repo_id, **card_inputs)
+            write_model_card(partial, repo_id=repo_id, license=license, base_model_id=base_model_id, **card_inputs)
         check_staged_files(partial)
     return output_dir
 
@@ -167,7 +173,7 @@ def prepare_plain_upload_folder(
     check_no_token(checkpoint)  # the same publishing guards as the hf_tiednorm upload (hub.py)
     with staged_folder(output_dir) as partial:  # the card and the checks too: all or nothing
         result = export_plain(checkpoint, partial, tokenizer=tokenizer, write_card=False)
-        write_export_card(partial, result, repo_id=repo_id)
+        write_export_card(partial, result, repo_id=repo_id, source=checkpoint)
         check_staged_files(partial)
     return output_dir
 
@@ -186,20 +192,33 @@ def push_to_hub(
     languages: list[str] | None = None,
     training: dict[str, Any] | None = None,
     plain: bool = False,
+    license: str | None = None,
+    base_model_id: str | None = None,
 ) -> CommitInfo | Path:
     """Upload model + tokenizer + remote code + model card + plots of ``checkpoint`` to the Hub repo ``repo_id``.
 
     Returns the ``CommitInfo`` of the upload, or, with ``dry_run_dir``, the folder that would have been uploaded.
     The endpoint is huggingface_hub's (``HF_ENDPOINT``); the token is ``token``, else ``HF_TOKEN`` or the one saved
     by ``hf auth login``. With ``plain``, the upload is the plain export of ``checkpoint`` (``export.py``: the
-    parent architecture, no remote code) with its own card.
+    parent architecture, no remote code) with its own card. ``license`` / ``base_model_id``: the card's license and
+    base model over what the checkpoint records (CLI ``--license`` / ``--base-model``).
     """
     # The path first: a typo in it is the likelier mistake, and the token error would hide it.
     if not Path(checkpoint).is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {checkpoint}")
     check_repo_id(repo_id)
     card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
-    prepare = prepare_plain_upload_folder if plain else prepare_upload_folder
+    stated = {"license": license, "base_model_id": base_model_id}
+
+    def prepare(source, folder, **options):
+        if not plain:
+            return prepare_upload_folder(source, folder, **options, **stated)
+        folder = prepare_plain_upload_folder(source, folder, **options)
+        card = ModelCard.load(Path(folder) / "README.md")
+        state_provenance(card, **stated)
+        card.save(Path(folder) / "README.md")
+        return folder
+
     if dry_run_dir is not None:
         return prepare(checkpoint, dry_run_dir, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
 
@@ -261,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         token=args.token,
         dry_run_dir=args.dry_run,
         plain=args.plain,
+        **provenance_from_args(args),
         **card_inputs_from_args(args),
     )
     print(f"wrote the upload folder {result}" if args.dry_run else f"uploaded: {result.commit_url}")

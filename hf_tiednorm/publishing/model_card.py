@@ -41,9 +41,16 @@ from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from ..families import FAMILIES as MODEL_FAMILIES
 from ..head_modes import get_head_mode
 from ..normalized_head import default_logit_scale
+from ..source_provenance import PROVENANCE
 from ..training.plots import EMBEDDING_NORM_PLOT
 from .card_metrics import eval_results, parse_metrics
-from .provenance import base_model_provenance
+from .provenance import (
+    add_provenance_arguments,
+    card_provenance,
+    check_base_model_id,
+    license_text,
+    provenance_from_args,
+)
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
 # model_type -> (the HF parent config, the architecture named on the card), from the family table (families.py)
@@ -111,7 +118,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines", "unk_token_id",
+        "custom_pipelines", "unk_token_id", PROVENANCE,
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
@@ -222,9 +229,11 @@ def render_model_card(
     dataset: str | None = None,
     languages: list[str] | None = None,
     training: dict[str, Any] | None = None,
+    eval_subsets: dict[str, tuple[int, int]] | None = None,
     repo_id: str | None = None,
     license: str | None = None,
     base_model: str | None = None,
+    base_model_id: str | None = None,
 ) -> ModelCard:
     """The model card of a saved checkpoint folder, without writing it (``write_model_card`` writes it).
 
@@ -236,20 +245,28 @@ def render_model_card(
         dataset: Hub id of the training and evaluation data set, e.g. ``"bentrevett/multi30k"``.
         languages: ISO codes of the languages, e.g. ``["de", "en"]``.
         training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
+        eval_subsets: splits scored on their first rows only, ``{split: (rows scored, rows in the file)}`` (the
+            scripts' ``--max_eval_samples``): the card says so, and the model-index names the split ``split[:N]``.
         repo_id: Hub repository the card describes (used in the loading snippet); defaults to the folder name.
-        license: license identifier of the weights; None: the base model's where its card or config states one
-            (``base_model_provenance``), none for a base model of unknown license, apache-2.0 for a model trained
-            from scratch.
+        license: license identifier of the weights; None: the base model's where it states one
+            (``base_model_provenance``), else the one the folder's config records (a conversion's ``provenance``,
+            source_provenance.py), else ``unknown``: never a default the source did not state.
         base_model: the model this one was fine-tuned from (a Hub id or a local folder, e.g. a converted model). The
-            card names its Hub id where known (``base_model_provenance``) and otherwise says "a local model": never
-            a path of this machine.
+            card names its Hub id where known (``base_model_provenance``, the folder's recorded ``provenance``) and
+            otherwise says "a local model": never a path of this machine. None: the folder's recorded provenance.
+        base_model_id: the Hub id the card names as the base model (CLI ``--base-model``), over the recorded one;
+            the card says the model is based on it.
     """
     folder = Path(folder)
     config = load_tiednorm_config(folder)
-    source_id, source_license = base_model_provenance(base_model)
-    if license is None:
-        license = source_license if base_model is not None else "apache-2.0"
+    check_base_model_id(base_model_id)
+    if base_model_id is not None:
+        config.provenance = {**(getattr(config, PROVENANCE, None) or {}), "base_model": base_model_id}
+    source_id, license, based_on = card_provenance(config, base_model, license)
     results, signature = parse_metrics(metrics or {})
+    subsets = {split: used for split, (used, total) in (eval_subsets or {}).items() if used < total}
+    results = [(f"{split}[:{subsets[split]}]" if split in subsets else split, name, value)
+               for split, name, value in results]
     if results and dataset is None:
         raise ValueError("metrics were given without `dataset`: the model-index needs the evaluation dataset's id")
     if repo_id is not None:
@@ -299,9 +316,13 @@ def render_model_card(
         regularizers=_regularizer_fields(config),
         dataset=dataset,
         base_model=(f"`{source_id}`" if source_id else "a local model") if base_model is not None else None,
+        based_on=based_on,
+        license_text=license_text(license),
         language=languages,
         training=training or {},
         results={f"{name} ({split})" if split else name: f"{value:g}" for split, name, value in results},
+        subsets=[f"the first {used:,} of {total:,} rows of the {split} split" for split, (used, total)
+                 in sorted((eval_subsets or {}).items()) if used < total],
         bleu_signature=signature,
         norm_plot=EMBEDDING_NORM_PLOT if (folder / EMBEDDING_NORM_PLOT).is_file() else None,
         citations=citations,
@@ -351,6 +372,7 @@ def add_card_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dataset", help="Hub id of the data set for the card, e.g. bentrevett/multi30k")
     parser.add_argument("--languages", nargs="+", help="ISO language codes for the card, e.g. de en")
+    add_provenance_arguments(parser)
 
 
 def card_inputs_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -375,14 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--repo-id", help="Hub repository id used in the card's loading snippet (default: the folder name)"
     )
-    parser.add_argument("--license", help="license id for the card (default: apache-2.0 for a model trained from "
-                        "scratch)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    path = write_model_card(args.folder, repo_id=args.repo_id, license=args.license, **card_inputs_from_args(args))
+    path = write_model_card(args.folder, repo_id=args.repo_id, **provenance_from_args(args),
+                            **card_inputs_from_args(args))
     print(f"wrote {path}")
 
 

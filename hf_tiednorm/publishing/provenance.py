@@ -3,24 +3,26 @@
 Fine-tuning or converting from a local folder wrote ``base_model: /abs/local/path`` into the card (an invalid Hub
 ``base_model`` and a leak of the machine's layout), and every card claimed ``apache-2.0`` whatever the source's
 license. ``base_model_provenance`` turns the source given to a run into what can be published: its Hub id where
-it is known (the source given as a repo id; a folder in the Hugging Face cache, ``models--owner--name/snapshots/``;
-a config whose ``_name_or_path`` is a repo id), else nothing ("a local model"), and the source's license from its
-own card (or config) where it states one. ``local_paths_in`` finds absolute paths of this machine in a text, for
-staging to refuse.
+it is known (the source given as a repo id; a conversion's recorded ``provenance``; a folder in the Hugging Face
+cache, ``models--owner--name/snapshots/``; a config whose ``_name_or_path`` is a repo id), else nothing ("a local
+model"), and the source's license from its provenance, card or config where one states it (never a default).
+``local_paths_in`` finds absolute paths of this machine in a text, for staging to refuse.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-_CACHE_FOLDER = re.compile(r"models--([\w.-]+?)--([\w.-]+)(?:/|$)")
+from ..source_provenance import PROVENANCE, check_base_model_id, folder_provenance
+
 # Candidate absolute paths in a text: two or more components.
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/[\w.@+-]+(?:/[\w.@+-]+)+")
 
@@ -40,32 +42,72 @@ def hub_id(name: str | os.PathLike | None) -> str | None:
 
 
 def base_model_provenance(source: str | os.PathLike | None) -> tuple[str | None, str | None]:
-    """(Hub id, license) of the model a run started from, each None where it is not known. A local folder's id comes
-    from its place in the Hugging Face cache or its config's ``_name_or_path``; its license from its README.md front
-    matter, else its config's ``license``."""
+    """(Hub id, license) of the model a run started from, each None where it is not known. A local folder's come
+    from the provenance its config records (a conversion's source: source_provenance.py), else its place in the
+    Hugging Face cache or its config's ``_name_or_path``, and its README.md front matter or its config's
+    ``license``."""
     if source is None:
         return None, None
-    folder = Path(source)
-    if not folder.is_dir():
+    if not Path(source).is_dir():
         return hub_id(source), None
-    repo_id = None
-    match = _CACHE_FOLDER.search(folder.resolve().as_posix())
-    if match:
-        repo_id = hub_id(f"{match.group(1)}/{match.group(2)}")
-    config = {}
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        pass
-    repo_id = repo_id or hub_id(config.get("_name_or_path")) or hub_id(config.get("_model_name_or_path"))
-    license_id = None
-    if (folder / "README.md").is_file():
-        try:
-            license_id = ModelCard.load(folder / "README.md").data.license
-        except Exception:  # noqa: BLE001  (an unreadable card states no license)
-            license_id = None
-    license_id = license_id or config.get("license")
-    return repo_id, license_id if isinstance(license_id, str) else None
+    found = folder_provenance(source)
+    return hub_id(found["base_model"]), found["license"] if isinstance(found["license"], str) else None
+
+
+# The Hub's license id for "not stated"; the card's body says how to state it.
+UNKNOWN_LICENSE = "unknown"
+UNKNOWN_LICENSE_TEXT = ("unknown: the source states none (pass `--license` to tiednorm-convert, tiednorm-card or "
+                        "tiednorm-push to state it)")
+
+
+def license_text(license: str) -> str:
+    """The card body's statement of ``license``."""
+    return f"`{license}`" if license != UNKNOWN_LICENSE else UNKNOWN_LICENSE_TEXT
+
+
+def card_provenance(config, base_model: str | None, license: str | None) -> tuple[str | None, str, str | None]:
+    """(Hub id of the base model, license, what the card says the model is based on when it was not fine-tuned in
+    this run): from ``base_model`` (a run's start), else the folder's recorded provenance; the license ``unknown``
+    where nobody stated one."""
+    recorded = getattr(config, PROVENANCE, None) or {}
+    source_id, source_license = base_model_provenance(base_model)
+    source_id = source_id or recorded.get("base_model")
+    license = license or source_license or recorded.get("license") or UNKNOWN_LICENSE
+    based_on = None
+    if base_model is None and (source_id or recorded.get("name")):
+        based_on = f"`{source_id}`" if source_id else f"{recorded['name']} (no Hub id recorded)"
+    return source_id, license, based_on
+
+
+def state_provenance(card: ModelCard, *, license: str | None = None, base_model_id: str | None = None) -> None:
+    """Set a rendered card's license / base model (CLI ``--license`` / ``--base-model``) in its front matter and in
+    the body line that states the license, in place; None keeps what the card says."""
+    check_base_model_id(base_model_id)
+    if license is not None:
+        card.text = re.sub(r"^License: .*$", f"License: `{license}`.", card.text, count=1, flags=re.MULTILINE)
+        card.data.license = license
+    if base_model_id is not None:
+        card.data.base_model = base_model_id
+
+
+def add_provenance_arguments(parser: argparse.ArgumentParser) -> None:
+    """--license / --base-model: what the card states about the model's source, over what the folder records."""
+    parser.add_argument(
+        "--license",
+        help="license id for the card (default: the one the checkpoint's config records from its source, e.g. by "
+        "tiednorm-convert; else unknown, never a default)",
+    )
+    parser.add_argument(
+        "--base-model",
+        help="Hub id (owner/name) of the model this one is based on, for the card (default: the one the checkpoint's "
+        "config records; else none)",
+    )
+
+
+def provenance_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The --license / --base-model of ``add_provenance_arguments``, checked (a base model must be a Hub id)."""
+    check_base_model_id(args.base_model)
+    return {"license": args.license, "base_model_id": args.base_model}
 
 
 def local_paths_in(text: str) -> list[str]:
@@ -78,4 +120,7 @@ def local_paths_in(text: str) -> list[str]:
     return sorted(set(found))
 
 
-__all__ = ["base_model_provenance", "hub_id", "local_paths_in"]
+__all__ = [
+    "UNKNOWN_LICENSE", "add_provenance_arguments", "base_model_provenance", "card_provenance", "hub_id",
+    "license_text", "local_paths_in", "provenance_from_args", "state_provenance",
+]  # fmt: skip

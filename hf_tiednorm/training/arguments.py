@@ -264,6 +264,11 @@ class DataArgumentsBase:
     )
 
     def __post_init__(self):
+        # The help says "None: no evaluation / no test": the word None (or an empty value) on the command line or in
+        # a config file means no file, not a file named "None".
+        for name in ("validation_file", "test_file"):
+            if str(getattr(self, name, None)).strip().lower() in ("none", ""):
+                setattr(self, name, None)
         default = self.default_data_dir is not None and Path(self.train_file).parent == self.default_data_dir
         multi30k = default or is_multi30k(self.train_file)
         if self.dataset_name is None:

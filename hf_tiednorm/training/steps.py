@@ -237,11 +237,13 @@ def split_files(train_file: str, validation_file: str | None, test_file: str | N
     return files
 
 
-def select_first(raw: dict, limits: dict[str, int | None]) -> None:
-    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place); None keeps them all."""
-    for split, limit in limits.items():
-        if split in raw and limit is not None:
-            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+def select_first(raw: dict, limits: dict[str, int | None]) -> dict[str, tuple[int, int]]:
+    """Keep only the first ``limits[split]`` rows of each split of ``raw`` (in place; None: all); returns ``{split:
+    (rows kept, rows in the file)}`` of the splits cut, for the model card (which says a score is a subset's)."""
+    cut = {s: (n, len(raw[s])) for s, n in limits.items() if s in raw and n is not None and n < len(raw[s])}
+    for split, (limit, _) in cut.items():
+        raw[split] = raw[split].select(range(limit))
+    return cut
 
 
 def load_or_train_tokenizer(
