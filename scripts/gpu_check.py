@@ -57,13 +57,17 @@ TINY_MAIN_FLAGS = [
 
 @dataclass
 class Step:
-    name: str
-    command: list[str]
-    limit_s: int  # its own time limit (the time left may cut it shorter)
-    what: str
-    output: Path | None = None  # a run folder or JSON file the step writes
-    optional_script: str | None = None  # a script that may be absent (another issue's): the step is skipped then
-    results: dict = field(default_factory=dict)
+    """One step of the check (not a flag: the fields carry help as every dataclass of scripts/ does)."""
+
+    name: str = field(metadata={"help": "the step's name (--only takes it)"})
+    command: list[str] = field(metadata={"help": "the command line it runs"})
+    limit_s: int = field(metadata={"help": "its own time limit in seconds (the time left may cut it shorter)"})
+    what: str = field(metadata={"help": "what it checks, for the report"})
+    output: Path | None = field(default=None, metadata={"help": "a run folder or JSON file the step writes"})
+    optional_script: str | None = field(
+        default=None, metadata={"help": "a script that may be absent (another issue's): the step is skipped then"}
+    )
+    results: dict = field(default_factory=dict, metadata={"help": "what the step measured, for the report"})
 
 
 def plan(args: argparse.Namespace) -> list[Step]:

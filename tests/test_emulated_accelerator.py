@@ -167,13 +167,15 @@ def test_weight_norm_init_of_a_model_on_the_device(family):
         model(**{k: v.to(DEVICE) for k, v in training_batch(model).items()})
 
 
-@pytest.mark.parametrize("source, head_mode, lossless", [("marian", "cosine", False), ("llama", "distance", True),
-                                                         ("bart", "square", True)])
-def test_conversion_of_a_model_on_the_device(source, head_mode, lossless):
+# Both routes: the wrapper (generic=True keeps Marian's / BART's random non-zero final_logits_bias) and the own family.
+@pytest.mark.parametrize("source, head_mode, lossless, generic", [("marian", "cosine", False, True),
+                                                                  ("llama", "distance", True, False),
+                                                                  ("bart", "square", True, True)])
+def test_conversion_of_a_model_on_the_device(source, head_mode, lossless, generic):
     model = source_model(source)
     with EmulatedAccelerator() as accelerator:
         accelerator.put(model)
-        converted = normalize_tied_head(model, head_mode, lossless_start=lossless)
+        converted = normalize_tied_head(model, head_mode, lossless_start=lossless, generic=generic)
         accelerator.put(converted)  # new parameters (logit scale, bias) are created where the source lives
         batch = {k: v.to(DEVICE) for k, v in inputs_for(converted).items()}
         converted(**batch, labels=batch.get("decoder_input_ids", batch["input_ids"])).loss.backward()
@@ -184,7 +186,7 @@ def test_in_memory_export_plain_of_a_model_on_the_device(family):
     """export_plain built the parent on the host and fed it the source's device inputs, and wrote its zero bias on
     the host (issue 38)."""
     if family == "wrapped":
-        model = normalize_tied_head(source_model("llama"), "cosine")
+        model = normalize_tied_head(source_model("llama"), "cosine", generic=True)
     elif tiny_model(family).config.is_encoder_decoder:  # Marian / BART: a bias slot after the output layer
         model = tiny_model(family, head_mode="distance", logit_bias=True)
     else:
