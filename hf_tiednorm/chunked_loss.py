@@ -32,12 +32,12 @@ import torch
 
 from .token_loss import out_of_vocabulary_labels, token_count
 
-# Default tokens per chunk: a (chunk × V) fp32 block of about 2**24 elements (64 MiB), at least 16 tokens.
-_CHUNK_ELEMENTS = 1 << 24
+# Default tokens per chunk: a (chunk × V) fp32 block of about 2**23 elements (32 MiB), at least 16 tokens.
+_CHUNK_ELEMENTS = 1 << 23
 
 
 def default_chunk_size(vocab_size: int) -> int:
-    """Tokens per chunk when none is configured: a (chunk × V) fp32 logits block of about 64 MiB."""
+    """Tokens per chunk when none is configured: a (chunk × V) fp32 logits block of about 32 MiB."""
     return max(16, _CHUNK_ELEMENTS // max(1, vocab_size))
 
 

@@ -70,13 +70,13 @@ def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothin
 def choose_loss_path(
     requested: str,
     head: torch.nn.Module,
-    hidden: torch.Tensor,
+    tokens: int,
     label_smoothing: float = 0.0,
     chunk_size: int | None = None,
 ) -> str:
-    """``"liger"``, ``"torch"``, ``"chunked"`` or ``"plain"``: what computes the loss of ``head`` on ``hidden``
-    (..., d) for ``config.loss_implementation = requested``. A head without a single weight matrix (the adaptive
-    softmax) has the plain path only."""
+    """``"liger"``, ``"torch"``, ``"chunked"`` or ``"plain"``: what computes the loss of ``head`` over ``tokens``
+    scored tokens (hidden states on the head's device) for ``config.loss_implementation = requested``. A head
+    without a single weight matrix (the adaptive softmax) has the plain path only."""
     if requested not in LOSS_IMPLEMENTATIONS:
         raise ValueError(f"loss_implementation must be one of {LOSS_IMPLEMENTATIONS}, got {requested!r}")
     if requested == "plain" or not hasattr(head, "column_terms") or getattr(head, "cutoffs", None) is not None:
@@ -84,14 +84,12 @@ def choose_loss_path(
     if requested == "chunked" or (requested == "auto" and chunk_size is not None):
         return "chunked"
     weight = head.weight
-    if requested == "auto":
-        tokens = hidden.numel() // hidden.shape[-1]
-        if tokens * weight.shape[0] < AUTO_MIN_LOGITS or tokens <= weight.shape[1]:
-            return "plain"
-    device_type = hidden.device.type
-    autocast = torch.is_autocast_enabled(device_type)
-    matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
-    return fused_kernel(hidden.device, matmul_dtype, label_smoothing)
+    if requested == "auto" and (tokens * weight.shape[0] < AUTO_MIN_LOGITS or tokens <= weight.shape[1]):
+        return "plain"
+    device = weight.device
+    autocast = torch.is_autocast_enabled(device.type)
+    matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
+    return fused_kernel(device, matmul_dtype, label_smoothing)
 
 
 def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
@@ -166,6 +164,36 @@ __all__ = [
     "fused_kernel",
     "head_linear_cross_entropy",
     "liger_installed",
+    "liger_refusal",
     "refuse_fused_loss_scored_outside",
     "torch_linear_cross_entropy_available",
 ]
+
+
+def liger_refusal(model) -> str | None:
+    """Why ``TrainingArguments(use_liger_kernel=True)`` cannot be served by hf_tiednorm's fused path (liger-kernel's
+    fused linear cross-entropy on the normalized head) for ``model``; None when it can. transformers' own Liger
+    patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
+    config = model.config
+    head = model.get_output_embeddings()
+    if not liger_installed():
+        return "liger-kernel is not installed (pip install 'hf_tiednorm[gpu]', or pip install liger-kernel)"
+    if not torch.cuda.is_available():
+        return (
+            "liger-kernel's kernels need CUDA and no CUDA device is available; on this device hf_tiednorm's own fused "
+            "loss serves the head (loss_implementation='fused': the chunked loop)"
+        )
+    if not hasattr(head, "column_terms") or getattr(head, "cutoffs", None) is not None:
+        return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("plain", "chunked"):
+        return f"config.loss_implementation={implementation!r} asks for another loss path; set 'auto' or 'fused'"
+    if config.model_type == "tiednorm_wrapped":
+        from .wrapped_fused_loss import FUSED_CAUSAL_BODIES
+
+        if config.is_encoder_decoder or config.text_config.model_type not in FUSED_CAUSAL_BODIES:
+            return (
+                f"the wrapped {config.text_config.model_type!r} model has no fused loss in hf_tiednorm (it serves "
+                f"the causal LMs {sorted(FUSED_CAUSAL_BODIES)})"
+            )
+    return None

@@ -43,7 +43,8 @@ def head_cross_entropy(
     """
     if implementation is None:
         implementation = "plain" if chunk_size is None else "chunked"
-    path = choose_loss_path(implementation, head, hidden_states, label_smoothing, chunk_size)
+    tokens = hidden_states.numel() // hidden_states.shape[-1]
+    path = choose_loss_path(implementation, head, tokens, label_smoothing, chunk_size)
     if path != "plain":
         hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
         labels = targets.reshape(-1).to(hidden.device)  # (N,)
