@@ -44,7 +44,9 @@ def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> tor
     norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
     padding row's gradient dominate the whole model's.
     """
-    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
+    # Accumulated in fp32 without an fp32 copy of a bf16/fp16 W for the backward to keep; an fp64 W is narrowed.
+    narrower = weight.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    norms = torch.linalg.vector_norm(weight if narrower else weight.float(), dim=-1, dtype=torch.float32)
     inverse = norms.clamp_min(eps).pow(-power)
     return torch.where(norms > eps, inverse, torch.zeros_like(inverse))
 
