@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from .chunked_loss import check_labels_in_vocabulary, chunked_linear_cross_entropy
 from .folded_weight import fold_scale
+from .normalized_head import TiedNormHead
 
 LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 # "auto" takes a fused path from this many logits on (tokens × V: 16M, 64 MiB of fp32 logits).
@@ -79,7 +80,7 @@ def choose_loss_path(
     without a single weight matrix (the adaptive softmax) has the plain path only."""
     if requested not in LOSS_IMPLEMENTATIONS:
         raise ValueError(f"loss_implementation must be one of {LOSS_IMPLEMENTATIONS}, got {requested!r}")
-    if requested == "plain" or not hasattr(head, "column_terms") or getattr(head, "cutoffs", None) is not None:
+    if requested == "plain" or not isinstance(head, TiedNormHead):
         return "plain"
     if requested == "chunked" or (requested == "auto" and chunk_size is not None):
         return "chunked"
@@ -183,7 +184,7 @@ def liger_refusal(model) -> str | None:
             "liger-kernel's kernels need CUDA and no CUDA device is available; on this device hf_tiednorm's own fused "
             "loss serves the head (loss_implementation='fused': the chunked loop)"
         )
-    if not hasattr(head, "column_terms") or getattr(head, "cutoffs", None) is not None:
+    if not isinstance(head, TiedNormHead):
         return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
     implementation = getattr(config, "loss_implementation", "auto")
     if implementation in ("plain", "chunked"):

@@ -19,7 +19,8 @@ def token_cross_entropy(
     A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
     not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
     """
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, logits.shape[-1])  # (tokens, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
     labels = labels.reshape(-1).to(logits.device)  # (tokens,)
     try:
         total = F.cross_entropy(

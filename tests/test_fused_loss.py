@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from testing_utils import (
     FAMILIES,
     HEAD_VARIANTS,
@@ -161,7 +160,7 @@ def test_the_chunked_loop_reads_nothing_on_the_host_but_the_cpu_label_check():
     head = variant_head("cosine", "vector", True)
     hidden, labels = _hidden(), _labels()
     with _Syncs() as syncs:
-        head_loss_and_grads(head, hidden, labels, lambda hd, h, y: head_linear_cross_entropy(hd, h, y, "chunked", 0.1, 4))
+        head_loss_and_grads(head, hidden, labels, _fused("chunked", 0.1, 4))
     # Old code: nonzero() to drop ignored tokens and an .any() in an if, whatever the device. Now one read: the
     # CPU's by-name label check (off the CPU it is torch._assert_async).
     assert syncs.ops == [torch.ops.aten._local_scalar_dense.default]
@@ -244,7 +243,7 @@ def test_the_adaptive_softmax_refuses_a_named_fused_loss():
         tiny_model("causal", adaptive_cutoffs=[20], loss_implementation="fused")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (GPU numbers: docs/benchmarks.md, to be measured)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (docs/benchmarks.md: to be measured)")
 @pytest.mark.parametrize(("head_mode", "logit_scale", "logit_bias"), HEAD_VARIANTS)
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_the_fused_path_on_cuda_equals_the_plain_path(head_mode, logit_scale, logit_bias, smoothing):

@@ -224,4 +224,6 @@ def assert_same_loss_and_grads(got: dict, expected: dict, rtol: float = 1e-9, at
     """Every entry of ``expected`` (``head_loss_and_grads``) equals ``got``'s to the tolerances, naming the tensor."""
     assert got.keys() == expected.keys()
     for name, value in expected.items():
-        torch.testing.assert_close(got[name].to(value.dtype), value, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got[name].to(value.dtype), value, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}"
+        )
