@@ -94,7 +94,10 @@ def choose_loss_path(
 
 
 def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
-    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError as error:
+        raise ImportError("the liger path needs liger-kernel: pip install 'hf_tiednorm[gpu]'") from error
 
     options = {"ignore_index": ignore_index, "label_smoothing": label_smoothing, "reduction": "sum"}
     if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:

@@ -80,3 +80,8 @@ def test_verify_fsdp_tie_skips_zero3_without_deepspeed_and_says_so():
     assert completed.returncode == 0, output
     assert 'SKIP  zero3: deepspeed is not installed (pip install -e ".[deepspeed]")' in output
     assert "FAIL" not in output and "skipped: zero3" in output
+
+
+def test_the_gpu_extra_brings_liger_kernel_for_the_fused_loss():
+    """The fused loss's CUDA kernel (hf_tiednorm/fused_loss.py) and use_liger_kernel come from the gpu extra."""
+    assert requirement_names(extras()["gpu"]) == {"liger-kernel"}
