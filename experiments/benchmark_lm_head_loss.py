@@ -36,8 +36,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from transformers import HfArgumentParser
-
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
@@ -154,12 +152,14 @@ def _summary(values: list[float]) -> dict:
 
 
 def main() -> None:
-    (args,) = HfArgumentParser(Args).parse_args_into_dataclasses()
-    if args.device == "cpu" and os.environ.get(_MMAP_ENV) != "131072":
-        # glibc must mmap (and unmap on free) every large block for the resident set to follow the live tensors;
-        # the variable is read at process start only.
+    if os.environ.get(_MMAP_ENV) != "131072" and "cuda" not in sys.argv:
+        # On the CPU glibc must mmap (and unmap on free) every large block for the resident set to follow the live
+        # tensors; the variable is read at process start only, so re-execute before any heavy import.
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, _MMAP_ENV: "131072"})
     import torch
+    from transformers import HfArgumentParser
+
+    (args,) = HfArgumentParser(Args).parse_args_into_dataclasses()
 
     if args.threads:
         torch.set_num_threads(args.threads)

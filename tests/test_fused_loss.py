@@ -254,3 +254,27 @@ def test_the_fused_path_on_cuda_equals_the_plain_path(head_mode, logit_scale, lo
     expected = head_loss_and_grads(head, hidden, labels, _plain(smoothing))
     got = head_loss_and_grads(head, hidden, labels, _fused(path, smoothing))
     assert_same_loss_and_grads(got, expected, rtol=1e-4, atol=1e-5)
+
+
+# slow: a subprocess importing torch and transformers (≈ 10 s idle, over a minute on the busy 2-core CPU)
+@pytest.mark.slow
+def test_the_lm_head_loss_benchmark_runs_and_reports_the_ratios(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from testing_utils import REPO_ROOT
+
+    output = tmp_path / "bench.json"
+    subprocess.run(
+        [sys.executable, "experiments/benchmark_lm_head_loss.py", "--vocab", "300", "--dim", "16", "--tokens", "64",
+         "--head_modes", "cosine", "--paths", "plain,fused,chunked", "--reps", "1", "--output", str(output)],
+        cwd=REPO_ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"},
+    )  # fmt: skip
+    report = json.loads(output.read_text())
+    table = report["results"]["float32:N=64"]
+    assert set(table) == {"plain", "cosine:plain", "cosine:fused", "cosine:chunked"}
+    assert table["cosine:fused"]["kernel"] == "chunked"  # the CPU's fused path
+    assert table["plain"]["time_ratio"]["median"] == 1.0 and table["cosine:fused"]["memory_ratio"]["median"] > 0
+    assert abs(table["cosine:fused"]["loss"] - table["cosine:plain"]["loss"]) < 1e-4
