@@ -270,7 +270,8 @@ def test_the_lm_head_loss_benchmark_runs_and_reports_the_ratios(tmp_path):
     subprocess.run(
         [sys.executable, "experiments/benchmark_lm_head_loss.py", "--vocab", "300", "--dim", "16", "--tokens", "64",
          "--head_modes", "cosine", "--paths", "plain,fused,chunked", "--reps", "1", "--output", str(output)],
-        cwd=REPO_ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"},
+        cwd=REPO_ROOT, check=True, capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"},
     )  # fmt: skip
     report = json.loads(output.read_text())
     table = report["results"]["float32:N=64"]
