@@ -63,6 +63,22 @@ def _status_kib(name: str) -> int:
     raise KeyError(name)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo) and whether it has native bf16 (avx512_bf16 / amx_bf16)."""
+    name, flags = platform.processor() or "cpu", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("cpu", "x86_64", ""):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    return f"{name} ({', '.join(native) if native else 'no native bf16'})"
+
+
 class PeakMemory:
     """Peak bytes one call adds above what was live before it (CUDA: allocator; CPU: resident set)."""
 
@@ -89,7 +105,8 @@ class PeakMemory:
 
 
 def contenders(args: Args, dtype, tokens: int):
-    """{name: step()} for one dtype and token count; each step runs loss + backward and returns the loss."""
+    """{name: step()} for one dtype and token count (each step runs loss + backward and returns the loss), the kernel
+    of each fused contender, and every tensor that gets a gradient."""
     import torch
     import torch.nn.functional as F
 
@@ -103,7 +120,7 @@ def contenders(args: Args, dtype, tokens: int):
     hidden = torch.randn(tokens, args.dim, device=device).to(dtype).requires_grad_(True)
     labels = torch.randint(0, args.vocab, (tokens,), device=device)
     labels[::17] = -100  # some padding, as in a real batch
-    steps, kernels = {}, {}
+    steps, kernels, params = {}, {}, [weight, hidden]
 
     def reset(*params):
         for p in params:
@@ -123,6 +140,7 @@ def contenders(args: Args, dtype, tokens: int):
             logit_scale=args.logit_scale if normalized else "none", logit_bias=args.logit_bias and normalized,
         )  # fmt: skip
         head.weight = weight  # tied: the same matrix for every contender
+        params += [p for p in head.parameters() if p is not weight]
 
         for path in args.paths.split(","):
             if path == "plain":
@@ -144,7 +162,7 @@ def contenders(args: Args, dtype, tokens: int):
 
                 kernels[f"{mode}:{path}"] = kernel
             steps[f"{mode}:{path}"] = step
-    return steps, kernels
+    return steps, kernels, params
 
 
 def _summary(values: list[float]) -> dict:
@@ -167,7 +185,7 @@ def main() -> None:
     peak = PeakMemory(device)
     report = {
         "args": asdict(args),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
         "method": "one process, round-robin over the contenders in every repetition; peak = bytes one loss + "
@@ -178,12 +196,14 @@ def main() -> None:
     for dtype_name in args.dtype.split(","):
         dtype = getattr(torch, dtype_name)
         for tokens in (int(t) for t in args.tokens.split(",")):
-            steps, kernels = contenders(args, dtype, tokens)
+            steps, kernels, params = contenders(args, dtype, tokens)
             for step in steps.values():
                 step()  # warm-up: gradients allocated once, as in training
             runs = {name: [] for name in steps}
             for rep in range(args.reps):
                 for name, step in steps.items():
+                    for param in params:  # the previous contender's gradients freed before the measurement
+                        param.grad = None
                     peak.start()
                     t0 = time.perf_counter()
                     loss = step()
