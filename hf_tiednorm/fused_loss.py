@@ -42,8 +42,10 @@ from .folded_weight import fold_scale
 from .normalized_head import TiedNormHead
 
 LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
-# "auto" takes a fused path from this many logits on (tokens × V: 16M, 64 MiB of fp32 logits).
-AUTO_MIN_LOGITS = 1 << 24
+# "auto" takes a fused path from this many logits on (tokens × V: 64M, 256 MiB of fp32 logits, about 0.75 GiB with
+# their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
+# model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
+AUTO_MIN_LOGITS = 1 << 26
 
 
 def liger_installed() -> bool:

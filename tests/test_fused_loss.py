@@ -117,6 +117,10 @@ def test_auto_picks_the_plain_path_for_small_logits_and_a_fused_one_for_large():
     assert choose_loss_path("plain", head, 10**9) == "plain"
     with pytest.raises(ValueError, match="loss_implementation must be one of"):
         choose_loss_path("liger", head, 16)
+    multi30k = variant_head("cosine", "none", False, vocab=8000, dim=256, dtype=torch.float32)
+    assert choose_loss_path("auto", multi30k, 64 * 40) == "plain"  # its longest batches keep one path
+    llm = variant_head("cosine", "none", False, vocab=49152, dim=8, dtype=torch.float32)  # SmolLM2's vocabulary
+    assert choose_loss_path("auto", llm, 2048) == "chunked"
 
 
 def test_the_chunked_loop_runs_its_matmuls_in_bf16_and_accumulates_in_fp32():

@@ -70,7 +70,7 @@ def test_converted_smollm2_fine_tunes_with_the_fused_loss_chosen_automatically(t
     model = convert_checkpoint(gguf, tmp_path / "cosine", head_mode="cosine", lossless_start=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device, torch.bfloat16).train()
-    ids = torch.randint(4, model.config.vocab_size, (4, 256), generator=torch.Generator().manual_seed(0)).to(device)
+    ids = torch.randint(4, model.config.vocab_size, (8, 256), generator=torch.Generator().manual_seed(0)).to(device)
     # bf16 on CUDA without liger-kernel: the chunked loop too (torch's op keeps a bf16 loss).
     expected_kernel = "liger" if device == "cuda" and importlib.util.find_spec("liger_kernel") else "chunked"
     assert choose_loss_path(model.config.loss_implementation, model.lm_head, ids.numel()) == expected_kernel
