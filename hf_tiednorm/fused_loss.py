@@ -163,6 +163,42 @@ def refuse_fused_loss_scored_outside(config) -> None:
         )
 
 
+_LIGER_REGISTRATION = {"done": False}
+
+
+def serve_liger_request(model=None, **_kernel_options) -> None:
+    """What ``TrainingArguments(use_liger_kernel=True)`` does to an hf_tiednorm model through liger-kernel's own
+    dispatch (``_apply_liger_kernel_to_instance`` looks the model type up in its table): train with liger-kernel's
+    fused linear cross-entropy on the normalized head (``auto`` becomes ``fused``), or raise ``ValueError`` naming
+    why it cannot. Liger's per-module kernels (RMSNorm, RoPE, SwiGLU) are not applied."""
+    reason = liger_refusal(model)
+    if reason is not None:
+        raise ValueError(f"use_liger_kernel=True cannot run liger-kernel on this {type(model).__name__}: {reason}")
+    if model.config.loss_implementation == "auto":
+        model.config.loss_implementation = "fused"
+
+
+def register_with_liger(table: dict | None = None) -> bool:
+    """Enter hf_tiednorm's model types in liger-kernel's model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or
+    ``table``), so that ``use_liger_kernel=True`` with a plain ``transformers.Trainer`` reaches
+    ``serve_liger_request`` instead of an INFO line that changes nothing. Where liger-kernel is not installed or
+    there is no CUDA (it cannot run), nothing is registered: the Trainer's own check then fails, or the Trainers of
+    hf_tiednorm refuse by name. Returns whether the types are registered."""
+    if table is None:
+        if _LIGER_REGISTRATION["done"]:
+            return True
+        if not (torch.cuda.is_available() and liger_installed()):
+            return False
+        try:  # an optional extra: in a try block so that remote code does not require it
+            from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
+        except ImportError:
+            return False
+        _LIGER_REGISTRATION["done"] = True
+    for model_type in ("tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "tiednorm_wrapped"):
+        table.setdefault(model_type, serve_liger_request)
+    return True
+
+
 __all__ = [
     "AUTO_MIN_LOGITS",
     "LOSS_IMPLEMENTATIONS",
@@ -172,6 +208,8 @@ __all__ = [
     "liger_installed",
     "liger_refusal",
     "refuse_fused_loss_scored_outside",
+    "register_with_liger",
+    "serve_liger_request",
     "torch_linear_cross_entropy_available",
 ]
 

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from .adaptive import AdaptiveSoftmaxHead, embedding_matrices
+from .fused_loss import register_with_liger
 from .lossless_start import start_resized_tokens
 from .normalized_head import TiedNormHead
 from .peft_guard import check_head_once
@@ -45,6 +46,10 @@ def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
 class TiedNormHeadHostMixin:
     """Put before the ``PreTrainedModel`` class in the bases of a model whose ``get_output_embeddings()`` is a
     ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``)."""
+
+    def post_init(self) -> None:
+        register_with_liger()  # use_liger_kernel with a plain Trainer reaches the fused loss (fused_loss.py)
+        super().post_init()
 
     def _place_output_head(self, head: nn.Module) -> None:
         """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""

@@ -114,3 +114,19 @@ def test_use_liger_kernel_names_why_it_cannot_run_or_takes_the_fused_path(tmp_pa
         liger.check_use_liger_kernel(_wrapped("gemma2", "auto"), args)
     args.use_liger_kernel = False
     liger.check_use_liger_kernel(plain, args)  # not set: nothing to check
+
+
+def test_liger_kernels_own_dispatch_reaches_the_fused_loss_with_a_plain_trainer(monkeypatch):
+    # transformers' Trainer(use_liger_kernel=True) calls liger's _apply_liger_kernel_to_instance, which looks the
+    # model type up in MODEL_TYPE_TO_APPLY_LIGER_FN; hf_tiednorm enters its types there (a stand-in table here).
+    table = {"llama": object()}
+    assert fused_loss.register_with_liger(table)
+    assert {"tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "tiednorm_wrapped"} <= set(table)
+    model = tiny_model("causal")
+    monkeypatch.setattr(fused_loss, "liger_installed", lambda: True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cannot run liger-kernel on this TiedNormForCausalLM: .*need CUDA"):
+            table[model.config.model_type](model=model)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    table[model.config.model_type](model=model, swiglu=True)
+    assert model.config.loss_implementation == "fused"
