@@ -181,7 +181,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
             refuse_patched_forward(self, self.model)  # a patched forward would bypass the head (liger's patches)
         elif self.training and num_items_in_batch is not None:
             refuse_fused_loss_scored_outside(self.config)  # the Trainer scores the logits: no fused loss
-        if labels is not None and not self.config.is_encoder_decoder:
+        if labels is not None:  # a causal LM's fused loss (an encoder-decoder refuses a named one)
             fused = fused_causal_lm_loss(
                 self, self.model, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs
             )

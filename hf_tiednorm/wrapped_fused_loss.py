@@ -84,10 +84,11 @@ def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_ite
     if model_type not in FUSED_CAUSAL_BODIES:
         if implementation == "auto":
             return None
+        kind = "encoder-decoder" if body.config.is_encoder_decoder else "causal LM"
         raise ValueError(
-            f"loss_implementation={implementation!r}: the wrapped {model_type!r} model's forward does more around "
-            f"its head than lm_head + cross-entropy, or is not checked for it; the fused loss serves "
-            f"{sorted(FUSED_CAUSAL_BODIES)}. Set loss_implementation='auto' or 'plain'"
+            f"loss_implementation={implementation!r}: the wrapped {model_type!r} {kind}'s forward does more around "
+            "its head than lm_head + cross-entropy, or is not checked for it; the wrapper's fused loss serves the "
+            f"causal LMs {sorted(FUSED_CAUSAL_BODIES)}. Set loss_implementation='auto' or 'plain'"
         )
     shift_labels = kwargs.pop("shift_labels", None)
     targets = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]

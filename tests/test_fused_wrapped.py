@@ -54,6 +54,11 @@ def test_an_architecture_with_more_around_its_head_keeps_its_forward_or_refuses_
     assert _wrapped("gemma2", "auto")(**inputs).logits is not None
     with pytest.raises(ValueError, match="'gemma2'.*loss_implementation='auto' or 'plain'"):
         _wrapped("gemma2", "fused")(**inputs)
+    inputs = inputs_for(source_model("bart"))  # an encoder-decoder: the wrapped model's own loss only
+    inputs["labels"] = inputs.pop("decoder_input_ids")
+    assert _wrapped("bart", "auto")(**inputs).logits is not None
+    with pytest.raises(ValueError, match="'bart' encoder-decoder's forward"):
+        _wrapped("bart", "chunked")(**inputs)
 
 
 def _liger_like_forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
