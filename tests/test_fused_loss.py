@@ -72,7 +72,7 @@ def test_the_fold_saves_w_and_the_scale_and_rounds_once_in_bf16():
     assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.bfloat16, (40, 16)), (torch.float32, (40,))]
 
 
-@pytest.mark.parametrize("head_mode", ["cosine", "square", "l2"])
+@pytest.mark.parametrize("head_mode", ["cosine", "square", "l2", "distance"])
 def test_the_plain_path_of_a_bf16_normalized_head_keeps_no_fp32_copy_of_w(head_mode):
     # The fold used to be (W.float() * scale).to(bf16): autograd saved the (V, d) fp32 copy for the backward.
     head = variant_head(head_mode, "vector", True, vocab=64, dim=8, dtype=torch.bfloat16)
