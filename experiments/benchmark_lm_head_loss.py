@@ -19,7 +19,7 @@ live tensors.
 
     # GPU (to be measured): the sizes
     python experiments/benchmark_lm_head_loss.py --device cuda --dtype bfloat16 --vocab 128256 --dim 2048 \\
-        --tokens 8192,32768 --output results/benchmark_lm_head_loss_cuda.json
+        --tokens 8192,32768    # -> results/benchmark_lm_head_loss_cuda.json
     # CPU, a size CI can afford (docs/benchmarks.md)
     python experiments/benchmark_lm_head_loss.py --device cpu --dtype float32,bfloat16 --vocab 32000 --dim 512 \\
         --tokens 8192 --output results/benchmark_lm_head_loss_cpu.json
@@ -52,7 +52,9 @@ class Args:
     paths: str = field(default="plain,fused", metadata={"help": "our paths: plain, fused, chunked, torch"})
     reps: int = field(default=3, metadata={"help": "round-robin repetitions"})
     threads: int = field(default=0, metadata={"help": "torch threads; 0 = torch's default"})
-    output: str = field(default="results/benchmark_lm_head_loss_cpu.json", metadata={"help": "JSON written here"})
+    output: str = field(
+        default="", metadata={"help": "JSON written here; default results/benchmark_lm_head_loss_<device>.json"}
+    )
 
 
 def _status_kib(name: str) -> int:
@@ -229,9 +231,10 @@ def main() -> None:
                       f"[{r['time_ratio']['min']:.3f}-{r['time_ratio']['max']:.3f}]  memory "
                       f"x{r['memory_ratio']['median']:.3f}", flush=True)  # fmt: skip
             report["results"][f"{dtype_name}:N={tokens}"] = table
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.output}")
+    output = Path(args.output or f"results/benchmark_lm_head_loss_{device.type}.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1))
+    print(f"wrote {output}")
 
 
 if __name__ == "__main__":
