@@ -135,3 +135,14 @@ def test_liger_kernels_own_dispatch_reaches_the_fused_loss_with_a_plain_trainer(
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     table[model.config.model_type](model=model, swiglu=True)
     assert model.config.loss_implementation == "fused"
+
+
+def test_run_clm_refuses_use_liger_kernel_without_liger_before_any_work(tmp_path, monkeypatch):
+    from script_helpers import run_script
+
+    monkeypatch.setattr(liger, "liger_installed", lambda: False)
+    output = tmp_path / "run"
+    with pytest.raises(ImportError, match="--use_liger_kernel is set but liger-kernel is not installed"):
+        run_script("run_clm", ["--output_dir", output, "--do_train", "--use_liger_kernel", "true",
+                               "--train_file", tmp_path / "missing.txt", "--report_to", "none"], monkeypatch)
+    assert not (output / "run_record.json").exists()  # refused at argument parsing: nothing prepared, loaded or read
