@@ -20,7 +20,8 @@ import torch
 _BLOCK_ELEMENTS = 1 << 22
 
 
-def _row_blocks(rows: int, width: int) -> range:
+def _row_blocks(rows: int, width: int) -> tuple[range, int]:
+    """The first row of each block of rows, and the block's height."""
     step = max(1, _BLOCK_ELEMENTS // max(1, width))
     return range(0, rows, step), step
 
