@@ -23,6 +23,7 @@ from .lossless_start import lossless_head_options
 from .regularizers import LOSS_TERMS
 
 TieTopology = Literal["untied", "decoder", "three_way"]
+LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # fused_loss.LOSS_IMPLEMENTATIONS
 TIE_TOPOLOGIES: tuple[str, ...] = get_args(TieTopology)
 
 
@@ -98,6 +99,17 @@ class TiedNormHeadConfigMixin:
     )
     # Floor on the row norms, so zero rows never divide by zero.
     norm_eps: float = positive_finite_field(default=1e-6)
+    loss_implementation: LossImplementation = field(
+        default="auto",
+        metadata=script_flag(
+            "what computes the head's training loss (hf_tiednorm/fused_loss.py): auto (the fastest path correct for "
+            "the device, dtype and options: a fused linear cross-entropy on the folded weight — liger-kernel on CUDA, "
+            "torch's where exact, else the chunked loop — once the logits are large, else the plain one), fused "
+            "(always a fused path), chunked (the chunked loop) or plain (the materialized logits). A fused path "
+            "returns logits=None in training",
+            finetune=True,
+        ),
+    )
     # Set by a conversion's lossless start (lossless_start.py): the per-token g_i / b_i started from the rows' norms
     # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
@@ -145,8 +157,9 @@ class TiedNormTechniquesConfigMixin:
     loss_chunk_size: int | None = positive_int_field(
         default=None,
         metadata=script_flag(
-            "compute the training loss this many tokens at a time, never materializing the (tokens × V) logits "
-            "(hf_tiednorm/chunked_loss.py; the forward then returns logits=None); None: the plain path",
+            "tokens per chunk of the chunked training loss, which never materializes the (tokens × V) logits "
+            "(hf_tiednorm/chunked_loss.py; the forward then returns logits=None): set, it picks the chunked loop "
+            "under loss_implementation auto; None: the chunked loop's default size",
             finetune=True,
         ),
     )
@@ -245,6 +258,11 @@ class TiedNormTechniquesConfigMixin:
             raise ValueError(
                 "loss_chunk_size (the chunked loss of the plain head) does not apply to the adaptive softmax; "
                 "leave one of loss_chunk_size / adaptive_cutoffs unset"
+            )
+        if self.loss_implementation in ("fused", "chunked"):
+            raise ValueError(
+                f"loss_implementation={self.loss_implementation!r} (a fused loss of the plain head) does not apply to "
+                "the adaptive softmax; set loss_implementation='auto' or 'plain', or leave adaptive_cutoffs unset"
             )
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from .adaptive import AdaptiveSoftmaxHead, embedding_matrices
+from .fused_loss import register_with_liger
 from .lossless_start import start_resized_tokens
 from .normalized_head import TiedNormHead
 from .peft_guard import check_head_once
@@ -59,6 +60,12 @@ class TiedNormHeadHostMixin:
     # from_pretrained(dtype=torch.bfloat16 / float16) casts everything else): in bf16, a step of a small learning
     # rate rounds away on g_i ~ 1 (bf16 has 8 mantissa bits), so g and b would never train.
     _keep_in_fp32_modules_strict = ["logit_scale", "logit_bias"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # use_liger_kernel with a plain Trainer reaches the fused loss (fused_loss.py); here rather than in post_init,
+        # which is TiedEmbeddingsMixin's alone.
+        register_with_liger()
 
     def _place_output_head(self, head: nn.Module) -> None:
         """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""

@@ -51,9 +51,17 @@ def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> tor
     norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
     padding row's gradient dominate the whole model's.
     """
-    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
+    # Accumulated in fp32 without an fp32 copy of a bf16/fp16 W for the backward to keep; an fp64 W is narrowed.
+    narrower = weight.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    norms = torch.linalg.vector_norm(weight if narrower else weight.float(), dim=-1, dtype=torch.float32)
     inverse = norms.clamp_min(eps).pow(-power)
     return torch.where(norms > eps, inverse, torch.zeros_like(inverse))
+
+
+def _squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """‖w_i‖² of every row, fp32 (V,), without an fp32 copy of a bf16/fp16 W for the backward to keep."""
+    narrower = weight.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return torch.linalg.vector_norm(weight if narrower else weight.float(), dim=-1, dtype=torch.float32).square()
 
 
 def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
@@ -183,10 +191,10 @@ class Distance(HeadMode):
 
     def column_terms(self, weight, eps):
         # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
-        return None, -0.5 * weight.float().square().sum(dim=-1)
+        return None, -0.5 * _squared_row_norms(weight)
 
-    def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖²
-        return None, 0.5 * weight.float().square().sum(dim=-1)
+    def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
+        return None, 0.5 * _squared_row_norms(weight)
 
 
 class Cosine(HeadMode):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunked_loss import chunked_head_cross_entropy
+from .fused_loss import choose_loss_path, head_linear_cross_entropy, refuse_fused_loss_scored_outside
 from .regularizers import projection_penalty, weight_norm_penalty
 from .token_loss import token_count, token_cross_entropy
 
@@ -25,6 +25,7 @@ def head_cross_entropy(
     count: torch.Tensor,
     label_smoothing: float = 0.0,
     chunk_size: int | None = None,
+    implementation: str | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The head's token cross-entropy, divided by ``count`` (``token_count``).
 
@@ -33,13 +34,22 @@ def head_cross_entropy(
         hidden_states: (batch, length, d), what the head scores (after P).
         targets: (batch, length) token ids, -100 = no target.
         count: the divisor, ``token_count(targets, num_items_in_batch)``.
-        chunk_size: None for the plain path; else tokens per chunk of the chunked path.
+        chunk_size: tokens per chunk of the chunked path (None: its default; with ``implementation`` None, a
+            chunk size picks the chunked path and None the plain one).
+        implementation: ``config.loss_implementation`` (``fused_loss.LOSS_IMPLEMENTATIONS``).
 
     Returns:
-        logits (batch, length, V), None on the chunked path (which never materializes them), and the loss.
+        logits (batch, length, V), None on a fused path (which never materializes them), and the loss.
     """
-    if chunk_size is not None:
-        return None, chunked_head_cross_entropy(head, hidden_states, targets, chunk_size, label_smoothing, count)
+    if implementation is None:
+        implementation = "plain" if chunk_size is None else "chunked"
+    tokens = hidden_states.numel() // hidden_states.shape[-1]
+    path = choose_loss_path(implementation, head, tokens, label_smoothing, chunk_size)
+    if path != "plain":
+        hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
+        labels = targets.reshape(-1).to(hidden.device)  # (N,)
+        total = head_linear_cross_entropy(head, hidden, labels, path, label_smoothing, chunk_size)
+        return None, total / count.to(total.device)
     logits = head(hidden_states)
     return logits, token_cross_entropy(logits, targets, label_smoothing, count)
 
@@ -50,7 +60,11 @@ class TiedNormLossMixin:
     ``output_embedding_weights()``."""
 
     def score_and_loss(
-        self, hidden_states: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None
+        self,
+        hidden_states: torch.Tensor,
+        targets: torch.Tensor | None,
+        num_items_in_batch=None,
+        skip_logits: bool | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
         """The one loss path of every family: Press & Wolf's projection P, the normalized head, the token
         cross-entropy and the regularizer terms.
@@ -60,21 +74,32 @@ class TiedNormLossMixin:
             targets: (batch, length) token ids aligned with ``hidden_states`` (already shifted), -100 = no target;
                 None for inference.
             num_items_in_batch: target tokens of the whole accumulated batch (passed by the Trainer).
+            skip_logits: the Trainer's request (``use_liger_kernel`` with ``prediction_loss_only``): True lets a
+                fused path compute an evaluation loss too; None: fused paths serve training only.
 
         Returns:
-            logits (batch, length, V) — None when the opt-in chunked loss (``config.loss_chunk_size``, training with
+            logits (batch, length, V) — None when a fused path (``config.loss_implementation``, training with
             targets) never materializes them —, the loss (None without targets) and its terms by name.
         """
         if self.output_projection is not None:
             hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
+        implementation = getattr(self.config, "loss_implementation", "auto")
         if targets is None:
             if self.training and num_items_in_batch is not None:
                 self.refuse_loss_scored_outside()
             return self.lm_head(hidden_states), None, {}
         count = token_count(targets, num_items_in_batch)  # the one count of this step
-        chunk_size = self.config.loss_chunk_size if self.training else None
+        fused_allowed = self.training if skip_logits is None else bool(skip_logits)
+        if not fused_allowed:
+            implementation = "plain"
         logits, cross_entropy = head_cross_entropy(
-            self.lm_head, hidden_states, targets, count, self.config.label_smoothing, chunk_size
+            self.lm_head,
+            hidden_states,
+            targets,
+            count,
+            self.config.label_smoothing,
+            self.config.loss_chunk_size,
+            implementation,
         )
         loss, terms = self.compose_loss(cross_entropy, targets, num_items_in_batch, count)
         return logits, loss, terms
@@ -105,6 +130,7 @@ class TiedNormLossMixin:
         and a ``compute_loss_func`` take the labels away and pass only ``num_items_in_batch``: the penalties, which
         only the model's own loss adds, would be dropped without a word."""
         config = self.config
+        refuse_fused_loss_scored_outside(config)
         penalties = [
             f"{name}={getattr(config, name)}"
             for name in ("projection_regularization", "weight_norm_regularization")

@@ -56,6 +56,7 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
         **kwargs,
     ) -> TiedNormCausalLMOutput:
         outputs = self.model(
@@ -71,7 +72,8 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
         # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
         next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
-        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch)  # (b, kept, V)
+        # (b, kept, V); None when a fused loss computed the loss
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
         return TiedNormCausalLMOutput(
             loss=loss,
             logits=logits,

@@ -128,6 +128,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
         **kwargs,
     ) -> TiedNormSeq2SeqLMOutput:
         if labels is not None:
@@ -146,7 +147,8 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (batch, target_len, d)
-        logits, loss, loss_terms = self.score_and_loss(hidden_states, labels, num_items_in_batch)  # (batch, len, V)
+        # (batch, len, V); None when a fused loss computed the loss
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, labels, num_items_in_batch, skip_logits)
         return TiedNormSeq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -25,11 +25,13 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, Generation
 from .accumulated_loss import share_of_accumulated_batch
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from .fused_loss import refuse_fused_loss_scored_outside
 from .head_host import TiedNormHeadHostMixin
 from .head_options import HeadOptions
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_once
 from .weight_checks import WeightChecksMixin
+from .wrapped_fused_loss import fused_causal_lm_loss, refuse_patched_forward
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
 
@@ -169,10 +171,22 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         **kwargs,
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
-        returning its output: ``logits`` (batch, length, V) from the normalized head."""
+        returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
+        fused path computes (``config.loss_implementation``, wrapped_fused_loss.py) the loss and ``logits=None``."""
         check_head_once(self)
         # The Trainer's num_items_in_batch is applied here, for every architecture (accumulated_loss.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too
+        if self.training and labels is not None:
+            refuse_patched_forward(self, self.model)  # a patched forward would bypass the head (liger's patches)
+        elif self.training and num_items_in_batch is not None:
+            refuse_fused_loss_scored_outside(self.config)  # the Trainer scores the logits: no fused loss
+        if labels is not None:  # a causal LM's fused loss (an encoder-decoder refuses a named one)
+            fused = fused_causal_lm_loss(
+                self, self.model, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs
+            )
+            if fused is not None:  # the loss by a fused path, no logits
+                return fused
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
         shifted = not self.config.is_encoder_decoder
         return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))

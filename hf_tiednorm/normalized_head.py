@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .folded_weight import fold_scale
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, HeadMode, get_head_mode, inverse_row_norms, unit_rows
 from .head_options import LOGIT_SCALES, HeadOptions
 
@@ -211,8 +212,9 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         if scale is not None and tokens > hidden_states.shape[-1]:
             # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
             # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
-            # (training batches, wide beam search) scale the rows. In fp32: s reaches 1/eps, the scaled rows don't.
-            weight = (self.weight.to(logits_dtype) * scale.unsqueeze(-1)).to(self.weight.dtype)
+            # (training batches, wide beam search) scale the rows. Each product in fp32 (s reaches 1/eps, the scaled
+            # rows don't), a block of rows at a time, saving W and s only: no fp32 copy of W (folded_weight.py).
+            weight = fold_scale(self.weight, scale)
             logits = F.linear(hidden_states, weight).to(logits_dtype)
         else:
             logits = F.linear(hidden_states, self.weight).to(logits_dtype)

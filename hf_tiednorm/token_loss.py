@@ -13,13 +13,14 @@ def token_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
     ignore_index: int = -100,
 ) -> torch.Tensor:
-    """Mean token cross-entropy in fp32; with ``num_items_in_batch`` (passed by the Trainer under gradient
-    accumulation) the sum is divided by the token count of the whole accumulated batch instead.
+    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
+    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
 
     A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
     not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
     """
-    logits = logits.float().reshape(-1, logits.shape[-1])  # (tokens, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
     labels = labels.reshape(-1).to(logits.device)  # (tokens,)
     try:
         total = F.cross_entropy(

@@ -64,7 +64,7 @@ def test_the_flags_are_the_config_fields_with_their_metadata():
         assert flag.metadata["help"].startswith(config_fields[name].metadata["help"])
     assert set(TiedNormModelArguments.finetune_fields) == {
         "label_smoothing", "projection_regularization", "weight_norm_regularization", "weight_norm_target",
-        "loss_chunk_size",
+        "loss_chunk_size", "loss_implementation",
     }
     assert TiedNormModelArguments.new_model_fields == ("weight_norm_init_sigma",)
     assert "weight_norm_init_sigma" not in TiedNormModelArguments.config_fields
@@ -73,7 +73,8 @@ def test_the_flags_are_the_config_fields_with_their_metadata():
 def test_tiednorm_only_flags_are_every_technique_flag_but_the_contenders():
     translation = load_script("run_translation")
     assert set(translation.TIEDNORM_ONLY_FLAGS) == (
-        {field.name for field in TECHNIQUE_FIELDS} | {"head_mode", "logit_scale", "logit_scale_init", "logit_bias"}
+        {field.name for field in TECHNIQUE_FIELDS}
+        | {"head_mode", "logit_scale", "logit_scale_init", "logit_bias", "loss_implementation"}
     ) - {"label_smoothing", "embedding_init_std"}
 
 

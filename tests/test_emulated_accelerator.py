@@ -29,9 +29,6 @@ from hf_tiednorm.weight_norm_init import weight_norm_init_
 
 DEVICE = torch.device("cpu")  # what `.to(args.device)` names on this machine; the emulation tags what goes there
 REGULARIZERS = {"projection_regularization": 0.15, "weight_norm_regularization": 1e-3}
-CHUNKED_XFAIL = pytest.mark.xfail(
-    strict=True, raises=DeviceMismatch, reason="chunked_loss device bug: fixed on the fused branch (issue 39)"
-)
 
 
 def training_batch(model) -> dict[str, torch.Tensor]:
@@ -116,6 +113,7 @@ LOSS_PATHS = {
     "plain": {},
     "label_smoothing": {"label_smoothing": 0.1},
     "chunked": {"loss_chunk_size": 4, "label_smoothing": 0.1},
+    "fused": {"loss_implementation": "fused", "head_mode": "cosine", "logit_scale": "vector", "logit_bias": True},
     "adaptive": {"adaptive_cutoffs": [20, 40], "head_mode": "cosine", "logit_scale": "scalar"},
     "adaptive_l2": {"adaptive_cutoffs": [20, 40], "head_mode": "l2"},
     "regularizers": REGULARIZERS,
@@ -123,9 +121,7 @@ LOSS_PATHS = {
 }
 
 
-@pytest.mark.parametrize(
-    "path", [pytest.param(p, marks=CHUNKED_XFAIL) if p == "chunked" else p for p in LOSS_PATHS]
-)
+@pytest.mark.parametrize("path", LOSS_PATHS)
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
 def test_every_loss_path_runs_on_the_device_without_host_syncs(path, autocast):
     accelerator = EmulatedAccelerator()

@@ -92,3 +92,8 @@ def test_ci_runs_in_a_clone_named_as_readme_clones_it():
     assert 'git clone -q "$PWD" "$clone_parent/hf_tiednorm"' in ci
     assert 'exec bash "$clone_parent/hf_tiednorm/.ci/run"' in ci
     assert '[ "$(basename "$PWD")" != hf_tiednorm ]' in ci  # and inside that clone it runs the suite itself
+
+
+def test_the_gpu_extra_brings_liger_kernel_for_the_fused_loss():
+    """The fused loss's CUDA kernel (hf_tiednorm/fused_loss.py) and use_liger_kernel come from the gpu extra."""
+    assert requirement_names(extras()["gpu"]) == {"liger-kernel"}

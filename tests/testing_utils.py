@@ -197,3 +197,51 @@ def reference_scores(weight: torch.Tensor, hidden: torch.Tensor, head_mode: str,
     if head_mode == "distance":
         return h @ w.T - 0.5 * (w * w).sum(-1)
     raise AssertionError(head_mode)
+
+
+# Every head mode with the options that change its column terms (logit scale g, logit bias b), for the parity tests
+# of the loss paths (issue 39): (head_mode, logit_scale, logit_bias).
+HEAD_VARIANTS = tuple(
+    (mode, scale, bias)
+    for mode in ("baseline", "l2", "square", "distance", "cosine")
+    for scale, bias in (("none", False), ("vector", True), ("scalar", False))
+)
+
+
+def variant_head(head_mode: str, logit_scale: str, logit_bias: bool, vocab: int = 37, dim: int = 8,
+                 dtype=torch.float64, seed: int = 0):
+    """A ``TiedNormHead`` with random W (a dead row 0), g and b (so that their gradients are non-trivial)."""
+    torch.manual_seed(seed)
+    head = hf_tiednorm.TiedNormHead(dim, vocab, head_mode=head_mode, logit_scale=logit_scale, logit_bias=logit_bias,
+                                    dtype=dtype)  # fmt: skip
+    with torch.no_grad():
+        head.weight.normal_(0, 0.5)
+        head.weight[0] = 0  # a dead (padding) row
+        if head.logit_scale is not None:
+            head.logit_scale.uniform_(0.5, 2.0)
+        if head.logit_bias is not None:
+            head.logit_bias.normal_(0, 0.3)
+    return head.to(dtype)
+
+
+def head_loss_and_grads(head, hidden: torch.Tensor, labels: torch.Tensor, loss_fn) -> dict[str, torch.Tensor]:
+    """``loss_fn(head, hidden, labels)`` and, after its backward, the gradients of W, g, b and h by name."""
+    head.zero_grad(set_to_none=True)
+    hidden = hidden.detach().clone().requires_grad_(True)
+    loss = loss_fn(head, hidden, labels)
+    loss.backward()
+    out = {"loss": loss.detach(), "W": head.weight.grad, "h": hidden.grad}
+    if head.logit_scale is not None:
+        out["g"] = head.logit_scale.grad
+    if head.logit_bias is not None:
+        out["b"] = head.logit_bias.grad
+    return out
+
+
+def assert_same_loss_and_grads(got: dict, expected: dict, rtol: float = 1e-9, atol: float = 1e-11) -> None:
+    """Every entry of ``expected`` (``head_loss_and_grads``) equals ``got``'s to the tolerances, naming the tensor."""
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(
+            got[name].to(value.dtype), value, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}"
+        )

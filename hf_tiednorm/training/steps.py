@@ -41,6 +41,7 @@ from .arguments import (
 from .checkpoint_reading import read_trainer_state
 from .cpu_memory import keep_freed_memory
 from .data import token_counts
+from .liger import check_liger_installed, check_use_liger_kernel
 from .plots import plot_embedding_norms
 from .precision import choose_attention
 from .run_directory import (
@@ -83,6 +84,7 @@ def start_run(
     setup_run(run_args, training_args)
     check_late_flags(training_args, data_args, eval_splits)
     check_some_work(training_args)
+    check_liger_installed(training_args)  # --use_liger_kernel without liger-kernel: now, not at train()
     score_finished_run(model_args, training_args)  # --do_eval/--do_predict alone: the run's trained weights
     return (*parsed, resolve_resume_checkpoint(training_args))
 
@@ -303,6 +305,7 @@ def check_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, trai
     # Deleted, not set to None (a null auto_map in config.json breaks AutoConfig); ours, if any, is written anew.
     vars(model.config).pop("auto_map", None)
     logger.info(choose_attention(model, training_args))
+    check_use_liger_kernel(model, training_args)  # served by the fused loss or refused, before tokenizing
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}")
 

@@ -7,7 +7,7 @@ terms; huggingface/transformers#45270 and #45558 propose one), and its documente
 ``compute_loss`` and ``log`` ("Subclass and override"). ``LossTermsLoggingMixin`` overrides exactly those two;
 ``TiedNormTrainer`` and ``TiedNormSeq2SeqTrainer`` put it in front of the HF classes::
 
-    class TiedNormSeq2SeqTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2SeqTrainer): ...
+    class TiedNormSeq2SeqTrainer(LigerRequestMixin, NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2SeqTrainer): ...
 
 Every training log then carries ``cross_entropy`` and each enabled penalty, averaged over the same optimizer
 steps as ``loss``, so that ``loss == cross_entropy + projection_penalty + weight_norm_penalty`` in the logs too.
@@ -29,6 +29,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from ..loss import TiedNormLossMixin
 from ..regularizers import LOSS_TERMS
+from .liger import check_liger_installed, check_use_liger_kernel
 from .run_directory import describe_write_error
 
 
@@ -113,11 +114,22 @@ def add_perplexity(metrics: dict[str, float], prefix: str, model) -> None:
     metrics[f"{prefix}_perplexity"] = math.exp(min(cross_entropy, 50.0))
 
 
-class TiedNormTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Trainer):
+class LigerRequestMixin:
+    """``use_liger_kernel=True`` served by the model's fused loss or refused here, at construction (liger.py)."""
+
+    def __init__(self, *args, **kwargs):
+        model = kwargs.get("model", args[0] if args else None)
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        check_liger_installed(training_args)
+        check_use_liger_kernel(model, training_args)
+        super().__init__(*args, **kwargs)
+
+
+class TiedNormTrainer(LigerRequestMixin, NamedWriteErrorsMixin, LossTermsLoggingMixin, Trainer):
     """``Trainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_clm.py)."""
 
 
-class TiedNormSeq2SeqTrainer(NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2SeqTrainer):
+class TiedNormSeq2SeqTrainer(LigerRequestMixin, NamedWriteErrorsMixin, LossTermsLoggingMixin, Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training logs carry each loss term next to ``loss`` (scripts/run_translation.py),
     which evaluates in dataset order, and during training with ``--generation_num_beams_during_training`` beams."""
 

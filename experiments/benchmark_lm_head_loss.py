@@ -1,0 +1,241 @@
+"""Time and peak memory of the head's loss + backward against the plain path, at LLM scale (issue 39).
+
+Contenders, all on the same hidden states (N, d), weight W (V, d) and labels, loss + backward (gradients of the
+hidden states, W and the head's learned terms):
+
+* ``plain``: ``F.cross_entropy(F.linear(h, W).float(), y)``, what transformers does for a tied head (the reference);
+* ``<mode>:plain``: our head's plain path (``TiedNormHead.forward`` + ``token_cross_entropy``);
+* ``<mode>:fused``: what ``loss_implementation="fused"`` picks on this device (liger-kernel on CUDA where installed,
+  torch's ``F.linear_cross_entropy`` where exact, else the chunked loop), on the folded weight;
+* ``<mode>:chunked`` / ``<mode>:torch`` (``--paths``): one fused path by name.
+
+One process, round-robin: every repetition runs each contender once, in turn, so all see the same machine load; the
+ratios are per repetition against the ``plain`` run of the same repetition (median, min–max). Peak memory is what
+one loss + backward adds above its inputs: on CUDA ``torch.cuda.max_memory_allocated`` after a reset; on the CPU
+(no allocator statistics) the kernel's resident-set high-water mark (``VmHWM``, reset through
+``/proc/self/clear_refs``) minus the resident set before, with glibc told to mmap every block ≥ 128 KiB
+(``MALLOC_MMAP_THRESHOLD_``; the script re-executes itself once to set it) so that the resident set follows the
+live tensors.
+
+    # GPU (to be measured): the issue's sizes
+    python experiments/benchmark_lm_head_loss.py --device cuda --dtype bfloat16 --vocab 128256 --dim 2048 \\
+        --tokens 8192,32768    # -> results/benchmark_lm_head_loss_cuda.json
+    # CPU, a size CI can afford (docs/benchmarks.md)
+    python experiments/benchmark_lm_head_loss.py --device cpu --dtype float32,bfloat16 --vocab 32000 --dim 512 \\
+        --tokens 8192 --output results/benchmark_lm_head_loss_cpu.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+_MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+
+
+@dataclass
+class Args:
+    device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
+    dtype: str = field(default="float32", metadata={"help": "comma-separated weight dtypes: float32, bfloat16"})
+    vocab: int = field(default=32000, metadata={"help": "vocabulary size V"})
+    dim: int = field(default=512, metadata={"help": "hidden size d"})
+    tokens: str = field(default="8192", metadata={"help": "comma-separated token counts N"})
+    head_modes: str = field(default="baseline,cosine,distance", metadata={"help": "comma-separated head modes"})
+    logit_scale: str = field(default="vector", metadata={"help": "logit scale of the normalized modes' head"})
+    logit_bias: bool = field(default=True, metadata={"help": "a learned logit bias on the normalized modes' head"})
+    paths: str = field(default="plain,fused", metadata={"help": "our paths: plain, fused, chunked, torch"})
+    reps: int = field(default=3, metadata={"help": "round-robin repetitions"})
+    threads: int = field(default=0, metadata={"help": "torch threads; 0 = torch's default"})
+    output: str = field(
+        default="", metadata={"help": "JSON written here; default results/benchmark_lm_head_loss_<device>.json"}
+    )
+
+
+def _status_kib(name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    raise KeyError(name)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo) and whether it has native bf16 (avx512_bf16 / amx_bf16)."""
+    name, flags = platform.processor() or "cpu", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("cpu", "x86_64", ""):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    return f"{name} ({', '.join(native) if native else 'no native bf16'})"
+
+
+class PeakMemory:
+    """Peak bytes one call adds above what was live before it (CUDA: allocator; CPU: resident set)."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.device = torch, device
+
+    def start(self):
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+            self.before = self.torch.cuda.memory_allocated()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset VmHWM to the current resident set
+            self.before = _status_kib("VmRSS") * 1024
+
+    def stop(self) -> int:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+            return self.torch.cuda.max_memory_allocated() - self.before
+        return _status_kib("VmHWM") * 1024 - self.before
+
+
+def contenders(args: Args, dtype, tokens: int):
+    """{name: step()} for one dtype and token count (each step runs loss + backward and returns the loss), the kernel
+    of each fused contender, and every tensor that gets a gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    from hf_tiednorm import TiedNormHead
+    from hf_tiednorm.fused_loss import choose_loss_path, head_linear_cross_entropy
+    from hf_tiednorm.token_loss import token_cross_entropy
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter((torch.randn(args.vocab, args.dim, device=device) * 0.02).to(dtype))
+    hidden = torch.randn(tokens, args.dim, device=device).to(dtype).requires_grad_(True)
+    labels = torch.randint(0, args.vocab, (tokens,), device=device)
+    labels[::17] = -100  # some padding, as in a real batch
+    steps, kernels, params = {}, {}, [weight, hidden]
+
+    def reset(*params):
+        for p in params:
+            p.grad = None
+
+    def plain():
+        reset(weight, hidden)
+        loss = F.cross_entropy(F.linear(hidden, weight).float(), labels, ignore_index=-100)
+        loss.backward()
+        return loss
+
+    steps["plain"] = plain
+    for mode in args.head_modes.split(","):
+        normalized = mode != "baseline"
+        head = TiedNormHead(
+            args.dim, args.vocab, head_mode=mode, device=device, dtype=dtype,
+            logit_scale=args.logit_scale if normalized else "none", logit_bias=args.logit_bias and normalized,
+        )  # fmt: skip
+        head.weight = weight  # tied: the same matrix for every contender
+        params += [p for p in head.parameters() if p is not weight]
+
+        for path in args.paths.split(","):
+            if path == "plain":
+
+                def step(head=head):
+                    reset(weight, hidden, *head.parameters())
+                    loss = token_cross_entropy(head(hidden), labels)
+                    loss.backward()
+                    return loss
+
+            else:
+                kernel = choose_loss_path("fused", head, tokens) if path == "fused" else path
+
+                def step(head=head, kernel=kernel):
+                    reset(weight, hidden, *head.parameters())
+                    loss = head_linear_cross_entropy(head, hidden, labels, kernel) / (labels != -100).sum()
+                    loss.backward()
+                    return loss
+
+                kernels[f"{mode}:{path}"] = kernel
+            steps[f"{mode}:{path}"] = step
+    return steps, kernels, params
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main() -> None:
+    if os.environ.get(_MMAP_ENV) != "131072" and "cuda" not in sys.argv:
+        # On the CPU glibc must mmap (and unmap on free) every large block for the resident set to follow the live
+        # tensors; the variable is read at process start only, so re-execute before any heavy import.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, _MMAP_ENV: "131072"})
+    import torch
+    from transformers import HfArgumentParser
+
+    (args,) = HfArgumentParser(Args).parse_args_into_dataclasses()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    peak = PeakMemory(device)
+    report = {
+        "args": asdict(args),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+        "method": "one process, round-robin over the contenders in every repetition; peak = bytes one loss + "
+        "backward adds above its inputs (CUDA: max_memory_allocated; CPU: VmHWM - VmRSS with "
+        f"{_MMAP_ENV}=131072); ratios per repetition against the plain run of the same repetition",
+        "results": {},
+    }  # fmt: skip
+    for dtype_name in args.dtype.split(","):
+        dtype = getattr(torch, dtype_name)
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            steps, kernels, params = contenders(args, dtype, tokens)
+            for step in steps.values():
+                step()  # warm-up: gradients allocated once, as in training
+            runs = {name: [] for name in steps}
+            for rep in range(args.reps):
+                for name, step in steps.items():
+                    for param in params:  # the previous contender's gradients freed before the measurement
+                        param.grad = None
+                    peak.start()
+                    t0 = time.perf_counter()
+                    loss = step()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    seconds = time.perf_counter() - t0
+                    runs[name].append({"time_s": seconds, "peak_bytes": peak.stop(), "loss": float(loss)})
+                    print(f"{dtype_name} N={tokens} rep {rep} {name:20s} {seconds:.3f} s "
+                          f"{runs[name][-1]['peak_bytes'] / 2**20:9.1f} MiB", flush=True)  # fmt: skip
+            base = runs["plain"]
+            table = {}
+            for name, got in runs.items():
+                table[name] = {
+                    "kernel": kernels.get(name, "plain"),
+                    "time_s": _summary([g["time_s"] for g in got]),
+                    "peak_mib": _summary([g["peak_bytes"] / 2**20 for g in got]),
+                    "time_ratio": _summary([g["time_s"] / b["time_s"] for g, b in zip(got, base)]),
+                    "memory_ratio": _summary([g["peak_bytes"] / b["peak_bytes"] for g, b in zip(got, base)]),
+                    "loss": got[-1]["loss"],
+                }
+                r = table[name]
+                print(f"{dtype_name} N={tokens} {name:20s} ({r['kernel']:7s}) time x{r['time_ratio']['median']:.3f} "
+                      f"[{r['time_ratio']['min']:.3f}-{r['time_ratio']['max']:.3f}]  memory "
+                      f"x{r['memory_ratio']['median']:.3f}", flush=True)  # fmt: skip
+            report["results"][f"{dtype_name}:N={tokens}"] = table
+    output = Path(args.output or f"results/benchmark_lm_head_loss_{device.type}.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=1))
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The head's per-token scale folded into its weight: ``W_s = diag(scale)·W``, an autograd op that keeps only W and
+the scale for its backward.
+
+Every head mode scores ``s = (W·h) * scale + bias`` (``head_modes.py``), so ``s = W_s·h + bias`` with the folded
+weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
+``F.linear_cross_entropy``, the chunked loop of ``chunked_loss.py``, a plain ``F.linear``) scores every mode.
+
+W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
+cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
+d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
+scale only and computes both gradients from them:
+``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is.
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def _row_blocks(rows: int, width: int) -> tuple[range, int]:
+    """The first row of each block of rows, and the block's height."""
+    step = max(1, _BLOCK_ELEMENTS // max(1, width))
+    return range(0, rows, step), step
+
+
+def _scaled_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32."""
+    compute = torch.promote_types(weight.dtype, torch.float32)
+    if weight.dtype == compute:
+        return weight * scale.to(compute).unsqueeze(-1)
+    out = torch.empty_like(weight)
+    starts, step = _row_blocks(*weight.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        torch.mul(weight[block].to(compute), scale[block].to(compute).unsqueeze(-1), out=out[block])
+    return out
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least)."""
+    if a.dtype == dtype and b.dtype == dtype:
+        return torch.linalg.vecdot(a, b)
+    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
+    starts, step = _row_blocks(*a.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
+    return out
+
+
+class FoldScale(torch.autograd.Function):
+    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight, scale)
+        return _scaled_rows(weight, scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_folded: torch.Tensor):
+        weight, scale = ctx.saved_tensors
+        grad_weight = grad_scale = None
+        if ctx.needs_input_grad[0]:
+            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
+        if ctx.needs_input_grad[1]:
+            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
+            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
+        return grad_weight, grad_scale
+
+
+def fold_scale(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
+    if scale is None:
+        return weight
+    if scale.shape != weight.shape[:1]:
+        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
+                         "a mode's column_terms must return one scale per row (V,)")
+    return FoldScale.apply(weight, scale)
+
+
+__all__ = ["FoldScale", "fold_scale"]

@@ -1,0 +1,243 @@
+"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
+
+Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``folded_weight.py``),
+so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
+(tokens × V) logits computes it:
+
+* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
+  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
+  autocast is on), as liger requires.
+* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
+  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
+  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
+  without label smoothing.
+* ``"chunked"``: the chunked loop of ``chunked_loss.py``: every device, dtype and option.
+* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
+
+``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
+
+* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
+  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
+  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
+  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
+* ``"fused"``: always a fused path (the same order), whatever the size.
+* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
+* ``"plain"``: the materialized logits.
+
+A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
+training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
+``prediction_loss_only``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from .chunked_loss import check_labels_in_vocabulary, chunked_linear_cross_entropy
+from .folded_weight import fold_scale
+from .normalized_head import TiedNormHead
+
+LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
+# "auto" takes a fused path from this many logits on (tokens × V: 64M, 256 MiB of fp32 logits, about 0.75 GiB with
+# their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
+# model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
+AUTO_MIN_LOGITS = 1 << 26
+
+
+def liger_installed() -> bool:
+    """liger-kernel (the ``gpu`` extra) can be imported."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def torch_linear_cross_entropy_available() -> bool:
+    """torch has ``F.linear_cross_entropy`` with chunking options (torch ≥ 2.13)."""
+    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+
+
+def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothing: float) -> str:
+    """The fused kernel for this device, matmul dtype and label smoothing: ``"liger"``, ``"torch"`` or
+    ``"chunked"`` (see the module docstring)."""
+    if device.type == "cuda" and liger_installed():
+        return "liger"
+    exact_in_torch = matmul_dtype in (torch.float32, torch.float64) and not label_smoothing
+    if device.type == "cuda" and exact_in_torch and torch_linear_cross_entropy_available():
+        return "torch"
+    # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
+    return "chunked"
+
+
+def choose_loss_path(
+    requested: str,
+    head: torch.nn.Module,
+    tokens: int,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+) -> str:
+    """``"liger"``, ``"torch"``, ``"chunked"`` or ``"plain"``: what computes the loss of ``head`` over ``tokens``
+    scored tokens (hidden states on the head's device) for ``config.loss_implementation = requested``. A head
+    without a single weight matrix (the adaptive softmax) has the plain path only."""
+    if requested not in LOSS_IMPLEMENTATIONS:
+        raise ValueError(f"loss_implementation must be one of {LOSS_IMPLEMENTATIONS}, got {requested!r}")
+    if requested == "plain" or not isinstance(head, TiedNormHead):
+        return "plain"
+    if requested == "chunked" or (requested == "auto" and chunk_size is not None):
+        return "chunked"
+    weight = head.weight
+    if requested == "auto" and (tokens * weight.shape[0] < AUTO_MIN_LOGITS or tokens <= weight.shape[1]):
+        return "plain"
+    device = weight.device
+    autocast = torch.is_autocast_enabled(device.type)
+    matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
+    return fused_kernel(device, matmul_dtype, label_smoothing)
+
+
+def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
+    try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError as error:
+        raise ImportError("the liger path needs liger-kernel: pip install 'hf_tiednorm[gpu]'") from error
+
+    options = {"ignore_index": ignore_index, "label_smoothing": label_smoothing, "reduction": "sum"}
+    if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:
+        options["accum_dtype"] = torch.float32  # the weight gradient accumulated in fp32
+    if bias is not None and not torch.is_autocast_enabled(hidden.device.type):
+        bias = bias.to(weight.dtype)  # liger adds the bias in the weight's dtype
+    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        hidden = hidden.to(weight.dtype)
+    loss = LigerFusedLinearCrossEntropyLoss(**options)(weight, hidden, labels, bias)
+    return loss.float() if loss.dtype != torch.float64 else loss
+
+
+def _torch_loss(hidden, weight, bias, labels, ignore_index):
+    options = torch.nn.LinearCrossEntropyOptions(acc_policy="accurate")
+    if bias is not None:
+        bias = bias.to(weight.dtype)
+    return F.linear_cross_entropy(
+        hidden.to(weight.dtype), weight, labels, linear_bias=bias, reduction="sum", ignore_index=ignore_index,
+        options=options,
+    )
+
+
+def head_linear_cross_entropy(
+    head,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    path: str,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
+    fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
+    the learned logit scale g and bias b through the head's column terms and the fold."""
+    scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
+    weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
+    if path == "chunked":
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
+    if path == "liger":
+        return _liger_loss(hidden, weight, bias, labels, float(label_smoothing), ignore_index)
+    if path == "torch":
+        if label_smoothing:
+            raise ValueError("torch's F.linear_cross_entropy is exact only without label smoothing")
+        return _torch_loss(hidden, weight, bias, labels, ignore_index)
+    raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
+
+
+def refuse_fused_loss_scored_outside(config) -> None:
+    """Raise ``ValueError`` naming ``label_smoothing_factor`` when a training step's logits are scored outside the
+    model (the Trainer's label smoother or a ``compute_loss_func`` pass no labels) while ``config`` asks for a fused
+    loss by name: the model would have to return the (tokens × V) logits the fused path exists to avoid."""
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("fused", "chunked"):
+        raise ValueError(
+            f"loss_implementation={implementation!r}: the Trainer scores this training step's logits itself "
+            "(TrainingArguments(label_smoothing_factor=...) or compute_loss_func), so the model would have to return "
+            "the (tokens × V) logits its fused loss never materializes. Set label_smoothing_factor=0 and smooth with "
+            "the model config's own label_smoothing field (config.label_smoothing=0.1, which the fused path "
+            "computes), or set loss_implementation='auto' / 'plain' to let the Trainer score the logits"
+        )
+
+
+_LIGER_REGISTRATION = {"done": False}
+
+
+def serve_liger_request(model=None, **_kernel_options) -> None:
+    """What ``TrainingArguments(use_liger_kernel=True)`` does to an hf_tiednorm model through liger-kernel's own
+    dispatch (``_apply_liger_kernel_to_instance`` looks the model type up in its table): train with liger-kernel's
+    fused linear cross-entropy on the normalized head (``auto`` becomes ``fused``), or raise ``ValueError`` naming
+    why it cannot. Liger's per-module kernels (RMSNorm, RoPE, SwiGLU) are not applied."""
+    reason = liger_refusal(model)
+    if reason is not None:
+        raise ValueError(f"use_liger_kernel=True cannot run liger-kernel on this {type(model).__name__}: {reason}")
+    if model.config.loss_implementation == "auto":
+        model.config.loss_implementation = "fused"
+
+
+def register_with_liger(table: dict | None = None) -> bool:
+    """Enter hf_tiednorm's model types in liger-kernel's model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or
+    ``table``), so that ``use_liger_kernel=True`` with a plain ``transformers.Trainer`` reaches
+    ``serve_liger_request`` instead of an INFO line that changes nothing. Where liger-kernel is not installed or
+    there is no CUDA (it cannot run), nothing is registered: the Trainer's own check then fails, or the Trainers of
+    hf_tiednorm refuse by name. Returns whether the types are registered."""
+    if table is None:
+        if _LIGER_REGISTRATION["done"]:
+            return True
+        if not (torch.cuda.is_available() and liger_installed()):
+            return False
+        try:  # an optional extra: in a try block so that remote code does not require it
+            from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
+        except ImportError:
+            return False
+        _LIGER_REGISTRATION["done"] = True
+    for model_type in ("tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "tiednorm_wrapped"):
+        table.setdefault(model_type, serve_liger_request)
+    return True
+
+
+__all__ = [
+    "AUTO_MIN_LOGITS",
+    "LOSS_IMPLEMENTATIONS",
+    "choose_loss_path",
+    "fused_kernel",
+    "head_linear_cross_entropy",
+    "liger_installed",
+    "liger_refusal",
+    "refuse_fused_loss_scored_outside",
+    "register_with_liger",
+    "serve_liger_request",
+    "torch_linear_cross_entropy_available",
+]
+
+
+def liger_refusal(model) -> str | None:
+    """Why ``TrainingArguments(use_liger_kernel=True)`` cannot be served by hf_tiednorm's fused path (liger-kernel's
+    fused linear cross-entropy on the normalized head) for ``model``; None when it can. transformers' own Liger
+    patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
+    config = model.config
+    head = model.get_output_embeddings()
+    if not liger_installed():
+        return "liger-kernel is not installed (pip install 'hf_tiednorm[gpu]', or pip install liger-kernel)"
+    if not torch.cuda.is_available():
+        return (
+            "liger-kernel's kernels need CUDA and no CUDA device is available; on this device hf_tiednorm's own fused "
+            "loss serves the head (loss_implementation='fused': the chunked loop)"
+        )
+    if not isinstance(head, TiedNormHead):
+        return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("plain", "chunked"):
+        return f"config.loss_implementation={implementation!r} asks for another loss path; set 'auto' or 'fused'"
+    if config.model_type == "tiednorm_wrapped":
+        from .wrapped_fused_loss import FUSED_CAUSAL_BODIES
+
+        if config.is_encoder_decoder or config.text_config.model_type not in FUSED_CAUSAL_BODIES:
+            return (
+                f"the wrapped {config.text_config.model_type!r} model has no fused loss in hf_tiednorm (it serves "
+                f"the causal LMs {sorted(FUSED_CAUSAL_BODIES)})"
+            )
+    return None

@@ -1,0 +1,148 @@
+"""The wrapper's causal LMs with the fused loss, a patched forward refused at the first training step (issue 43.5),
+and ``use_liger_kernel=True`` served or refused by name (issues 39, 43.5)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from testing_utils import tiny_model
+from tiny_architectures import inputs_for, source_model
+from transformers import LlamaForCausalLM, TrainingArguments
+
+from hf_tiednorm import fused_loss
+from hf_tiednorm.convert import normalize_tied_head
+from hf_tiednorm.training import liger
+from hf_tiednorm.training.trainers import TiedNormTrainer
+
+
+def _wrapped(name, implementation, dtype=torch.float64):
+    model = normalize_tied_head(source_model(name), "cosine", logit_scale="vector", logit_bias=True, generic=True)
+    model.config.loss_implementation = implementation
+    with torch.no_grad():
+        model.get_output_embeddings().logit_bias.normal_(0, 0.3, generator=torch.Generator().manual_seed(0))
+    return model.to(dtype).train()
+
+
+def _train_step(model, inputs):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)  # the same dropout masks (GPT-2 trains with dropout)
+    out = model(**inputs)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "qwen3"])
+def test_a_wrapped_causal_lm_trains_with_the_fused_loss_exactly(name):
+    inputs = inputs_for(source_model(name))
+    inputs["labels"] = inputs["input_ids"].clone()
+    inputs["labels"][0, :3] = -100
+    expected, expected_grads = _train_step(_wrapped(name, "plain"), {**inputs, "num_items_in_batch": torch.tensor(9)})
+    got, grads = _train_step(_wrapped(name, "fused"), {**inputs, "num_items_in_batch": torch.tensor(9)})
+    assert got.logits is None and expected.logits is not None
+    # transformers' ForCausalLMLoss scores the fp64 logits in fp32 (logits.float()): fp32 tolerances.
+    torch.testing.assert_close(got.loss, expected.loss.double(), rtol=1e-6, atol=1e-7)
+    assert grads.keys() == expected_grads.keys()
+    for key in grads:
+        torch.testing.assert_close(grads[key], expected_grads[key], rtol=1e-5, atol=1e-7, msg=key)
+
+
+def test_an_architecture_with_more_around_its_head_keeps_its_forward_or_refuses_a_named_fused_loss():
+    inputs = inputs_for(source_model("gemma2"))  # final-logit soft-capping after the head
+    inputs["labels"] = inputs["input_ids"]
+    assert _wrapped("gemma2", "auto")(**inputs).logits is not None
+    with pytest.raises(ValueError, match="'gemma2'.*loss_implementation='auto' or 'plain'"):
+        _wrapped("gemma2", "fused")(**inputs)
+    inputs = inputs_for(source_model("bart"))  # an encoder-decoder: the wrapped model's own loss only
+    inputs["labels"] = inputs.pop("decoder_input_ids")
+    assert _wrapped("bart", "auto")(**inputs).logits is not None
+    with pytest.raises(ValueError, match="'bart' encoder-decoder's forward"):
+        _wrapped("bart", "chunked")(**inputs)
+
+
+def _liger_like_forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+    """A stand-in of liger-kernel's lce_forward: the training loss from lm_head.weight directly."""
+    hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    logits = hidden @ self.lm_head.weight.t()
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+    return types.SimpleNamespace(loss=loss, logits=None)
+
+
+def test_a_class_level_patched_forward_is_refused_at_the_first_training_step(monkeypatch):
+    model = _wrapped("llama", "auto", torch.float32)
+    monkeypatch.setattr(LlamaForCausalLM, "forward", _liger_like_forward)  # as apply_liger_kernel_to_llama() does
+    inputs = inputs_for(model)
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM.forward is .*_liger_like_forward.*bypassing the"):
+        model(**inputs, labels=inputs["input_ids"])
+    monkeypatch.undo()
+    assert model(**inputs, labels=inputs["input_ids"]).loss is not None  # the class's own forward again
+
+
+def test_an_instance_level_patched_forward_is_refused():
+    model = _wrapped("llama", "auto", torch.float32)
+    model.model.forward = types.MethodType(_liger_like_forward, model.model)
+    inputs = inputs_for(model)
+    with pytest.raises(ValueError, match="the instance's forward was set to"):
+        model(**inputs, labels=inputs["input_ids"])
+
+
+def _args(tmp_path, **kwargs):
+    return TrainingArguments(output_dir=str(tmp_path), use_liger_kernel=True, report_to=[], use_cpu=True, **kwargs)
+
+
+def test_use_liger_kernel_without_liger_is_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
+    monkeypatch.setattr(fused_loss, "liger_installed", lambda: False)
+    monkeypatch.setattr(liger, "liger_installed", lambda: False)
+    with pytest.raises(ImportError, match="liger-kernel is not installed"):
+        TiedNormTrainer(model=tiny_model("causal"), args=_args(tmp_path))
+    with pytest.raises(ImportError, match="liger-kernel is not installed"):
+        liger.check_liger_installed(_args(tmp_path))  # the scripts' check, at argument parsing
+
+
+def test_use_liger_kernel_names_why_it_cannot_run_or_takes_the_fused_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(fused_loss, "liger_installed", lambda: True)
+    monkeypatch.setattr(liger, "liger_installed", lambda: True)
+    model, args = tiny_model("causal"), _args(tmp_path)  # args first: they read the real device
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="need CUDA"):
+            liger.check_use_liger_kernel(model, args)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    liger.check_use_liger_kernel(model, args)
+    assert model.config.loss_implementation == "fused"  # every training step: the fused kernel, as Liger's
+    plain = tiny_model("causal", loss_implementation="plain")
+    with pytest.raises(ValueError, match="loss_implementation='plain'"):
+        liger.check_use_liger_kernel(plain, args)
+    with pytest.raises(ValueError, match="adaptive softmax"):
+        liger.check_use_liger_kernel(tiny_model("causal", adaptive_cutoffs=[20]), args)
+    with pytest.raises(ValueError, match="'gemma2' model has no fused loss"):
+        liger.check_use_liger_kernel(_wrapped("gemma2", "auto"), args)
+    args.use_liger_kernel = False
+    liger.check_use_liger_kernel(plain, args)  # not set: nothing to check
+
+
+def test_liger_kernels_own_dispatch_reaches_the_fused_loss_with_a_plain_trainer(monkeypatch):
+    # transformers' Trainer(use_liger_kernel=True) calls liger's _apply_liger_kernel_to_instance, which looks the
+    # model type up in MODEL_TYPE_TO_APPLY_LIGER_FN; hf_tiednorm enters its types there (a stand-in table here).
+    table = {"llama": object()}
+    assert fused_loss.register_with_liger(table)
+    assert {"tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "tiednorm_wrapped"} <= set(table)
+    model = tiny_model("causal")
+    monkeypatch.setattr(fused_loss, "liger_installed", lambda: True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cannot run liger-kernel on this TiedNormForCausalLM: .*need CUDA"):
+            table[model.config.model_type](model=model)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    table[model.config.model_type](model=model, swiglu=True)
+    assert model.config.loss_implementation == "fused"
+
+
+def test_run_clm_refuses_use_liger_kernel_without_liger_before_any_work(tmp_path, monkeypatch):
+    from script_helpers import run_script
+
+    monkeypatch.setattr(liger, "liger_installed", lambda: False)
+    output = tmp_path / "run"
+    with pytest.raises(ImportError, match="--use_liger_kernel is set but liger-kernel is not installed"):
+        run_script("run_clm", ["--output_dir", output, "--do_train", "--use_liger_kernel", "true",
+                               "--train_file", tmp_path / "missing.txt", "--report_to", "none"], monkeypatch)
+    assert not (output / "run_record.json").exists()  # refused at argument parsing: nothing prepared, loaded or read
