@@ -37,6 +37,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter that the variable above sets at process start
+
+
+def mmap_large_blocks() -> bool:
+    """Make glibc mmap (and unmap on free) every block of 128 KiB or more, so that the resident set follows the live
+    tensors and VmHWM - VmRSS measures a step's peak on the CPU: ``mallopt(M_MMAP_THRESHOLD, 131072)``, which is what
+    ``MALLOC_MMAP_THRESHOLD_=131072`` does at start, set in this process (no re-execution: ``main()`` also runs
+    in-process, e.g. for its ``--help`` in the docs tests). Returns False where the C library has no mallopt."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, 131072))
+    except (OSError, AttributeError):
+        return False
 
 
 @dataclass
@@ -172,10 +188,6 @@ def _summary(values: list[float]) -> dict:
 
 
 def main() -> None:
-    if os.environ.get(_MMAP_ENV) != "131072" and "cuda" not in sys.argv:
-        # On the CPU glibc must mmap (and unmap on free) every large block for the resident set to follow the live
-        # tensors; the variable is read at process start only, so re-execute before any heavy import.
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, _MMAP_ENV: "131072"})
     import torch
     from transformers import HfArgumentParser
 
@@ -184,6 +196,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if device.type == "cpu" and not mmap_large_blocks():
+        print(f"warning: mallopt is not available: CPU peaks may read low (set {_MMAP_ENV}=131072)", file=sys.stderr)
     peak = PeakMemory(device)
     report = {
         "args": asdict(args),

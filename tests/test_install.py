@@ -97,3 +97,17 @@ def test_ci_runs_in_a_clone_named_as_readme_clones_it():
 def test_the_gpu_extra_brings_liger_kernel_for_the_fused_loss():
     """The fused loss's CUDA kernel (hf_tiednorm/fused_loss.py) and use_liger_kernel come from the gpu extra."""
     assert requirement_names(extras()["gpu"]) == {"liger-kernel"}
+
+
+def test_no_script_replaces_or_ends_the_process_it_runs_in():
+    """The docs tests call scripts' main() in the test process (for --help, for the documented commands): an
+    ``os.exec*`` there replaced pytest itself, which then exited 0 a quarter of the way through the suite with no
+    summary (benchmark_lm_head_loss.py re-executed itself to set glibc's mmap threshold); ``os._exit`` would too."""
+    offenders = []
+    for folder in ("scripts", "experiments", "hf_tiednorm"):
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+                        and (node.attr.startswith("exec") or node.attr == "_exit")):
+                    offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} os.{node.attr}")
+    assert offenders == []
