@@ -26,7 +26,6 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
-from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
 from .convert_checks import (
     SUPPORTED_TEXT,
     check_convertible,
@@ -35,7 +34,7 @@ from .convert_checks import (
     tie_parallel_output_rows,
     tied_copy,
 )
-from .families import FAMILIES, family_of_source
+from .families import WRAPPED, family_of_source
 from .gguf_checks import check_gguf_file
 from .head_host import keep_head_terms_fp32
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
@@ -43,8 +42,6 @@ from .head_options import LOGIT_SCALES, HeadOptions
 from .load_checks import check_source_loaded
 from .lossless_start import drop_quantization_state, start_lossless, take_row_scales
 from .modeling_tiednorm_wrapped import (
-    TiedNormWrappedForCausalLM,
-    TiedNormWrappedForSeq2SeqLM,
     TiedNormWrappedPreTrainedModel,
 )
 from .peft_guard import refuse_peft_before_normalizing
@@ -57,8 +54,6 @@ from .source_provenance import (
     record_provenance,
 )
 
-# model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
-SUPPORTED_SOURCES = {f.source_model_type: (f.source_class, f.config_class, f.lm_class) for f in FAMILIES.values()}
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
     "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
@@ -137,7 +132,7 @@ def normalize_tied_head(
         options = options.with_lossless_start()
     drop_quantization_state(model)
     name_or_path = model.name_or_path
-    own_family = not generic and model.config.model_type in SUPPORTED_SOURCES
+    own_family = not generic and family_of_source(model.config.model_type) is not None
     # The own family normalizes its lookups itself; convert_checkpoint checks unit lookups only for the wrapper.
     auto = check_convertible(model.config) if own_family else check_source_model(model, options)
     if type(model) is not auto._model_mapping[type(model.config)]:
@@ -178,8 +173,8 @@ def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) ->
     """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
     # The adopted model's config is saved as text_config: it names its source only by a Hub id, never a local path.
     model.config._name_or_path = portable_name_or_path(model.config._name_or_path)
-    config = TiedNormWrappedConfig(text_config=model.config, **options.as_config_fields())
-    wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
+    config = WRAPPED.config_class(text_config=model.config, **options.as_config_fields())
+    wrapper_class = WRAPPED.lm_class_for(model.config.is_encoder_decoder)
     wrapped = wrapper_class(config, body=model).train(model.training)
     if lossless_start:
         start_lossless(wrapped)
@@ -200,7 +195,7 @@ def _target_config(source_config, options: HeadOptions):
 def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOptions) -> PreTrainedModel:
     """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
     config = _target_config(source_model.config, options)
-    target_class = SUPPORTED_SOURCES[source_model.config.model_type][2]
+    target_class = family_of_source(source_model.config.model_type).lm_class
     state = source_model.state_dict()
     if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
         raise ValueError(
@@ -298,7 +293,7 @@ def convert_checkpoint(
     drop_quantization_state(source_model)
     row_scales = tie_parallel_output_rows(source_model, str(source), options.norm_eps) if parallel else None
     check_tied(source_model)
-    if source_config.model_type in SUPPORTED_SOURCES and not generic:
+    if family_of_source(source_config.model_type) is not None and not generic:
         model = _to_own_family(source, source_model, options)
         if lossless_start:
             start_lossless(model)

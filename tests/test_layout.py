@@ -168,3 +168,67 @@ def test_no_module_of_the_package_is_much_longer_than_400_lines():
     concern: split the module instead)."""
     lengths = {str(path.relative_to(REPO_ROOT)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
     assert not {path: n for path, n in lengths.items() if n > 420}, lengths
+
+
+# The family table and the families' own files: the only places a model_type or a family class is compared.
+FAMILY_FILES = ("families.py", "configuration_tiednorm.py", "configuration_tiednorm_wrapped.py")
+
+
+def family_comparisons(path: Path) -> list[str]:
+    """Where ``path`` compares a ``model_type`` or a class of the family table (a row's config/model class, a source or
+    parent class): ``x.model_type == ...``/``in``/``startswith``, a row's ``model_type`` string, ``is``/``in``/
+    ``isinstance`` against such a class."""
+    import hf_tiednorm.families as table
+
+    model_types = set(table.ROWS)
+    classes = set(table.public_classes()) | {
+        cls.__name__ for row in table.ROWS.values() for cls in (row.source_class, row.hf_parent_config) if cls
+    }
+
+    def names(node) -> set[str]:
+        found = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        return found | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        where = f"{path.relative_to(REPO_ROOT)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Constant) and node.value in model_types:
+            found.append(f"{where} names {node.value!r}")
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Attribute) and o.attr == "model_type" for o in operands):
+                found.append(f"{where} compares a model_type")
+            elif any(names(o) & classes for o in operands if not isinstance(o, ast.Call)):
+                found.append(f"{where} compares a family class")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith":
+            if isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "model_type":
+                found.append(f"{where} matches a model_type's prefix")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass"):
+            if names(node.args[1]) & classes:
+                found.append(f"{where} asks isinstance of a family class")
+    return found
+
+
+def test_no_model_type_or_family_class_is_compared_outside_the_family_table():
+    """Every per-family question is the table's (families.py: our families and the wrapper's row); the rest of the
+    library, the scripts and the experiments ask it (issue 41), so a new family needs no branch anywhere else."""
+    paths = [
+        *(p for p in PACKAGE.rglob("*.py")
+          if p.name not in FAMILY_FILES and not p.name.startswith("modeling_tiednorm_")),
+        *(REPO_ROOT / "scripts").glob("*.py"),
+        *(REPO_ROOT / "experiments").rglob("*.py"),
+    ]
+    found = [hit for path in paths for hit in family_comparisons(path)]
+    assert not found, found
+
+
+def test_the_scripts_take_every_family_class_from_the_table():
+    """The training scripts and the multi-GPU worker build and load models through the family table (no tiny-family
+    table or hard-coded causal classes of their own), so a new family reaches them without an edit."""
+    import hf_tiednorm.families as table
+
+    classes = set(table.public_classes())
+    for path in (REPO_ROOT / "scripts").glob("*.py"):
+        named = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+        named |= {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        assert not named & classes, (path.name, sorted(named & classes))
