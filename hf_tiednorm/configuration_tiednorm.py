@@ -179,7 +179,7 @@ class TiedNormTechniquesConfigMixin:
             "square mode (scores w·h/‖w‖²) needs it. The padding row stays zero"
         ),
     )
-    # The config records σ once hf_tiednorm.weight_norm_init_ has rescaled the embedding (None: not applied).
+    # The config records σ once hf_tiednorm.training.weight_norm_init_ has rescaled the embedding (None: not applied).
     weight_norm_init_sigma: float | int | None = positive_finite_field(
         default=None,
         metadata=script_flag(

@@ -40,32 +40,6 @@ from transformers import PreTrainedModel
 from .head_options import HeadOptions
 
 
-def drop_quantization_state(model: PreTrainedModel) -> None:
-    """Remove the GGUF loader's quantization state from ``model`` (and its config) in place; refuse a model whose
-    weights are still quantized.
-
-    transformers dequantizes a GGUF file into plain tensors but keeps ``quantization_config`` (quant_method "gguf")
-    and an ``hf_quantizer``: such a model refuses ``save_pretrained``, and a folder saved with that config reloads
-    as "quantized", which the Trainer refuses to fine-tune.
-    """
-    quantizer = getattr(model, "hf_quantizer", None)
-    config = getattr(model.config, "quantization_config", None)
-    if quantizer is None and config is None:
-        return
-    method = getattr(config, "quant_method", None) if not isinstance(config, dict) else config.get("quant_method")
-    method = getattr(method, "value", method)
-    if method != "gguf":
-        raise ValueError(
-            f"{type(model).__name__} is quantized ({method}): its weights are not plain tensors, so the normalized "
-            "head could not read their row norms and the conversion could not be saved; load it unquantized"
-        )
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)
-    elif hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
-
-
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
     """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
     or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
@@ -115,5 +89,5 @@ def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
         head.logit_bias.mul_(row_scales.to(head.logit_bias))
 
 
-__all__ = ["drop_quantization_state", "lossless_head_options", "start_lossless", "start_resized_tokens",
+__all__ = ["lossless_head_options", "start_lossless", "start_resized_tokens",
            "take_row_scales"]

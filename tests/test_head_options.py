@@ -9,7 +9,7 @@ import pytest
 from testing_utils import tiny_config
 from tiny_architectures import source_model
 
-import hf_tiednorm.convert as convert
+import hf_tiednorm.bridges.convert as convert
 from hf_tiednorm.head_modes import HEAD_MODES, get_head_mode
 from hf_tiednorm.head_options import HeadOptions
 from hf_tiednorm.normalized_head import TiedNormHead

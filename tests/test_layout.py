@@ -21,7 +21,13 @@ from hf_tiednorm.convert import normalize_tied_head
 
 PACKAGE = REPO_ROOT / "hf_tiednorm"
 MODEL_WING = sorted(path.name for path in PACKAGE.glob("*.py"))
-OTHER_WINGS = ("hf_tiednorm.training", "hf_tiednorm.publishing")
+OTHER_WINGS = ("hf_tiednorm.bridges", "hf_tiednorm.convert", "hf_tiednorm.export", "hf_tiednorm.training",
+               "hf_tiednorm.publishing")
+# The flat files that are not remote code: the package's front door (``import hf_tiednorm``: the family table and its
+# Auto registration). A saved model never imports them: its auto_map names the modeling files directly.
+FRONT_DOOR = {"__init__.py", "families.py"}
+# The house, bottom up: a module may import its own floor and those below, never one above (issue 41).
+FLOORS = {"model": 0, "metrics": 0, "bridges": 1, "convert": 1, "export": 1, "publishing": 2, "training": 3}
 EXPERIMENTS = ("experiments", "paper_grid")
 
 
@@ -42,7 +48,7 @@ def imports_of(path: Path, package: str) -> list[tuple[str, int]]:
 
 
 def test_the_model_wing_imports_neither_training_nor_publishing_nor_experiments():
-    assert {"normalized_head.py", "modeling_common.py", "convert.py"} <= set(MODEL_WING)
+    assert {"normalized_head.py", "modeling_common.py", "families.py"} <= set(MODEL_WING)
     for name in MODEL_WING:
         for module, level in imports_of(PACKAGE / name, "hf_tiednorm"):
             assert not module.startswith(OTHER_WINGS + EXPERIMENTS), f"hf_tiednorm/{name} imports {module}"
@@ -232,3 +238,53 @@ def test_the_scripts_take_every_family_class_from_the_table():
         named = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
         named |= {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
         assert not named & classes, (path.name, sorted(named & classes))
+
+
+def floor_of(module: str) -> str:
+    """The floor of ``hf_tiednorm.<module>``: its sub-package, or ``model`` for a flat file."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in FLOORS else "model"
+
+
+def test_the_flat_wing_is_exactly_the_remote_code():
+    """The flat hf_tiednorm/*.py are the files save_pretrained copies as remote code (transformers'
+    ``get_relative_import_files`` of every row's modeling and config files: our families and the wrapper) plus the
+    package's front door; everything else (conversion, export, training, publishing) lives in a sub-package."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    import hf_tiednorm.families as table
+
+    travelling = set()
+    for row in table.ROWS.values():
+        classes = [row.config_class, row.base_model_class, *(lm for lm, _ in row.lm_classes)]
+        for cls in filter(None, classes):
+            module = Path(sys.modules[cls.__module__].__file__)
+            travelling |= {Path(path).name for path in [module, *get_relative_import_files(module)]}
+    assert set(MODEL_WING) - FRONT_DOOR == travelling, sorted(set(MODEL_WING) ^ travelling)
+
+
+def test_no_import_runs_back_up_the_house():
+    """model wing (flat) < bridges (and the public names convert/, export/) < publishing < training: a module imports
+    its own floor and those below (the training wing writes cards, the card does not read the training wing)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        package = ".".join(path.relative_to(REPO_ROOT).parent.parts)
+        own = FLOORS[floor_of(f"{package}.{path.stem}")]
+        for module, _ in imports_of(path, package):
+            if module.startswith("hf_tiednorm.") and FLOORS[floor_of(module)] > own:
+                found.append(f"{path.relative_to(REPO_ROOT)} imports {module}")
+    assert not found, found
+
+
+def test_the_layout_page_names_every_module():
+    """docs/layout.md names every module of the library, the scripts and the experiments (by its file name, or its
+    path inside its wing), so a module added without a line there fails here."""
+    text = (REPO_ROOT / "docs" / "layout.md").read_text()
+    modules = [*PACKAGE.rglob("*.py"), *(REPO_ROOT / "scripts").glob("*.py"), *(REPO_ROOT / "scripts").glob("*.sh"),
+               *(REPO_ROOT / "experiments").rglob("*.py")]  # fmt: skip
+    missing = [
+        str(path.relative_to(REPO_ROOT)) for path in modules
+        if path.name not in ("__init__.py", "__main__.py", "sacrebleu_local.py") and f"`{path.name}`" not in text
+        and f"{path.parent.name}/{path.name}`" not in text
+    ]  # fmt: skip
+    assert not missing, f"docs/layout.md does not name {missing}"

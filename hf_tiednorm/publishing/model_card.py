@@ -30,12 +30,11 @@ from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedConfig
 
+from ..bridges.source_provenance import PROVENANCE
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..families import ROWS, family_of_config
 from ..head_modes import get_head_mode
 from ..normalized_head import default_logit_scale
-from ..source_provenance import PROVENANCE
-from ..training.plots import EMBEDDING_NORM_PLOT
 from .card_metrics import eval_results, parse_metrics
 from .provenance import (
     add_provenance_arguments,
@@ -46,6 +45,10 @@ from .provenance import (
 )
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
+# File names of the two embedding-norm plots in a model folder (training/plots.py draws them; the card embeds the
+# histogram, tiednorm-push uploads both).
+EMBEDDING_NORM_PLOT = "embedding_norms.png"
+NORM_VS_FREQUENCY_PLOT = "embedding_norms_vs_frequency.png"
 # Any config of the family table (families.py): our families' and the wrapper's (a converted model of any tied
 # architecture, whose wrapped config is its text_config). Every per-family answer of the card is the table's.
 TiedNormConfig = PreTrainedConfig

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..convert_checks import parallel_row_scales
 from ..families import family_of_source
 from ..head_modes import get_head_mode
-from ..source_provenance import PROVENANCE, folder_provenance
+from .convert_checks import parallel_row_scales
+from .source_provenance import PROVENANCE, folder_provenance
 from .staging_checks import unshipped_head_mode
 
 # Where the card's commands name the export: a placeholder the user replaces (a local card cannot know where the

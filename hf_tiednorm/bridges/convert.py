@@ -26,6 +26,16 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
+from ..families import WRAPPED, family_of_source
+from ..head_host import keep_head_terms_fp32
+from ..head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
+from ..head_options import LOGIT_SCALES, HeadOptions
+from ..load_checks import check_source_loaded
+from ..lossless_start import start_lossless, take_row_scales
+from ..modeling_tiednorm_wrapped import (
+    TiedNormWrappedPreTrainedModel,
+)
+from ..peft_guard import refuse_peft_before_normalizing
 from .convert_checks import (
     SUPPORTED_TEXT,
     check_convertible,
@@ -34,17 +44,7 @@ from .convert_checks import (
     tie_parallel_output_rows,
     tied_copy,
 )
-from .families import WRAPPED, family_of_source
-from .gguf_checks import check_gguf_file
-from .head_host import keep_head_terms_fp32
-from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
-from .head_options import LOGIT_SCALES, HeadOptions
-from .load_checks import check_source_loaded
-from .lossless_start import drop_quantization_state, start_lossless, take_row_scales
-from .modeling_tiednorm_wrapped import (
-    TiedNormWrappedPreTrainedModel,
-)
-from .peft_guard import refuse_peft_before_normalizing
+from .gguf_checks import check_gguf_file, drop_quantization_state
 from .source_provenance import (
     check_base_model_id,
     folder_provenance,

@@ -54,10 +54,10 @@ from transformers import (
 )
 
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
-from ..convert import copy_tokenizer
 from ..families import family_of_config
 from ..head_modes import get_head_mode
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
+from .convert import copy_tokenizer
 from .export_checks import check_logits, refuse_non_finite, rows_are_lookups
 from .staging_checks import (
     check_new_folder,
