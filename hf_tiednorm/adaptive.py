@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import DEFAULT_HEAD_MODE, HeadOptions, NormalizedScoresMixin, out_of_vocabulary_message, unit_rows
+from .normalized_head import HeadOptions, NormalizedScoresMixin, out_of_vocabulary_message, unit_rows
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -134,17 +134,12 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         vocab_size: int,
         cutoffs: Sequence[int],
         div_value: float = 4.0,
-        head_mode: str = DEFAULT_HEAD_MODE,
-        logit_scale: str = "none",
-        logit_scale_init: float | None = None,
-        norm_eps: float = 1e-6,
-        logit_bias: bool = False,
+        *,
         options: HeadOptions | None = None,
     ) -> None:
+        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
         super().__init__()
-        if options is None:
-            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
-        self.init_normalized_scores(options, hidden_size, vocab_size)
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)

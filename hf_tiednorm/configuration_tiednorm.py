@@ -96,8 +96,11 @@ class TiedNormHeadConfigMixin:
             "normalized head can keep the unigram prior that the row norms carried"
         ),
     )
-    # Floor on the row norms, so zero rows never divide by zero.
-    norm_eps: float = positive_finite_field(default=1e-6)
+    norm_eps: float = positive_finite_field(
+        default=1e-6,
+        metadata=script_flag("floor on the row norms: a row with norm <= norm_eps is dead (score 0, no gradient "
+                             "through its norm), so zero rows never divide by zero"),
+    )
     # Set by a conversion's lossless start (lossless_start.py): the per-token g_i / b_i started from the rows' norms
     # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
@@ -117,12 +120,8 @@ class TiedNormHeadConfigMixin:
         """The head's settings as the one value a head is built from (head_options.py)."""
         return HeadOptions.from_config(self)
 
-    def validate_logit_scale_init(self) -> None:
-        if self.logit_scale == "none" and self.logit_scale_init is not None:
-            raise ValueError(
-                f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'; "
-                "choose a logit_scale among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-            )
+    def validate_head_options(self) -> None:
+        HeadOptions.from_config(self)  # every check of the head's settings, once (head_options.py)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)

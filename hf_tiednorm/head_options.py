@@ -21,9 +21,15 @@ LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
 
 
-@dataclass(frozen=True)
+# The head's learned per-token terms, named as their config fields (logit_scale, logit_bias) and as the head's
+# parameters: what the load checks, the lossless start, the converter, the export and the card read.
+LEARNED_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+
+
+@dataclass(frozen=True, kw_only=True)
 class HeadOptions:
-    """The head's settings; the config fields of the same names (``TiedNormHeadConfigMixin``) document them.
+    """The head's settings, keyword-only; the config fields of the same names (``TiedNormHeadConfigMixin``) document
+    them, and every check of them is here (a config validates through ``HeadOptions.from_config``).
 
     Attributes:
         head_mode: a registered mode (head_modes.py).
@@ -110,4 +116,4 @@ class HeadOptions:
         return dataclasses.replace(self, logit_scale=logit_scale, logit_bias=logit_bias)
 
 
-__all__ = ["LOGIT_SCALES", "HeadOptions", "LogitScale"]
+__all__ = ["LEARNED_TERMS", "LOGIT_SCALES", "HeadOptions", "LogitScale"]

@@ -43,7 +43,7 @@ from .head_options import HeadOptions
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
     """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
     or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    options = HeadOptions(head_mode, logit_scale, logit_bias=logit_bias).with_lossless_start()
+    options = HeadOptions(head_mode=head_mode, logit_scale=logit_scale, logit_bias=logit_bias).with_lossless_start()
     return options.logit_scale, options.logit_bias
 
 

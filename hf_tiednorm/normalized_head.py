@@ -151,21 +151,15 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self,
         hidden_size: int,
         vocab_size: int,
-        head_mode: str = DEFAULT_HEAD_MODE,
-        logit_scale: str = "none",
-        logit_scale_init: float | None = None,
-        norm_eps: float = 1e-6,
+        *,
+        options: HeadOptions | None = None,
         device=None,
         dtype=None,
-        logit_bias: bool = False,
-        options: HeadOptions | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); without it, the
-        loose ``head_mode`` ... ``logit_bias`` arguments make one."""
+        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); None: the
+        defaults (``HeadOptions()``)."""
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        if options is None:
-            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
-        self.init_normalized_scores(options, hidden_size, vocab_size, device=device)
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
         return (

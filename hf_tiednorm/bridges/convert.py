@@ -28,8 +28,8 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
 from ..families import WRAPPED, family_of_source
 from ..head_host import keep_head_terms_fp32
-from ..head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
-from ..head_options import LOGIT_SCALES, HeadOptions
+from ..head_modes import DEFAULT_HEAD_MODE
+from ..head_options import LEARNED_TERMS, HeadOptions
 from ..load_checks import check_source_loaded
 from ..lossless_start import start_lossless, take_row_scales
 from ..modeling_tiednorm_wrapped import (
@@ -44,6 +44,7 @@ from .convert_checks import (
     tie_parallel_output_rows,
     tied_copy,
 )
+from .field_flags import add_head_option_flags, head_options_from_flags
 from .gguf_checks import check_gguf_file, drop_quantization_state
 from .source_provenance import (
     check_base_model_id,
@@ -62,7 +63,7 @@ _DROPPED_CONFIG_KEYS = (
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale
 # and bias that only the options logit_scale="scalar"/"vector" and logit_bias add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
-_TARGET_ONLY_KEYS = {"lm_head.logit_scale", "lm_head.logit_bias"}
+_TARGET_ONLY_KEYS = {f"lm_head.{term}" for term in LEARNED_TERMS}
 
 
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
@@ -125,7 +126,8 @@ def normalize_tied_head(
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     check_base_model_id(base_model)
     if options is None:
-        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias, norm_eps)
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale=logit_scale,
+                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
     elif head_mode is not None:
         raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
@@ -225,6 +227,7 @@ def convert_checkpoint(
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
+    norm_eps: float = 1e-6,
     generic: bool = False,
     gguf_file: str | None = None,
     lossless_start: bool = False,
@@ -244,8 +247,8 @@ def convert_checkpoint(
             the path of a ``.gguf`` file itself.
         gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs ``pip install gguf``).
         lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
-        head_mode, logit_scale, logit_scale_init, logit_bias: the head's settings (head_options.py), or ``options``
-            holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
+        head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
+            ``options`` holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
         base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
             saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
             ``general.license`` (source_provenance.py). None: what the source states, else unknown.
@@ -263,7 +266,8 @@ def convert_checkpoint(
         )
     check_base_model_id(base_model)
     if options is None:
-        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias)
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale=logit_scale,
+                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
     elif head_mode is not None:
         raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
@@ -335,31 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that file), or the path of a .gguf file",
     )
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
-    parser.add_argument(
-        "--head-mode",
-        default=DEFAULT_HEAD_MODE,
-        choices=HEAD_MODES,
-        help=f"how the head scores token i from the shared row w_i and the hidden state h: {head_mode_summaries()} "
-        "(hf_tiednorm/head_modes.py) (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--logit-scale",
-        default="none",
-        choices=LOGIT_SCALES,
-        help="multiply the scores by g: none, fixed (a constant g), scalar (one learned g) or vector (a learned g "
-        "per token) (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--logit-scale-init",
-        type=float,
-        help="g for 'fixed', initial g for 'scalar'/'vector' (default: 1 for a learned g, √d for 'fixed', "
-        "d the hidden size)",
-    )
-    parser.add_argument(
-        "--logit-bias",
-        action="store_true",
-        help="add a learned per-token bias to the scores, zero at first (default: off)",
-    )
+    add_head_option_flags(parser)  # --head-mode ... --norm-eps: the head's config fields (field_flags.py)
     parser.add_argument(
         "--gguf-file",
         help="name of a GGUF file inside SOURCE, dequantized on load; needs pip install hf_tiednorm[gguf] "
@@ -394,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # the settings checked once, as the one value the conversion passes on
-        options = HeadOptions(args.head_mode, args.logit_scale, args.logit_scale_init, args.logit_bias)
+        options = head_options_from_flags(args)
     except ValueError as error:
         parser.error(str(error))
     convert_checkpoint(

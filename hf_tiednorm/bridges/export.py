@@ -56,6 +56,7 @@ from transformers import (
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..families import family_of_config
 from ..head_modes import get_head_mode
+from ..head_options import LEARNED_TERMS
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
 from .convert import copy_tokenizer
 from .export_checks import check_logits, refuse_non_finite, rows_are_lookups
@@ -160,7 +161,8 @@ def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tu
     if projection is not None:  # logits = W'·(P·h) = (W'·P)·h
         rows = rows @ projection.weight.float()
     dtype = head.weight.dtype
-    state = {k: v for k, v in body.state_dict().items() if not k.startswith(f"{head_path}.logit_")}
+    learned = {f"{head_path}.{term}" for term in LEARNED_TERMS}  # folded into the rows and the bias
+    state = {k: v for k, v in body.state_dict().items() if k not in learned}
     state = {k: v for k, v in state.items() if not k.startswith("output_projection.")}
     state[f"{head_path}.weight"] = rows.to(dtype)
     lookups = [
@@ -324,7 +326,7 @@ def export_plain(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={k: getattr(model.config, k) for k in ("head_mode", "logit_scale", "logit_bias")},
+        head={k: getattr(model.config, k) for k in ("head_mode", *LEARNED_TERMS)},
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),
