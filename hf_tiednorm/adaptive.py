@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import HeadOptions, NormalizedScoresMixin, out_of_vocabulary_message, unit_rows
+from .head_modes import unit_rows
+from .head_options import HeadOptions
+from .normalized_head import NormalizedScoresMixin, out_of_vocabulary_message
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:

@@ -26,8 +26,8 @@ initial rows (``start_resized_tokens``), so they take the probability mass they 
 (at g = 1, ten new tokens of a tiny Llama would take 33 % (cosine) or 72 % (square) of the probability mass
 where the source's same resize gives them 14 %).
 
-GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``pip install
-hf_tiednorm[gguf]``); the converted model must carry no quantization state (the dequantized weights are plain
+GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``python -m pip
+install -e ".[gguf]"``); the converted model must carry no quantization state (the dequantized weights are plain
 tensors), so that it saves and fine-tunes like any other. Models still quantized (bitsandbytes, GPTQ, ...) are
 refused.
 """

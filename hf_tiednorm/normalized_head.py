@@ -47,23 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, HeadMode, get_head_mode, inverse_row_norms, unit_rows
-from .head_options import LOGIT_SCALES, HeadOptions
-
-
-def mode_column_terms(
-    weight: torch.Tensor, head_mode: str, eps: float
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the score of ``head_mode``
-    (``HeadMode.column_terms``); ``None`` stands for "multiply by one" / "add zero", else fp32 (V,)."""
-    return get_head_mode(head_mode).column_terms(weight, eps)
-
-
-def check_head_mode(head_mode: str, logit_scale: str) -> None:
-    """Raises ``ValueError`` naming the argument when ``head_mode`` or ``logit_scale`` is unknown."""
-    get_head_mode(head_mode)
-    if logit_scale not in LOGIT_SCALES:
-        raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
+from .head_modes import HeadMode, unit_rows
+from .head_options import HeadOptions
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
@@ -274,19 +259,9 @@ class TiedNormEmbedding(nn.Embedding):
 
 
 __all__ = [
-    "DEFAULT_HEAD_MODE",
-    "HEAD_MODES",
-    "LOGIT_SCALES",
-    "HeadMode",
-    "HeadOptions",
     "NormalizedScoresMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
-    "check_head_mode",
     "default_logit_scale",
-    "get_head_mode",
-    "inverse_row_norms",
-    "mode_column_terms",
     "out_of_vocabulary_message",
-    "unit_rows",
 ]

@@ -16,8 +16,8 @@ from hf_tiednorm.configuration_tiednorm import (
     TiedNormTechniquesConfigMixin,
     script_flag,
 )
+from hf_tiednorm.head_modes import HEAD_MODES
 from hf_tiednorm.head_options import HeadOptions
-from hf_tiednorm.normalized_head import HEAD_MODES
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser, model_arguments_class
 from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, TiedNormTrainingArguments
 

@@ -288,3 +288,22 @@ def test_the_layout_page_names_every_module():
         and f"{path.parent.name}/{path.name}`" not in text
     ]  # fmt: skip
     assert not missing, f"docs/layout.md does not name {missing}"
+
+
+def test_each_name_is_imported_from_the_module_that_defines_it():
+    """No module re-exports another's names for others to import (normalized_head.py once re-exported the mode
+    registry and the options): an import of a head_modes / head_options name goes to head_modes / head_options."""
+    import hf_tiednorm.head_modes as head_modes
+    import hf_tiednorm.head_options as head_options
+
+    homes = {name: "head_modes" for name in head_modes.__all__} | {name: "head_options" for name in
+                                                                       head_options.__all__}  # fmt: skip
+    found = []
+    paths = [*PACKAGE.rglob("*.py"), *(REPO_ROOT / "tests").glob("*.py"), *(REPO_ROOT / "experiments").rglob("*.py")]
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1] == "normalized_head":
+                found += [f"{path.relative_to(REPO_ROOT)}: {a.name}" for a in node.names if a.name in homes]
+    assert not found, found
+    dead = {"check_head_mode", "mode_column_terms"}  # unused helpers removed (issue 41)
+    assert not dead & set(dir(importlib.import_module("hf_tiednorm.normalized_head")))

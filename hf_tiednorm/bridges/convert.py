@@ -245,7 +245,8 @@ def convert_checkpoint(
     Args:
         source: a folder written by ``save_pretrained``; with ``gguf_file``, the folder holding that GGUF file; or
             the path of a ``.gguf`` file itself.
-        gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs ``pip install gguf``).
+        gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs the gguf extra:
+            ``python -m pip install -e ".[gguf]"``).
         lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
         head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
             ``options`` holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
@@ -342,8 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_head_option_flags(parser)  # --head-mode ... --norm-eps: the head's config fields (field_flags.py)
     parser.add_argument(
         "--gguf-file",
-        help="name of a GGUF file inside SOURCE, dequantized on load; needs pip install hf_tiednorm[gguf] "
-        "(default: none, SOURCE is a save_pretrained folder or a .gguf path)",
+        help="name of a GGUF file inside SOURCE, dequantized on load; needs the gguf extra (python -m pip install -e "
+        "\".[gguf]\") (default: none, SOURCE is a save_pretrained folder or a .gguf path)",
     )
     parser.add_argument(
         "--lossless-start",

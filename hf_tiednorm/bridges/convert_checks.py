@@ -13,8 +13,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
 from ..families import family_of_config
+from ..head_modes import unit_rows
 from ..modeling_tiednorm_wrapped import shared_embedding_modules, unit_lookups
-from ..normalized_head import TiedNormHead, unit_rows
+from ..normalized_head import TiedNormHead
 
 SUPPORTED_TEXT = (
     "any transformers causal LM (AutoModelForCausalLM) or encoder-decoder (AutoModelForSeq2SeqLM) whose output layer "
