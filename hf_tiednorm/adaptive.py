@@ -141,6 +141,8 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
     ) -> None:
         """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
         super().__init__()
+        if options is not None and options.extra_terms:
+            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
         self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .head_modes import HeadMode, unit_rows
-from .head_options import HeadOptions
+from .head_options import HEAD_OPTIONS, HeadOptions
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
@@ -83,6 +83,8 @@ class NormalizedScoresMixin:
             self.logit_scale = None
         # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
         self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
+        for name in options.extra_terms:  # registered head options (head_options.register_head_option)
+            setattr(self, name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init, device=device)))
         self._frozen_depth = 0
         self._frozen_terms = None
 
@@ -161,6 +163,10 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
             self.logit_scale = nn.Parameter(_resized(self.logit_scale.data, vocab_size, self.logit_scale_init))
         if self.logit_bias is not None and self.logit_bias.shape[0] != vocab_size:
             self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
+        for name in self.options.extra_terms:  # registered head options: new tokens start at the option's init
+            term = getattr(self, name)
+            if term.shape[0] != vocab_size:
+                setattr(self, name, nn.Parameter(_resized(term.data, vocab_size, HEAD_OPTIONS[name].init)))
 
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
@@ -171,7 +177,10 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
             if scale.dim() == 0:  # a single g for every token
                 scale = scale.expand(self.weight.shape[0])
             bias = None if bias is None else bias * g
-        return scale, self.add_logit_bias(bias)
+        scale, bias = scale, self.add_logit_bias(bias)
+        for name in self.options.extra_terms:  # registered head options fold their learned term in
+            scale, bias = HEAD_OPTIONS[name].fold(getattr(self, name).float(), scale, bias)
+        return scale, bias
 
     @torch.no_grad()
     def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 from ..families import WRAPPED, family_of_source
 from ..head_host import keep_head_terms_fp32
 from ..head_modes import DEFAULT_HEAD_MODE
-from ..head_options import LEARNED_TERMS, HeadOptions
+from ..head_options import HeadOptions, learned_terms
 from ..load_checks import check_source_loaded
 from ..lossless_start import start_lossless, take_row_scales
 from ..modeling_tiednorm_wrapped import (
@@ -63,7 +63,8 @@ _DROPPED_CONFIG_KEYS = (
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale
 # and bias that only the options logit_scale="scalar"/"vector" and logit_bias add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
-_TARGET_ONLY_KEYS = {f"lm_head.{term}" for term in LEARNED_TERMS}
+def _target_only_keys() -> set[str]:
+    return {f"lm_head.{term}" for term in learned_terms()}
 
 
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
@@ -208,7 +209,7 @@ def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOpt
     model = target_class(config).to(source_model.dtype)
     keep_head_terms_fp32(model)  # g and b stay fp32 in a bf16/fp16 source, as from_pretrained keeps them
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = set(missing) - _TARGET_ONLY_KEYS
+    missing = set(missing) - _target_only_keys()
     unexpected = set(unexpected) - _SOURCE_ONLY_KEYS
     if missing or unexpected:  # the architectures differ: a 1:1 mapping would be wrong
         raise ValueError(

@@ -56,7 +56,7 @@ from transformers import (
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..families import family_of_config
 from ..head_modes import get_head_mode
-from ..head_options import LEARNED_TERMS
+from ..head_options import LEARNED_TERMS, learned_terms
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
 from .convert import copy_tokenizer
 from .export_checks import check_logits, refuse_non_finite, rows_are_lookups
@@ -161,7 +161,7 @@ def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tu
     if projection is not None:  # logits = W'·(P·h) = (W'·P)·h
         rows = rows @ projection.weight.float()
     dtype = head.weight.dtype
-    learned = {f"{head_path}.{term}" for term in LEARNED_TERMS}  # folded into the rows and the bias
+    learned = {f"{head_path}.{term}" for term in learned_terms()}  # folded into the rows and the bias
     state = {k: v for k, v in body.state_dict().items() if k not in learned}
     state = {k: v for k, v in state.items() if not k.startswith("output_projection.")}
     state[f"{head_path}.weight"] = rows.to(dtype)

@@ -12,7 +12,7 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..configuration_tiednorm import TiedNormHeadConfigMixin
-from ..head_options import HeadOptions
+from ..head_options import HEAD_OPTIONS, HeadOptions
 
 
 def flag_type(annotation: Any) -> Any:
@@ -71,11 +71,15 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
         literal = [arg for arg in (*get_args(annotation), annotation) if get_origin(arg) is Literal]
         choices = metadata.get("choices") or (get_args(literal[0]) if literal else None)
         parser.add_argument(flag, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
+    for option in HEAD_OPTIONS.values():  # registered head options (head_options.register_head_option): switches
+        flag = f"--{option.name.replace('_', '-')}"
+        parser.add_argument(flag, action="store_true", help=f"{option.help} (default: off)")
 
 
 def head_options_from_flags(args: argparse.Namespace) -> HeadOptions:
     """The ``HeadOptions`` of the flags ``add_head_option_flags`` added (checked once, as every HeadOptions is)."""
-    return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()})
+    extra = tuple(name for name in HEAD_OPTIONS if getattr(args, name, False))
+    return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()}, extra_terms=extra)
 
 
 __all__ = ["add_head_option_flags", "flag_help", "flag_metadata", "flag_type", "head_option_fields",

@@ -34,6 +34,7 @@ from ..bridges.source_provenance import PROVENANCE
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..families import ROWS, family_of_config
 from ..head_modes import get_head_mode
+from ..head_options import HEAD_OPTIONS, HeadOptions
 from ..normalized_head import default_logit_scale
 from .card_metrics import eval_results, parse_metrics
 from .provenance import (
@@ -113,7 +114,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines", "unk_token_id", PROVENANCE,
+        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE,
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
@@ -298,6 +299,7 @@ def render_model_card(
         logit_bias="a learned b_i per token, added to the scores (zero at initialization)"
         if getattr(config, "logit_bias", False)
         else "none",
+        extra_terms=[(name, HEAD_OPTIONS[name].card) for name in HeadOptions.from_config(config).extra_terms],
         tie_topology=_tie_topology_text(config),
         label_smoothing=getattr(config, "label_smoothing", 0.0),  # a converted model has its architecture's loss
         num_parameters=_num_parameters(folder),
