@@ -57,7 +57,7 @@ def _status_kib(name: str) -> int:
 def run_child(args: Args) -> dict:
     import torch
 
-    from hf_tiednorm import TiedNormHead
+    from hf_tiednorm import HeadOptions, TiedNormHead
     from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
     from hf_tiednorm.token_loss import token_cross_entropy
 
@@ -65,7 +65,7 @@ def run_child(args: Args) -> dict:
         torch.set_num_threads(args.threads)
     mode, contender = args.child.split(":")
     torch.manual_seed(0)
-    head = TiedNormHead(args.dim, args.vocab, head_mode=mode, logit_scale=args.logit_scale)
+    head = TiedNormHead(args.dim, args.vocab, options=HeadOptions(head_mode=mode, logit_scale=args.logit_scale))
     with torch.no_grad():
         head.weight.normal_(0, 0.02)
     hidden = torch.randn(args.tokens, args.dim).requires_grad_(True)

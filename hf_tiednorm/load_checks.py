@@ -24,9 +24,10 @@ from __future__ import annotations
 from torch import nn
 
 from .adaptive import embedding_matrices
+from .head_options import LEARNED_TERMS
 from .normalized_head import NormalizedScoresMixin
 
-HEAD_TERMS = ("logit_scale", "logit_bias")  # the head's learned per-token terms, named as its config fields
+HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its config fields (head_options.py)
 
 
 def _term_field(model: nn.Module, term: str) -> str:

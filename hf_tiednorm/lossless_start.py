@@ -26,8 +26,8 @@ initial rows (``start_resized_tokens``), so they take the probability mass they 
 (at g = 1, ten new tokens of a tiny Llama would take 33 % (cosine) or 72 % (square) of the probability mass
 where the source's same resize gives them 14 %).
 
-GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``pip install
-hf_tiednorm[gguf]``); the converted model must carry no quantization state (the dequantized weights are plain
+GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``python -m pip
+install -e ".[gguf]"``); the converted model must carry no quantization state (the dequantized weights are plain
 tensors), so that it saves and fine-tunes like any other. Models still quantized (bitsandbytes, GPTQ, ...) are
 refused.
 """
@@ -40,36 +40,10 @@ from transformers import PreTrainedModel
 from .head_options import HeadOptions
 
 
-def drop_quantization_state(model: PreTrainedModel) -> None:
-    """Remove the GGUF loader's quantization state from ``model`` (and its config) in place; refuse a model whose
-    weights are still quantized.
-
-    transformers dequantizes a GGUF file into plain tensors but keeps ``quantization_config`` (quant_method "gguf")
-    and an ``hf_quantizer``: such a model refuses ``save_pretrained``, and a folder saved with that config reloads
-    as "quantized", which the Trainer refuses to fine-tune.
-    """
-    quantizer = getattr(model, "hf_quantizer", None)
-    config = getattr(model.config, "quantization_config", None)
-    if quantizer is None and config is None:
-        return
-    method = getattr(config, "quant_method", None) if not isinstance(config, dict) else config.get("quant_method")
-    method = getattr(method, "value", method)
-    if method != "gguf":
-        raise ValueError(
-            f"{type(model).__name__} is quantized ({method}): its weights are not plain tensors, so the normalized "
-            "head could not read their row norms and the conversion could not be saved; load it unquantized"
-        )
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)
-    elif hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
-
-
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
     """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
     or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    options = HeadOptions(head_mode, logit_scale, logit_bias=logit_bias).with_lossless_start()
+    options = HeadOptions(head_mode=head_mode, logit_scale=logit_scale, logit_bias=logit_bias).with_lossless_start()
     return options.logit_scale, options.logit_bias
 
 
@@ -115,5 +89,5 @@ def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
         head.logit_bias.mul_(row_scales.to(head.logit_bias))
 
 
-__all__ = ["drop_quantization_state", "lossless_head_options", "start_lossless", "start_resized_tokens",
+__all__ = ["lossless_head_options", "start_lossless", "start_resized_tokens",
            "take_row_scales"]

@@ -48,23 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .folded_weight import fold_scale
-from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, HeadMode, get_head_mode, inverse_row_norms, unit_rows
-from .head_options import LOGIT_SCALES, HeadOptions
-
-
-def mode_column_terms(
-    weight: torch.Tensor, head_mode: str, eps: float
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the score of ``head_mode``
-    (``HeadMode.column_terms``); ``None`` stands for "multiply by one" / "add zero", else fp32 (V,)."""
-    return get_head_mode(head_mode).column_terms(weight, eps)
-
-
-def check_head_mode(head_mode: str, logit_scale: str) -> None:
-    """Raises ``ValueError`` naming the argument when ``head_mode`` or ``logit_scale`` is unknown."""
-    get_head_mode(head_mode)
-    if logit_scale not in LOGIT_SCALES:
-        raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {logit_scale!r}")
+from .head_modes import HeadMode, unit_rows
+from .head_options import HEAD_OPTIONS, HeadOptions
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
@@ -99,6 +84,8 @@ class NormalizedScoresMixin:
             self.logit_scale = None
         # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
         self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
+        for name in options.extra_terms:  # registered head options (head_options.register_head_option)
+            setattr(self, name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init, device=device)))
         self._frozen_depth = 0
         self._frozen_terms = None
 
@@ -152,21 +139,15 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self,
         hidden_size: int,
         vocab_size: int,
-        head_mode: str = DEFAULT_HEAD_MODE,
-        logit_scale: str = "none",
-        logit_scale_init: float | None = None,
-        norm_eps: float = 1e-6,
+        *,
+        options: HeadOptions | None = None,
         device=None,
         dtype=None,
-        logit_bias: bool = False,
-        options: HeadOptions | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); without it, the
-        loose ``head_mode`` ... ``logit_bias`` arguments make one."""
+        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); None: the
+        defaults (``HeadOptions()``)."""
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        if options is None:
-            options = HeadOptions(head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps)
-        self.init_normalized_scores(options, hidden_size, vocab_size, device=device)
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
         return (
@@ -183,6 +164,10 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
             self.logit_scale = nn.Parameter(_resized(self.logit_scale.data, vocab_size, self.logit_scale_init))
         if self.logit_bias is not None and self.logit_bias.shape[0] != vocab_size:
             self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
+        for name in self.options.extra_terms:  # registered head options: new tokens start at the option's init
+            term = getattr(self, name)
+            if term.shape[0] != vocab_size:
+                setattr(self, name, nn.Parameter(_resized(term.data, vocab_size, HEAD_OPTIONS[name].init)))
 
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
@@ -193,7 +178,10 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
             if scale.dim() == 0:  # a single g for every token
                 scale = scale.expand(self.weight.shape[0])
             bias = None if bias is None else bias * g
-        return scale, self.add_logit_bias(bias)
+        scale, bias = scale, self.add_logit_bias(bias)
+        for name in self.options.extra_terms:  # registered head options fold their learned term in
+            scale, bias = HEAD_OPTIONS[name].fold(getattr(self, name).float(), scale, bias)
+        return scale, bias
 
     @torch.no_grad()
     def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -282,19 +270,9 @@ class TiedNormEmbedding(nn.Embedding):
 
 
 __all__ = [
-    "DEFAULT_HEAD_MODE",
-    "HEAD_MODES",
-    "LOGIT_SCALES",
-    "HeadMode",
-    "HeadOptions",
     "NormalizedScoresMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
-    "check_head_mode",
     "default_logit_scale",
-    "get_head_mode",
-    "inverse_row_norms",
-    "mode_column_terms",
     "out_of_vocabulary_message",
-    "unit_rows",
 ]

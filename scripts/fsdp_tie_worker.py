@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import hf_tiednorm
 from hf_tiednorm.tie_topology import embedding_tie, fully_shard_tied, untied_pairs
@@ -42,17 +41,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the model
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# The tiny model of each family (the sizes of tests/testing_utils.py's tiny models): config class, LM class, fields.
+# The tiny model of each family of the table (hf_tiednorm/families.py; the sizes of tests/testing_utils.py's tiny
+# models): a new family needs no entry here. BART's scale_embedding=True covers its in-module sqrt(d) scaling.
 _ENCODER_DECODER = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0)
-TINY_FAMILIES = {
-    "seq2seq": (hf_tiednorm.TiedNormSeq2SeqConfig, hf_tiednorm.TiedNormForConditionalGeneration, _ENCODER_DECODER),
-    "bart": (hf_tiednorm.TiedNormBartConfig, hf_tiednorm.TiedNormBartForConditionalGeneration,
-             _ENCODER_DECODER | {"scale_embedding": True}),
-    "causal": (hf_tiednorm.TiedNormCausalConfig, hf_tiednorm.TiedNormForCausalLM,
-               dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)),
-}
-FAMILIES = tuple(TINY_FAMILIES)
+_DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+_EXTRA_FIELDS = {"bart": {"scale_embedding": True}}
+FAMILIES = tuple(hf_tiednorm.FAMILIES)
 
 STEPS = 3
 LEARNING_RATE = 0.5  # SGD: large enough that a wrong gradient (or a split tie) shows within a few steps
@@ -87,10 +82,11 @@ def on_cpu() -> bool:
 
 def tiny_model(family: str, **overrides) -> torch.nn.Module:
     """A tiny randomly initialized model of ``family`` (61 tokens, d = 32, 2 layers), the same on every rank."""
-    config_class, model_class, fields = TINY_FAMILIES[family]
-    config = config_class(vocab_size=61, max_position_embeddings=64, **fields | overrides)
+    row = hf_tiednorm.FAMILIES[family]
+    fields = (_ENCODER_DECODER if row.is_encoder_decoder else _DECODER) | _EXTRA_FIELDS.get(family, {})
+    config = row.config_class(vocab_size=61, max_position_embeddings=64, **fields | overrides)
     torch.manual_seed(0)
-    return model_class(config).eval()
+    return row.lm_class(config).eval()
 
 
 def build(family: str) -> torch.nn.Module:
@@ -239,7 +235,7 @@ def check_saved(family: str, folder: str, reference: dict, batch) -> dict:
     """Reload what save_pretrained wrote from the gathered state dict: tied, stored once, same logits."""
     with safe_open(Path(folder) / "model.safetensors", "pt") as handle:
         keys = set(handle.keys())
-    auto = AutoModelForCausalLM if family == "causal" else AutoModelForSeq2SeqLM
+    auto = hf_tiednorm.FAMILIES[family].auto_class
     with without_zero3_init():
         reloaded = auto.from_pretrained(folder).to(DEVICE).eval()
     with torch.no_grad():

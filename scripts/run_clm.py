@@ -41,7 +41,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, default_data_collator
 
-import hf_tiednorm
+from hf_tiednorm.families import FAMILIES, families
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
     DataArgumentsBase,
@@ -55,6 +55,8 @@ from hf_tiednorm.training.precision import TiedNormTrainingArguments
 from hf_tiednorm.training.trainers import TiedNormTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
+# The causal family a new model is built from (hf_tiednorm/families.py).
+CAUSAL = FAMILIES[families(encoder_decoder=False)[0]]
 # The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
 # library's: hf_tiednorm assumes no checkout).
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -116,7 +118,7 @@ def main() -> None:
     )
 
     # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.
-    run_config = model_args.run_config(hf_tiednorm.TiedNormCausalConfig)
+    run_config = model_args.run_config(CAUSAL.config_class)
     # A new model gets max(--block_size, 512) positions (below); a saved one has its own.
     # A converted model reads its architecture's limit (GPT-2's n_positions); None: it has no position table.
     positions = getattr(run_config, "max_position_embeddings", None)
@@ -146,7 +148,7 @@ def main() -> None:
     if model_args.model_name_or_path is not None:
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=run_config)
     else:
-        config = hf_tiednorm.TiedNormCausalConfig(
+        config = CAUSAL.config_class(
             vocab_size=len(tokenizer),
             max_position_embeddings=max(data_args.block_size, 512),
             pad_token_id=tokenizer.pad_token_id,
@@ -154,7 +156,7 @@ def main() -> None:
             eos_token_id=tokenizer.eos_token_id,
             **model_args.config_overrides(),
         )
-        model = hf_tiednorm.TiedNormForCausalLM(config)
+        model = CAUSAL.lm_class(config)
     steps.check_model(model, tokenizer, training_args)
 
     # Blocks of --block_size tokens; a new model's token counts and weight-norm initialization.

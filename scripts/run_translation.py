@@ -58,7 +58,7 @@ from transformers import (
 )
 
 import hf_tiednorm
-from hf_tiednorm.families import FAMILIES, families
+from hf_tiednorm.families import FAMILIES, families, family_named
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
@@ -73,10 +73,12 @@ from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, pad
 from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
-# --model_family: every encoder-decoder family of hf_tiednorm (hf_tiednorm/families.py; "tiednorm" names the
-# Marian-style one, as the recipes always have), and transformers' MarianMTModel as the HF contender.
-OWN_FAMILIES = {"tiednorm" if name == "seq2seq" else name: FAMILIES[name] for name in families(encoder_decoder=True)}
-MODEL_FAMILIES = (*OWN_FAMILIES, "marian")
+# --model_family: every encoder-decoder family of hf_tiednorm under the name the recipes use (hf_tiednorm/families.py:
+# its first alias, else its name; the table resolves either), and transformers' MarianMTModel as the HF contender.
+OWN_FAMILIES = {(FAMILIES[name].aliases or (name,))[0]: FAMILIES[name] for name in families(encoder_decoder=True)}
+DEFAULT_FAMILY = next(iter(OWN_FAMILIES))
+MARIAN = "marian"
+MODEL_FAMILIES = (*OWN_FAMILIES, MARIAN)
 # The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
 # library's: hf_tiednorm assumes no checkout).
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -120,7 +122,7 @@ class ModelArguments(TiedNormModelArguments):
         metadata={"help": "beam-search length penalty (exponent on length); the beam size is --generation_num_beams"},
     )
     model_family: str = field(
-        default="tiednorm",
+        default=DEFAULT_FAMILY,
         metadata={
             "help": f"one of {MODEL_FAMILIES}: a new model of an hf_tiednorm encoder-decoder family ("
             + ", ".join(f"{name}: {family.lm_class.__name__}" for name, family in OWN_FAMILIES.items())
@@ -131,9 +133,9 @@ class ModelArguments(TiedNormModelArguments):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.model_family not in MODEL_FAMILIES:
+        if self.model_family != MARIAN and family_named(self.model_family, encoder_decoder=True) is None:
             raise ValueError(f"--model_family must be one of {MODEL_FAMILIES}, got {self.model_family!r}")
-        if self.model_family == "marian":
+        if self.model_family == MARIAN:
             given = [name for name in TIEDNORM_ONLY_FLAGS if getattr(self, name) is not None]
             if self.model_name_or_path is not None:
                 given.append("model_name_or_path")  # a saved model's config.json names its own family
@@ -190,7 +192,7 @@ class DataArguments(DataArgumentsBase):
             raise ValueError(f"--source_lang and --target_lang are both {self.source_lang!r}; they must differ")
 
 
-def marian_config(config: hf_tiednorm.TiedNormSeq2SeqConfig) -> MarianConfig:
+def marian_config(config: PretrainedConfig) -> MarianConfig:
     """The ``MarianConfig`` with every Marian field of ``config`` (dims, dropouts, init_std, scale_embedding, special
     token ids, decoder_start_token_id), three-way tied as transformers spells it."""
     shared = set(MarianConfig().to_dict()) - {"model_type", "transformers_version", "architectures", "_name_or_path"}
@@ -227,11 +229,12 @@ def main() -> None:
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help
     )
-    marian = model_args.model_family == "marian"
+    marian = model_args.model_family == MARIAN
     output_dir = Path(training_args.output_dir)
 
     # Bad flags fail before any work: the config, sequence lengths the positions cannot hold, a resumed architecture.
-    family = OWN_FAMILIES.get(model_args.model_family, OWN_FAMILIES["tiednorm"])  # marian: built from its config
+    # marian: built from its config
+    family = family_named(model_args.model_family, encoder_decoder=True) or OWN_FAMILIES[DEFAULT_FAMILY]
     run_config: PretrainedConfig = model_args.run_config(family.config_class)
     if marian:
         run_config = marian_config(run_config)

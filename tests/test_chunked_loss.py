@@ -12,6 +12,7 @@ from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
 from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
+from hf_tiednorm.head_options import HeadOptions
 from hf_tiednorm.token_loss import token_cross_entropy
 
 VOCAB, DIM = 37, 8
@@ -19,7 +20,7 @@ VOCAB, DIM = 37, 8
 
 def _head(mode, logit_scale, dtype):
     torch.manual_seed(0)
-    head = TiedNormHead(DIM, VOCAB, head_mode=mode, logit_scale=logit_scale).to(dtype)
+    head = TiedNormHead(DIM, VOCAB, options=HeadOptions(head_mode=mode, logit_scale=logit_scale)).to(dtype)
     with torch.no_grad():
         head.weight.normal_()
         head.weight[5].zero_()  # a zero row: the eps floor must behave the same on both paths

@@ -13,7 +13,7 @@ CLIS = {
     "tiednorm-convert": "hf_tiednorm.convert",
     "tiednorm-card": "hf_tiednorm.publishing.model_card",
     "tiednorm-push": "hf_tiednorm.publishing.hub",
-    "tiednorm-export": "hf_tiednorm.publishing.export",
+    "tiednorm-export": "hf_tiednorm.export",
 }
 
 

@@ -245,7 +245,7 @@ def tiny_inputs(tmp_path_factory) -> dict[str, str]:
 
 
 CONSOLE_SCRIPTS = {"tiednorm-convert": "hf_tiednorm.convert", "tiednorm-card": "hf_tiednorm.publishing.model_card",
-                   "tiednorm-push": "hf_tiednorm.publishing.hub", "tiednorm-export": "hf_tiednorm.publishing.export"}
+                   "tiednorm-push": "hf_tiednorm.publishing.hub", "tiednorm-export": "hf_tiednorm.export"}
 SHELL_SYNTAX = re.compile(r"[$|&;<>`()]|^\w+=")
 
 

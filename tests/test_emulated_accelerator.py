@@ -18,14 +18,14 @@ from testing_utils import FAMILIES, model_inputs, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
 
+from hf_tiednorm.bridges.export import export_plain
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.publishing.export import export_plain
 from hf_tiednorm.training.arguments import RunArguments
 from hf_tiednorm.training.callbacks import TimeBudgetCallback, run_callbacks
 from hf_tiednorm.training.plots import plot_embedding_norms
 from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments
 from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer
-from hf_tiednorm.weight_norm_init import weight_norm_init_
+from hf_tiednorm.training.weight_norm_init import weight_norm_init_
 
 DEVICE = torch.device("cpu")  # what `.to(args.device)` names on this machine; the emulation tags what goes there
 REGULARIZERS = {"projection_regularization": 0.15, "weight_norm_regularization": 1e-3}

@@ -23,9 +23,10 @@ SOURCE = Path(os.environ.get("LLAMA_CPP_SOURCE", "llama_cpp_python-0.3.36"))
 def test_smollm2_export_runs_in_llama_cpp_with_the_same_greedy_continuation(tmp_path):
     if not (SOURCE / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py").is_file():
         pytest.skip(f"no llama.cpp sources at {SOURCE}: set LLAMA_CPP_SOURCE to the llama-cpp-python sdist")
-    from engines.llama_cpp_check import convert_to_gguf, llama_greedy, transformers_greedy
     from engines.onnx_export import _sentences, smollm2_export
     from transformers import AutoTokenizer
+
+    from hf_tiednorm.bridges.engines.llama_cpp import convert_to_gguf, llama_greedy, transformers_greedy
 
     model, result, _, moved = smollm2_export(tmp_path, steps=2)
     assert moved > 0  # the head is truly normalized: g_i no longer equals ‖w_i‖

@@ -8,8 +8,8 @@ import pytest
 import torch
 from testing_utils import model_inputs, tiny_model
 
+from hf_tiednorm.bridges.export import export_plain
 from hf_tiednorm.head_modes import HeadMode, inverse_row_norms, register_head_mode, unregister_head_mode
-from hf_tiednorm.publishing.export import export_plain
 
 TOY = "root_shift"
 TOY_EQUATION = "s_i = ŵ_i·h·‖w_i‖^½ − ‖w_i‖/10 (toy), with unit-row input lookups"

@@ -8,11 +8,12 @@ import torch.nn.functional as F
 from testing_utils import reference_scores
 
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
+from hf_tiednorm.head_options import HeadOptions
 
 
 def make_head(head_mode: str, vocab: int = 50, dim: int = 16, seed: int = 0, **kwargs) -> TiedNormHead:
     torch.manual_seed(seed)
-    head = TiedNormHead(dim, vocab, head_mode=head_mode, **kwargs)
+    head = TiedNormHead(dim, vocab, options=HeadOptions(head_mode=head_mode, **kwargs))
     torch.nn.init.normal_(head.weight, std=0.5)
     return head
 
@@ -42,11 +43,13 @@ def test_scores_match_reference(head_mode, logit_scale, shape):
 def test_a_learned_logit_scale_starts_at_one_and_a_fixed_one_at_sqrt_d():
     # A learned g starts where the head equals the scale-free one (√d made the step-0 logits √d× too sharp, issue 25);
     # "fixed" keeps √d, which saved fixed-scale models depend on.
-    assert TiedNormHead(64, 10, logit_scale="scalar").logit_scale.item() == 1.0
-    assert torch.equal(TiedNormHead(64, 10, logit_scale="vector").logit_scale.detach(), torch.ones(10))
-    fixed = TiedNormHead(64, 10, logit_scale="fixed")
+    assert TiedNormHead(64, 10, options=HeadOptions(logit_scale="scalar")).logit_scale.item() == 1.0
+    vector = TiedNormHead(64, 10, options=HeadOptions(logit_scale="vector"))
+    assert torch.equal(vector.logit_scale.detach(), torch.ones(10))
+    fixed = TiedNormHead(64, 10, options=HeadOptions(logit_scale="fixed"))
     assert fixed.logit_scale is None and fixed.logit_scale_values(torch.device("cpu")).item() == pytest.approx(8.0)
-    assert TiedNormHead(64, 10, logit_scale="vector", logit_scale_init=3.0).logit_scale[0].item() == 3.0
+    started = TiedNormHead(64, 10, options=HeadOptions(logit_scale="vector", logit_scale_init=3.0))
+    assert started.logit_scale[0].item() == 3.0
 
 
 @pytest.mark.parametrize("tokens", [4, 40], ids=["logit-scaled", "row-scaled"])
@@ -93,12 +96,12 @@ def test_square_and_baseline_break_identity_when_norms_differ():
     pointing near w_k. Baseline fails for a long w_i. (cosine, l2 and distance pass the same case above.)"""
     weight = torch.tensor([[1.0, 0.0], [0.1, 0.02], [5.0, 3.0]])
     for head_mode, winner in (("square", 1), ("baseline", 2)):
-        head = TiedNormHead(2, 3, head_mode=head_mode)
+        head = TiedNormHead(2, 3, options=HeadOptions(head_mode=head_mode))
         head.weight.data = weight.clone()
         with torch.no_grad():
             assert head(weight[0]).argmax().item() == winner
     for head_mode in ("l2", "cosine", "distance"):
-        head = TiedNormHead(2, 3, head_mode=head_mode)
+        head = TiedNormHead(2, 3, options=HeadOptions(head_mode=head_mode))
         head.weight.data = weight.clone()
         with torch.no_grad():
             assert head(weight[0]).argmax().item() == 0
@@ -124,7 +127,7 @@ def win_frequency_norm_correlation(head_mode: str, vocab: int = 40, dim: int = 8
     generator = torch.Generator().manual_seed(1)
     directions = F.normalize(torch.randn(vocab, dim, generator=generator), dim=-1)
     norms = torch.linspace(0.2, 3.0, vocab)[torch.randperm(vocab, generator=generator)]
-    head = TiedNormHead(dim, vocab, head_mode=head_mode)
+    head = TiedNormHead(dim, vocab, options=HeadOptions(head_mode=head_mode))
     head.weight.data = directions * norms[:, None]
     hidden = F.normalize(torch.randn(samples, dim, generator=generator), dim=-1)
     with torch.no_grad():
@@ -266,6 +269,6 @@ def test_l2_embedding_equals_normalizing_all_rows_in_value_and_gradient():
 
 def test_head_rejects_unknown_mode_and_scale():
     with pytest.raises(ValueError, match="head_mode must be one of"):
-        TiedNormHead(4, 4, head_mode="unit")
+        TiedNormHead(4, 4, options=HeadOptions(head_mode="unit"))
     with pytest.raises(ValueError, match="logit_scale must be one of"):
-        TiedNormHead(4, 4, logit_scale="learned")
+        TiedNormHead(4, 4, options=HeadOptions(logit_scale="learned"))

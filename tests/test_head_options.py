@@ -9,7 +9,7 @@ import pytest
 from testing_utils import tiny_config
 from tiny_architectures import source_model
 
-import hf_tiednorm.convert as convert
+import hf_tiednorm.bridges.convert as convert
 from hf_tiednorm.head_modes import HEAD_MODES, get_head_mode
 from hf_tiednorm.head_options import HeadOptions
 from hf_tiednorm.normalized_head import TiedNormHead
@@ -34,7 +34,8 @@ def test_bad_options_are_refused_when_made(fields, message):
 def test_a_config_passes_its_options_whole_to_the_head():
     config = tiny_config("causal", head_mode="square", logit_scale="vector", logit_scale_init=3.0, logit_bias=True)
     options = config.head_options
-    assert options == HeadOptions("square", "vector", 3.0, True, config.norm_eps)
+    assert options == HeadOptions(head_mode="square", logit_scale="vector", logit_scale_init=3.0, logit_bias=True,
+                                  norm_eps=config.norm_eps)
     head = TiedNormHead(8, 5, options=options)
     assert head.options is options and head.mode.name == "square"
     assert head.logit_scale.shape == (5,) and float(head.logit_scale.detach()[0]) == 3.0 and head.logit_bias is not None
@@ -43,13 +44,14 @@ def test_a_config_passes_its_options_whole_to_the_head():
 
 
 def test_the_lossless_start_options_follow_the_mode():
-    assert HeadOptions("cosine").with_lossless_start() == HeadOptions("cosine", "vector")
-    assert HeadOptions("distance").with_lossless_start() == HeadOptions("distance", logit_bias=True)
-    assert HeadOptions("baseline").with_lossless_start() == HeadOptions("baseline")
+    cosine = HeadOptions(head_mode="cosine", logit_scale="vector")
+    assert HeadOptions(head_mode="cosine").with_lossless_start() == cosine
+    assert HeadOptions(head_mode="distance").with_lossless_start() == HeadOptions(head_mode="distance", logit_bias=True)
+    assert HeadOptions(head_mode="baseline").with_lossless_start() == HeadOptions(head_mode="baseline")
     with pytest.raises(ValueError, match="impossible for head_mode 'l2'"):
-        HeadOptions("l2").with_lossless_start()
+        HeadOptions(head_mode="l2").with_lossless_start()
     with pytest.raises(ValueError, match="logit_scale='scalar' cannot give back"):
-        HeadOptions("cosine", "scalar").with_lossless_start()
+        HeadOptions(head_mode="cosine", logit_scale="scalar").with_lossless_start()
 
 
 SCALE_STARTS = [name for name in HEAD_MODES if "logit_scale" in (get_head_mode(name).lossless_start or ())]
@@ -63,7 +65,7 @@ def test_an_explicit_logit_scale_init_is_refused_where_the_lossless_start_sets_g
         match=r"logit_scale_init=5.0 \(--logit-scale-init\) cannot be combined with "
         r"lossless_start \(--lossless-start\)",
     ):
-        HeadOptions(head_mode, "vector", 5.0).with_lossless_start()
+        HeadOptions(head_mode=head_mode, logit_scale="vector", logit_scale_init=5.0).with_lossless_start()
     # Every other mode cannot even be given a logit_scale_init with a lossless start: its start needs
     # logit_scale='none', and logit_scale_init without a logit_scale is refused when the options are made.
 
@@ -92,5 +94,5 @@ def test_a_conversion_checks_its_source_once(generic, tmp_path, monkeypatch):
     assert calls == {"check_convertible": 1, "check_tied": 1, "check_unit_lookups": 1 if generic else 0}
     for name in calls:
         calls[name] = 0
-    convert.normalize_tied_head(source_model("llama"), options=HeadOptions("l2"), generic=generic)
+    convert.normalize_tied_head(source_model("llama"), options=HeadOptions(head_mode="l2"), generic=generic)
     assert calls == {"check_convertible": 1, "check_tied": 1, "check_unit_lookups": 1 if generic else 0}

@@ -111,3 +111,23 @@ def test_no_script_replaces_or_ends_the_process_it_runs_in():
                         and (node.attr.startswith("exec") or node.attr == "_exit")):
                     offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} os.{node.attr}")
     assert offenders == []
+
+
+def test_every_install_line_works_from_a_clone():
+    """hf_tiednorm is on no package index: an install line names the clone (``python -m pip install -e ".[gguf]"``),
+    never ``pip install hf_tiednorm[...]``, and every extra it names exists in setup.cfg (issue 41)."""
+    import re
+
+    known = set(extras())
+    texts = [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md"), *(REPO_ROOT / "hf_tiednorm").rglob("*.py"),
+             *(REPO_ROOT / "scripts").rglob("*.*"), *(REPO_ROOT / "experiments").rglob("*.py"),
+             *(REPO_ROOT / "tests").glob("*.py")]  # fmt: skip
+    wrong, unknown = [], []
+    for path in texts:
+        text = path.read_text(encoding="utf-8", errors="replace").replace("\\\"", '"')
+        if path.name != "test_install.py":
+            wrong += [f"{path.name}: {m}" for m in re.findall(r"pip install [\"']?hf_tiednorm\b[^\s`]*", text)]
+        unknown += [f"{path.name}: .[{name}]" for names in re.findall(r"-e \"?\.\[([\w,-]+)\]", text)
+                    for name in names.split(",") if name not in known]  # fmt: skip
+    assert not wrong, wrong
+    assert not unknown, unknown

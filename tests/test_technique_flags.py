@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import hf_tiednorm
 from hf_tiednorm.regularizers import projection_penalty, weight_norm_penalty
 from hf_tiednorm.training.data import group_texts, token_counts
-from hf_tiednorm.weight_norm_init import weight_norm_targets
+from hf_tiednorm.training.weight_norm_init import weight_norm_targets
 
 N_TRAIN = 300
 # A tiny causal LM: a few seconds per run on one CPU thread. Architecture flags apply to new models only.

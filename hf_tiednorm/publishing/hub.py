@@ -32,20 +32,10 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token
 from huggingface_hub.errors import OfflineModeIsEnabled
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from ..convert import copy_tokenizer
-from ..training.plots import EMBEDDING_NORM_PLOT, NORM_VS_FREQUENCY_PLOT
-from .auto_map import foreign_auto_map
-from .export import export_plain
-from .export_card import write_export_card
-from .model_card import (
-    add_card_arguments,
-    card_inputs_from_args,
-    check_repo_id,
-    load_tiednorm_config,
-    write_model_card,
-)
-from .provenance import base_model_provenance, hub_id, provenance_from_args, state_provenance
-from .staging_checks import (
+from ..bridges.convert import copy_tokenizer
+from ..bridges.export import export_plain
+from ..bridges.export_card import write_export_card
+from ..bridges.staging_checks import (
     check_new_folder,
     check_no_token,
     check_staged_files,
@@ -55,6 +45,17 @@ from .staging_checks import (
     staged_folder,
     unshipped_head_mode,
 )
+from ..remote_code_map import foreign_auto_map
+from .model_card import (
+    EMBEDDING_NORM_PLOT,
+    NORM_VS_FREQUENCY_PLOT,
+    add_card_arguments,
+    card_inputs_from_args,
+    check_repo_id,
+    load_tiednorm_config,
+    write_model_card,
+)
+from .provenance import base_model_provenance, hub_id, provenance_from_args, state_provenance
 
 logger = logging.getLogger(__name__)
 

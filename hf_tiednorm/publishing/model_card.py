@@ -28,21 +28,14 @@ from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
-from transformers import AutoConfig
+from transformers import AutoConfig, PreTrainedConfig
 
-from ..configuration_tiednorm import (
-    TiedNormBartConfig,
-    TiedNormCausalConfig,
-    TiedNormHeadConfigMixin,
-    TiedNormSeq2SeqConfig,
-    TieTopologyConfigMixin,
-)
-from ..configuration_tiednorm_wrapped import TiedNormWrappedConfig
-from ..families import FAMILIES as MODEL_FAMILIES
+from ..bridges.source_provenance import PROVENANCE
+from ..configuration_tiednorm import TiedNormHeadConfigMixin, TieTopologyConfigMixin
+from ..families import ROWS, family_of_config
 from ..head_modes import get_head_mode
+from ..head_options import HEAD_OPTIONS, HeadOptions
 from ..normalized_head import default_logit_scale
-from ..source_provenance import PROVENANCE
-from ..training.plots import EMBEDDING_NORM_PLOT
 from .card_metrics import eval_results, parse_metrics
 from .provenance import (
     add_provenance_arguments,
@@ -53,11 +46,13 @@ from .provenance import (
 )
 
 TEMPLATE_NAME = "tiednorm_model_card.md"
-# model_type -> (the HF parent config, the architecture named on the card), from the family table (families.py)
-FAMILIES = {family.model_type: (family.hf_parent_config, family.card_name) for family in MODEL_FAMILIES.values()}
-# Converted models of any tied architecture: the wrapped model's config is the wrapper config's text_config.
-WRAPPED = TiedNormWrappedConfig.model_type
-TiedNormConfig = TiedNormSeq2SeqConfig | TiedNormBartConfig | TiedNormCausalConfig | TiedNormWrappedConfig
+# File names of the two embedding-norm plots in a model folder (training/plots.py draws them; the card embeds the
+# histogram, tiednorm-push uploads both).
+EMBEDDING_NORM_PLOT = "embedding_norms.png"
+NORM_VS_FREQUENCY_PLOT = "embedding_norms_vs_frequency.png"
+# Any config of the family table (families.py): our families' and the wrapper's (a converted model of any tied
+# architecture, whose wrapped config is its text_config). Every per-family answer of the card is the table's.
+TiedNormConfig = PreTrainedConfig
 # Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
 
 TIE_TOPOLOGY_TEXT = {
@@ -111,14 +106,15 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     Found generically so that fields added later (projection, weight-norm penalties, ...) appear on the card. A
     converted model has none (its config refuses them: it trains with the wrapped model's own loss).
     """
-    if config.model_type == WRAPPED:
+    row = family_of_config(config)
+    if not row.has_technique_fields(config):
         return {}
-    parent = FAMILIES[config.model_type][0]()
+    parent = row.hf_parent_config()
     # The head's and the tie topology's fields have their own rows (label smoothing too), and so do the parent's.
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines", "unk_token_id", PROVENANCE,
+        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE,
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
@@ -156,10 +152,7 @@ def _logit_scale_text(config: TiedNormConfig, folder: Path | None = None) -> str
             return f"one learned g (g = {low:.4g} in these weights)"
         return (f"a learned g_i per token (g_i in {low:.4g}–{high:.4g} in these weights; a lossless start sets "
                 "g_i = ‖w_i‖ of the source)")
-    if config.model_type == WRAPPED:  # the wrapped config's hidden_size (GPT-2's n_embd, T5's d_model, ...)
-        hidden_size = config.hidden_size
-    else:
-        hidden_size = config.d_model if config.is_encoder_decoder else config.hidden_size
+    hidden_size = family_of_config(config).head_hidden_size(config)
     g = config.logit_scale_init
     if g is None:
         g = default_logit_scale(config.logit_scale, hidden_size)
@@ -183,17 +176,15 @@ def _num_parameters(folder: Path) -> str:
 
 
 def _architecture_text(config: TiedNormConfig) -> str:
-    if config.model_type == WRAPPED:
-        return f"`{config.text_config.model_type}` model (transformers' own code)"
-    return FAMILIES[config.model_type][1]
+    return family_of_config(config).architecture_text(config)
 
 
 def _tie_topology_text(config: TiedNormConfig) -> str:
-    if config.model_type != WRAPPED and config.is_encoder_decoder:
+    if isinstance(config, TieTopologyConfigMixin) and config.is_encoder_decoder:  # our encoder-decoders declare it
         return TIE_TOPOLOGY_TEXT[config.tie_topology]
     if not config.tie_word_embeddings:
         return "untied"
-    if config.model_type == WRAPPED and config.is_encoder_decoder:
+    if config.is_encoder_decoder:  # a wrapped one keeps the tie its architecture makes
         two_vocabularies = getattr(config.text_config, "share_encoder_decoder_embeddings", True) is False
         return TIE_TOPOLOGY_TEXT["decoder"] if two_vocabularies else WRAPPED_TIE_TEXT
     return "input = output embedding"
@@ -214,10 +205,10 @@ def load_tiednorm_config(folder: str | os.PathLike) -> TiedNormConfig:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; pass a folder written by save_pretrained")
     config = AutoConfig.from_pretrained(folder)
-    if config.model_type not in (*FAMILIES, WRAPPED):
+    if family_of_config(config) is None:
         raise ValueError(
             f"{folder} holds a {config.model_type!r} model, not an hf_tiednorm one (one of "
-            f"{sorted([*FAMILIES, WRAPPED])}); convert it first with `python -m hf_tiednorm.convert`"
+            f"{sorted(ROWS)}); convert it first with `python -m hf_tiednorm.convert`"
         )
     return config
 
@@ -276,8 +267,7 @@ def render_model_card(
     is_encoder_decoder = config.is_encoder_decoder
     mode = get_head_mode(config.head_mode)  # its equation and paper (head_modes.py)
     tags = ["tiednorm", config.head_mode, "translation" if is_encoder_decoder else "text-generation"]
-    if config.model_type == WRAPPED:
-        tags.append(config.text_config.model_type)
+    tags += family_of_config(config).card_tags(config)
     tied = config.tie_word_embeddings
     citations = ([LIU_ET_AL_BIBTEX] if mode.cites_liu_et_al else []) + ([PRESS_WOLF_BIBTEX] if tied else [])
 
@@ -309,6 +299,7 @@ def render_model_card(
         logit_bias="a learned b_i per token, added to the scores (zero at initialization)"
         if getattr(config, "logit_bias", False)
         else "none",
+        extra_terms=[(name, HEAD_OPTIONS[name].card) for name in HeadOptions.from_config(config).extra_terms],
         tie_topology=_tie_topology_text(config),
         label_smoothing=getattr(config, "label_smoothing", 0.0),  # a converted model has its architecture's loss
         num_parameters=_num_parameters(folder),

@@ -6,7 +6,7 @@ license. ``base_model_provenance`` turns the source given to a run into what can
 it is known (the source given as a repo id; a conversion's recorded ``provenance``; a folder in the Hugging Face
 cache, ``models--owner--name/snapshots/``; a config whose ``_name_or_path`` is a repo id), else nothing ("a local
 model"), and the source's license from its provenance, card or config where one states it (never a default).
-``local_paths_in`` finds absolute paths of this machine in a text, for staging to refuse.
+
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from huggingface_hub import ModelCard
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from ..source_provenance import PROVENANCE, check_base_model_id, folder_provenance
+from ..bridges.source_provenance import PROVENANCE, check_base_model_id, folder_provenance
 
 # Candidate absolute paths in a text: two or more components.
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/[\w.@+-]+(?:/[\w.@+-]+)+")
 
 
 def hub_id(name: str | os.PathLike | None) -> str | None:
@@ -110,17 +109,7 @@ def provenance_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {"license": args.license, "base_model_id": args.base_model}
 
 
-def local_paths_in(text: str) -> list[str]:
-    """The absolute paths of this machine (that exist here) named in ``text``."""
-    found = []
-    for candidate in _ABSOLUTE_PATH.findall(text):
-        path = candidate.rstrip(".,;:)")
-        if os.path.exists(path) or os.path.exists(os.path.dirname(path)) and os.path.dirname(path) != "/":
-            found.append(path)
-    return sorted(set(found))
-
-
 __all__ = [
     "UNKNOWN_LICENSE", "add_provenance_arguments", "base_model_provenance", "card_provenance", "hub_id",
-    "license_text", "local_paths_in", "provenance_from_args", "state_provenance",
+    "license_text", "provenance_from_args", "state_provenance",
 ]  # fmt: skip

@@ -21,12 +21,12 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Any, ClassVar, Literal, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 import yaml
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig
 
+from ..bridges.field_flags import flag_metadata, flag_type
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from .tokenization import TOKENIZER_MODELS
 
@@ -166,40 +166,6 @@ class ModelSourceArguments:
                                  f"{type(error).__name__}: {error}") from error
         new_model = {name: getattr(self, name) for name in self.new_model_fields}
         return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
-
-
-def flag_type(annotation: Any) -> Any:
-    """The flag type of a config field's type, optional: HfArgumentParser takes ``X | None`` only, so a config's
-    ``float | int`` is a float flag; a ``Literal`` is a str flag whose value the config checks (its error names the
-    field and the choices, which the help lists)."""
-    kinds = [arg for arg in get_args(annotation) if arg is not type(None)]
-    if get_origin(annotation) not in (Union, UnionType):
-        kinds = [annotation]
-    if set(kinds) == {float, int}:
-        kinds = [float]
-    (kind,) = kinds
-    if get_origin(kind) is Literal:
-        kind = str
-    return Optional[kind]  # noqa: UP045 (list[int] | None would need a runtime union of a generic alias)
-
-
-def flag_help(config_field: dataclasses.Field, annotation: Any) -> str:
-    """The help of a config-field flag: the field's ``script_flag`` help, its choices (a ``Literal`` type) and the
-    config's default (the flag's own default, None, keeps it)."""
-    kinds = [arg for arg in get_args(annotation) if get_origin(arg) is Literal] or [annotation]
-    choices = get_args(kinds[0]) if get_origin(kinds[0]) is Literal else ()
-    listed = f"; one of {', '.join(choices)}" if choices else ""
-    if "choices" in config_field.metadata:  # a registry read at parse time (the head modes): argparse lists it
-        listed = "; one of %(choices)s"
-    return f"{config_field.metadata['help']}{listed} (default: {config_field.default}, the config's)"
-
-
-def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str, Any]:
-    """The HfArgumentParser metadata of a config-field flag: its help, and its ``choices`` when the field names them."""
-    metadata = {"help": flag_help(config_field, annotation)}
-    if "choices" in config_field.metadata:
-        metadata["choices"] = config_field.metadata["choices"]
-    return metadata
 
 
 def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:

@@ -14,10 +14,7 @@ import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 
 from ..adaptive import embedding_matrices  # noqa: E402
-
-# File names of the two plots in a model folder (the model card embeds the histogram).
-EMBEDDING_NORM_PLOT = "embedding_norms.png"
-NORM_VS_FREQUENCY_PLOT = "embedding_norms_vs_frequency.png"
+from ..publishing.model_card import EMBEDDING_NORM_PLOT, NORM_VS_FREQUENCY_PLOT  # noqa: E402 (the card embeds them)
 
 
 def embedding_row_norms(model: PreTrainedModel) -> torch.Tensor:

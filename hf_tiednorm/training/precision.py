@@ -23,7 +23,7 @@ from transformers import (
 from transformers.masking_utils import eager_mask
 from transformers.modeling_utils import PreTrainedModel
 
-from ..families import FAMILIES
+from ..families import family_of_config, family_of_source
 
 # Batches on an accelerator are padded to a multiple of this many tokens (``padding_multiple``): with
 # group_by_length and no padding multiple, the main job's batches took about 209 distinct (batch, length) shapes an
@@ -212,10 +212,13 @@ def padding_multiple(training_args: TrainingArguments) -> int | None:
 # reproduces exactly (Marian / BART / Llama bodies); others (converted checkpoints: soft-capping, sliding windows, ...)
 # keep theirs.
 CPU_BF16_ATTENTION = "eager_fp32_softmax"
-# Our families that ask for it (families.py) and the HF Marian contender of run_translation.py.
-CPU_BF16_ATTENTION_MODEL_TYPES = (
-    *(family.model_type for family in FAMILIES.values() if family.cpu_bf16_eager_attention), "marian"
-)
+
+
+def reproduces_eager_attention(config) -> bool:
+    """Whether ``config``'s model asks for ``CPU_BF16_ATTENTION`` (its row of the family table, families.py), or is
+    the HF parent of such a family (run_translation.py's Marian contender)."""
+    row = family_of_config(config) or family_of_source(getattr(config, "model_type", None))
+    return row is not None and row.cpu_bf16_eager_attention
 
 
 def eager_attention_fp32_softmax(
@@ -253,12 +256,12 @@ def register_cpu_bf16_attention() -> None:
 
 def choose_attention(model: PreTrainedModel, training_args: TrainingArguments) -> str:
     """The attention a run trains with: ``CPU_BF16_ATTENTION`` under bf16 autocast on CPU for the model types of
-    ``CPU_BF16_ATTENTION_MODEL_TYPES``, else the model's own.
+    ``reproduces_eager_attention``, else the model's own.
     torch's CPU flash-attention kernel (SDPA) is 2-4x slower in bf16 than in fp32 at these lengths (fwd+bwd of
     batch 64 × 4 heads × 24 tokens: 20 ms vs 7.5 ms, eager bf16 5 ms; in a profiled main-job bf16 step SDPA took
     a quarter of the time), so there the eager matmuls win. Returns a line for the log."""
     on_cpu = training_args.use_cpu or not torch.accelerator.is_available()
-    if not (training_args.bf16 and on_cpu and model.config.model_type in CPU_BF16_ATTENTION_MODEL_TYPES):
+    if not (training_args.bf16 and on_cpu and reproduces_eager_attention(model.config)):
         return f"attention: {model.config._attn_implementation} (the model's)"
     register_cpu_bf16_attention()
     model.set_attn_implementation(CPU_BF16_ATTENTION)

@@ -26,11 +26,9 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
-import json
 import logging
 import os
 import shutil
-import struct
 import time
 from pathlib import Path
 
@@ -39,6 +37,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
+from ..bridges.staging_checks import safetensors_problem
 from .checkpoint_reading import archive_problems, missing_weight_names, trainer_state_problem
 from .run_outputs import check_inputs_kept, overwritable_entries
 
@@ -154,22 +153,6 @@ WEIGHTS_NAMES = (
 )
 OPTIMIZER_NAME = "optimizer.pt"
 SCHEDULER_NAME = "scheduler.pt"
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why the safetensors file ``path`` cannot load (unreadable or malformed header, truncated data), or None.
-    Reads the header only: 8 bytes of length, then the JSON header whose offsets give the data size."""
-    try:
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-    except (OSError, struct.error, ValueError) as error:
-        return f"{path.name} has no valid safetensors header ({type(error).__name__})"
-    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-    expected, size = 8 + length + end, path.stat().st_size
-    if size < expected:
-        return f"{path.name} is truncated ({size} of {expected} bytes)"
-    return None
 
 
 def checkpoint_problems(folder: Path) -> list[str]:

@@ -27,9 +27,8 @@ from transformers import (
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import CONFIG_NAME
 
-from ..publishing.auto_map import foreign_auto_map
 from ..publishing.model_card import write_model_card
-from ..weight_norm_init import weight_norm_init_
+from ..remote_code_map import foreign_auto_map
 from .arguments import (
     DataArgumentsBase,
     ModelSourceArguments,
@@ -56,6 +55,7 @@ from .run_outputs import run_inputs
 from .run_record import check_resume_record, precision_name, run_record, write_run_record
 from .tokenization import train_joint_tokenizer
 from .vocab_order import frequency_ordered
+from .weight_norm_init import weight_norm_init_
 
 logger = logging.getLogger(__name__)
 

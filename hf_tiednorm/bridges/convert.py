@@ -26,7 +26,16 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 
-from .configuration_tiednorm_wrapped import TiedNormWrappedConfig
+from ..families import WRAPPED, family_of_source
+from ..head_host import keep_head_terms_fp32
+from ..head_modes import DEFAULT_HEAD_MODE
+from ..head_options import HeadOptions, learned_terms
+from ..load_checks import check_source_loaded
+from ..lossless_start import start_lossless, take_row_scales
+from ..modeling_tiednorm_wrapped import (
+    TiedNormWrappedPreTrainedModel,
+)
+from ..peft_guard import refuse_peft_before_normalizing
 from .convert_checks import (
     SUPPORTED_TEXT,
     check_convertible,
@@ -35,19 +44,8 @@ from .convert_checks import (
     tie_parallel_output_rows,
     tied_copy,
 )
-from .families import FAMILIES, family_of_source
-from .gguf_checks import check_gguf_file
-from .head_host import keep_head_terms_fp32
-from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, head_mode_summaries
-from .head_options import LOGIT_SCALES, HeadOptions
-from .load_checks import check_source_loaded
-from .lossless_start import drop_quantization_state, start_lossless, take_row_scales
-from .modeling_tiednorm_wrapped import (
-    TiedNormWrappedForCausalLM,
-    TiedNormWrappedForSeq2SeqLM,
-    TiedNormWrappedPreTrainedModel,
-)
-from .peft_guard import refuse_peft_before_normalizing
+from .field_flags import add_head_option_flags, head_options_from_flags
+from .gguf_checks import check_gguf_file, drop_quantization_state
 from .source_provenance import (
     check_base_model_id,
     folder_provenance,
@@ -57,8 +55,6 @@ from .source_provenance import (
     record_provenance,
 )
 
-# model_type -> (source class, target config class, target model class): the 1:1 mappings onto our own families.
-SUPPORTED_SOURCES = {f.source_model_type: (f.source_class, f.config_class, f.lm_class) for f in FAMILIES.values()}
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
     "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
@@ -67,7 +63,8 @@ _DROPPED_CONFIG_KEYS = (
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale
 # and bias that only the options logit_scale="scalar"/"vector" and logit_bias add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
-_TARGET_ONLY_KEYS = {"lm_head.logit_scale", "lm_head.logit_bias"}
+def _target_only_keys() -> set[str]:
+    return {f"lm_head.{term}" for term in learned_terms()}
 
 
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
@@ -130,14 +127,15 @@ def normalize_tied_head(
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     check_base_model_id(base_model)
     if options is None:
-        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias, norm_eps)
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale=logit_scale,
+                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
     elif head_mode is not None:
         raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
         options = options.with_lossless_start()
     drop_quantization_state(model)
     name_or_path = model.name_or_path
-    own_family = not generic and model.config.model_type in SUPPORTED_SOURCES
+    own_family = not generic and family_of_source(model.config.model_type) is not None
     # The own family normalizes its lookups itself; convert_checkpoint checks unit lookups only for the wrapper.
     auto = check_convertible(model.config) if own_family else check_source_model(model, options)
     if type(model) is not auto._model_mapping[type(model.config)]:
@@ -178,8 +176,8 @@ def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) ->
     """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
     # The adopted model's config is saved as text_config: it names its source only by a Hub id, never a local path.
     model.config._name_or_path = portable_name_or_path(model.config._name_or_path)
-    config = TiedNormWrappedConfig(text_config=model.config, **options.as_config_fields())
-    wrapper_class = TiedNormWrappedForSeq2SeqLM if model.config.is_encoder_decoder else TiedNormWrappedForCausalLM
+    config = WRAPPED.config_class(text_config=model.config, **options.as_config_fields())
+    wrapper_class = WRAPPED.lm_class_for(model.config.is_encoder_decoder)
     wrapped = wrapper_class(config, body=model).train(model.training)
     if lossless_start:
         start_lossless(wrapped)
@@ -200,7 +198,7 @@ def _target_config(source_config, options: HeadOptions):
 def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOptions) -> PreTrainedModel:
     """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
     config = _target_config(source_model.config, options)
-    target_class = SUPPORTED_SOURCES[source_model.config.model_type][2]
+    target_class = family_of_source(source_model.config.model_type).lm_class
     state = source_model.state_dict()
     if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
         raise ValueError(
@@ -211,7 +209,7 @@ def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOpt
     model = target_class(config).to(source_model.dtype)
     keep_head_terms_fp32(model)  # g and b stay fp32 in a bf16/fp16 source, as from_pretrained keeps them
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = set(missing) - _TARGET_ONLY_KEYS
+    missing = set(missing) - _target_only_keys()
     unexpected = set(unexpected) - _SOURCE_ONLY_KEYS
     if missing or unexpected:  # the architectures differ: a 1:1 mapping would be wrong
         raise ValueError(
@@ -230,6 +228,7 @@ def convert_checkpoint(
     logit_scale: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
+    norm_eps: float = 1e-6,
     generic: bool = False,
     gguf_file: str | None = None,
     lossless_start: bool = False,
@@ -247,10 +246,11 @@ def convert_checkpoint(
     Args:
         source: a folder written by ``save_pretrained``; with ``gguf_file``, the folder holding that GGUF file; or
             the path of a ``.gguf`` file itself.
-        gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs ``pip install gguf``).
+        gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs the gguf extra:
+            ``python -m pip install -e ".[gguf]"``).
         lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
-        head_mode, logit_scale, logit_scale_init, logit_bias: the head's settings (head_options.py), or ``options``
-            holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
+        head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
+            ``options`` holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
         base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
             saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
             ``general.license`` (source_provenance.py). None: what the source states, else unknown.
@@ -268,7 +268,8 @@ def convert_checkpoint(
         )
     check_base_model_id(base_model)
     if options is None:
-        options = HeadOptions(head_mode or DEFAULT_HEAD_MODE, logit_scale, logit_scale_init, logit_bias)
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale=logit_scale,
+                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
     elif head_mode is not None:
         raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
     if lossless_start:
@@ -298,7 +299,7 @@ def convert_checkpoint(
     drop_quantization_state(source_model)
     row_scales = tie_parallel_output_rows(source_model, str(source), options.norm_eps) if parallel else None
     check_tied(source_model)
-    if source_config.model_type in SUPPORTED_SOURCES and not generic:
+    if family_of_source(source_config.model_type) is not None and not generic:
         model = _to_own_family(source, source_model, options)
         if lossless_start:
             start_lossless(model)
@@ -340,35 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
         "that file), or the path of a .gguf file",
     )
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
-    parser.add_argument(
-        "--head-mode",
-        default=DEFAULT_HEAD_MODE,
-        choices=HEAD_MODES,
-        help=f"how the head scores token i from the shared row w_i and the hidden state h: {head_mode_summaries()} "
-        "(hf_tiednorm/head_modes.py) (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--logit-scale",
-        default="none",
-        choices=LOGIT_SCALES,
-        help="multiply the scores by g: none, fixed (a constant g), scalar (one learned g) or vector (a learned g "
-        "per token) (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--logit-scale-init",
-        type=float,
-        help="g for 'fixed', initial g for 'scalar'/'vector' (default: 1 for a learned g, √d for 'fixed', "
-        "d the hidden size)",
-    )
-    parser.add_argument(
-        "--logit-bias",
-        action="store_true",
-        help="add a learned per-token bias to the scores, zero at first (default: off)",
-    )
+    add_head_option_flags(parser)  # --head-mode ... --norm-eps: the head's config fields (field_flags.py)
     parser.add_argument(
         "--gguf-file",
-        help="name of a GGUF file inside SOURCE, dequantized on load; needs pip install hf_tiednorm[gguf] "
-        "(default: none, SOURCE is a save_pretrained folder or a .gguf path)",
+        help="name of a GGUF file inside SOURCE, dequantized on load; needs the gguf extra (python -m pip install -e "
+        "\".[gguf]\") (default: none, SOURCE is a save_pretrained folder or a .gguf path)",
     )
     parser.add_argument(
         "--lossless-start",
@@ -399,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # the settings checked once, as the one value the conversion passes on
-        options = HeadOptions(args.head_mode, args.logit_scale, args.logit_scale_init, args.logit_bias)
+        options = head_options_from_flags(args)
     except ValueError as error:
         parser.error(str(error))
     convert_checkpoint(

@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import os
 import pickletools
+import re
 import shutil
+import struct
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -27,7 +29,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import head_modes
-from .provenance import local_paths_in
 
 # Staged text files that the checkpoint's own run wrote (the .py code files are the package's).
 CHECKED_PATTERNS = ("*.md", "*.json", "*.txt", "*.jinja")
@@ -149,7 +150,6 @@ def staged_folder(folder: Path) -> Iterator[Path]:
 def check_weight_files(folder: Path) -> None:
     """``ValueError`` naming each ``*.safetensors`` file of ``folder`` that is truncated or has no valid header (the
     loader's own error names no file)."""
-    from ..training.run_directory import safetensors_problem  # here: run_directory imports the Trainer
 
     problems = [problem for path in sorted(folder.glob("*.safetensors")) if (problem := safetensors_problem(path))]
     if problems:
@@ -203,7 +203,37 @@ def unshipped_head_mode(name: str) -> str | None:
     )
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/[\w.@+-]+(?:/[\w.@+-]+)+")
+
+
+def local_paths_in(text: str) -> list[str]:
+    """The absolute paths of this machine (that exist here) named in ``text``."""
+    found = []
+    for candidate in _ABSOLUTE_PATH.findall(text):
+        path = candidate.rstrip(".,;:)")
+        if os.path.exists(path) or os.path.exists(os.path.dirname(path)) and os.path.dirname(path) != "/":
+            found.append(path)
+    return sorted(set(found))
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why the safetensors file ``path`` cannot load (unreadable or malformed header, truncated data), or None.
+    Reads the header only: 8 bytes of length, then the JSON header whose offsets give the data size."""
+    try:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError) as error:
+        return f"{path.name} has no valid safetensors header ({type(error).__name__})"
+    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    expected, size = 8 + length + end, path.stat().st_size
+    if size < expected:
+        return f"{path.name} is truncated ({size} of {expected} bytes)"
+    return None
+
+
 __all__ = [
+    "local_paths_in", "safetensors_problem",
     "check_new_folder",
     "check_no_token",
     "check_staged_files",

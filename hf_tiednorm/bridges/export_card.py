@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..convert import SUPPORTED_SOURCES
-from ..convert_checks import parallel_row_scales
+from ..families import family_of_source
 from ..head_modes import get_head_mode
-from ..source_provenance import PROVENANCE, folder_provenance
+from .convert_checks import parallel_row_scales
+from .source_provenance import PROVENANCE, folder_provenance
 from .staging_checks import unshipped_head_mode
 
 # Where the card's commands name the export: a placeholder the user replaces (a local card cannot know where the
@@ -77,7 +77,7 @@ def convert_back(result, folder: str = THIS_FOLDER) -> tuple[list[str] | None, s
                "has no lossless start" if mode.lossless_start is None else
                "sets no per-token logit scale at its lossless start, which this untied export needs")
         note = f"head mode {mode.name} {why}; cosine's lossless start gives back these logits"
-    if result.bias_slot is not None and model.config.model_type in SUPPORTED_SOURCES:
+    if result.bias_slot is not None and family_of_source(model.config.model_type) is not None:
         arguments.append("--generic")  # hf_tiednorm's own family has no final_logits_bias
         note += "; --generic keeps the final_logits_bias"
     return ["tiednorm-convert", folder, "normalized/", *arguments], note

@@ -12,8 +12,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
-from .modeling_tiednorm_wrapped import shared_embedding_modules, unit_lookups
-from .normalized_head import TiedNormHead, unit_rows
+from ..families import family_of_config
+from ..head_modes import unit_rows
+from ..modeling_tiednorm_wrapped import shared_embedding_modules, unit_lookups
+from ..normalized_head import TiedNormHead
 
 SUPPORTED_TEXT = (
     "any transformers causal LM (AutoModelForCausalLM) or encoder-decoder (AutoModelForSeq2SeqLM) whose output layer "
@@ -34,7 +36,7 @@ def _auto_class(config) -> type:
 
 def check_convertible(config) -> type:
     """Refuse, before any weight is loaded, what the config alone shows cannot convert; return the Auto class."""
-    if config.model_type.startswith("tiednorm"):
+    if family_of_config(config) is not None:
         raise ValueError(
             f"this is an hf_tiednorm model already (model_type {config.model_type!r}): its head is normalized; "
             "change head_mode in its config instead of converting it"

@@ -50,16 +50,15 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
-    BartForConditionalGeneration,
-    MarianMTModel,
     PreTrainedModel,
 )
 
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
-from ..convert import copy_tokenizer
-from ..families import FAMILIES
+from ..families import family_of_config
 from ..head_modes import get_head_mode
+from ..head_options import LEARNED_TERMS, learned_terms
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
+from .convert import copy_tokenizer
 from .export_checks import check_logits, refuse_non_finite, rows_are_lookups
 from .staging_checks import (
     check_new_folder,
@@ -70,12 +69,8 @@ from .staging_checks import (
     staged_folder,
 )
 
-# hf_tiednorm's own families -> (parent config class, parent model class), from the family table: the parent is the
-# architecture the family converts from 1:1 (families.py), so a new family exports without an edit here.
-OWN_PARENTS = {family.model_type: (family.hf_parent_config, family.source_class) for family in FAMILIES.values()}
-WRAPPED = "tiednorm_wrapped"
-# The per-token bias slot a parent adds after its output layer (Marian, BART, mBART, Pegasus, Blenderbot, ...).
-BIAS_SLOT = "final_logits_bias"
+# The parent of each row of the family table (families.py) is the architecture it converts from 1:1, the wrapper's the
+# wrapped one; the table answers every per-family question of the export, so a new family exports without an edit here.
 BIAS_PARENTS = "Marian, BART, mBART, Pegasus, Blenderbot (architectures with a final_logits_bias)"
 # Fields that only hf_tiednorm's configs have (the parent config must not carry them) and bookkeeping that names the
 # source or its remote code.
@@ -117,7 +112,8 @@ class PlainExport:
 def _refuse_unexportable(model: PreTrainedModel) -> None:
     config = model.config
     model_type = getattr(config, "model_type", None)
-    if model_type not in OWN_PARENTS and model_type != WRAPPED:
+    row = family_of_config(config)
+    if row is None:
         raise ValueError(
             f"{type(model).__name__} (model_type {model_type!r}) is not an hf_tiednorm model: it has no normalized "
             "head to bake; it is a plain checkpoint already"
@@ -130,12 +126,9 @@ def _refuse_unexportable(model: PreTrainedModel) -> None:
         )
     if not isinstance(model.get_output_embeddings(), TiedNormHead):
         raise ValueError(f"the output layer of {type(model).__name__} is not a TiedNormHead: nothing to bake")
-    if model_type == "tiednorm_bart" and config.decoder_vocab_size != config.vocab_size:
-        raise ValueError(
-            f"decoder_vocab_size={config.decoder_vocab_size} != vocab_size={config.vocab_size}: the parent "
-            "BartForConditionalGeneration has one vocabulary for encoder and decoder; only the Marian-style family "
-            "exports two vocabularies"
-        )
+    refusal = row.export_refusal(config) if row.export_refusal is not None else None
+    if refusal:
+        raise ValueError(refusal)
 
 
 def _bias_reason(model: PreTrainedModel) -> str:
@@ -151,29 +144,8 @@ def _bias_reason(model: PreTrainedModel) -> str:
     return " and ".join(reasons) or "the model's final_logits_bias"
 
 
-def _source_parts(model: PreTrainedModel):
-    """(body whose state dict becomes the parent's, path of the head in it, Press & Wolf's P or None)."""
-    if model.config.model_type == WRAPPED:
-        body = model.model
-        head = body.get_output_embeddings()
-        path = next(name for name, module in body.named_modules() if module is head)
-        return body, path, None
-    return model, "lm_head", getattr(model, "output_projection", None)
-
-
 def _parent_config(model: PreTrainedModel, tie: bool):
-    config = model.config
-    if config.model_type == WRAPPED:
-        parent = copy.deepcopy(model.model.config)
-        for key in ("auto_map", "custom_pipelines"):
-            parent.__dict__.pop(key, None)
-    else:
-        config_class = OWN_PARENTS[config.model_type][0]
-        values = {k: v for k, v in config.to_dict().items() if k not in _DROPPED}
-        if config.model_type == "tiednorm_bart":
-            values.pop("decoder_vocab_size", None)
-            values.pop("share_encoder_decoder_embeddings", None)
-        parent = config_class(**values)
+    parent = family_of_config(model.config).export_parent_config(model, _DROPPED)
     parent.tie_word_embeddings = tie
     parent.architectures = None
     return parent
@@ -189,7 +161,8 @@ def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tu
     if projection is not None:  # logits = W'·(P·h) = (W'·P)·h
         rows = rows @ projection.weight.float()
     dtype = head.weight.dtype
-    state = {k: v for k, v in body.state_dict().items() if not k.startswith(f"{head_path}.logit_")}
+    learned = {f"{head_path}.{term}" for term in learned_terms()}  # folded into the rows and the bias
+    state = {k: v for k, v in body.state_dict().items() if k not in learned}
     state = {k: v for k, v in state.items() if not k.startswith("output_projection.")}
     state[f"{head_path}.weight"] = rows.to(dtype)
     lookups = [
@@ -296,14 +269,15 @@ def export_plain(
     if folder is not None:
         model = _load(folder)
     _refuse_unexportable(model)
-    body, head_path, projection = _source_parts(model)
+    row = family_of_config(model.config)
+    body, head_path, projection = row.export_parts(model)
     state, bias = _baked_state(model, body, head_path, projection)
-    parent_class = OWN_PARENTS[model.config.model_type][1] if model.config.model_type in OWN_PARENTS else type(body)
-    if BIAS_SLOT not in state and parent_class in (MarianMTModel, BartForConditionalGeneration):
+    parent_class, slot = row.export_parent_class(body), row.export_bias_slot(body)
+    if slot is not None and slot not in state:
         head_weight = state[f"{head_path}.weight"]
-        state[BIAS_SLOT] = torch.zeros(1, bias.numel(), dtype=head_weight.dtype, device=head_weight.device)
-    if BIAS_SLOT in state:
-        state[BIAS_SLOT] = (state[BIAS_SLOT].float() + bias[None]).to(state[BIAS_SLOT].dtype)
+        state[slot] = torch.zeros(1, bias.numel(), dtype=head_weight.dtype, device=head_weight.device)
+    if slot is not None:
+        state[slot] = (state[slot].float() + bias[None]).to(state[slot].dtype)
     elif bias.count_nonzero():
         raise ValueError(
             f"{parent_class.__name__} has no per-token bias after its output layer, but this model's scores carry one "
@@ -313,9 +287,10 @@ def export_plain(
         )
     refuse_non_finite(state)
 
-    if parent_class is BartForConditionalGeneration and "model.shared.weight" not in state:
+    if row.parent_shared_key is not None and row.parent_shared_key[0] not in state:
         # BART's parent always has model.shared (its input embedding); an untied encoder looks up its own copy.
-        state["model.shared.weight"] = state["model.encoder.embed_tokens.weight"]
+        shared, lookup = row.parent_shared_key
+        state[shared] = state[lookup]
     dtype = state[f"{head_path}.weight"].dtype
     for tie in (True, False):
         # On the source's device: the check feeds both models the same inputs (a model trained on a GPU stays there).
@@ -351,9 +326,9 @@ def export_plain(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={k: getattr(model.config, k) for k in ("head_mode", "logit_scale", "logit_bias")},
+        head={k: getattr(model.config, k) for k in ("head_mode", *LEARNED_TERMS)},
         tied=tied,
-        bias_slot=BIAS_SLOT if BIAS_SLOT in state and state[BIAS_SLOT].count_nonzero() else None,
+        bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),
         max_abs_diff=difference,
         tolerance=tolerance,

@@ -1,0 +1,3 @@
+from ..bridges.convert import main
+
+main()

@@ -1,0 +1,3 @@
+from ..bridges.export import main
+
+main()
