@@ -128,7 +128,7 @@ def contenders(args: Args, dtype, tokens: int):
     import torch
     import torch.nn.functional as F
 
-    from hf_tiednorm import TiedNormHead
+    from hf_tiednorm import HeadOptions, TiedNormHead
     from hf_tiednorm.fused_loss import choose_loss_path, head_linear_cross_entropy
     from hf_tiednorm.token_loss import token_cross_entropy
 
@@ -153,10 +153,9 @@ def contenders(args: Args, dtype, tokens: int):
     steps["plain"] = plain
     for mode in args.head_modes.split(","):
         normalized = mode != "baseline"
-        head = TiedNormHead(
-            args.dim, args.vocab, head_mode=mode, device=device, dtype=dtype,
-            logit_scale=args.logit_scale if normalized else "none", logit_bias=args.logit_bias and normalized,
-        )  # fmt: skip
+        options = HeadOptions(head_mode=mode, logit_scale=args.logit_scale if normalized else "none",
+                              logit_bias=args.logit_bias and normalized)
+        head = TiedNormHead(args.dim, args.vocab, options=options, device=device, dtype=dtype)
         head.weight = weight  # tied: the same matrix for every contender
         params += [p for p in head.parameters() if p is not weight]
 

@@ -99,7 +99,9 @@ def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
     try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
     except ImportError as error:
-        raise ImportError("the liger path needs liger-kernel: pip install 'hf_tiednorm[gpu]'") from error
+        raise ImportError(
+            'the liger path needs liger-kernel: python -m pip install liger-kernel (or the gpu extra, -e ".[gpu]")'
+        ) from error
 
     options = {"ignore_index": ignore_index, "label_smoothing": label_smoothing, "reduction": "sum"}
     if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:
@@ -163,9 +165,6 @@ def refuse_fused_loss_scored_outside(config) -> None:
         )
 
 
-_LIGER_REGISTRATION = {"done": False}
-
-
 def serve_liger_request(model=None, **_kernel_options) -> None:
     """What ``TrainingArguments(use_liger_kernel=True)`` does to an hf_tiednorm model through liger-kernel's own
     dispatch (``_apply_liger_kernel_to_instance`` looks the model type up in its table): train with liger-kernel's
@@ -178,24 +177,20 @@ def serve_liger_request(model=None, **_kernel_options) -> None:
         model.config.loss_implementation = "fused"
 
 
-def register_with_liger(table: dict | None = None) -> bool:
-    """Enter hf_tiednorm's model types in liger-kernel's model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or
-    ``table``), so that ``use_liger_kernel=True`` with a plain ``transformers.Trainer`` reaches
-    ``serve_liger_request`` instead of an INFO line that changes nothing. Where liger-kernel is not installed or
-    there is no CUDA (it cannot run), nothing is registered: the Trainer's own check then fails, or the Trainers of
-    hf_tiednorm refuse by name. Returns whether the types are registered."""
+def register_with_liger(model_type: str, table: dict | None = None) -> bool:
+    """Enter ``model_type`` (an hf_tiednorm model's own, when one is built: head_host.py) in liger-kernel's
+    model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
+    ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
+    liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
+    then fails, or the Trainers of hf_tiednorm refuse by name. Returns whether the type is registered."""
     if table is None:
-        if _LIGER_REGISTRATION["done"]:
-            return True
         if not (torch.cuda.is_available() and liger_installed()):
             return False
         try:  # an optional extra: in a try block so that remote code does not require it
             from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
         except ImportError:
             return False
-        _LIGER_REGISTRATION["done"] = True
-    for model_type in ("tiednorm_seq2seq", "tiednorm_bart", "tiednorm_causal", "tiednorm_wrapped"):
-        table.setdefault(model_type, serve_liger_request)
+    table.setdefault(model_type, serve_liger_request)
     return True
 
 
@@ -221,7 +216,7 @@ def liger_refusal(model) -> str | None:
     config = model.config
     head = model.get_output_embeddings()
     if not liger_installed():
-        return "liger-kernel is not installed (pip install 'hf_tiednorm[gpu]', or pip install liger-kernel)"
+        return 'liger-kernel is not installed (python -m pip install liger-kernel, or the gpu extra: -e ".[gpu]")'
     if not torch.cuda.is_available():
         return (
             "liger-kernel's kernels need CUDA and no CUDA device is available; on this device hf_tiednorm's own fused "
@@ -232,12 +227,13 @@ def liger_refusal(model) -> str | None:
     implementation = getattr(config, "loss_implementation", "auto")
     if implementation in ("plain", "chunked"):
         return f"config.loss_implementation={implementation!r} asks for another loss path; set 'auto' or 'fused'"
-    if config.model_type == "tiednorm_wrapped":
+    if getattr(model, "body_auto_class", None) is not None:  # the wrapper (modeling_tiednorm_wrapped.py)
         from .wrapped_fused_loss import FUSED_CAUSAL_BODIES
 
-        if config.is_encoder_decoder or config.text_config.model_type not in FUSED_CAUSAL_BODIES:
+        body = config.text_config.model_type  # the wrapped transformers architecture, not a row of the family table
+        if config.is_encoder_decoder or body not in FUSED_CAUSAL_BODIES:
             return (
-                f"the wrapped {config.text_config.model_type!r} model has no fused loss in hf_tiednorm (it serves "
-                f"the causal LMs {sorted(FUSED_CAUSAL_BODIES)})"
+                f"the wrapped {body!r} model has no fused loss in hf_tiednorm (it serves the causal LMs "
+                f"{sorted(FUSED_CAUSAL_BODIES)})"
             )
     return None

@@ -65,7 +65,7 @@ class TiedNormHeadHostMixin:
         super().__init__(*args, **kwargs)
         # use_liger_kernel with a plain Trainer reaches the fused loss (fused_loss.py); here rather than in post_init,
         # which is TiedEmbeddingsMixin's alone.
-        register_with_liger()
+        register_with_liger(self.config.model_type)
 
     def _place_output_head(self, head: nn.Module) -> None:
         """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""

@@ -25,7 +25,8 @@ def check_liger_installed(training_args) -> None:
     """Raise ``ImportError`` at once when ``use_liger_kernel`` is set and liger-kernel is not installed."""
     if getattr(training_args, "use_liger_kernel", False) and not liger_installed():
         raise ImportError(
-            "--use_liger_kernel is set but liger-kernel is not installed: pip install 'hf_tiednorm[gpu]' "
+            "--use_liger_kernel is set but liger-kernel is not installed: python -m pip install -e '.[gpu]' from a "
+            "clone "
             "(or drop --use_liger_kernel: hf_tiednorm's fused loss, loss_implementation, needs no flag)"
         )
 
