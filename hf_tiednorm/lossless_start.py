@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .head_options import HeadOptions
+from .head_options import LEARNED_TERMS, HeadOptions
 
 
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
@@ -56,11 +56,10 @@ def start_lossless(model: PreTrainedModel) -> None:
     g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
-    scale, bias = head.mode.lossless_terms(head.weight, head.norm_eps)
-    if scale is not None:
-        head.logit_scale.copy_(scale)
-    if bias is not None:
-        head.logit_bias.copy_(bias)
+    # lossless_terms returns the values of LEARNED_TERMS (g, b) in their order; None: the mode leaves it alone.
+    for term, value in zip(LEARNED_TERMS, head.mode.lossless_terms(head.weight, head.norm_eps), strict=True):
+        if value is not None:
+            getattr(head, term).copy_(value)
     model.config.lossless_start = True
 
 
@@ -72,11 +71,10 @@ def start_resized_tokens(model: PreTrainedModel, first_new: int) -> None:
     head = model.get_output_embeddings()
     if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
         return
-    scale, bias = head.mode.lossless_terms(head.weight[first_new:], head.norm_eps)  # (new,) each, or None
-    if scale is not None:
-        head.logit_scale[first_new:] = scale
-    if bias is not None:
-        head.logit_bias[first_new:] = bias
+    terms = head.mode.lossless_terms(head.weight[first_new:], head.norm_eps)  # (new,) each, or None
+    for term, value in zip(LEARNED_TERMS, terms, strict=True):
+        if value is not None:
+            getattr(head, term)[first_new:] = value
 
 
 @torch.no_grad()
@@ -84,9 +82,10 @@ def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
     """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
     c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
     head = model.get_output_embeddings()
-    head.logit_scale.mul_(row_scales.to(head.logit_scale))
-    if head.logit_bias is not None:
-        head.logit_bias.mul_(row_scales.to(head.logit_bias))
+    for term in LEARNED_TERMS:  # both scale the logit: c_i times each
+        learned = getattr(head, term)
+        if learned is not None:
+            learned.mul_(row_scales.to(learned))
 
 
 __all__ = ["lossless_head_options", "start_lossless", "start_resized_tokens",
