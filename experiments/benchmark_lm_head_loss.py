@@ -14,8 +14,8 @@ ratios are per repetition against the ``plain`` run of the same repetition (medi
 one loss + backward adds above its inputs: on CUDA ``torch.cuda.max_memory_allocated`` after a reset; on the CPU
 (no allocator statistics) the kernel's resident-set high-water mark (``VmHWM``, reset through
 ``/proc/self/clear_refs``) minus the resident set before, with glibc told to mmap every block ≥ 128 KiB
-(``MALLOC_MMAP_THRESHOLD_``; the script re-executes itself once to set it) so that the resident set follows the
-live tensors.
+(``mallopt(M_MMAP_THRESHOLD, 131072)``, what ``MALLOC_MMAP_THRESHOLD_=131072`` sets at start) so that the
+resident set follows the live tensors.
 
     # GPU (to be measured): the sizes
     python experiments/benchmark_lm_head_loss.py --device cuda --dtype bfloat16 --vocab 128256 --dim 2048 \\
@@ -204,8 +204,8 @@ def main() -> None:
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
         "method": "one process, round-robin over the contenders in every repetition; peak = bytes one loss + "
-        "backward adds above its inputs (CUDA: max_memory_allocated; CPU: VmHWM - VmRSS with "
-        f"{_MMAP_ENV}=131072); ratios per repetition against the plain run of the same repetition",
+        "backward adds above its inputs (CUDA: max_memory_allocated; CPU: VmHWM - VmRSS with glibc's mmap threshold "
+        "at 131072 bytes, set by mallopt); ratios per repetition against the plain run of the same repetition",
         "results": {},
     }  # fmt: skip
     for dtype_name in args.dtype.split(","):
