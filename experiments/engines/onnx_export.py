@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
         **measure_seq2seq(model, result.model, work, args.new_tokens),
     }  # fmt: skip
     record["load_average_1_5_15_min_at_end"] = list(os.getloadavg())
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
 
