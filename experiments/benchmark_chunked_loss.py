@@ -46,7 +46,8 @@ class Args:
     child: str = field(default="", metadata={"help": "internal: run one contender and print JSON"})
 
 
-def _status_kib(name: str) -> int:
+def status_kib(name: str) -> int:
+    """A ``name:`` line of /proc/self/status (``VmRSS``, ``VmHWM``) in KiB."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(name + ":"):
@@ -87,11 +88,11 @@ def run_child(args: Args) -> dict:
     hidden.grad = None
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0
-    peak = _status_kib("VmHWM") - before
+    peak = status_kib("VmHWM") - before
     times = [first]
     for _ in range(args.iters):
         t0 = time.perf_counter()

@@ -36,6 +36,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmark_chunked_loss import status_kib  # this folder: the /proc/self/status reader
+
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter that the variable above sets at process start
 
@@ -73,30 +75,6 @@ class Args:
     )
 
 
-def _status_kib(name: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    raise KeyError(name)
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo) and whether it has native bf16 (avx512_bf16 / amx_bf16)."""
-    name, flags = platform.processor() or "cpu", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in ("cpu", "x86_64", ""):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
-    return f"{name} ({', '.join(native) if native else 'no native bf16'})"
-
-
 class PeakMemory:
     """Peak bytes one call adds above what was live before it (CUDA: allocator; CPU: resident set)."""
 
@@ -113,13 +91,13 @@ class PeakMemory:
         else:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # reset VmHWM to the current resident set
-            self.before = _status_kib("VmRSS") * 1024
+            self.before = status_kib("VmRSS") * 1024
 
     def stop(self) -> int:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize()
             return self.torch.cuda.max_memory_allocated() - self.before
-        return _status_kib("VmHWM") * 1024 - self.before
+        return status_kib("VmHWM") * 1024 - self.before
 
 
 def contenders(args: Args, dtype, tokens: int):
@@ -190,6 +168,8 @@ def main() -> None:
     import torch
     from transformers import HfArgumentParser
 
+    from hf_tiednorm.training.precision import cpu_description  # the CPU and its native bf16, as the scripts log it
+
     (args,) = HfArgumentParser(Args).parse_args_into_dataclasses()
 
     if args.threads:
@@ -200,7 +180,7 @@ def main() -> None:
     peak = PeakMemory(device)
     report = {
         "args": asdict(args),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description(),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
         "method": "one process, round-robin over the contenders in every repetition; peak = bytes one loss + "
@@ -225,7 +205,7 @@ def main() -> None:
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                     seconds = time.perf_counter() - t0
-                    runs[name].append({"time_s": seconds, "peak_bytes": peak.stop(), "loss": float(loss)})
+                    runs[name].append({"time_s": seconds, "peak_bytes": peak.stop(), "loss": float(loss.detach())})
                     print(f"{dtype_name} N={tokens} rep {rep} {name:20s} {seconds:.3f} s "
                           f"{runs[name][-1]['peak_bytes'] / 2**20:9.1f} MiB", flush=True)  # fmt: skip
             base = runs["plain"]

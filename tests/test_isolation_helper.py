@@ -11,6 +11,7 @@ import os
 import sys
 import venv
 
+import pytest
 from testing_utils import REPO_ROOT, run_without_package
 
 
@@ -34,8 +35,14 @@ def _venv_in_a_clone_named_like_the_package(root):
     return clone, clone / ".venv" / "bin" / "python"
 
 
-def test_isolation_keeps_the_venv_of_a_clone_named_hf_tiednorm(tmp_path):
-    clone, python = _venv_in_a_clone_named_like_the_package(tmp_path)
+@pytest.fixture(scope="module")
+def clone_venv(tmp_path_factory):
+    """(clone folder, its venv's python), built once for the tests below."""
+    return _venv_in_a_clone_named_like_the_package(tmp_path_factory.mktemp("clone"))
+
+
+def test_isolation_keeps_the_venv_of_a_clone_named_hf_tiednorm(clone_venv):
+    clone, python = clone_venv
     out = run_without_package(
         "import sys, torch, transformers\n"
         "assert all('hf_tiednorm' in p for p in (torch.__file__, transformers.__file__)), (torch.__file__,)\n"
@@ -46,9 +53,9 @@ def test_isolation_keeps_the_venv_of_a_clone_named_hf_tiednorm(tmp_path):
     assert out.startswith("torch "), out
 
 
-def test_isolation_still_blocks_the_package_reachable_from_that_clone(tmp_path):
+def test_isolation_still_blocks_the_package_reachable_from_that_clone(clone_venv):
     """The same venv reaches the checkout through `links/checkout`; the helper must still make the import fail."""
-    clone, python = _venv_in_a_clone_named_like_the_package(tmp_path)
+    clone, python = clone_venv
     out = run_without_package(
         "import importlib.util\n"
         "try:\n"
