@@ -33,11 +33,11 @@ def plot_embedding_norms(
     out.mkdir(parents=True, exist_ok=True)
     # Host copies: matplotlib reads numpy arrays, and a model trained on a GPU has its norms there (counts come from
     # the data, on the host; a mask of one must not index the other across devices).
-    norms = embedding_row_norms(model).cpu()
+    norms = embedding_row_norms(model).detach().cpu().numpy()
     title = f"{title} ({getattr(model.config, 'head_mode', '?')})"
 
     figure, axis = plt.subplots(figsize=(5, 3.5))
-    axis.hist(norms.numpy(), bins=bins, color="tab:blue")
+    axis.hist(norms, bins=bins, color="tab:blue")
     axis.set_xlabel("embedding row norm ‖w_i‖")
     axis.set_ylabel("tokens")
     axis.set_title(title)
@@ -49,10 +49,10 @@ def plot_embedding_norms(
     if counts is not None:
         if counts.shape[0] != norms.shape[0]:
             raise ValueError(f"{counts.shape[0]} token counts for an embedding of {norms.shape[0]} rows")
-        counts = counts.cpu()
+        counts = counts.detach().cpu().numpy()
         seen = counts > 0  # log scale: unseen tokens have no position on the axis
         figure, axis = plt.subplots(figsize=(5, 3.5))
-        axis.scatter(counts[seen].numpy(), norms[seen].numpy(), s=3, alpha=0.4)
+        axis.scatter(counts[seen], norms[seen], s=3, alpha=0.4)
         axis.set_xscale("log")
         axis.set_xlabel("token frequency in the training data")
         axis.set_ylabel("embedding row norm ‖w_i‖")
