@@ -128,6 +128,13 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         if body is None:
             # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
             body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
+        if not getattr(body.config, "tie_word_embeddings", True):
+            raise ValueError(
+                f"{type(self).__name__}: the wrapped {body.config.model_type} config says tie_word_embeddings=False, "
+                "but the normalized head is tied: it scores with the input embedding matrix itself, so an untied "
+                "output matrix would be dropped (docs/converting.md: untied checkpoints are refused). Wrap a model "
+                "with tie_word_embeddings=True"
+            )
         self.model = body
         self.generation_config = body.generation_config  # from_pretrained replaces it by the saved one
         config.text_config = body.config  # one config object, so that resizing or use_cache reach the body
