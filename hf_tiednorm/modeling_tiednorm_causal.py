@@ -30,6 +30,10 @@ class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
 class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
     """Llama's decoder stack with an embedding that can look up l2-normalized rows."""
 
+    # Tensor parallelism keeps the embedding whole (transformers would shard it on the vocabulary): it is the tied
+    # head's matrix, which scores with per-row norms and per-token terms, and a tie is sharded both sides or neither.
+    _tp_plan = {"embed_tokens": "replicate"}
+
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)
         self.embed_tokens = build_embedding(config, config.vocab_size, config.hidden_size)
@@ -39,6 +43,7 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
 class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
     # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading is
     # checked by WeightChecksMixin (finite weights, head tensors), resizing by head_host.py (special tokens kept).
+    _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)

@@ -178,6 +178,11 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         itself (T5) gives the wrapped model, as transformers does for it."""
         return self.model.base_model
 
+    @property
+    def vocab_size(self) -> int:
+        """The wrapped model's vocabulary size (``config.text_config.vocab_size``, kept by a resize)."""
+        return self.config.get_text_config().vocab_size
+
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
