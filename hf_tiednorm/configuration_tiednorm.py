@@ -305,7 +305,7 @@ class TieTopologyConfigMixin:
             self.decoder_vocab_size = self.vocab_size
         super().__post_init__(**kwargs)
 
-    def validate_tie_flags(self) -> None:
+    def check_tie_flags(self) -> None:
         """``ValueError`` when ``tie_word_embeddings`` / ``share_encoder_decoder_embeddings`` contradict
         ``tie_topology`` (also set on the config after it was built; models check it when they are built)."""
         for name, value in self._implied_tie_flags().items():
@@ -316,7 +316,7 @@ class TieTopologyConfigMixin:
                 )
 
     def validate_tie_topology(self) -> None:
-        self.validate_tie_flags()
+        self.check_tie_flags()
         if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
                 f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="

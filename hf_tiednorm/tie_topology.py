@@ -92,7 +92,7 @@ class TiedEmbeddingsMixin:
     def post_init(self) -> None:
         # A tie flag set on the config after it was built (config.tie_word_embeddings = False) that contradicts its
         # tie_topology is refused here, before a model is built tied while its config says untied.
-        validate = getattr(self.config, "validate_tie_flags", None)
+        validate = getattr(self.config, "check_tie_flags", None)
         if validate is not None:
             validate()
         tie = embedding_tie(self.config)
