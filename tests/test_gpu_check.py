@@ -162,6 +162,9 @@ def test_the_preflight_names_every_missing_module_and_its_wheel_before_any_step(
     assert report["passed"] is False and report["steps"] == {} and not report["preflight"]["ok"]
 
 
+# Slow: one fresh process imports torch, transformers, datasets, evaluate, matplotlib and the package (~30 s on a busy
+# 2-core machine); the tiny check below runs the same preflight too.
+@pytest.mark.slow
 def test_the_real_preflight_imports_every_steps_modules_here():
     check = load_script("gpu_check")
     steps = check.plan(check.argparse.Namespace(tiny=True, work_dir="w", data_dir=None, main_minutes=1.0))
