@@ -81,6 +81,9 @@ class Step:
         default=None, metadata={"help": "a script that may be absent (another issue's): the step is skipped then"}
     )
     needs: tuple[str, ...] = field(default=(), metadata={"help": "modules it imports (the preflight checks them)"})
+    result_lines: str = field(
+        default="", metadata={"help": "a regex of the log lines that are its result (a step without a JSON output)"}
+    )
     results: dict = field(default_factory=dict, metadata={"help": "what the step measured, for the report"})
 
 
@@ -127,7 +130,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
              150, "trainer loop tokens/s: ours vs HF Marian, fp32 vs bf16, padding multiple 0 vs 8",
              out / "trainer_loop.json", needs=DATA_NEEDS),
         Step("fsdp_tie", [py, "scripts/verify_fsdp_tie.py", *fsdp], 45, "the tie under FSDP2 / accelerate",
-             needs=("torch.distributed.fsdp",)),
+             needs=("torch.distributed.fsdp",), result_lines=r"(PASS|FAIL|SKIP|SUMMARY)\b"),
         Step("main_fp32", [*main, "--bf16", "false", "--output_dir", str(out / "main_fp32")], 105,
              "the main job end to end in fp32", out / "main_fp32", needs=MAIN_NEEDS),
         Step("main_default", [*main, "--output_dir", str(out / "main_default")], 105,
@@ -280,6 +283,11 @@ def run_step(step: Step, seconds: int, log_dir: Path, env: dict) -> dict:
         result["measured"] = {k: report[k] for k in keys if k in report} or report
     elif step.output is not None and status == "pass":
         result |= {"status": "fail", "note": f"exit 0 without writing {step.output.name}: nothing measured"}
+    elif step.result_lines:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if re.match(step.result_lines, line)]
+        result["measured"] = {"lines": lines}
+        if status == "pass" and not lines:
+            result |= {"status": "fail", "note": "exit 0 without a result line: nothing checked"}
     return result
 
 

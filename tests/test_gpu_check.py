@@ -134,6 +134,16 @@ def test_passed_needs_every_planned_step_to_have_run_and_passed(monkeypatch, tmp
     assert ran.main(flags) == 0 and json.loads((tmp_path / "r.json").read_text())["passed"] is True
 
 
+def test_a_step_that_prints_no_result_line_is_not_a_pass(tmp_path):
+    check = load_script("gpu_check")
+    step = check.Step("fsdp_tie", [sys.executable, "-c", "print('starting')"], 20, "the tie",
+                      result_lines=r"(PASS|FAIL|SKIP|SUMMARY)\b")
+    assert check.run_step(step, 20, tmp_path, subprocess_env())["status"] == "fail"
+    step.command = [sys.executable, "-c", "print('PASS  fsdp2 marian: tied'); print('SUMMARY: PASS')"]
+    result = check.run_step(step, 20, tmp_path, subprocess_env())
+    assert result["status"] == "pass" and result["measured"]["lines"] == ["PASS  fsdp2 marian: tied", "SUMMARY: PASS"]
+
+
 def test_the_preflight_names_every_missing_module_and_its_wheel_before_any_step(monkeypatch, tmp_path, capsys):
     # A lent machine without pandas, xxhash, ...: each Trainer step used to die in turn, one missing module at a time.
     (tmp_path / "lib").mkdir()
@@ -198,5 +208,6 @@ def test_the_tiny_gpu_check_runs_every_step_on_a_cpu_and_returns_at_most_8_files
     assert steps["main_fp32"]["precision"] == "fp32"
     assert steps["trainer_loop"]["status"] == "pass" and steps["trainer_loop"]["measured"]["median_tokens_per_s"]
     assert steps["fsdp_tie"]["status"] == "pass"
+    assert any(line.startswith("PASS") for line in steps["fsdp_tie"]["measured"]["lines"])
     assert steps["head_loss"]["status"] == "pass" and steps["head_loss"]["measured"]["results"]
     assert report["passed"] and report["machine"]["gpus"] == 0 and report["tiny"] and report["preflight"]["ok"]
