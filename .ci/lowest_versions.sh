@@ -22,7 +22,9 @@ if [[ ! -x $py ]]; then
   python3 -m venv "$venv"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-installed() { "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null; }
+installed() {  # the venv has distribution $1 at version $2 (2.11 == 2.11.0)
+  "$py" -c "import importlib.metadata as m, sys; from packaging.version import Version as V; sys.exit(V(m.version('$1')) != V('$2'))" 2>/dev/null
+}
 if ! installed torch "$torch_version" || ! installed transformers "$transformers_version"; then
   "$py" -m pip install -q --upgrade pip
   # torch's own pure-Python dependencies, then torch itself without the nvidia-* ones.
