@@ -21,6 +21,7 @@ from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_
 from .head_options import HeadOptions, LogitScale
 from .lossless_start import lossless_head_options
 from .regularizers import LOSS_TERMS
+from .remote_code_map import two_file_remote_code
 
 TieTopology = Literal["untied", "decoder", "three_way"]
 LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # fused_loss.LOSS_IMPLEMENTATIONS
@@ -134,6 +135,11 @@ class TiedNormHeadConfigMixin:
 
     def validate_head_options(self) -> None:
         HeadOptions.from_config(self)  # every check of the head's settings, once (head_options.py)
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # The saved folder's remote code is the two generated files, not a copy of this package (remote_code_map.py).
+        with two_file_remote_code(self, save_directory):
+            super().save_pretrained(save_directory, *args, **kwargs)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
