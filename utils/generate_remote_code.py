@@ -381,11 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         if path.is_file() and path.read_text() == text:
             continue
         if options.check:
-            stale.append(str(path.relative_to(REPO_ROOT)))
+            stale.append(str(path))
         else:
             OUTPUT.mkdir(exist_ok=True)
             path.write_text(text)
-            print(f"wrote {path.relative_to(REPO_ROOT)} ({len(text.splitlines())} lines)")
+            print(f"wrote {path} ({len(text.splitlines())} lines)")
     if stale:
         print(f"stale: {', '.join(stale)}; run `python utils/generate_remote_code.py`", file=sys.stderr)
         return 1

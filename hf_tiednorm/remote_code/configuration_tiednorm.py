@@ -799,9 +799,9 @@ Ours are the only remote code a saved or published model may name.
 ``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
 config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
 ``save_pretrained`` keeps the config's entries it does not overwrite, so they would survive fine-tuning and be
-uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of its copies
-of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for the training
-layer to drop and for staging to refuse.
+uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of
+its copies of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for
+the training layer to drop and for staging to refuse.
 """
 
 
@@ -891,14 +891,16 @@ def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.P
         copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
         if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
             copy.unlink()
-    for module in REMOTE_CODE_MODULES:
-        shutil.copyfile(GENERATED_DIR / f"{module}.py", folder / f"{module}.py")
     auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
     config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
     pipelines = getattr(config, "custom_pipelines", None) or {}
     for entry in pipelines.values():
         if isinstance(entry, dict) and "impl" in entry:
             entry["impl"] = _renamed(entry["impl"])
+    named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
+    for module in REMOTE_CODE_MODULES:  # the modeling file where a model (or its pipeline) is named: not a config's
+        if module == REMOTE_CODE_MODULES[0] or any(str(name).startswith(f"{module}.") for name in named):
+            shutil.copyfile(GENERATED_DIR / f"{module}.py", folder / f"{module}.py")
     config._auto_class = None  # an instance attribute, over the class's: transformers then copies nothing
     try:
         yield
