@@ -137,8 +137,7 @@ class TiedNormHeadConfigMixin:
         HeadOptions.from_config(self)  # every check of the head's settings, once (head_options.py)
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # The saved folder's remote code is the two generated files, not a copy of this package (remote_code_map.py).
-        with two_file_remote_code(self, save_directory):
+        with two_file_remote_code(self, save_directory):  # the folder's code: two generated files (remote_code_map)
             super().save_pretrained(save_directory, *args, **kwargs)
 
 
