@@ -182,3 +182,11 @@ def test_a_config_saved_alone_carries_the_configuration_file_only(tmp_path):
     assert sorted(path.name for path in tmp_path.glob("*.py")) == ["configuration_tiednorm.py"]
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert auto_map == {"AutoConfig": "configuration_tiednorm.TiedNormCausalConfig"}
+
+
+def test_the_readme_says_how_many_lines_a_reviewer_reads():
+    """README's figure (rounded: "about N lines together") is within 10% of the two files' lines."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    stated = int(re.search(r"about\s+([\d,]+)\s+lines together", readme).group(1).replace(",", ""))
+    lines = sum(len((GENERATED_DIR / name).read_text().splitlines()) for name in CODE_FILES)
+    assert abs(lines - stated) <= 0.1 * lines, f"README.md says about {stated} lines; the two files have {lines}"
