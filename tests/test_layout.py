@@ -340,6 +340,28 @@ def test_every_form_of_an_upward_import_is_caught(tmp_path):
     assert set(_former_text_reader(root)) == {"dotted_from"}
 
 
+def test_the_resolver_reads_relative_lazy_type_checking_and_dynamic_imports(tmp_path):
+    from import_graph import imports_of
+
+    root = tmp_path / "pkg"
+    (root / "bridges").mkdir(parents=True)
+    for name in ("__init__.py", "head.py", "bridges/__init__.py"):
+        (root / name).write_text("")
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from .. import head\n"
+        "from ..training.steps import run\n"
+        "if TYPE_CHECKING:\n    from ..head import Head\n"
+        "def later():\n    import importlib\n    importlib.import_module('..cards', package='pkg.bridges')\n"
+    )
+    (root / "bridges" / "convert.py").write_text(source)
+    known = {"pkg", "pkg.head", "pkg.bridges", "pkg.bridges.convert"}
+    found = {(i.target, i.runtime, i.lazy, i.dynamic) for i in imports_of(root / "bridges" / "convert.py",
+                                                                          "pkg.bridges.convert", known)}
+    assert found >= {("pkg.head", True, False, False), ("pkg.training.steps", True, False, False),
+                     ("pkg.head", False, False, False), ("pkg.cards", True, True, True)}, found
+
+
 def test_a_sub_package_without_a_layer_is_refused(tmp_path):
     (tmp_path / "hf_tiednorm" / "plugins").mkdir(parents=True)
     with pytest.raises(KeyError, match="plugins has no layer"):

@@ -68,6 +68,61 @@ def test_the_generated_files_hold_the_model_layer_only_as_readable_code():
     assert "# the tied weight was resized in place" in text  # comments kept
 
 
+def _synthetic_package(tmp_path: Path, files: dict[str, str]) -> dict:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    for name, text in {"__init__.py": "", **files}.items():
+        (root / name).write_text(text)
+    return generate_remote_code.read_modules(root)
+
+
+BASE = '''"""Base: the scale."""
+
+from __future__ import annotations
+
+import math
+
+SCALE = math.pi  # a comment that stays
+'''
+MODEL = '''from __future__ import annotations
+
+import math
+
+from .base import SCALE as S
+
+
+def scaled(x: int) -> float:
+    from .base import SCALE  # a lazy import: its name is in the same file now
+
+    return x * S * SCALE / math.pi
+'''
+
+
+def test_the_generator_inlines_a_closure_in_dependency_order(tmp_path):
+    modules = _synthetic_package(tmp_path, {"base.py": BASE, "model.py": MODEL, "unused.py": "X = 1\n"})
+    order = generate_remote_code.closure(["pkg.model"], modules)
+    assert order == ["pkg.base", "pkg.model"]  # what model needs, dependencies first; unused is left out
+    text = generate_remote_code.render("modeling_pkg", order, modules, set())
+    namespace = {}
+    exec(compile(text, "modeling_pkg.py", "exec"), namespace)
+    assert namespace["scaled"](2) == pytest.approx(2 * 3.141592653589793)
+    assert text.index("pkg/base.py") < text.index("pkg/model.py") and text.count("import math\n") == 1
+    assert '"""Base: the scale."""' in text and "# a comment that stays" in text and "from .base" not in text
+
+
+@pytest.mark.parametrize(("files", "message"), [
+    ({"base.py": "_helper = 1\n", "model.py": "from .base import _helper as h\n_helper = 2\n"},
+     "pkg/model.py and pkg/base.py both define '_helper'"),
+    ({"model.py": "from .training import steps\n"}, "imports pkg.training, which a saved model's code cannot carry"),
+    ({"model.py": "import pkg.base\n", "base.py": ""}, "an absolute import of the package"),
+])  # fmt: skip
+def test_the_generator_stops_naming_the_module_it_cannot_inline(tmp_path, files, message):
+    modules = _synthetic_package(tmp_path, files)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        order = generate_remote_code.closure(["pkg.model"], modules)
+        generate_remote_code.render("modeling_pkg", order, modules, set())
+
+
 def _save(family: str, folder: Path):
     model = normalize_tied_head(source_model("gpt2"), "cosine") if family == "wrapped" else tiny_model(family)
     model.eval().save_pretrained(folder)

@@ -61,37 +61,34 @@ class Module:
     """One package module read for inlining."""
 
     name: str
-    path: Path
+    label: str  # its path from the package's parent folder: hf_tiednorm/normalized_head.py
     source: str
     tree: ast.Module
     imports: list[Import]
-
-    @property
-    def label(self) -> str:
-        return str(self.path.relative_to(REPO_ROOT))
 
     @property
     def has_future(self) -> bool:
         return any(isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in self.tree.body)
 
 
-def read_modules() -> dict[str, Module]:
-    modules = module_names(REPO_ROOT / PACKAGE)
+def read_modules(root: Path = REPO_ROOT / PACKAGE) -> dict[str, Module]:
+    """The flat modules of the package at ``root`` (the sub-packages never travel), by dotted name."""
+    modules = module_names(root)
     found = {}
     for name, path in modules.items():
-        if name.count(".") != 1:  # the flat package only: the sub-packages never travel
-            continue
-        source = path.read_text()
-        found[name] = Module(name, path, source, ast.parse(source), imports_of(path, name, modules))
+        if name.count(".") == 1:
+            source, label = path.read_text(), str(path.relative_to(root.parent))
+            found[name] = Module(name, label, source, ast.parse(source), imports_of(path, name, modules))
     return found
 
 
 def internal_targets(module: Module, modules: dict[str, Module], eager_only: bool) -> list[str]:
     """The package modules ``module`` imports, in the order it imports them (``eager_only``: those run on import:
     top-level and not under ``TYPE_CHECKING``)."""
+    package = module.name.split(".")[0]
     targets = []
     for found in module.imports:
-        if found.target.startswith(f"{PACKAGE}.") or found.target == PACKAGE:
+        if found.target.startswith(f"{package}.") or found.target == package:
             if found.level == 0 and not found.dynamic:
                 raise SystemExit(f"{module.label}:{found.line}: an absolute import of the package ({found.target}); "
                                  "a saved model's code cannot import hf_tiednorm: use a relative import")  # fmt: skip
@@ -189,7 +186,7 @@ class Inliner:
         if node.level != 1 or not node.module:
             raise SystemExit(f"{self._where(node)}: only `from .module import name` is inlined (remote code follows "
                              "single-dot imports of modules)")  # fmt: skip
-        return f"{PACKAGE}.{node.module}"
+        return f"{self.module.name.split('.')[0]}.{node.module}"
 
     def _replacement_for_relative(self, node: ast.ImportFrom, indent: str, nested: bool) -> str:
         """What a relative import becomes: nothing (same file), aliases, or an import from the configuration file."""

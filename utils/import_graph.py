@@ -24,9 +24,8 @@ class Import:
 
     Attributes:
         importer: the dotted name of the module holding the import (``hf_tiednorm.bridges.export``).
-        target: the dotted name of the module it imports: the deepest module of the scanned tree that the
-            statement names (``from .. import training`` -> ``hf_tiednorm.training``), or the name as written
-            for a module outside it (``torch.nn``).
+        target: the dotted name of the module it imports, absolute (``from .. import training`` in a module of
+            ``hf_tiednorm.bridges`` -> ``hf_tiednorm.training``; ``torch.nn`` as written).
         names: the names taken from ``target`` (``from x import a, b``: ``("a", "b")``); empty for ``import x``.
         line: the line of the statement in the importer's file.
         level: how many leading dots a relative import has (0: absolute).
@@ -91,13 +90,6 @@ class _Collector(ast.NodeVisitor):
         self.depth = 0  # functions entered
         self.type_checking = 0
 
-    def _deepest_known(self, dotted: str) -> str:
-        parts = dotted.split(".")
-        for end in range(len(parts), 0, -1):
-            if ".".join(parts[:end]) in self.known:
-                return ".".join(parts[:end])
-        return dotted
-
     def _add(self, target: str, names: tuple[str, ...], node: ast.AST, level: int = 0, dynamic: bool = False):
         self.found.append(Import(self.module, target, names, node.lineno, level, runtime=not self.type_checking,
                                  lazy=self.depth > 0, dynamic=dynamic))  # fmt: skip
@@ -130,7 +122,7 @@ class _Collector(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import):
         for alias in node.names:  # import a.b.c (as d): runs a, a.b and a.b.c; the module named is a.b.c
-            self._add(self._deepest_known(alias.name), (), node)
+            self._add(alias.name, (), node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom):
         base = self._resolve_relative(node.level, node.module, node) if node.level else node.module
@@ -141,9 +133,9 @@ class _Collector(ast.NodeVisitor):
                 self._add(target, (), node, node.level)
             plain = tuple(name for name in names if f"{base}.{name}" not in self.known)
             if plain:
-                self._add(self._deepest_known(base), plain, node, node.level)
+                self._add(base, plain, node, node.level)
         else:
-            self._add(self._deepest_known(base), names, node, node.level)
+            self._add(base, names, node, node.level)
 
     def visit_Call(self, node: ast.Call):
         literal = _literal_import_call(node)
@@ -153,7 +145,7 @@ class _Collector(ast.NodeVisitor):
                 level = len(name) - len(name.lstrip("."))
                 anchor = _Collector(package or self.package, True, self.known, self.path)
                 name = anchor._resolve_relative(level, name.lstrip(".") or None, node)
-            self._add(self._deepest_known(name), (), node, dynamic=True)
+            self._add(name, (), node, dynamic=True)
         self.generic_visit(node)
 
 
