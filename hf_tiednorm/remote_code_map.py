@@ -141,7 +141,16 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
         del config._auto_class
 
 
+class TwoFileRemoteCodeMixin:
+    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
+    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        with two_file_remote_code(self, save_directory):
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
 __all__ = [
     "GENERATED_DIR", "LEGACY_MODULES", "REMOTE_CODE_MODULES", "drop_source_auto_map", "foreign_auto_map",
-    "remote_code_reference", "two_file_remote_code",
+    "TwoFileRemoteCodeMixin", "remote_code_reference", "two_file_remote_code",
 ]  # fmt: skip

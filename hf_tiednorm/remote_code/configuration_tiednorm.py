@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -476,14 +477,46 @@ and the head code that reads it.
 """
 
 
-# Configs annotate their logit_scale field with this type (``@strict`` checks it).
+# Configs annotate their logit_scale_kind field with this type (``@strict`` checks it).
 LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: "tuple[str, ...]" = get_args(LogitScale)
 
 
-# The head's learned per-token terms, named as their config fields (logit_scale, logit_bias) and as the head's
-# parameters: what the load checks, the lossless start, the converter, the export and the card read.
+# The head's learned per-token terms, named as the head's parameters (state-dict keys such as
+# 'lm_head.logit_scale'): what the load checks, the lossless start, the converter, the export and the card read.
 LEARNED_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
+# The config field that switches each learned term on. The scale's is not called ``logit_scale``: TRL, vLLM and
+# transformers' Cohere models read ``config.logit_scale`` as a float multiplier of the logits.
+TERM_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind", "logit_bias": "logit_bias"}
+# Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
+# under the old name still load, with a FutureWarning (configuration_tiednorm.py).
+RENAMED_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind"}
+
+
+def renamed_field_value(old: "str", new: "str", value, current):
+    """The value of field ``new`` given under its old name ``old`` (a config saved before the rename), with a
+    FutureWarning; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float multiplier of
+    other architectures, which this head's options do not read) or one contradicting ``new`` given too."""
+    if not (isinstance(value, str) and value in LOGIT_SCALES):
+        raise ValueError(
+            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} as "
+            f"a float multiplier of the logits, which this head would not apply); the head's scale is {new}, one of "
+            f"{LOGIT_SCALES}, with logit_scale_init for its value"
+        )
+    if current not in ("none", value):
+        raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
+    # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
+    frame, stacklevel = sys._getframe(0), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(
+        f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+        f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
+        f"the new name; the old one will stop loading in a future release",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
+    return value
 
 
 @dataclass(frozen=True)
@@ -524,7 +557,8 @@ class HeadOptions:
 
     Attributes:
         head_mode: a registered mode (head_modes.py).
-        logit_scale: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned g_i).
+        logit_scale_kind: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned
+            g_i, the head's ``logit_scale`` parameter).
         logit_scale_init: g for ``fixed``, the initial g for ``scalar``/``vector``; None: 1 for a learned g, √d
             for ``fixed``.
         logit_bias: a learned per-token bias b added to the scores, zero at initialization.
@@ -532,7 +566,7 @@ class HeadOptions:
     """
 
     head_mode: "str" = DEFAULT_HEAD_MODE
-    logit_scale: "str" = "none"
+    logit_scale_kind: "str" = "none"
     logit_scale_init: "float | None" = None
     logit_bias: "bool" = False
     norm_eps: "float" = 1e-6
@@ -548,14 +582,15 @@ class HeadOptions:
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
-        if self.logit_scale not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {self.logit_scale!r}")
+        if self.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
         if self.logit_scale_init is not None:
             if not 0 < self.logit_scale_init < math.inf:
                 raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
-            if self.logit_scale == "none":
+            if self.logit_scale_kind == "none":
                 raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'; choose a logit_scale "
+                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    "logit_scale_kind "
                     "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
                 )
         if not isinstance(self.logit_bias, bool):
@@ -592,13 +627,13 @@ class HeadOptions:
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
-        logit_scale = self.logit_scale
+        logit_scale = self.logit_scale_kind
         if "logit_scale" in mode.lossless_start:
             if logit_scale not in ("none", "vector"):
                 raise ValueError(
                     f"lossless_start for head_mode {self.head_mode!r} sets a per-token logit scale "
-                    f"(logit_scale='vector'); logit_scale={logit_scale!r} cannot give back the source's logits: "
-                    "leave logit_scale unset or 'vector'"
+                    f"(logit_scale_kind='vector'); logit_scale_kind={logit_scale!r} cannot give back the source's "
+                    "logits: leave logit_scale_kind unset or 'vector'"
                 )
             if self.logit_scale_init is not None:
                 # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
@@ -614,11 +649,11 @@ class HeadOptions:
         elif logit_scale != "none":
             raise ValueError(
                 f"lossless_start for head_mode {self.head_mode!r} needs no logit scale ({mode.equation}; its start "
-                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale={logit_scale!r} would multiply "
-                "the scores: leave logit_scale='none'"
+                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={logit_scale!r} would "
+                "multiply the scores: leave logit_scale_kind='none'"
             )
         logit_bias = self.logit_bias or "logit_bias" in mode.lossless_start
-        return dataclasses.replace(self, logit_scale=logit_scale, logit_bias=logit_bias)
+        return dataclasses.replace(self, logit_scale_kind=logit_scale, logit_bias=logit_bias)
 
 
 # ------------------------------ hf_tiednorm/lossless_start.py ---------------------------------------------------
@@ -635,8 +670,8 @@ fine-tuning moves from the source's own function. Each mode declares its start (
 head_mode   lossless start                                           exact because
 =========== ======================================================== =============================================
 baseline    nothing to set                                           s_i = w_i·h already
-cosine      ``logit_scale="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
-square      ``logit_scale="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
+cosine      ``logit_scale_kind="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
+square      ``logit_scale_kind="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
 distance    ``logit_bias=True``, b_i = ½‖w_i‖²                       w_i·h − ½‖w_i‖² + b_i = w_i·h
 l2          refused                                                  the input lookups become ŵ_i too, so every
                                                                      layer sees other inputs; no head term undoes it
@@ -660,8 +695,9 @@ refused.
 def lossless_head_options(head_mode: "str", logit_scale: "str", logit_bias: "bool") -> "tuple[str, bool]":
     """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
     or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    options = HeadOptions(head_mode=head_mode, logit_scale=logit_scale, logit_bias=logit_bias).with_lossless_start()
-    return options.logit_scale, options.logit_bias
+    options = HeadOptions(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+    options = options.with_lossless_start()
+    return options.logit_scale_kind, options.logit_bias
 
 
 @torch.no_grad()
@@ -908,16 +944,24 @@ def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.P
         del config._auto_class
 
 
+class TwoFileRemoteCodeMixin:
+    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
+    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        with two_file_remote_code(self, save_directory):
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
 # ------------------------------ hf_tiednorm/configuration_tiednorm.py -------------------------------------------
 """Configurations of the model families: Marian-style and BART-style encoder-decoders and a Llama-style causal LM.
 
-Each inherits every architecture field from its HF parent and adds, from field-only mixins listed before the parent
-(so that their fields override the parent's and its methods are kept), the fields of the normalized tied head, those
-of the training techniques and, for the two encoder-decoders, the tie topology and the small model's defaults.
-Defaults describe the small Multi30k model (joint 8k vocabulary, d = 256). Validation is transformers 5's: ``@strict``
-checks every field's type (``Literal`` choices included) and its ``validated_field`` range whenever it is set, then
-runs the ``validate_*`` methods on the whole config; a bad value raises a ``StrictDataclass*ValidationError`` naming
-the field or validator and the cause.
+Each inherits every architecture field from its HF parent and adds, from mixins listed before the parent (their
+fields override the parent's), the fields of the normalized tied head, of the training techniques and, for the two
+encoder-decoders, the tie topology and the small model's defaults (the small Multi30k model: joint 8k vocabulary,
+d = 256). Validation is transformers 5's: ``@strict`` checks every field's type (``Literal`` choices included) and
+range (``validated_field``) whenever it is set, then runs the ``validate_*`` methods on the whole config; a bad value
+raises a ``StrictDataclass*ValidationError`` naming the field or validator and the cause.
 """
 
 
@@ -965,7 +1009,7 @@ layer_count_field = interval(min=0)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
-class TiedNormHeadConfigMixin:
+class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     """Fields of the normalized tied output head: every hf_tiednorm config has them (TiedNormWrappedConfig too)."""
 
     head_mode: str = head_mode_field(
@@ -976,16 +1020,15 @@ class TiedNormHeadConfigMixin:
             choices=HEAD_MODES,
         ),
     )
-    logit_scale: LogitScale = field(
+    logit_scale_kind: LogitScale = field(
         default="none",
-        metadata=script_flag(
-            "multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g per token)"
-        ),
+        metadata=script_flag("multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g "
+                             "per token, the head's logit_scale parameter)"),
     )
     logit_scale_init: float | int | None = positive_finite_field(
         default=None,
         metadata=script_flag(
-            "g for logit_scale fixed, its initial value for scalar/vector; None: 1 for scalar/vector (the "
+            "g for logit_scale_kind fixed, its initial value for scalar/vector; None: 1 for scalar/vector (the "
             "scale-free head at step 0), sqrt(hidden size) for fixed"
         ),
     )
@@ -1016,14 +1059,20 @@ class TiedNormHeadConfigMixin:
     # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
 
+    def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
+        for old, new in RENAMED_CONFIG_FIELDS.items():
+            if old in kwargs:
+                setattr(self, new, renamed_field_value(old, new, kwargs.pop(old), getattr(self, new)))
+        super().__post_init__(**kwargs)
+
     def validate_lossless_start(self) -> None:
-        if not self.lossless_start:
-            return
-        needed = lossless_head_options(self.head_mode, self.logit_scale, self.logit_bias)  # raises for l2
-        if needed != (self.logit_scale, self.logit_bias):
+        needed = (self.logit_scale_kind, self.logit_bias)
+        if self.lossless_start:
+            needed = lossless_head_options(self.head_mode, *needed)  # raises for l2
+        if needed != (self.logit_scale_kind, self.logit_bias):
             raise ValueError(
-                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale, logit_bias) = {needed}, "
-                f"got ({self.logit_scale!r}, {self.logit_bias}); set them so, or lossless_start=False"
+                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale_kind, logit_bias) = "
+                f"{needed}, got ({self.logit_scale_kind!r}, {self.logit_bias}); set them so, or lossless_start=False"
             )
 
     @property
@@ -1033,10 +1082,6 @@ class TiedNormHeadConfigMixin:
 
     def validate_head_options(self) -> None:
         HeadOptions.from_config(self)  # every check of the head's settings, once (head_options.py)
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        with two_file_remote_code(self, save_directory):  # the folder's code: two generated files (remote_code_map)
-            super().save_pretrained(save_directory, *args, **kwargs)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
@@ -1342,7 +1387,7 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         The config of the wrapped model (its ``model_type`` selects the architecture); it must tie its output layer to
         its input embedding (``tie_word_embeddings=True``).
 
-    The head fields (``head_mode``, ``logit_scale``, ``logit_scale_init``, ``logit_bias``, ``norm_eps``) are
+    The head fields (``head_mode``, ``logit_scale_kind``, ``logit_scale_init``, ``logit_bias``, ``norm_eps``) are
     ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes exactly the wrapped model's logits.
     """
 

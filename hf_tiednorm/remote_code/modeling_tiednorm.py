@@ -52,6 +52,7 @@ from .configuration_tiednorm import (
     LEARNED_TERMS,
     LossTerms,
     OutputProjection,
+    TERM_CONFIG_FIELDS,
     TieTopologyConfigMixin,
     TiedNormBartConfig,
     TiedNormCausalConfig,
@@ -207,7 +208,7 @@ class NormalizedScoresMixin:
         self.options = options
         self.head_mode = options.head_mode
         self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
-        logit_scale = self.logit_scale_kind = options.logit_scale
+        logit_scale = self.logit_scale_kind = options.logit_scale_kind
         init_value = options.logit_scale_init
         default = default_logit_scale(logit_scale, hidden_size)
         self.logit_scale_init = float(init_value) if init_value is not None else default
@@ -287,7 +288,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}, "
+            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}, "
             f"logit_bias={self.logit_bias is not None}"
         )
 
@@ -549,7 +550,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
@@ -1447,7 +1448,7 @@ tensor of the file must find its place, checked when ``from_pretrained`` finishe
 transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for
 as "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained
 ``logit_scale`` g (scalar or per token) or ``logit_bias`` b missing from ``model.safetensors`` loads as g = 1 /
-b = 0, a ``config.json`` edited to ``logit_scale="none"`` or ``logit_bias=false`` drops the trained terms, and one
+b = 0, a ``config.json`` edited to ``logit_scale_kind="none"`` or ``logit_bias=false`` drops the trained terms, and one
 edited to add them starts them fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which
 ``generate`` fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is
@@ -1463,12 +1464,13 @@ This file imports torch and the package's head modules only: it travels with the
 """
 
 
-HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its config fields (head_options.py)
+HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its parameters (head_options.py)
 
 
 def _term_field(model: nn.Module, term: str) -> str:
-    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale='vector'"."""
-    return f"{term}={getattr(model.config, term, None)!r}"
+    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale_kind='vector'"."""
+    name = TERM_CONFIG_FIELDS.get(term, term)
+    return f"{name}={getattr(model.config, name, None)!r}"
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
@@ -1484,14 +1486,15 @@ def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) 
             errors.append(
                 f"tensor {key!r} is missing from the weights, but config.json declares {_term_field(model, leaf)}: "
                 "a learned term of the head is part of the trained function, and it would start afresh (g = 1, "
-                f"b = 0). Restore the weights file, or set {leaf} in config.json to what the model was trained with"
+                f"b = 0). Restore the weights file, or set {TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to "
+                "what the model was trained with"
             )
         else:
             errors.append(
                 f"the weights hold a trained {key!r}, but config.json declares {_term_field(model, leaf)}, which has "
-                f"no such tensor: loading would drop it and change the logits. Set {leaf} in config.json to what the "
-                "model was trained with (logit_scale 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; "
-                "logit_bias true)"
+                "no such tensor: loading would drop it and change the logits. Set "
+                f"{TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to what the model was trained with "
+                "(logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; logit_bias true)"
             )
     return errors
 
@@ -2744,7 +2747,9 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
 
     config_class = TiedNormWrappedConfig
     config: TiedNormWrappedConfig
-    base_model_prefix = "model"
+    # ``base_model`` is the headless backbone, as in every HF ``*ForCausalLM`` (the ``backbone`` property below); the
+    # wrapped model itself, head included, stays ``self.model``, so the state-dict keys are ``model.*`` as before.
+    base_model_prefix = "backbone"
     supports_gradient_checkpointing = True
     # The Auto class that builds the wrapped model from config.text_config.
     body_auto_class: type = AutoModelForCausalLM
@@ -2769,6 +2774,15 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
             for module in body.modules():
                 module._is_hf_initialized = True
         self.post_init()
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
+        i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
+        callers such as TRL run to get ``last_hidden_state`` before an LM head. It is a module inside ``self.model``
+        (keys ``model.<its prefix>.*``), not registered a second time. An architecture whose own ``base_model`` is
+        itself (T5) gives the wrapped model, as transformers does for it."""
+        return self.model.base_model
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
