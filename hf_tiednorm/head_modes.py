@@ -23,7 +23,7 @@ a mode's name:
   with the head's effective column terms (``TiedNormHead.column_terms()``, the logit scale g and bias b folded in)
   that is all a plain export needs: output weight ``diag(scale)·W``, output bias ``bias``.
 
-``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model wing and travels
+``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model layer and travels
 with a saved model as remote code: a folder whose config names a mode that its code files do not define is refused
 by name when it is loaded (``get_head_mode``).
 
