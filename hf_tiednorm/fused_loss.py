@@ -6,7 +6,9 @@ so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused ke
 
 * ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
   weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
-  autocast is on), as liger requires.
+  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
+  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
+  (``liger_drops_head_gradients``).
 * ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
   ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
   and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
@@ -95,6 +97,15 @@ def choose_loss_path(
     return fused_kernel(device, matmul_dtype, label_smoothing)
 
 
+def liger_drops_head_gradients(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether liger-kernel's fused linear cross-entropy would silently give the head no gradient: it computes the
+    weight and bias gradients only when the hidden states require grad (liger-kernel 0.8.5,
+    ``ops/fused_linear_cross_entropy.py``), so head-only training with a frozen body got ∇W = ∇g = 0 and ∇b = None
+    where the plain and chunked paths give the true ones. ``head_linear_cross_entropy`` runs the chunked loop then."""
+    head_trains = weight.requires_grad or (bias is not None and bias.requires_grad)
+    return torch.is_grad_enabled() and head_trains and not hidden.requires_grad
+
+
 def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
     try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
@@ -139,6 +150,8 @@ def head_linear_cross_entropy(
     scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
     weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
     if path == "chunked":
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop
         return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
     check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
     if path == "liger":
@@ -200,6 +213,7 @@ __all__ = [
     "choose_loss_path",
     "fused_kernel",
     "head_linear_cross_entropy",
+    "liger_drops_head_gradients",
     "liger_installed",
     "liger_refusal",
     "refuse_fused_loss_scored_outside",
