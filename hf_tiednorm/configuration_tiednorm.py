@@ -218,6 +218,15 @@ class TiedNormTechniquesConfigMixin:
         ),
     )
 
+    def validate_loss_chunk_size(self) -> None:  # a chunk size no loss reads is refused, not ignored (issue 48)
+        if self.loss_chunk_size is not None and (self.loss_implementation == "plain" or self.adaptive_cutoffs):
+            reader = "the adaptive softmax" if self.adaptive_cutoffs else "loss_implementation='plain'"
+            raise ValueError(
+                f"loss_chunk_size={self.loss_chunk_size} sets the chunks of the chunked loss of the plain head, but "
+                f"{reader} materializes the logits and never chunks: it would be ignored; leave loss_chunk_size "
+                "unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
+            )
+
     def validate_row_norm_techniques(self) -> None:
         uses_row_norms = self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None
         if uses_row_norms and not get_head_mode(self.head_mode).keeps_row_norms:
@@ -252,11 +261,6 @@ class TiedNormTechniquesConfigMixin:
             raise ValueError(
                 "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
                 "leave one of embedding_init_std / adaptive_cutoffs unset"
-            )
-        if self.loss_chunk_size is not None:
-            raise ValueError(
-                "loss_chunk_size (the chunked loss of the plain head) does not apply to the adaptive softmax; "
-                "leave one of loss_chunk_size / adaptive_cutoffs unset"
             )
         if self.loss_implementation in ("fused", "chunked"):
             raise ValueError(

@@ -266,7 +266,6 @@ def load_or_train_tokenizer(
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(desc="tokenizer"):
         source = model_args.tokenizer_source(resume, output_dir)
-        # By device and inode (path_identity.py): a bind mount of the folder is the folder.
         own = source is not None and file_id(source) in {file_id(resume or output_dir), file_id(output_dir)} - {None}
         if resume is not None and not own and (source is None or model_args.adaptive_cutoffs is not None):
             # A new or unsorted tokenizer would not match the checkpoint's embedding rows.
