@@ -24,7 +24,8 @@ so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused ke
   logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
 * ``"fused"``: always a fused path (the same order), whatever the size.
 * ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
-* ``"plain"``: the materialized logits.
+* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
+  (``check_loss_chunk_size_read``), as with the adaptive softmax, whose loss never chunks either.
 
 A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
 training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
@@ -70,6 +71,18 @@ def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothin
         return "torch"
     # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
     return "chunked"
+
+
+def check_loss_chunk_size_read(chunk_size: int | None, requested: str, adaptive_cutoffs) -> None:
+    """``ValueError`` where ``config.loss_chunk_size`` is set but no loss would read it (decided in issue 48: refused,
+    not ignored): ``loss_implementation="plain"`` and the adaptive softmax materialize the logits and never chunk."""
+    if chunk_size is not None and (requested == "plain" or adaptive_cutoffs):
+        reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
+        raise ValueError(
+            f"loss_chunk_size={chunk_size} sets the chunks of the chunked loss of the plain head, but {reader} "
+            "materializes the logits and never chunks: it would be ignored; leave loss_chunk_size unset (null), or "
+            "use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
+        )
 
 
 def choose_loss_path(
@@ -210,6 +223,7 @@ def register_with_liger(model_type: str, table: dict | None = None) -> bool:
 __all__ = [
     "AUTO_MIN_LOGITS",
     "LOSS_IMPLEMENTATIONS",
+    "check_loss_chunk_size_read",
     "choose_loss_path",
     "fused_kernel",
     "head_linear_cross_entropy",
