@@ -5,6 +5,8 @@ synchronization; the models' forwards (no logits from a fused path, skip_logits)
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from testing_utils import (
@@ -134,6 +136,23 @@ def test_liger_with_a_frozen_body_still_trains_the_head(monkeypatch):
     trained_body = head_loss_and_grads(head, hidden, labels, _fused("liger", 0.1))
     assert calls == [True]
     assert_same_loss_and_grads(trained_body, expected)
+
+
+@pytest.mark.slow  # liger-kernel under Triton's interpreter on a CPU (TRITON_INTERPRET=1), or on CUDA
+@pytest.mark.skipif(not fused_loss.liger_installed() or not (torch.cuda.is_available()
+                                                           or os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="needs liger-kernel, and CUDA or TRITON_INTERPRET=1")
+def test_real_liger_with_a_frozen_body_trains_the_head():
+    """Issue 48 (13) with liger-kernel itself: called directly with hidden states that need no gradient it gives the
+    head ∇W = ∇g = 0 and ∇b = None (0.8.5); the liger path of head_linear_cross_entropy gives the plain gradients."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    head = variant_head("cosine", "vector", True, dtype=torch.float32).to(device)
+    hidden, labels = _hidden(dtype=torch.float32).to(device), _labels().to(device)
+    expected = head_loss_and_grads(head, hidden, labels, _fused("chunked", 0.1))
+    head.zero_grad(set_to_none=True)
+    _fused("liger", 0.1)(head, hidden, labels).backward()
+    got = {"W": head.weight.grad, "g": head.logit_scale.grad, "b": head.logit_bias.grad}
+    assert_same_loss_and_grads(got, {name: expected[name] for name in got}, rtol=1e-4, atol=1e-5)
 
 
 def test_auto_picks_the_plain_path_for_small_logits_and_a_fused_one_for_large():
