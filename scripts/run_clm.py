@@ -146,7 +146,9 @@ def main() -> None:
 
     # Model: a saved (or converted) one, or a new TiedNormForCausalLM sized to the tokenizer.
     if model_args.model_name_or_path is not None:
-        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=run_config)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_args.model_name_or_path, config=run_config, **model_args.load_kwargs()
+        )
     else:
         config = CAUSAL.config_class(
             vocab_size=len(tokenizer),

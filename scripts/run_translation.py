@@ -274,7 +274,9 @@ def main() -> None:
 
     # Model: a saved (or converted) one, a new TiedNormForConditionalGeneration, or the HF Marian contender.
     if model_args.model_name_or_path is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=run_config)
+        model = AutoModelForSeq2SeqLM.from_pretrained(
+            model_args.model_name_or_path, config=run_config, **model_args.load_kwargs()
+        )
     else:
         config = family.config_class(
             vocab_size=len(tokenizer),
