@@ -18,7 +18,7 @@ from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
-from .head_options import HeadOptions, LogitScale
+from .head_options import RENAMED_CONFIG_FIELDS, HeadOptions, LogitScale, renamed_field_value
 from .lossless_start import lossless_head_options
 from .regularizers import LOSS_TERMS
 
@@ -77,16 +77,15 @@ class TiedNormHeadConfigMixin:
             choices=HEAD_MODES,
         ),
     )
-    logit_scale: LogitScale = field(
+    logit_scale_kind: LogitScale = field(
         default="none",
-        metadata=script_flag(
-            "multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g per token)"
-        ),
+        metadata=script_flag("multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g "
+                             "per token, the head's logit_scale parameter)"),
     )
     logit_scale_init: float | int | None = positive_finite_field(
         default=None,
         metadata=script_flag(
-            "g for logit_scale fixed, its initial value for scalar/vector; None: 1 for scalar/vector (the "
+            "g for logit_scale_kind fixed, its initial value for scalar/vector; None: 1 for scalar/vector (the "
             "scale-free head at step 0), sqrt(hidden size) for fixed"
         ),
     )
@@ -117,14 +116,20 @@ class TiedNormHeadConfigMixin:
     # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
 
+    def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
+        for old, new in RENAMED_CONFIG_FIELDS.items():
+            if old in kwargs:
+                setattr(self, new, renamed_field_value(old, new, kwargs.pop(old), getattr(self, new)))
+        super().__post_init__(**kwargs)
+
     def validate_lossless_start(self) -> None:
-        if not self.lossless_start:
-            return
-        needed = lossless_head_options(self.head_mode, self.logit_scale, self.logit_bias)  # raises for l2
-        if needed != (self.logit_scale, self.logit_bias):
+        needed = (self.logit_scale_kind, self.logit_bias)
+        if self.lossless_start:
+            needed = lossless_head_options(self.head_mode, *needed)  # raises for l2
+        if needed != (self.logit_scale_kind, self.logit_bias):
             raise ValueError(
-                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale, logit_bias) = {needed}, "
-                f"got ({self.logit_scale!r}, {self.logit_bias}); set them so, or lossless_start=False"
+                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale_kind, logit_bias) = "
+                f"{needed}, got ({self.logit_scale_kind!r}, {self.logit_bias}); set them so, or lossless_start=False"
             )
 
     @property

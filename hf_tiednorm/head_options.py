@@ -11,20 +11,54 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .head_modes import DEFAULT_HEAD_MODE, HeadMode, get_head_mode
 
-# Configs annotate their logit_scale field with this type (``@strict`` checks it).
+# Configs annotate their logit_scale_kind field with this type (``@strict`` checks it).
 LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
 
 
-# The head's learned per-token terms, named as their config fields (logit_scale, logit_bias) and as the head's
-# parameters: what the load checks, the lossless start, the converter, the export and the card read.
+# The head's learned per-token terms, named as the head's parameters (state-dict keys such as
+# 'lm_head.logit_scale'): what the load checks, the lossless start, the converter, the export and the card read.
 LEARNED_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+# The config field that switches each learned term on. The scale's is not called ``logit_scale``: TRL, vLLM and
+# transformers' Cohere models read ``config.logit_scale`` as a float multiplier of the logits.
+TERM_CONFIG_FIELDS: dict[str, str] = {"logit_scale": "logit_scale_kind", "logit_bias": "logit_bias"}
+# Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
+# under the old name still load, with a FutureWarning (configuration_tiednorm.py).
+RENAMED_CONFIG_FIELDS: dict[str, str] = {"logit_scale": "logit_scale_kind"}
+
+
+def renamed_field_value(old: str, new: str, value, current):
+    """The value of field ``new`` given under its old name ``old`` (a config saved before the rename), with a
+    FutureWarning; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float multiplier of
+    other architectures, which this head's options do not read) or one contradicting ``new`` given too."""
+    if not (isinstance(value, str) and value in LOGIT_SCALES):
+        raise ValueError(
+            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} as "
+            f"a float multiplier of the logits, which this head would not apply); the head's scale is {new}, one of "
+            f"{LOGIT_SCALES}, with logit_scale_init for its value"
+        )
+    if current not in ("none", value):
+        raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
+    # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
+    frame, stacklevel = sys._getframe(0), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(
+        f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+        f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
+        f"the new name; the old one will stop loading in a future release",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
+    return value
 
 
 @dataclass(frozen=True)
@@ -65,7 +99,8 @@ class HeadOptions:
 
     Attributes:
         head_mode: a registered mode (head_modes.py).
-        logit_scale: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned g_i).
+        logit_scale_kind: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned
+            g_i, the head's ``logit_scale`` parameter).
         logit_scale_init: g for ``fixed``, the initial g for ``scalar``/``vector``; None: 1 for a learned g, √d
             for ``fixed``.
         logit_bias: a learned per-token bias b added to the scores, zero at initialization.
@@ -73,7 +108,7 @@ class HeadOptions:
     """
 
     head_mode: str = DEFAULT_HEAD_MODE
-    logit_scale: str = "none"
+    logit_scale_kind: str = "none"
     logit_scale_init: float | None = None
     logit_bias: bool = False
     norm_eps: float = 1e-6
@@ -89,14 +124,15 @@ class HeadOptions:
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
-        if self.logit_scale not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {self.logit_scale!r}")
+        if self.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
         if self.logit_scale_init is not None:
             if not 0 < self.logit_scale_init < math.inf:
                 raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
-            if self.logit_scale == "none":
+            if self.logit_scale_kind == "none":
                 raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'; choose a logit_scale "
+                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    "logit_scale_kind "
                     "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
                 )
         if not isinstance(self.logit_bias, bool):
@@ -133,13 +169,13 @@ class HeadOptions:
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
-        logit_scale = self.logit_scale
+        logit_scale = self.logit_scale_kind
         if "logit_scale" in mode.lossless_start:
             if logit_scale not in ("none", "vector"):
                 raise ValueError(
                     f"lossless_start for head_mode {self.head_mode!r} sets a per-token logit scale "
-                    f"(logit_scale='vector'); logit_scale={logit_scale!r} cannot give back the source's logits: "
-                    "leave logit_scale unset or 'vector'"
+                    f"(logit_scale_kind='vector'); logit_scale_kind={logit_scale!r} cannot give back the source's "
+                    "logits: leave logit_scale_kind unset or 'vector'"
                 )
             if self.logit_scale_init is not None:
                 # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
@@ -155,14 +191,14 @@ class HeadOptions:
         elif logit_scale != "none":
             raise ValueError(
                 f"lossless_start for head_mode {self.head_mode!r} needs no logit scale ({mode.equation}; its start "
-                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale={logit_scale!r} would multiply "
-                "the scores: leave logit_scale='none'"
+                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={logit_scale!r} would "
+                "multiply the scores: leave logit_scale_kind='none'"
             )
         logit_bias = self.logit_bias or "logit_bias" in mode.lossless_start
-        return dataclasses.replace(self, logit_scale=logit_scale, logit_bias=logit_bias)
+        return dataclasses.replace(self, logit_scale_kind=logit_scale, logit_bias=logit_bias)
 
 
 __all__ = [
-    "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "HeadOption", "HeadOptions", "LogitScale", "learned_terms",
-    "register_head_option",
+    "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "RENAMED_CONFIG_FIELDS", "TERM_CONFIG_FIELDS", "HeadOption",
+    "HeadOptions", "LogitScale", "learned_terms", "register_head_option", "renamed_field_value",
 ]  # fmt: skip

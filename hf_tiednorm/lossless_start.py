@@ -11,8 +11,8 @@ fine-tuning moves from the source's own function. Each mode declares its start (
 head_mode   lossless start                                           exact because
 =========== ======================================================== =============================================
 baseline    nothing to set                                           s_i = w_i·h already
-cosine      ``logit_scale="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
-square      ``logit_scale="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
+cosine      ``logit_scale_kind="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
+square      ``logit_scale_kind="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
 distance    ``logit_bias=True``, b_i = ½‖w_i‖²                       w_i·h − ½‖w_i‖² + b_i = w_i·h
 l2          refused                                                  the input lookups become ŵ_i too, so every
                                                                      layer sees other inputs; no head term undoes it
@@ -43,8 +43,9 @@ from .head_options import LEARNED_TERMS, HeadOptions
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
     """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
     or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    options = HeadOptions(head_mode=head_mode, logit_scale=logit_scale, logit_bias=logit_bias).with_lossless_start()
-    return options.logit_scale, options.logit_bias
+    options = HeadOptions(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+    options = options.with_lossless_start()
+    return options.logit_scale_kind, options.logit_bias
 
 
 @torch.no_grad()

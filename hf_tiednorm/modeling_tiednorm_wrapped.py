@@ -108,7 +108,9 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
 
     config_class = TiedNormWrappedConfig
     config: TiedNormWrappedConfig
-    base_model_prefix = "model"
+    # ``base_model`` is the headless backbone, as in every HF ``*ForCausalLM`` (the ``backbone`` property below); the
+    # wrapped model itself, head included, stays ``self.model``, so the state-dict keys are ``model.*`` as before.
+    base_model_prefix = "backbone"
     supports_gradient_checkpointing = True
     # The Auto class that builds the wrapped model from config.text_config.
     body_auto_class: type = AutoModelForCausalLM
@@ -133,6 +135,15 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
             for module in body.modules():
                 module._is_hf_initialized = True
         self.post_init()
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
+        i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
+        callers such as TRL run to get ``last_hidden_state`` before an LM head. It is a module inside ``self.model``
+        (keys ``model.<its prefix>.*``), not registered a second time. An architecture whose own ``base_model`` is
+        itself (T5) gives the wrapped model, as transformers does for it."""
+        return self.model.base_model
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()

@@ -71,7 +71,7 @@ class NormalizedScoresMixin:
         self.options = options
         self.head_mode = options.head_mode
         self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
-        logit_scale = self.logit_scale_kind = options.logit_scale
+        logit_scale = self.logit_scale_kind = options.logit_scale_kind
         init_value = options.logit_scale_init
         default = default_logit_scale(logit_scale, hidden_size)
         self.logit_scale_init = float(init_value) if init_value is not None else default
@@ -151,7 +151,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}, "
+            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}, "
             f"logit_bias={self.logit_bias is not None}"
         )
 

@@ -87,7 +87,7 @@ def test_baseline_conversion_reproduces_the_source_logits(source_name, request, 
 @pytest.mark.parametrize("head_mode", ["cosine", "distance"])
 def test_other_modes_keep_every_weight(marian, bart, llama, head_mode):
     for source, source_model in (marian, bart, llama):
-        model = convert_checkpoint(source, head_mode=head_mode, logit_scale="scalar")
+        model = convert_checkpoint(source, head_mode=head_mode, logit_scale_kind="scalar")
         assert model.config.head_mode == head_mode and model.lm_head.head_mode == head_mode
         converted = model.state_dict()
         for name, weight in source_model.state_dict().items():

@@ -196,7 +196,7 @@ def test_no_tokens_with_a_target_give_zero_loss_and_zero_gradients():
 
 
 def _family_model(family, **config):
-    return tiny_model(family, logit_scale="vector", logit_bias=True, **config).double()
+    return tiny_model(family, logit_scale_kind="vector", logit_bias=True, **config).double()
 
 
 def _loss_and_grads(model, inputs, **kwargs):

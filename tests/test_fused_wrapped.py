@@ -19,7 +19,7 @@ from hf_tiednorm.training.trainers import TiedNormTrainer
 
 
 def _wrapped(name, implementation, dtype=torch.float64):
-    model = normalize_tied_head(source_model(name), "cosine", logit_scale="vector", logit_bias=True, generic=True)
+    model = normalize_tied_head(source_model(name), "cosine", logit_scale_kind="vector", logit_bias=True, generic=True)
     model.config.loss_implementation = implementation
     with torch.no_grad():
         model.get_output_embeddings().logit_bias.normal_(0, 0.3, generator=torch.Generator().manual_seed(0))

@@ -101,7 +101,7 @@ def test_dry_run_of_converted_checkpoints_loads_without_package(tmp_path):
     for name, head_mode, auto_class in (("gpt2", "cosine", "AutoModelForCausalLM"),
                                         ("m2m_100", "l2", "AutoModelForSeq2SeqLM")):  # fmt: skip
         folder = tmp_path / f"converted_{name}"
-        model = normalize_tied_head(source_model(name), head_mode, logit_scale="scalar").eval()
+        model = normalize_tied_head(source_model(name), head_mode, logit_scale_kind="scalar").eval()
         model.save_pretrained(folder)
         tiny_tokenizer().save_pretrained(folder)
         before = folder_digest(folder)

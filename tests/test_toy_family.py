@@ -69,7 +69,7 @@ def toy_family():
 
 def test_a_family_registered_in_a_test_trains_saves_converts_exports_and_names_itself(toy_family, tmp_path):
     torch.manual_seed(0)
-    model = ToyGPT2ForCausalLM(ToyGPT2Config(**TINY, head_mode="cosine", logit_scale="vector")).train()
+    model = ToyGPT2ForCausalLM(ToyGPT2Config(**TINY, head_mode="cosine", logit_scale_kind="vector")).train()
     ids = torch.randint(4, 61, (2, 9))
     before = model.lm_head.weight.detach().clone()
     model(input_ids=ids, labels=ids).loss.backward()

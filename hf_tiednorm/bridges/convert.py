@@ -61,7 +61,7 @@ _DROPPED_CONFIG_KEYS = (
     "tie_word_embeddings", "share_encoder_decoder_embeddings",
 )  # fmt: skip
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale
-# and bias that only the options logit_scale="scalar"/"vector" and logit_bias add (initialized by the model).
+# and bias that only the options logit_scale_kind="scalar"/"vector" and logit_bias add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 def _target_only_keys() -> set[str]:
     return {f"lm_head.{term}" for term in learned_terms()}
@@ -84,7 +84,7 @@ def normalize_tied_head(
     model: PreTrainedModel,
     head_mode: str | None = None,
     *,
-    logit_scale: str = "none",
+    logit_scale_kind: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
     norm_eps: float = 1e-6,
@@ -110,9 +110,9 @@ def normalize_tied_head(
     Args:
         model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
             works too).
-        head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
+        head_mode, logit_scale_kind, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
             ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
-        lossless_start: start at the source's logits (module docstring); chooses ``logit_scale`` / ``logit_bias``.
+        lossless_start: start at the source's logits (module docstring); chooses ``logit_scale_kind`` / ``logit_bias``.
         generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
             them (the CLI's ``--generic``). Other architectures are wrapped either way.
         base_model, license: the source's Hub id and license, recorded in the config (``provenance``, read by every
@@ -127,7 +127,7 @@ def normalize_tied_head(
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     check_base_model_id(base_model)
     if options is None:
-        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale=logit_scale,
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale_kind=logit_scale_kind,
                               logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
     elif head_mode is not None:
         raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
@@ -225,7 +225,7 @@ def convert_checkpoint(
     output_dir: str | os.PathLike | None = None,
     *,
     head_mode: str | None = None,
-    logit_scale: str = "none",
+    logit_scale_kind: str = "none",
     logit_scale_init: float | None = None,
     logit_bias: bool = False,
     norm_eps: float = 1e-6,
@@ -248,8 +248,8 @@ def convert_checkpoint(
             the path of a ``.gguf`` file itself.
         gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs the gguf extra:
             ``python -m pip install -e ".[gguf]"``).
-        lossless_start: start at the source's logits (module docstring); sets ``logit_scale`` / ``logit_bias``.
-        head_mode, logit_scale, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
+        lossless_start: start at the source's logits (module docstring); sets ``logit_scale_kind`` / ``logit_bias``.
+        head_mode, logit_scale_kind, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
             ``options`` holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
         base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
             saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
@@ -268,7 +268,7 @@ def convert_checkpoint(
         )
     check_base_model_id(base_model)
     if options is None:
-        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale=logit_scale,
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale_kind=logit_scale_kind,
                               logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
     elif head_mode is not None:
         raise ValueError("pass the head's settings either as options or as head_mode=..., not both")

@@ -56,7 +56,7 @@ from transformers import (
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..families import family_of_config
 from ..head_modes import get_head_mode
-from ..head_options import LEARNED_TERMS, learned_terms
+from ..head_options import LEARNED_TERMS, TERM_CONFIG_FIELDS, learned_terms
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
 from .convert import copy_tokenizer
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
@@ -94,7 +94,7 @@ class PlainExport:
     model: PreTrainedModel
     parent: str  # the parent model class
     source_type: str  # the hf_tiednorm model_type
-    head: dict  # head_mode, logit_scale, logit_bias of the source
+    head: dict  # head_mode, logit_scale_kind, logit_bias of the source
     tied: bool  # whether the output layer stayed tied to the input embedding
     bias_slot: str | None  # where the effective bias went (None: it is identically zero)
     added_values: int  # stored values added (negative: removed), the untied V×d matrix minus the folded terms
@@ -352,7 +352,7 @@ def export_plain(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={k: getattr(model.config, k) for k in ("head_mode", *LEARNED_TERMS)},
+        head={k: getattr(model.config, k) for k in ("head_mode", *(TERM_CONFIG_FIELDS[t] for t in LEARNED_TERMS))},
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),

@@ -157,8 +157,8 @@ def export_card(result, repo_id: str | None = None, source: str | Path | None = 
 
 A **{result.parent}** checkpoint for stock `transformers` (no remote code, `hf_tiednorm` not needed). It was trained
 with a **normalized tied output head** (`hf_tiednorm`, `head_mode="{head["head_mode"]}"`: {mode.equation}, {mode.paper};
-logit scale `{head["logit_scale"]}`, logit bias `{head["logit_bias"]}`) and **exported plain**: every head mode is an
-affine map of the plain scores, so the output layer's rows are the effective ones ({baked_rows(head["head_mode"])});
+logit scale `{head["logit_scale_kind"]}`, logit bias `{head["logit_bias"]}`) and **exported plain**: every head mode is
+an affine map of the plain scores, so the output layer's rows are the effective ones ({baked_rows(head["head_mode"])});
 {checked}.
 
 {origin}

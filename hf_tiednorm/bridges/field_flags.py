@@ -12,7 +12,10 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..configuration_tiednorm import TiedNormHeadConfigMixin
-from ..head_options import HEAD_OPTIONS, HeadOptions
+from ..head_options import HEAD_OPTIONS, RENAMED_CONFIG_FIELDS, HeadOptions
+
+# A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
+_OLD_NAMES = {new: old for old, new in RENAMED_CONFIG_FIELDS.items()}
 
 
 def flag_type(annotation: Any) -> Any:
@@ -43,10 +46,13 @@ def flag_help(config_field: dataclasses.Field, annotation: Any, default: str | N
 
 
 def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str, Any]:
-    """The HfArgumentParser metadata of a config-field flag: its help, and its ``choices`` when the field names them."""
+    """The HfArgumentParser metadata of a config-field flag: its help, its ``choices`` when the field names them, and
+    the flag of its old name (``--logit_scale`` for ``--logit_scale_kind``) as an alias."""
     metadata = {"help": flag_help(config_field, annotation)}
     if "choices" in config_field.metadata:
         metadata["choices"] = config_field.metadata["choices"]
+    if config_field.name in _OLD_NAMES:
+        metadata["aliases"] = [f"--{_OLD_NAMES[config_field.name]}"]
     return metadata
 
 
@@ -61,16 +67,17 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--dashed-name`` flag per ``HeadOptions`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
     help, choices and default: a bool field is a switch, every other flag's default is the config's."""
     for config_field, annotation in head_option_fields():
-        flag = f"--{config_field.name.replace('_', '-')}"
+        names = (config_field.name, _OLD_NAMES.get(config_field.name))
+        flags = [f"--{name.replace('_', '-')}" for name in names if name]
         metadata = flag_metadata(config_field, annotation)
         if annotation is bool or annotation == "bool":
-            parser.add_argument(flag, action="store_true", help=flag_help(config_field, annotation, "off"))
+            parser.add_argument(*flags, action="store_true", help=flag_help(config_field, annotation, "off"))
             continue
         metadata["help"] = flag_help(config_field, annotation, "%(default)s")
         kind = get_args(flag_type(annotation))[0]
         literal = [arg for arg in (*get_args(annotation), annotation) if get_origin(arg) is Literal]
         choices = metadata.get("choices") or (get_args(literal[0]) if literal else None)
-        parser.add_argument(flag, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
+        parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
     for option in HEAD_OPTIONS.values():  # registered head options (head_options.register_head_option): switches
         flag = f"--{option.name.replace('_', '-')}"
         parser.add_argument(flag, action="store_true", help=f"{option.help} (default: off)")

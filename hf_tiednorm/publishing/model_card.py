@@ -144,24 +144,24 @@ def _stored_range(folder: Path, suffix: str) -> tuple[float, float] | None:
 def _logit_scale_text(config: TiedNormConfig, folder: Path | None = None) -> str:
     """The logit scale as the weights hold it: a learned scale is described by its saved values (a lossless start
     sets g_i = ‖w_i‖, not the configured initial value), the initial value only when no weights are saved."""
-    if config.logit_scale == "none":
+    if config.logit_scale_kind == "none":
         return "none"
-    stored = _stored_range(folder, "logit_scale") if folder is not None and config.logit_scale != "fixed" else None
+    stored = _stored_range(folder, "logit_scale") if folder is not None and config.logit_scale_kind != "fixed" else None
     if stored is not None:
         low, high = stored
-        if config.logit_scale == "scalar":
+        if config.logit_scale_kind == "scalar":
             return f"one learned g (g = {low:.4g} in these weights)"
         return (f"a learned g_i per token (g_i in {low:.4g}–{high:.4g} in these weights; a lossless start sets "
                 "g_i = ‖w_i‖ of the source)")
     hidden_size = family_of_config(config).head_hidden_size(config)
     g = config.logit_scale_init
     if g is None:
-        g = default_logit_scale(config.logit_scale, hidden_size)
+        g = default_logit_scale(config.logit_scale_kind, hidden_size)
     return {
         "fixed": f"fixed g = {g:.4g}",
         "scalar": f"one learned g (initialized to {g:.4g})",
         "vector": f"a learned g_i per token (initialized to {g:.4g})",
-    }[config.logit_scale]
+    }[config.logit_scale_kind]
 
 
 def _num_parameters(folder: Path) -> str:
