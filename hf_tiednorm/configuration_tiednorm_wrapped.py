@@ -47,7 +47,7 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         The config of the wrapped model (its ``model_type`` selects the architecture); it must tie its output layer to
         its input embedding (``tie_word_embeddings=True``).
 
-    The head fields (``head_mode``, ``logit_scale``, ``logit_scale_init``, ``logit_bias``, ``norm_eps``) are
+    The head fields (``head_mode``, ``logit_scale_kind``, ``logit_scale_init``, ``logit_bias``, ``norm_eps``) are
     ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes exactly the wrapped model's logits.
     """
 
