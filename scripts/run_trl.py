@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
     common = dict(
         output_dir=args.output_dir, max_steps=args.max_steps,
-        per_device_train_batch_size=args.per_device_train_batch_size, learning_rate=args.learning_rate, logging_steps=1, report_to="none", save_strategy="no", seed=args.seed,
-        bf16=args.bf16, use_cpu=True, dataloader_pin_memory=False,
+        per_device_train_batch_size=args.per_device_train_batch_size, learning_rate=args.learning_rate,
+        logging_steps=1, report_to="none", save_strategy="no", seed=args.seed, bf16=args.bf16, use_cpu=True,
+        dataloader_pin_memory=False,
     )
     peft_config = None
     if args.lora:
