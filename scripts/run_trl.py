@@ -7,7 +7,7 @@
     python scripts/run_trl.py grpo --model_name_or_path runs/clm --train_file ... --output_dir runs/grpo --lora
 
 TRL's stock trainers and configs, on a toy task built from parallel text (``--train_file data/train.{lang}``, the
-translation scripts' files): the source sentence is the prompt and its translation the answer.
+translation scripts' files, Multi30k by default): the source sentence is the prompt and its translation the answer.
 
 * ``sft``: ``--data_kind text`` ("<source> = <target>" lines), ``prompt_completion`` (loss on the completion only)
   or ``conversational`` (user/assistant messages; ``--assistant_only_loss`` trains on the assistant turns only, with
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -41,6 +42,7 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }}{{ eos_token }}{% endgeneration %}{% else %}{{ message['content'] }} = {% endif %}"
     "{% endfor %}{% if add_generation_prompt %}{% endif %}"
 )
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"  # the training scripts' default data
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "c_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -48,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("trainer", choices=("sft", "dpo", "grpo"))
     parser.add_argument("--model_name_or_path", required=True, help="a saved hf_tiednorm causal LM folder")
-    parser.add_argument("--train_file", required=True, help="parallel text, e.g. data/train.{lang}")
+    parser.add_argument("--train_file", default=str(MULTI30K / "train.{lang}.gz"),
+                        help="parallel text, a pattern holding {lang} (default: Multi30k's, as run_translation.py)")
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")
     parser.add_argument("--output_dir", required=True)

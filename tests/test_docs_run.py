@@ -100,6 +100,10 @@ FLAGS = {
                       "--num_hidden_layers", "1", "--num_attention_heads", "2"],
         "if given": ["--adaptive_cutoffs", "20", "40"],  # cutoffs below the tiny vocabulary (79 tokens trained)
     },
+    "scripts/run_trl.py": {
+        "always": ["--train_file", "{data}/train.{{lang}}", "--max_steps", "2", "--max_samples", "8",
+                   "--per_device_train_batch_size", "2", "--max_length", "24", "--max_completion_length", "4"],
+    },
     "scripts/run_translation.py": {
         "always": ["--train_file", "{data}/train.{{lang}}", "--validation_file", "{data}/val.{{lang}}", "--test_file",
                    "{data}/test.{{lang}}", *TINY_TRANSLATION_FLAGS, "--max_steps", "2",
