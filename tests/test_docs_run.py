@@ -130,6 +130,8 @@ PLACEHOLDERS = {
     "/tmp/heavy.lock": "heavy.lock",
     "tiednorm-export runs/cosine": "tiednorm-export runs/multi30k_de_en",  # docs/training.md's cosine run, tiny
     "tiednorm-push runs/cosine": "tiednorm-push runs/multi30k_de_en",
+    "benchmark_trl_sft.py --steps 8 --reps 3 --output results/benchmark_trl_sft.json":
+        "benchmark_trl_sft.py --tiny --output trl_sft.json",
     "benchmark_peft_guard.py --reps 3 --new-tokens 8 --output results/benchmark_peft_guard.json":
         "benchmark_peft_guard.py --tiny --reps 1 --new-tokens 2 --output peft_guard.json",
     "--results results/converted_recovery.json": "--results converted_recovery.json --source {models}/llama "
