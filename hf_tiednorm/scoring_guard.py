@@ -24,9 +24,10 @@ trainers, which users of stock TRL never call. Serving the one read that TRL mak
 
 Every other replacement of the forward — at instance level (a user's monkey-patch, liger-kernel's instance patch)
 or class level (``TiedNormForCausalLM.forward = ...``) — would score with the raw matrix or skip the head's loss, and
-is refused by name (``check_scoring``) at the first call of the model's backbone, which every forward (TRL's,
-liger-kernel's, ours) runs: under PEFT, too, where the model's own ``__call__`` hooks never run. accelerate's and
-torch's mixed-precision wrappers (``convert_outputs_to_fp32``, ``autocast``) are looked through. The check is cached
+is refused by name: when it is set on the model (``model.forward = ...``), or, set behind the model's back or on the
+class, at the first call of the model's backbone (``check_scoring``), which every forward (TRL's, liger-kernel's,
+ours) runs: under PEFT, too, where the model's own ``__call__`` hooks never run. accelerate's and
+torch's wrappers (``convert_outputs_to_fp32``, ``autocast``, ``torch.compile``) are looked through. The check is cached
 on the identity of the installed forward: a training step costs two attribute reads (docs/benchmarks.md, "Scoring
 guard").
 
@@ -61,6 +62,7 @@ _GUARDED = "_tiednorm_scoring_guard"
 _TRANSPARENT: dict[tuple[str, str], Callable] = {
     ("accelerate.utils.operations", "forward"): lambda f: f.__wrapped__,  # convert_outputs_to_fp32
     ("torch.amp.autocast_mode", "decorate_autocast"): lambda f: f.__wrapped__,
+    ("torch._dynamo.eval_frame", "compile_wrapper"): lambda f: f.__wrapped__,  # model.forward = torch.compile(...)
 }
 _TRL_FUSED = ("trl.trainer.utils", "_fused_forward")
 
@@ -114,12 +116,15 @@ def unservable_reasons(model: nn.Module) -> list[str]:
 
 def serve_replaced_forward(model: nn.Module, forward):
     """What ``model.forward = forward`` installs: TRL's fused forward wrapped so that its fused calls score with
-    ``FoldedLinear`` (module docstring); any other ``forward`` as it is (``check_scoring`` judges it at the first call).
+    ``FoldedLinear`` (module docstring); any other ``forward`` that scores with the model's head as it is.
 
     Raises:
-        ValueError: TRL's fused forward on a model whose training objective it cannot compute (``unservable_reasons``).
+        ValueError: a forward that does not score with the model's head, named (``check_scoring`` catches those set
+            behind the model's back, and class-level ones, at the first call); TRL's fused forward on a model whose
+            training objective it cannot compute (``unservable_reasons``).
     """
     if not is_trl_fused_forward(forward):
+        _refuse(_verdict(model, forward))
         return forward
     reasons = unservable_reasons(model)
     if reasons:
@@ -180,9 +185,10 @@ class FoldedLinear(nn.Module):
         return logits if self.bias is None else logits + self.bias
 
 
-def _verdict(model: nn.Module) -> str | None:
-    """Why ``model``'s current forward does not score with its own head (a sentence naming it), or None."""
-    forward = model.__dict__.get("forward")
+def _verdict(model: nn.Module, forward=None) -> str | None:
+    """Why ``model``'s forward (``forward`` when given: one about to be installed on the instance) does not score with
+    its own head (a sentence naming it), or None."""
+    forward = model.__dict__.get("forward") if forward is None else forward
     if forward is None:
         function = type(model).forward
         if function in _OWN_FORWARDS:
@@ -209,17 +215,20 @@ def check_scoring(model: nn.Module) -> None:
     checked = model.__dict__.get(_CHECKED)
     if checked is not None and checked[0] is key[0] and checked[1] is key[1]:
         return
-    why = _verdict(model)
+    _refuse(_verdict(model))
+    model.__dict__[_CHECKED] = key
+
+
+def _refuse(why: str | None) -> None:
     if why is not None:
         raise ValueError(
             f"{why}: a replaced forward scores with get_output_embeddings().weight (the raw tied matrix) or skips the "
             "normalized head, so training would not train this model's head. Served exactly: our own forward, "
-            "TRL's add_fused_lm_head (every TRL trainer), accelerate's and torch's autocast wrappers. For a fused "
-            "loss use config.loss_implementation ('fused' / 'chunked') instead of liger-kernel's forward patches; a "
-            "forward of your own that scores through the model's head can be marked with "
-            "hf_tiednorm.scoring_guard.own_scoring"
+            "TRL's add_fused_lm_head (every TRL trainer), accelerate's and torch's autocast and torch.compile "
+            "wrappers. For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
+            "liger-kernel's forward patches; a forward of your own that scores through the model's head can be "
+            "marked with hf_tiednorm.scoring_guard.own_scoring"
         )
-    model.__dict__[_CHECKED] = key
 
 
 def install_scoring_guard(model: nn.Module) -> None:
@@ -230,6 +239,10 @@ def install_scoring_guard(model: nn.Module) -> None:
     owner = weakref.ref(model)
 
     def guard(_module, _args):
+        # Not inside a compiled graph: the check reads Python objects, which dynamo cannot trace. A compiled forward
+        # set on the model (model.forward = torch.compile(...)) was judged when it was set (serve_replaced_forward).
+        if torch.compiler.is_compiling():
+            return
         lm = owner()
         if lm is not None:
             check_scoring(lm)

@@ -154,7 +154,11 @@ def scoring_with_raw_weight(self, input_ids=None, **kwargs):
 
 def test_a_monkey_patched_forward_is_refused_by_name():
     model = causal_model(torch.float32, head_mode="cosine")
-    model.forward = types.MethodType(scoring_with_raw_weight, model)
+    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
+        model.forward = types.MethodType(scoring_with_raw_weight, model)
+    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
+        model.forward = torch.compile(types.MethodType(scoring_with_raw_weight, model), backend="eager")
+    model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # behind the model's back
     with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
         model(input_ids=torch.tensor([[3, 4, 5]]))
 
@@ -195,7 +199,7 @@ def test_the_guard_follows_accelerates_mixed_precision_wrappers_and_peft():
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     out = peft_model(input_ids=ids, labels=ids, fused_lm_head=True)
     assert torch.isfinite(out.log_probs).all()
-    model.forward = types.MethodType(scoring_with_raw_weight, model)  # a patch under PEFT is still found
+    model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # a patch under PEFT is still found
     with pytest.raises(ValueError, match="scoring_with_raw_weight"):
         peft_model(input_ids=ids)
 
