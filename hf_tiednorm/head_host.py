@@ -71,12 +71,18 @@ class TiedNormHeadHostMixin:
         register_with_liger(self.config.model_type)
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "forward":  # TRL's add_fused_lm_head: served exactly (scoring_guard.py)
+        if name == "forward":  # TRL's add_fused_lm_head served exactly, any other one judged (scoring_guard.py)
             value = serve_replaced_forward(self, value)
         super().__setattr__(name, value)
 
     def post_init(self) -> None:
         super().post_init()
+        # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
+        head = self.get_output_embeddings()
+        self._keep_in_fp32_modules_strict = {
+            name for name in self._keep_in_fp32_modules_strict
+            if name not in TiedNormHeadHostMixin._keep_in_fp32_modules_strict or getattr(head, name, None) is not None
+        }
         install_scoring_guard(self)  # on the backbone every forward runs (the last post_init call sees the built one)
 
     def _output_head(self) -> nn.Module:

@@ -53,9 +53,9 @@ from .normalized_head import TiedNormHead
 # The forwards of our own models (``own_scoring``) and the TRL forwards this module serves, by identity.
 _OWN_FORWARDS: weakref.WeakSet = weakref.WeakSet()
 _SERVED_FORWARDS: weakref.WeakSet = weakref.WeakSet()
-_SERVING = "_tiednorm_serving_folded_head"  # __dict__ entries, not module attributes: no state-dict entry
-_CHECKED = "_tiednorm_scoring_checked"
-_GUARDED = "_tiednorm_scoring_guard"
+_SERVING_FOLDED = "_tiednorm_serving_folded_head"  # __dict__ entries, not module attributes: no state-dict entry
+_SCORING_CHECKED = "_tiednorm_scoring_checked"
+_SCORING_GUARDED = "_tiednorm_scoring_guard"
 
 # Wrappers that call the forward they wrap and change only the dtype of its inputs/outputs: (module, code name) ->
 # the wrapped callable.
@@ -73,30 +73,30 @@ def own_scoring(forward: Callable) -> Callable:
     return forward
 
 
-def _origin(function) -> tuple[str, str]:
+def _code_origin(function) -> tuple[str, str]:
     """(module, code name) where ``function`` was really defined, whatever ``functools.wraps`` copied onto it."""
     code = getattr(function, "__code__", None)
     module = getattr(function, "__globals__", {}).get("__name__", getattr(function, "__module__", "?"))
     return module, code.co_name if code is not None else type(function).__name__
 
 
-def _describe(function) -> str:
+def _describe_code(function) -> str:
     code = getattr(function, "__code__", None)
-    name = getattr(code, "co_qualname", None) or _origin(function)[1]
-    return f"{_origin(function)[0]}.{name}"
+    name = getattr(code, "co_qualname", None) or _code_origin(function)[1]
+    return f"{_code_origin(function)[0]}.{name}"
 
 
-def _inner(function):
+def _wrapped_callable(function):
     """The callable a transparent wrapper calls, or None when ``function`` is not one."""
     if type(function).__name__ == "ConvertOutputsToFp32" and hasattr(function, "model_forward"):
         return function.model_forward
-    unwrap = _TRANSPARENT.get(_origin(function))
+    unwrap = _TRANSPARENT.get(_code_origin(function))
     return None if unwrap is None else unwrap(function)
 
 
 def is_trl_fused_forward(function) -> bool:
     """Whether ``function`` (or the bound method) is the forward TRL's ``add_fused_lm_head`` installs."""
-    return _origin(getattr(function, "__func__", function)) == _TRL_FUSED
+    return _code_origin(getattr(function, "__func__", function)) == _TRL_FUSED
 
 
 def unservable_reasons(model: nn.Module) -> list[str]:
@@ -124,7 +124,7 @@ def serve_replaced_forward(model: nn.Module, forward):
             training objective it cannot compute (``unservable_reasons``).
     """
     if not is_trl_fused_forward(forward):
-        _refuse(_verdict(model, forward))
+        _refuse_scoring(_scoring_verdict(model, forward))
         return forward
     reasons = unservable_reasons(model)
     if reasons:
@@ -148,15 +148,15 @@ def serve_replaced_forward(model: nn.Module, forward):
 @contextmanager
 def serving_folded_head(model: nn.Module) -> Iterator[None]:
     """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``."""
-    model.__dict__[_SERVING] = model.__dict__.get(_SERVING, 0) + 1
+    model.__dict__[_SERVING_FOLDED] = model.__dict__.get(_SERVING_FOLDED, 0) + 1
     try:
         yield
     finally:
-        model.__dict__[_SERVING] -= 1
+        model.__dict__[_SERVING_FOLDED] -= 1
 
 
 def is_serving_folded_head(model: nn.Module) -> bool:
-    return bool(model.__dict__.get(_SERVING))
+    return bool(model.__dict__.get(_SERVING_FOLDED))
 
 
 class FoldedLinear(nn.Module):
@@ -185,7 +185,7 @@ class FoldedLinear(nn.Module):
         return logits if self.bias is None else logits + self.bias
 
 
-def _verdict(model: nn.Module, forward=None) -> str | None:
+def _scoring_verdict(model: nn.Module, forward=None) -> str | None:
     """Why ``model``'s forward (``forward`` when given: one about to be installed on the instance) does not score with
     its own head (a sentence naming it), or None."""
     forward = model.__dict__.get("forward") if forward is None else forward
@@ -193,33 +193,33 @@ def _verdict(model: nn.Module, forward=None) -> str | None:
         function = type(model).forward
         if function in _OWN_FORWARDS:
             return None
-        return f"{type(model).__name__}.forward was replaced at class level by {_describe(function)}"
+        return f"{type(model).__name__}.forward was replaced at class level by {_describe_code(function)}"
     for _ in range(32):  # a chain of wrappers; deeper is no wrapper we know
         function = getattr(forward, "__func__", forward)
         if function in _OWN_FORWARDS or function in _SERVED_FORWARDS:
             return None
         if is_trl_fused_forward(function):
-            return (f"model.forward is TRL's add_fused_lm_head forward ({_describe(function)}), installed without "
+            return (f"model.forward is TRL's add_fused_lm_head forward ({_describe_code(function)}), installed without "
                     "going through the model (object.__setattr__?), so it would score with the raw tied matrix")
-        inner = _inner(function)
+        inner = _wrapped_callable(function)
         if inner is None:
-            return f"model.forward was replaced on the instance by {_describe(function)}"
+            return f"model.forward was replaced on the instance by {_describe_code(function)}"
         forward = inner
-    return f"model.forward is a chain of more than 32 wrappers ending in {_describe(function)}"
+    return f"model.forward is a chain of more than 32 wrappers ending in {_describe_code(function)}"
 
 
 def check_scoring(model: nn.Module) -> None:
     """Raise ``ValueError`` naming the replacement when ``model``'s forward (instance or class level) no longer
     scores with its normalized head and is not one this module serves; cached on the forward's identity."""
     key = (model.__dict__.get("forward"), type(model).forward)
-    checked = model.__dict__.get(_CHECKED)
+    checked = model.__dict__.get(_SCORING_CHECKED)
     if checked is not None and checked[0] is key[0] and checked[1] is key[1]:
         return
-    _refuse(_verdict(model))
-    model.__dict__[_CHECKED] = key
+    _refuse_scoring(_scoring_verdict(model))
+    model.__dict__[_SCORING_CHECKED] = key
 
 
-def _refuse(why: str | None) -> None:
+def _refuse_scoring(why: str | None) -> None:
     if why is not None:
         raise ValueError(
             f"{why}: a replaced forward scores with get_output_embeddings().weight (the raw tied matrix) or skips the "
@@ -234,7 +234,7 @@ def _refuse(why: str | None) -> None:
 def install_scoring_guard(model: nn.Module) -> None:
     """Run ``check_scoring(model)`` before every call of its backbone (``model.base_model``), once per model."""
     backbone = model.base_model
-    if backbone is model or model.__dict__.get(_GUARDED):
+    if backbone is model or model.__dict__.get(_SCORING_GUARDED):
         return
     owner = weakref.ref(model)
 
@@ -248,7 +248,7 @@ def install_scoring_guard(model: nn.Module) -> None:
             check_scoring(lm)
 
     backbone.register_forward_pre_hook(guard)
-    model.__dict__[_GUARDED] = True
+    model.__dict__[_SCORING_GUARDED] = True
 
 
 __all__ = [
