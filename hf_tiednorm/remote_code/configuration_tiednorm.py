@@ -1798,8 +1798,8 @@ LEGACY_MODULES = frozenset({
     "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
     "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
     "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
-    "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
-})  # fmt: skip
+    "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
+})  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
 _HERE = Path(__file__).resolve().parent
 # The generated files, beside this module in the package (absent where this module is itself generated code).
 GENERATED_DIR = _HERE / "remote_code"
