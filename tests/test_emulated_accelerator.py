@@ -114,6 +114,8 @@ def test_emulation_tells_the_host_device_from_the_accelerators_like_cuda():
         # What names the accelerator: a tagged tensor's .device (also wrapped in torch.device), put() and ACCELERATOR.
         for device in (weight.device, torch.device(weight.device), DEVICE):
             assert accelerator.is_on(torch.ones(4, 1, device=device)) and accelerator.is_on(torch.ones(2).to(device))
+        layer = torch.nn.Linear(3, 2).to(weight.device)  # nn.Module.to parses the device into a new object
+        assert accelerator.is_on(layer.weight) and not accelerator.is_on(torch.nn.Linear(3, 2).to("cpu").weight)
         trainer_device = torch.device("cpu")
         assert not accelerator.is_on(torch.ones(2).to(trainer_device))
         accelerator.put(trainer_device)
