@@ -1,12 +1,11 @@
 """Configurations of the model families: Marian-style and BART-style encoder-decoders and a Llama-style causal LM.
 
-Each inherits every architecture field from its HF parent and adds, from field-only mixins listed before the parent
-(so that their fields override the parent's and its methods are kept), the fields of the normalized tied head, those
-of the training techniques and, for the two encoder-decoders, the tie topology and the small model's defaults.
-Defaults describe the small Multi30k model (joint 8k vocabulary, d = 256). Validation is transformers 5's: ``@strict``
-checks every field's type (``Literal`` choices included) and its ``validated_field`` range whenever it is set, then
-runs the ``validate_*`` methods on the whole config; a bad value raises a ``StrictDataclass*ValidationError`` naming
-the field or validator and the cause.
+Each inherits every architecture field from its HF parent and adds, from mixins listed before the parent (their
+fields override the parent's), the fields of the normalized tied head, of the training techniques and, for the two
+encoder-decoders, the tie topology and the small model's defaults (the small Multi30k model: joint 8k vocabulary,
+d = 256). Validation is transformers 5's: ``@strict`` checks every field's type (``Literal`` choices included) and
+range (``validated_field``) whenever it is set, then runs the ``validate_*`` methods on the whole config; a bad value
+raises a ``StrictDataclass*ValidationError`` naming the field or validator and the cause.
 """
 
 import math
@@ -22,6 +21,7 @@ from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_
 from .head_options import RENAMED_CONFIG_FIELDS, HeadOptions, LogitScale, renamed_field_value
 from .lossless_start import lossless_head_options
 from .regularizers import LOSS_TERMS
+from .remote_code_map import TwoFileRemoteCodeMixin
 
 TieTopology = Literal["untied", "decoder", "three_way"]
 LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # fused_loss.LOSS_IMPLEMENTATIONS
@@ -67,7 +67,7 @@ layer_count_field = interval(min=0)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
-class TiedNormHeadConfigMixin:
+class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     """Fields of the normalized tied output head: every hf_tiednorm config has them (TiedNormWrappedConfig too)."""
 
     head_mode: str = head_mode_field(

@@ -51,6 +51,14 @@ LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 AUTO_MIN_LOGITS = 1 << 26
 
 
+# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
+LIGER_NEEDS_CUDA = (
+    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
+    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
+    "(loss_implementation='fused': the chunked loop)"
+)
+
+
 def liger_installed() -> bool:
     """liger-kernel (the ``gpu`` extra) can be imported."""
     return importlib.util.find_spec("liger_kernel") is not None
@@ -208,9 +216,11 @@ def register_with_liger(model_type: str, table: dict | None = None) -> bool:
     model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
     ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
     liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
-    then fails, or the Trainers of hf_tiednorm refuse by name. Returns whether the type is registered."""
+    then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
+    on a CPU then refuses at ``train()``, naming CUDA (``serve_liger_request``), where the Trainer would train with
+    nothing applied and no message (issue 51). Returns whether the type is registered."""
     if table is None:
-        if not (torch.cuda.is_available() and liger_installed()):
+        if not liger_installed():
             return False
         try:  # an optional extra: in a try block so that remote code does not require it
             from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
@@ -222,6 +232,7 @@ def register_with_liger(model_type: str, table: dict | None = None) -> bool:
 
 __all__ = [
     "AUTO_MIN_LOGITS",
+    "LIGER_NEEDS_CUDA",
     "LOSS_IMPLEMENTATIONS",
     "check_loss_chunk_size_read",
     "choose_loss_path",
@@ -243,13 +254,10 @@ def liger_refusal(model) -> str | None:
     patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
     config = model.config
     head = model.get_output_embeddings()
+    if not torch.cuda.is_available():  # asked first: on a CPU no install can help (issue 51)
+        return LIGER_NEEDS_CUDA
     if not liger_installed():
         return 'liger-kernel is not installed (python -m pip install liger-kernel, or the gpu extra: -e ".[gpu]")'
-    if not torch.cuda.is_available():
-        return (
-            "liger-kernel's kernels need CUDA and no CUDA device is available; on this device hf_tiednorm's own fused "
-            "loss serves the head (loss_implementation='fused': the chunked loop)"
-        )
     if not isinstance(head, TiedNormHead):
         return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
     implementation = getattr(config, "loss_implementation", "auto")

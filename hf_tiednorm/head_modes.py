@@ -23,7 +23,7 @@ a mode's name:
   with the head's effective column terms (``TiedNormHead.column_terms()``, the logit scale g and bias b folded in)
   that is all a plain export needs: output weight ``diag(scale)·W``, output bias ``bias``.
 
-``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model wing and travels
+``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model layer and travels
 with a saved model as remote code: a folder whose config names a mode that its code files do not define is refused
 by name when it is loaded (``get_head_mode``). A saved config records the mode's *name* only, so a name must mean one
 mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither redefined nor unregistered (a model
@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from .folded_weight import squared_row_norms
 from .head_mode_checks import ColumnTerms, checked_column_terms, checked_lossless_terms, probe_head_mode
 
 LIU_ET_AL = "Liu, Zhai & Chen (2020)"
@@ -53,17 +54,10 @@ def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> tor
     norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
     padding row's gradient dominate the whole model's.
     """
-    # Accumulated in fp32 without an fp32 copy of a bf16/fp16 W for the backward to keep; an fp64 W is narrowed.
-    narrower = weight.dtype in (torch.float16, torch.bfloat16, torch.float32)
-    norms = torch.linalg.vector_norm(weight if narrower else weight.float(), dim=-1, dtype=torch.float32)
-    inverse = norms.clamp_min(eps).pow(-power)
-    return torch.where(norms > eps, inverse, torch.zeros_like(inverse))
-
-
-def _squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
-    """‖w_i‖² of every row, fp32 (V,), without an fp32 copy of a bf16/fp16 W for the backward to keep."""
-    narrower = weight.dtype in (torch.float16, torch.bfloat16, torch.float32)
-    return torch.linalg.vector_norm(weight if narrower else weight.float(), dim=-1, dtype=torch.float32).square()
+    # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
+    squared = squared_row_norms(weight).float()
+    inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
+    return torch.where(squared > eps * eps, inverse, torch.zeros_like(inverse))
 
 
 def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
@@ -181,7 +175,7 @@ class Square(HeadMode):
         return inverse_row_norms(weight, eps, power=2), None
 
     def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖²
-        return torch.linalg.vector_norm(weight.float(), dim=-1).square(), None
+        return squared_row_norms(weight).float(), None
 
 
 class Distance(HeadMode):
@@ -193,10 +187,10 @@ class Distance(HeadMode):
 
     def column_terms(self, weight, eps):
         # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
-        return None, -0.5 * _squared_row_norms(weight)
+        return None, -0.5 * squared_row_norms(weight).float()
 
     def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
-        return None, 0.5 * _squared_row_norms(weight)
+        return None, 0.5 * squared_row_norms(weight).float()
 
 
 class Cosine(HeadMode):
@@ -208,7 +202,7 @@ class Cosine(HeadMode):
         return inverse_row_norms(weight, eps), None
 
     def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖
-        return torch.linalg.vector_norm(weight.float(), dim=-1), None
+        return squared_row_norms(weight).float().sqrt(), None
 
 
 _REGISTRY: dict[str, HeadMode] = {}

@@ -190,7 +190,7 @@ def check_tokenizer_fits(tokenizer, model, tokenizer_source: Path | str, model_s
 
 
 def unshipped_head_mode(name: str) -> str | None:
-    """Why the model wing's code, copied beside a saved model as its remote code, would not score as this process
+    """Why the package's code, generated into a saved model's folder as its remote code, would not score as this process
     does in head mode ``name``: a mode added or redefined at runtime (``register_head_mode``) lives only in this
     process. None for a mode the code defines itself."""
     mode = head_modes.get_head_mode(name)
@@ -199,8 +199,8 @@ def unshipped_head_mode(name: str) -> str | None:
         return None
     return (
         f"head_mode {name!r} was registered at runtime (register_head_mode: {cls.__module__}.{cls.__qualname__}); "
-        "the remote code saved with the model (hf_tiednorm/head_modes.py) does not define it, so "
-        "from_pretrained(..., trust_remote_code=True) would refuse the model"
+        "the remote code saved with the model (configuration_tiednorm.py, generated from hf_tiednorm/head_modes.py) "
+        "does not define it, so from_pretrained(..., trust_remote_code=True) would refuse the model"
     )
 
 

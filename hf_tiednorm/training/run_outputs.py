@@ -4,7 +4,7 @@ A folder handed to --output_dir can hold more than a previous run's outputs: the
 from, notes, data, or another run training in a sub-folder. Deleting the folder's whole contents destroyed those
 (a live run lost its checkpoints and lock; ``run_translation.py run.yaml --output_dir .`` deleted run.yaml). So the
 deletion is by name: only the entries a run of ours writes (``RUN_OUTPUT_PATTERNS``: its model, tokenizer, copied
-model-wing code, checkpoints, results, card, plots, token counts, run record), and never while a live run holds a
+remote code, checkpoints, results, card, plots, token counts, run record), and never while a live run holds a
 lock anywhere beneath the folder (``live_locks_beneath``). Every other entry is kept and named in the log.
 
 Nor may it delete an input of the run (``run_inputs``: the model, tokenizer, data files, resumed checkpoint, config
@@ -25,12 +25,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..bridges.path_identity import ancestor_ids, file_id
+from ..remote_code_map import LEGACY_MODULES, REMOTE_CODE_MODULES
 from .arguments import config_file_argument
 
 logger = logging.getLogger(__name__)
 
-# The model wing's modules: save_pretrained copies them beside a registered model (remote code).
-MODEL_WING_FILES = tuple(sorted(path.name for path in Path(__file__).resolve().parents[1].glob("*.py")))
+# A saved model's remote code: the two generated files, or (a folder saved by an earlier version) one copy of each
+# model-layer module (remote_code_map.py).
+REMOTE_CODE_FILES = tuple(sorted(f"{module}.py" for module in {*REMOTE_CODE_MODULES, *LEGACY_MODULES}))
 
 # The names a run of the training scripts writes into --output_dir (transformers' Trainer and save_pretrained
 # included): its outputs, and the only entries --overwrite_output_dir deletes.
@@ -41,7 +43,7 @@ RUN_OUTPUT_PATTERNS = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
     "added_tokens.json", "chat_template.jinja",
     "training_args.bin", "trainer_state.json", "*_results.json", "test_predictions.txt", "token_counts.pt",
-    "README.md", "*.png", "run_record.json", *MODEL_WING_FILES,
+    "README.md", "*.png", "run_record.json", *REMOTE_CODE_FILES,
 )
 
 

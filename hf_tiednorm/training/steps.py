@@ -370,7 +370,7 @@ def card_training(
     if state is not None and state.global_step > 0:
         done = {"steps trained": state.global_step, "epochs trained": round(state.epoch or 0.0, 4)}
     return {
-        **model_args.config_overrides(),
+        **model_args.card_settings(),
         **schedule,
         **done,
         "per_device_train_batch_size": training_args.per_device_train_batch_size,
