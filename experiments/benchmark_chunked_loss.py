@@ -36,7 +36,7 @@ class Args:
     tokens: int = field(default=8192, metadata={"help": "tokens N in the batch"})
     chunk_size: int = field(default=1024, metadata={"help": "loss_chunk_size of the chunked contender"})
     head_modes: str = field(default="cosine", metadata={"help": "comma-separated head modes"})
-    logit_scale: str = field(default="scalar", metadata={"help": "logit scale of the head"})
+    logit_scale_kind: str = field(default="scalar", metadata={"help": "logit scale of the head"})
     label_smoothing: float = field(default=0.1, metadata={"help": "label smoothing of both losses"})
     strategies: str = field(default="fused", metadata={"help": "chunked contenders: fused (the chunked loss's one)"})
     reps: int = field(default=3, metadata={"help": "interleaved repetitions (one subprocess each)"})
@@ -66,7 +66,8 @@ def run_child(args: Args) -> dict:
         torch.set_num_threads(args.threads)
     mode, contender = args.child.split(":")
     torch.manual_seed(0)
-    head = TiedNormHead(args.dim, args.vocab, options=HeadOptions(head_mode=mode, logit_scale=args.logit_scale))
+    options = HeadOptions(head_mode=mode, logit_scale_kind=args.logit_scale_kind)
+    head = TiedNormHead(args.dim, args.vocab, options=options)
     with torch.no_grad():
         head.weight.normal_(0, 0.02)
     hidden = torch.randn(args.tokens, args.dim).requires_grad_(True)

@@ -65,7 +65,7 @@ class Args:
     dim: int = field(default=512, metadata={"help": "hidden size d"})
     tokens: str = field(default="8192", metadata={"help": "comma-separated token counts N"})
     head_modes: str = field(default="baseline,cosine,distance", metadata={"help": "comma-separated head modes"})
-    logit_scale: str = field(default="vector", metadata={"help": "logit scale of the normalized modes' head"})
+    logit_scale_kind: str = field(default="vector", metadata={"help": "logit scale of the normalized modes' head"})
     logit_bias: bool = field(default=True, metadata={"help": "a learned logit bias on the normalized modes' head"})
     paths: str = field(default="plain,fused", metadata={"help": "our paths: plain, fused, chunked, torch"})
     reps: int = field(default=3, metadata={"help": "round-robin repetitions"})
@@ -131,7 +131,7 @@ def contenders(args: Args, dtype, tokens: int):
     steps["plain"] = plain
     for mode in args.head_modes.split(","):
         normalized = mode != "baseline"
-        options = HeadOptions(head_mode=mode, logit_scale=args.logit_scale if normalized else "none",
+        options = HeadOptions(head_mode=mode, logit_scale_kind=args.logit_scale_kind if normalized else "none",
                               logit_bias=args.logit_bias and normalized)
         head = TiedNormHead(args.dim, args.vocab, options=options, device=device, dtype=dtype)
         head.weight = weight  # tied: the same matrix for every contender

@@ -153,7 +153,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:

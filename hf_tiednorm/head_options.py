@@ -10,21 +10,56 @@ and the head code that reads it.
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
+import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from .head_modes import DEFAULT_HEAD_MODE, HeadMode, get_head_mode
 
-# Configs annotate their logit_scale field with this type (``@strict`` checks it).
+# Configs annotate their logit_scale_kind field with this type (``@strict`` checks it).
 LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
 
 
-# The head's learned per-token terms, named as their config fields (logit_scale, logit_bias) and as the head's
-# parameters: what the load checks, the lossless start, the converter, the export and the card read.
+# The head's learned per-token terms, named as the head's parameters (state-dict keys such as
+# 'lm_head.logit_scale'): what the load checks, the lossless start, the converter, the export and the card read.
 LEARNED_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+# The config field that switches each learned term on. The scale's is not called ``logit_scale``: TRL, vLLM and
+# transformers' Cohere models read ``config.logit_scale`` as a float multiplier of the logits.
+TERM_CONFIG_FIELDS: dict[str, str] = {"logit_scale": "logit_scale_kind", "logit_bias": "logit_bias"}
+# Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
+# under the old name still load, with a FutureWarning (configuration_tiednorm.py).
+RENAMED_CONFIG_FIELDS: dict[str, str] = {"logit_scale": "logit_scale_kind"}
+
+
+def renamed_field_value(old: str, new: str, value, current):
+    """The value of field ``new`` given under its old name ``old`` (a config saved before the rename), with a
+    FutureWarning; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float multiplier of
+    other architectures, which this head's options do not read) or one contradicting ``new`` given too."""
+    if not (isinstance(value, str) and value in LOGIT_SCALES):
+        raise ValueError(
+            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} as "
+            f"a float multiplier of the logits, which this head would not apply); the head's scale is {new}, one of "
+            f"{LOGIT_SCALES}, with logit_scale_init for its value"
+        )
+    if current not in ("none", value):
+        raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
+    # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
+    frame, stacklevel = sys._getframe(0), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(
+        f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+        f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
+        f"the new name; the old one will stop loading in a future release",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
+    return value
 
 
 @dataclass(frozen=True)
@@ -46,11 +81,41 @@ HEAD_OPTIONS: dict[str, HeadOption] = {}
 
 
 def register_head_option(option: HeadOption) -> HeadOption:
-    """Make ``option`` available to every head, config, converter flag (``--<name>``), export and card."""
-    if option.name in HEAD_OPTIONS or option.name in LEARNED_TERMS:
-        raise ValueError(f"a head option {option.name!r} is registered already")
-    HEAD_OPTIONS[option.name] = option
+    """Make ``option`` available to every head, config, converter flag (``--<name>``), export and card.
+
+    Its name becomes a parameter of the head (``lm_head.<name>``), a key of the state dict and a converter flag, so
+    it must be a Python identifier (no dash, dot or empty name) not starting with ``_``, and must not shadow
+    anything the head already holds (``head_attribute_names``: ``norm_eps``, ``weight``, ``options``, ...): a
+    parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
+    """
+    if not isinstance(option, HeadOption):
+        raise TypeError(f"register_head_option takes a HeadOption, got {type(option).__name__}")
+    name = option.name
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
+        raise ValueError(
+            f"head option name {name!r} (register_head_option) must be a Python identifier not starting with '_' "
+            "(letters, digits and underscores: it becomes the head's parameter lm_head.<name> and the converter's "
+            "flag --<name with dashes>), e.g. 'logit_temperature'"
+        )
+    if name in HEAD_OPTIONS or name in LEARNED_TERMS:
+        raise ValueError(f"a head option {name!r} is registered already")
+    if name in head_attribute_names():
+        raise ValueError(
+            f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
+            "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
+        )
+    HEAD_OPTIONS[name] = option
     return option
+
+
+def head_attribute_names() -> frozenset[str]:
+    """Every name a ``TiedNormHead`` holds, with every setting on (its attributes, methods, parameters and the
+    ``HeadOptions`` fields): what a registered option's parameter must not replace."""
+    from .normalized_head import TiedNormHead  # the head imports this module
+
+    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
+    return frozenset({*dir(head), *vars(head), *fields})
 
 
 def learned_terms() -> tuple[str, ...]:
@@ -65,7 +130,8 @@ class HeadOptions:
 
     Attributes:
         head_mode: a registered mode (head_modes.py).
-        logit_scale: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned g_i).
+        logit_scale_kind: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned
+            g_i, the head's ``logit_scale`` parameter).
         logit_scale_init: g for ``fixed``, the initial g for ``scalar``/``vector``; None: 1 for a learned g, √d
             for ``fixed``.
         logit_bias: a learned per-token bias b added to the scores, zero at initialization.
@@ -73,7 +139,7 @@ class HeadOptions:
     """
 
     head_mode: str = DEFAULT_HEAD_MODE
-    logit_scale: str = "none"
+    logit_scale_kind: str = "none"
     logit_scale_init: float | None = None
     logit_bias: bool = False
     norm_eps: float = 1e-6
@@ -81,6 +147,15 @@ class HeadOptions:
     extra_terms: tuple[str, ...] = field(default=(), metadata={"registry": True})
 
     def __post_init__(self) -> None:
+        extra = self.extra_terms
+        if isinstance(extra, str) or not isinstance(extra, (tuple, list)) or not all(isinstance(n, str) for n in extra):
+            raise ValueError(
+                f"extra_terms must be a tuple of registered head option names, got {type(extra).__name__} {extra!r}"
+                + (f"; write extra_terms=({extra!r},)" if isinstance(extra, str) else "")
+            )
+        if len(set(extra)) != len(extra):
+            raise ValueError(f"extra_terms names a head option twice: {list(extra)}")
+        object.__setattr__(self, "extra_terms", tuple(extra))  # a config.json's list, as the hashable tuple
         unknown = [name for name in self.extra_terms if name not in HEAD_OPTIONS]
         if unknown:
             raise ValueError(
@@ -89,14 +164,15 @@ class HeadOptions:
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
-        if self.logit_scale not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale must be one of {LOGIT_SCALES}, got {self.logit_scale!r}")
+        if self.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
         if self.logit_scale_init is not None:
             if not 0 < self.logit_scale_init < math.inf:
                 raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
-            if self.logit_scale == "none":
+            if self.logit_scale_kind == "none":
                 raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale='none'; choose a logit_scale "
+                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    "logit_scale_kind "
                     "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
                 )
         if not isinstance(self.logit_bias, bool):
@@ -112,8 +188,9 @@ class HeadOptions:
     @classmethod
     def from_config(cls, config) -> HeadOptions:
         """The options a config (any hf_tiednorm config: the fields of ``TiedNormHeadConfigMixin``) holds."""
-        extra = tuple(getattr(config, "extra_terms", None) or ())
-        return cls(**{name: getattr(config, name) for name in cls.field_names()}, extra_terms=extra)
+        extra = getattr(config, "extra_terms", None)
+        fields = {name: getattr(config, name) for name in cls.field_names()}
+        return cls(**fields, extra_terms=() if extra is None else extra)  # a string is refused, not split
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -133,13 +210,13 @@ class HeadOptions:
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
-        logit_scale = self.logit_scale
+        logit_scale = self.logit_scale_kind
         if "logit_scale" in mode.lossless_start:
             if logit_scale not in ("none", "vector"):
                 raise ValueError(
                     f"lossless_start for head_mode {self.head_mode!r} sets a per-token logit scale "
-                    f"(logit_scale='vector'); logit_scale={logit_scale!r} cannot give back the source's logits: "
-                    "leave logit_scale unset or 'vector'"
+                    f"(logit_scale_kind='vector'); logit_scale_kind={logit_scale!r} cannot give back the source's "
+                    "logits: leave logit_scale_kind unset or 'vector'"
                 )
             if self.logit_scale_init is not None:
                 # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
@@ -155,14 +232,15 @@ class HeadOptions:
         elif logit_scale != "none":
             raise ValueError(
                 f"lossless_start for head_mode {self.head_mode!r} needs no logit scale ({mode.equation}; its start "
-                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale={logit_scale!r} would multiply "
-                "the scores: leave logit_scale='none'"
+                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={logit_scale!r} would "
+                "multiply the scores: leave logit_scale_kind='none'"
             )
         logit_bias = self.logit_bias or "logit_bias" in mode.lossless_start
-        return dataclasses.replace(self, logit_scale=logit_scale, logit_bias=logit_bias)
+        return dataclasses.replace(self, logit_scale_kind=logit_scale, logit_bias=logit_bias)
 
 
 __all__ = [
-    "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "HeadOption", "HeadOptions", "LogitScale", "learned_terms",
-    "register_head_option",
+    "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "RENAMED_CONFIG_FIELDS", "TERM_CONFIG_FIELDS", "HeadOption",
+    "HeadOptions", "LogitScale", "head_attribute_names", "learned_terms", "register_head_option",
+    "renamed_field_value",
 ]  # fmt: skip

@@ -4,7 +4,7 @@ tensor of the file must find its place, checked when ``from_pretrained`` finishe
 transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for
 as "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained
 ``logit_scale`` g (scalar or per token) or ``logit_bias`` b missing from ``model.safetensors`` loads as g = 1 /
-b = 0, a ``config.json`` edited to ``logit_scale="none"`` or ``logit_bias=false`` drops the trained terms, and one
+b = 0, a ``config.json`` edited to ``logit_scale_kind="none"`` or ``logit_bias=false`` drops the trained terms, and one
 edited to add them starts them fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which
 ``generate`` fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is
@@ -24,15 +24,16 @@ from __future__ import annotations
 from torch import nn
 
 from .adaptive import embedding_matrices
-from .head_options import LEARNED_TERMS
+from .head_options import LEARNED_TERMS, TERM_CONFIG_FIELDS
 from .normalized_head import NormalizedScoresMixin
 
-HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its config fields (head_options.py)
+HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its parameters (head_options.py)
 
 
 def _term_field(model: nn.Module, term: str) -> str:
-    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale='vector'"."""
-    return f"{term}={getattr(model.config, term, None)!r}"
+    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale_kind='vector'"."""
+    name = TERM_CONFIG_FIELDS.get(term, term)
+    return f"{name}={getattr(model.config, name, None)!r}"
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
@@ -48,14 +49,15 @@ def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) 
             errors.append(
                 f"tensor {key!r} is missing from the weights, but config.json declares {_term_field(model, leaf)}: "
                 "a learned term of the head is part of the trained function, and it would start afresh (g = 1, "
-                f"b = 0). Restore the weights file, or set {leaf} in config.json to what the model was trained with"
+                f"b = 0). Restore the weights file, or set {TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to "
+                "what the model was trained with"
             )
         else:
             errors.append(
                 f"the weights hold a trained {key!r}, but config.json declares {_term_field(model, leaf)}, which has "
-                f"no such tensor: loading would drop it and change the logits. Set {leaf} in config.json to what the "
-                "model was trained with (logit_scale 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; "
-                "logit_bias true)"
+                "no such tensor: loading would drop it and change the logits. Set "
+                f"{TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to what the model was trained with "
+                "(logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; logit_bias true)"
             )
     return errors
 

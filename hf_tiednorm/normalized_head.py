@@ -71,7 +71,7 @@ class NormalizedScoresMixin:
         self.options = options
         self.head_mode = options.head_mode
         self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
-        logit_scale = self.logit_scale_kind = options.logit_scale
+        logit_scale = self.logit_scale_kind = options.logit_scale_kind
         init_value = options.logit_scale_init
         default = default_logit_scale(logit_scale, hidden_size)
         self.logit_scale_init = float(init_value) if init_value is not None else default
@@ -85,7 +85,9 @@ class NormalizedScoresMixin:
         # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
         self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
         for name in options.extra_terms:  # registered head options (head_options.register_head_option)
-            setattr(self, name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init, device=device)))
+            # register_parameter, not setattr: a name the head holds already is refused, never replaced
+            self.register_parameter(name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init,
+                                                                  device=device)))
         self._frozen_depth = 0
         self._frozen_terms = None
 
@@ -151,7 +153,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale={self.logit_scale_kind!r}, "
+            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}, "
             f"logit_bias={self.logit_bias is not None}"
         )
 

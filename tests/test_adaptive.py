@@ -28,7 +28,7 @@ def _shared_embedding(model):
 @pytest.mark.parametrize("logit_scale", ["none", "scalar", "vector"])
 @pytest.mark.parametrize("head_mode", hf_tiednorm.HEAD_MODES)
 def test_log_probs_sum_to_one(head_mode, logit_scale):
-    model = tiny_model("causal", adaptive_cutoffs=CUTOFFS, head_mode=head_mode, logit_scale=logit_scale)
+    model = tiny_model("causal", adaptive_cutoffs=CUTOFFS, head_mode=head_mode, logit_scale_kind=logit_scale)
     with torch.no_grad():
         log_probs = model(**model_inputs(model)).logits  # (batch, seq, V)
     assert log_probs.shape[-1] == model.config.vocab_size and log_probs.dtype == torch.float32
@@ -129,7 +129,7 @@ def test_bart_with_adaptive_input_scales_its_lookups(head_mode, scale_embedding)
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loss_is_the_exact_negative_log_likelihood(family):
-    model = tiny_model(family, adaptive_cutoffs=CUTOFFS, head_mode="cosine", logit_scale="scalar")
+    model = tiny_model(family, adaptive_cutoffs=CUTOFFS, head_mode="cosine", logit_scale_kind="scalar")
     inputs = model_inputs(model)
     encoder_decoder = model.config.is_encoder_decoder
     labels = inputs["decoder_input_ids"] if encoder_decoder else inputs["input_ids"]
@@ -142,7 +142,7 @@ def test_loss_is_the_exact_negative_log_likelihood(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gradient_reaches_tied_bands_from_input_and_output(family):
-    model = tiny_model(family, adaptive_cutoffs=CUTOFFS, head_mode="cosine", logit_scale="scalar").train()
+    model = tiny_model(family, adaptive_cutoffs=CUTOFFS, head_mode="cosine", logit_scale_kind="scalar").train()
     inputs = model_inputs(model)
     labels = inputs["decoder_input_ids"] if model.config.is_encoder_decoder else inputs["input_ids"]
     model(**inputs, labels=labels).loss.backward()
@@ -156,7 +156,7 @@ def test_gradient_reaches_tied_bands_from_input_and_output(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tied_bands_survive_save_and_load(family, tie_projections, tmp_path):
     model = tiny_model(
-        family, adaptive_cutoffs=CUTOFFS, head_mode="distance", logit_scale="vector",
+        family, adaptive_cutoffs=CUTOFFS, head_mode="distance", logit_scale_kind="vector",
         adaptive_tie_projections=tie_projections, projection_regularization=0.15,
     )
     inputs = model_inputs(model)

@@ -118,14 +118,16 @@ def test_the_logit_scale_multiplies_the_score_inside_the_soft_cap(logit_scale, i
     cap = source.config.final_logit_softcapping
     norms = torch.linalg.vector_norm(weight, dim=-1).clamp_min(1e-6)
     expected = cap * torch.tanh(g * (h @ weight.T) / norms / cap)
-    model = normalize_tied_head(source, "cosine", logit_scale=logit_scale, logit_scale_init=init, generic=True).eval()
+    model = normalize_tied_head(
+        source, "cosine", logit_scale_kind=logit_scale, logit_scale_init=init, generic=True
+    ).eval()
     with torch.no_grad():
         torch.testing.assert_close(model(**inputs).logits, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_kv_cache_equals_full_forward_and_resize_keeps_the_head(name):
-    model = normalize_tied_head(source_model(name), "cosine", logit_scale="vector", generic=True).eval()
+    model = normalize_tied_head(source_model(name), "cosine", logit_scale_kind="vector", generic=True).eval()
     inputs = inputs_for(model)
     prompt = inputs["input_ids"]
     with torch.no_grad():
@@ -167,7 +169,7 @@ def check_remote_reload(names: list[str], source_folders: dict[str, Path], tmp_p
     for name in names:
         mode = "l2" if name in ("gemma3_text", "m2m_100") else "cosine"
         model = convert_checkpoint(
-            source_folders[name], tmp_path / name, head_mode=mode, logit_scale="scalar", generic=True
+            source_folders[name], tmp_path / name, head_mode=mode, logit_scale_kind="scalar", generic=True
         )
         inputs = inputs_for(model)
         with torch.no_grad():

@@ -14,7 +14,7 @@ def learned_scale(model):
 
 def test_a_lossless_start_scale_is_described_by_its_values(tmp_path):
     """A lossless start sets g_i = ‖w_i‖ (1.79-7.49 on SmolLM2); the card said "initialized to 1"."""
-    model = tiny_model("causal", head_mode="cosine", logit_scale="vector")
+    model = tiny_model("causal", head_mode="cosine", logit_scale_kind="vector")
     with torch.no_grad():
         learned_scale(model).copy_(torch.linspace(1.79, 7.49, learned_scale(model).numel()))
     model.save_pretrained(tmp_path)

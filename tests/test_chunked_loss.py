@@ -20,7 +20,7 @@ VOCAB, DIM = 37, 8
 
 def _head(mode, logit_scale, dtype):
     torch.manual_seed(0)
-    head = TiedNormHead(DIM, VOCAB, options=HeadOptions(head_mode=mode, logit_scale=logit_scale)).to(dtype)
+    head = TiedNormHead(DIM, VOCAB, options=HeadOptions(head_mode=mode, logit_scale_kind=logit_scale)).to(dtype)
     with torch.no_grad():
         head.weight.normal_()
         head.weight[5].zero_()  # a zero row: the eps floor must behave the same on both paths
@@ -116,7 +116,7 @@ def _plain_and_chunked(family, **config):
 @pytest.mark.parametrize("mode", ("baseline", "distance", "cosine", "l2"))
 def test_model_level_equivalence(family, mode):
     # fp32 (the plain path computes its loss in fp32 anyway)
-    plain, chunked, inputs, labels = _plain_and_chunked(family, head_mode=mode, logit_scale="scalar")
+    plain, chunked, inputs, labels = _plain_and_chunked(family, head_mode=mode, logit_scale_kind="scalar")
     outs = []
     for model in (plain, chunked):
         model.zero_grad()

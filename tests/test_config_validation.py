@@ -18,9 +18,9 @@ from hf_tiednorm import TiedNormWrappedConfig
 # and adaptive_cutoffs=50 / [True, 50] gave a TypeError or were accepted.
 HEAD_CASES = [
     ({"head_mode": "cosinus"}, "head_mode"),
-    ({"logit_scale": "learned"}, "logit_scale"),
-    ({"logit_scale": "scalar", "logit_scale_init": math.inf}, "logit_scale_init"),
-    ({"logit_scale": "fixed", "logit_scale_init": math.inf}, "logit_scale_init"),
+    ({"logit_scale_kind": "learned"}, "logit_scale_kind"),
+    ({"logit_scale_kind": "scalar", "logit_scale_init": math.inf}, "logit_scale_init"),
+    ({"logit_scale_kind": "fixed", "logit_scale_init": math.inf}, "logit_scale_init"),
     ({"norm_eps": math.inf}, "norm_eps"),
     ({"norm_eps": 0.0}, "norm_eps"),
     ({"vocab_size": 0}, "vocab_size"),
@@ -50,11 +50,14 @@ FAMILY_CASES["bart"] = FAMILY_CASES["seq2seq"]
 
 # Values each valid on its own that contradict one another: the validator names the fields.
 COMBINATION_CASES = [
-    ({"logit_scale_init": 4.0}, "validate_head_options", "logit_scale_init=4.0 is set but logit_scale='none'"),
+    ({"logit_scale_init": 4.0}, "validate_head_options", "logit_scale_init=4.0 is set but logit_scale_kind='none'"),
     ({"head_mode": "l2", "weight_norm_regularization": 1e-3}, "validate_row_norm_techniques", "head_mode='l2'"),
     ({"adaptive_cutoffs": [10, 10]}, "validate_adaptive_cutoffs", "adaptive_cutoffs must be strictly increasing"),
     ({"adaptive_cutoffs": [10, 64]}, "validate_adaptive_cutoffs", r"\[1, vocab_size - 1\]"),
-    ({"adaptive_cutoffs": [10], "loss_chunk_size": 8}, "validate_adaptive_cutoffs", "loss_chunk_size"),
+    ({"adaptive_cutoffs": [10], "loss_chunk_size": 8}, "validate_loss_chunk_size", "the adaptive softmax .*ignored"),
+    # issue 48: accepted and ignored before
+    ({"loss_implementation": "plain", "loss_chunk_size": 8}, "validate_loss_chunk_size",
+     "loss_chunk_size=8 .*loss_implementation='plain' .*would be ignored"),
 ]
 SEQ2SEQ_COMBINATION_CASES = [
     ({"tie_word_embeddings": False}, "validate_tie_topology", "tie_word_embeddings=False contradicts"),
@@ -96,9 +99,9 @@ def test_assignment_is_validated_too(family):
 def test_good_values_still_pass(family):
     config = tiny_config(family, adaptive_cutoffs=[10, 30], adaptive_div_value=2.0)
     assert config.adaptive_cutoffs == [10, 30]
-    tiny_config(family, logit_scale="scalar", logit_scale_init=12.0, norm_eps=1e-5)
+    tiny_config(family, logit_scale_kind="scalar", logit_scale_init=12.0, norm_eps=1e-5)
     # Whole numbers are accepted where a float is meant (the JSON of older configs, or `label_smoothing=0`).
-    tiny_config(family, logit_scale="fixed", logit_scale_init=16, label_smoothing=0, weight_norm_target=2)
+    tiny_config(family, logit_scale_kind="fixed", logit_scale_init=16, label_smoothing=0, weight_norm_target=2)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -56,16 +56,16 @@ for family in FAMILIES:
                 continue  # a bias Llama cannot hold: refused (test below), except from a lossless start (tmp_path)
             bias = family != "causal"
             CASES[f"{family}-{head_mode}-{logit_scale}"] = own(
-                family, head_mode=head_mode, logit_scale=logit_scale, logit_bias=bias
+                family, head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=bias
             )
     CASES[f"{family}-projection"] = own(
-        family, head_mode="cosine", logit_scale="scalar", projection_regularization=0.1
+        family, head_mode="cosine", logit_scale_kind="scalar", projection_regularization=0.1
     )
 for family in ("seq2seq", "bart"):
     for topology in ("decoder", "untied"):
         for head_mode in ("cosine", "l2"):
             CASES[f"{family}-{topology}-{head_mode}"] = own(
-                family, head_mode=head_mode, tie_topology=topology, logit_scale="vector", logit_bias=True
+                family, head_mode=head_mode, tie_topology=topology, logit_scale_kind="vector", logit_bias=True
             )
 # transformers 5.17 (the lowest declared, a lent GPU machine's) sized beam search by config.vocab_size, not by the
 # logits, so beam search of a model with a separate decoder vocabulary fails there (fixed in 5.18; setup.cfg).
@@ -75,8 +75,9 @@ if version.parse(transformers.__version__) >= version.parse("5.18"):
 CASES["causal-untied"] = own("causal", head_mode="cosine", tie_word_embeddings=False)
 CASES["causal-zero-logit-bias"] = lambda: tiny_model("causal", head_mode="cosine", logit_bias=True)  # b = 0: exports
 for architecture, head_mode, fields in (
-    ("gpt2", "l2", {}), ("llama", "cosine", {"logit_scale": "vector"}), ("qwen3", "square", {"logit_scale": "scalar"}),
-    ("gemma2", "cosine", {"logit_scale": "fixed"}), ("t5", "l2", {}), ("t5", "cosine", {"logit_scale": "vector"}),
+    ("gpt2", "l2", {}), ("llama", "cosine", {"logit_scale_kind": "vector"}),
+    ("qwen3", "square", {"logit_scale_kind": "scalar"}), ("gemma2", "cosine", {"logit_scale_kind": "fixed"}),
+    ("t5", "l2", {}), ("t5", "cosine", {"logit_scale_kind": "vector"}),
     ("marian", "distance", {"logit_bias": True}), ("bart", "cosine", {"logit_bias": True}), ("mbart", "l2", {}),
     ("llama", "cosine", {"lossless_start": True}), ("llama", "distance", {"lossless_start": True}),
 ):  # fmt: skip
@@ -178,12 +179,12 @@ def test_l2_bakes_the_unit_lookups_and_keeps_the_tie_where_the_rows_equal_them()
     embedding = result.model.get_input_embeddings().weight
     assert result.tied and result.model.lm_head.weight is embedding and result.added_values == 0
     torch.testing.assert_close(embedding.norm(dim=-1)[1:], torch.ones(embedding.shape[0] - 1))  # padding row: 0
-    vector = export_plain(trained_looking(tiny_model("causal", head_mode="l2", logit_scale="vector")))
+    vector = export_plain(trained_looking(tiny_model("causal", head_mode="l2", logit_scale_kind="vector")))
     assert not vector.tied and vector.added_values == embedding.numel() - embedding.shape[0]  # + V×d − the g vector
 
 
 def test_cli_writes_the_export_with_tokenizer_generation_config_and_card(tmp_path):
-    source = trained_looking(tiny_model("seq2seq", head_mode="cosine", logit_scale="vector", logit_bias=True))
+    source = trained_looking(tiny_model("seq2seq", head_mode="cosine", logit_scale_kind="vector", logit_bias=True))
     source.save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")
     command = [sys.executable, "-m", "hf_tiednorm.export", str(tmp_path / "model"), str(tmp_path / "out")]

@@ -27,7 +27,7 @@ from hf_tiednorm.bridges.engines.onnx import (  # noqa: E402  (needs onnxruntime
 
 @torch.no_grad()
 def normalized(family: str):
-    model = tiny_model(family, head_mode="cosine", logit_scale="vector", logit_bias=family != "causal")
+    model = tiny_model(family, head_mode="cosine", logit_scale_kind="vector", logit_bias=family != "causal")
     head = model.get_output_embeddings()
     head.logit_scale.uniform_(5.0, 15.0)
     if head.logit_bias is not None:

@@ -43,7 +43,7 @@ def logits_of(model, inputs):
 
 @pytest.mark.parametrize("logit_scale", ["none", "vector"])
 def test_a_registered_mode_with_its_own_lookups_and_bias_exports_with_equal_logits(toy_mode, logit_scale, tmp_path):
-    source = tiny_model("seq2seq", head_mode=toy_mode, logit_scale=logit_scale)
+    source = tiny_model("seq2seq", head_mode=toy_mode, logit_scale_kind=logit_scale)
     with torch.no_grad():
         if source.lm_head.logit_scale is not None:
             source.lm_head.logit_scale.uniform_(0.5, 2.0, generator=torch.Generator().manual_seed(0))

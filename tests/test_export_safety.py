@@ -19,13 +19,14 @@ from testing_utils import model_inputs, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaConfig, LlamaForCausalLM
 
+from hf_tiednorm import head_modes
 from hf_tiednorm.bridges import export as export_module
 from hf_tiednorm.bridges.export import export_plain
 from hf_tiednorm.bridges.export import main as export_main
 from hf_tiednorm.bridges.export_card import THIS_FOLDER
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.convert import main as convert_main
-from hf_tiednorm.head_modes import Cosine, HeadMode, get_head_mode, register_head_mode, unregister_head_mode
+from hf_tiednorm.head_modes import Cosine, HeadMode, register_head_mode, unregister_head_mode
 from hf_tiednorm.publishing.hub import push_to_hub
 
 TOLERANCE = 1e-4
@@ -56,7 +57,7 @@ def lossless_cosine_llama(tmp_path: Path, dtype=torch.float32):
 
 
 def test_a_bf16_logit_scale_of_1_05_is_not_dropped_by_the_tie():
-    source = tiny_model("causal", head_mode="baseline", logit_scale="scalar").to(torch.bfloat16)
+    source = tiny_model("causal", head_mode="baseline", logit_scale_kind="scalar").to(torch.bfloat16)
     with torch.no_grad():
         source.lm_head.logit_scale.fill_(1.05)
     result = export_plain(source)
@@ -82,7 +83,7 @@ def test_the_cli_unties_a_bf16_lossless_start_whose_scale_was_trained(tmp_path, 
 
 def test_the_tie_follows_the_effective_scale_not_the_weight_dtype(tmp_path):
     assert export_plain(lossless_cosine_llama(tmp_path)).tied  # fp32: g_i·(1/‖w_i‖) is 1 up to one fp32 rounding
-    one = tiny_model("causal", head_mode="baseline", logit_scale="scalar").to(torch.bfloat16)  # g = 1 exactly
+    one = tiny_model("causal", head_mode="baseline", logit_scale_kind="scalar").to(torch.bfloat16)  # g = 1 exactly
     assert export_plain(one).tied
     # In bf16 the learned g_i = ‖w_i‖ is itself rounded to bf16, so the scale is 1 only to 2^-9: untied, and exact.
     rounded = export_plain(lossless_cosine_llama(tmp_path, torch.bfloat16))
@@ -127,7 +128,7 @@ def test_a_user_mode_dividing_by_a_zero_norm_row_is_refused(unguarded_mode):
 
 def test_a_difference_above_the_tolerance_is_refused(monkeypatch):
     """Whatever made the baked layer wrong (here: a tie forced on a trained scale), the logit check refuses it."""
-    source = tiny_model("causal", head_mode="baseline", logit_scale="scalar")
+    source = tiny_model("causal", head_mode="baseline", logit_scale_kind="scalar")
     with torch.no_grad():
         source.lm_head.logit_scale.fill_(1.05)
     monkeypatch.setattr(export_module, "rows_are_lookups", lambda rows, lookups: True)
@@ -136,7 +137,7 @@ def test_a_difference_above_the_tolerance_is_refused(monkeypatch):
 
 
 def test_the_card_states_the_check_and_its_tolerance_not_exactly(tmp_path):
-    result = export_plain(tiny_model("causal", head_mode="cosine", logit_scale="vector"), tmp_path / "out")
+    result = export_plain(tiny_model("causal", head_mode="cosine", logit_scale_kind="vector"), tmp_path / "out")
     card = (tmp_path / "out" / "README.md").read_text()
     assert "exactly" not in card and f"tolerance {result.tolerance:.1e}" in card
     export_plain(tiny_model("causal", head_mode="cosine"), tmp_path / "unchecked", check=False)
@@ -173,17 +174,15 @@ def test_a_runtime_registered_mode_is_not_published_as_remote_code(tmp_path):
         unregister_head_mode("my_cosine")
 
 
-def test_a_builtin_mode_redefined_at_runtime_is_not_published_as_remote_code(tmp_path):
+def test_a_builtin_mode_redefined_at_runtime_is_not_published_as_remote_code(tmp_path, monkeypatch):
     saved(tiny_model("causal", head_mode="cosine"), tmp_path / "model")
-    original = get_head_mode("cosine")
     redefined = Cosine()
     redefined.equation = "s_i = something else"  # the staged head_modes.py would score with the original
-    register_head_mode(redefined, replace=True)
-    try:
-        with pytest.raises(ValueError, match="head_mode 'cosine' was registered at runtime"):
-            push_to_hub(tmp_path / "model", "tester/x", dry_run_dir=tmp_path / "up")
-    finally:
-        register_head_mode(original, replace=True)
+    with pytest.raises(ValueError, match="'cosine' is built in"):  # refused where it is registered (issue 48)
+        register_head_mode(redefined, replace=True)
+    monkeypatch.setitem(head_modes._REGISTRY, "cosine", redefined)  # past the registry: push still refuses it
+    with pytest.raises(ValueError, match="head_mode 'cosine' was registered at runtime"):
+        push_to_hub(tmp_path / "model", "tester/x", dry_run_dir=tmp_path / "up")
 
 
 @pytest.mark.parametrize("plain", [False, True])
@@ -311,14 +310,16 @@ BACK = {  # case -> (build, what the card must say: "command" or "cannot")
     "marian-distance": (lambda: tiny_model("seq2seq", head_mode="distance"), "command"),
     "marian-cosine-bias": (lambda: trained(tiny_model("seq2seq", head_mode="cosine", logit_bias=True)), "command"),
     "bart-cosine-bias": (lambda: trained(tiny_model("bart", head_mode="cosine", logit_bias=True)), "command"),
-    "llama-cosine-scalar": (lambda: trained(tiny_model("causal", head_mode="cosine", logit_scale="scalar")), "command"),
+    "llama-cosine-scalar": (
+        lambda: trained(tiny_model("causal", head_mode="cosine", logit_scale_kind="scalar")), "command"
+    ),
     "llama-baseline-scalar": (
-        lambda: trained(tiny_model("causal", head_mode="baseline", logit_scale="scalar")), "command"
+        lambda: trained(tiny_model("causal", head_mode="baseline", logit_scale_kind="scalar")), "command"
     ),
     "llama-l2": (lambda: tiny_model("causal", head_mode="l2"), "command"),
-    "llama-l2-vector": (lambda: trained(tiny_model("causal", head_mode="l2", logit_scale="vector")), "command"),
+    "llama-l2-vector": (lambda: trained(tiny_model("causal", head_mode="l2", logit_scale_kind="vector")), "command"),
     "marian-distance-scalar": (
-        lambda: trained(tiny_model("seq2seq", head_mode="distance", logit_scale="scalar")), "command"
+        lambda: trained(tiny_model("seq2seq", head_mode="distance", logit_scale_kind="scalar")), "command"
     ),
     "wrapped-marian-distance": (
         lambda: trained(normalize_tied_head(source_model("marian"), "distance", logit_bias=True, generic=True).eval()),
@@ -326,7 +327,7 @@ BACK = {  # case -> (build, what the card must say: "command" or "cannot")
     ),
     "marian-decoder-topology": (lambda: tiny_model("seq2seq", head_mode="cosine", tie_topology="decoder"), "cannot"),
     "wrapped-t5-vector": (
-        lambda: trained(normalize_tied_head(source_model("t5"), "cosine", logit_scale="vector").eval()), "cannot"
+        lambda: trained(normalize_tied_head(source_model("t5"), "cosine", logit_scale_kind="vector").eval()), "cannot"
     ),
 }
 
@@ -350,7 +351,7 @@ def test_the_cards_convert_back_command_gives_back_the_logits(case, tmp_path):
 
 
 def test_a_hub_card_downloads_before_converting_and_names_no_hub_id_to_the_converter(tmp_path, monkeypatch):
-    saved(trained(tiny_model("causal", head_mode="cosine", logit_scale="vector")), tmp_path / "model")
+    saved(trained(tiny_model("causal", head_mode="cosine", logit_scale_kind="vector")), tmp_path / "model")
     folder = push_to_hub(tmp_path / "model", "tester/plain-cosine", dry_run_dir=tmp_path / "up", plain=True)
     card = (folder / "README.md").read_text()
     assert "`hf download tester/plain-cosine --local-dir plain-cosine`, then `tiednorm-convert plain-cosine " in card

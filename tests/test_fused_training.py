@@ -37,11 +37,13 @@ def _curve(model, tmp_path, steps=8):
 
 
 def _own(implementation):
-    return tiny_model("causal", logit_scale="vector", logit_bias=True, loss_implementation=implementation)
+    return tiny_model("causal", logit_scale_kind="vector", logit_bias=True, loss_implementation=implementation)
 
 
 def _wrapped(implementation):
-    model = normalize_tied_head(source_model("llama"), "cosine", logit_scale="vector", logit_bias=True, generic=True)
+    model = normalize_tied_head(
+        source_model("llama"), "cosine", logit_scale_kind="vector", logit_bias=True, generic=True
+    )
     model.config.loss_implementation = implementation
     return model
 

@@ -41,7 +41,8 @@ def wrapped_model(name: str):
         if isinstance(getattr(config, field, None), float):
             setattr(config, field, 0.0)
     torch.manual_seed(0)
-    return normalize_tied_head(auto_class(config).from_config(config), "cosine", logit_scale="scalar", generic=True)
+    source = auto_class(config).from_config(config)
+    return normalize_tied_head(source, "cosine", logit_scale_kind="scalar", generic=True)
 
 
 def examples(encoder_decoder: bool) -> list[dict[str, torch.Tensor]]:
@@ -106,7 +107,7 @@ def check_contract(model, tmp_path) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_own_families_keep_the_accumulation_contract(family, tmp_path):
-    check_contract(tiny_model(family, logit_scale="scalar"), tmp_path)
+    check_contract(tiny_model(family, logit_scale_kind="scalar"), tmp_path)
 
 
 # Every encoder-decoder (their transformers losses ignore num_items_in_batch) and one decoder by default; the other

@@ -25,7 +25,7 @@ def make_head(head_mode: str, vocab: int = 50, dim: int = 16, seed: int = 0, **k
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
 def test_scores_match_reference(head_mode, logit_scale, shape):
     init = None if logit_scale == "none" else 3.0
-    head = make_head(head_mode, logit_scale=logit_scale, logit_scale_init=init)
+    head = make_head(head_mode, logit_scale_kind=logit_scale, logit_scale_init=init)
     if logit_scale == "vector":  # distinct per-token scales, so a wrong broadcast would show
         head.logit_scale.data = torch.linspace(0.5, 2.0, head.weight.shape[0])
     hidden = torch.randn(*shape, 16)
@@ -43,19 +43,19 @@ def test_scores_match_reference(head_mode, logit_scale, shape):
 def test_a_learned_logit_scale_starts_at_one_and_a_fixed_one_at_sqrt_d():
     # A learned g starts where the head equals the scale-free one (√d made the step-0 logits √d× too sharp, issue 25);
     # "fixed" keeps √d, which saved fixed-scale models depend on.
-    assert TiedNormHead(64, 10, options=HeadOptions(logit_scale="scalar")).logit_scale.item() == 1.0
-    vector = TiedNormHead(64, 10, options=HeadOptions(logit_scale="vector"))
+    assert TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="scalar")).logit_scale.item() == 1.0
+    vector = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="vector"))
     assert torch.equal(vector.logit_scale.detach(), torch.ones(10))
-    fixed = TiedNormHead(64, 10, options=HeadOptions(logit_scale="fixed"))
+    fixed = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="fixed"))
     assert fixed.logit_scale is None and fixed.logit_scale_values(torch.device("cpu")).item() == pytest.approx(8.0)
-    started = TiedNormHead(64, 10, options=HeadOptions(logit_scale="vector", logit_scale_init=3.0))
+    started = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="vector", logit_scale_init=3.0))
     assert started.logit_scale[0].item() == 3.0
 
 
 @pytest.mark.parametrize("tokens", [4, 40], ids=["logit-scaled", "row-scaled"])
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
 def test_gradients_flow_through_the_normalization(head_mode, tokens):
-    head = make_head(head_mode, logit_scale="scalar", logit_scale_init=2.0)
+    head = make_head(head_mode, logit_scale_kind="scalar", logit_scale_init=2.0)
     hidden = torch.randn(tokens, 16, requires_grad=True)
     targets = torch.randint(0, 50, (tokens,))
     F.cross_entropy(head(hidden), targets).backward()
@@ -149,7 +149,7 @@ def test_unbiasedness_check_detects_the_norm_bias_of_baseline():
 
 
 def test_column_terms_are_reused_only_inside_a_frozen_scope():
-    head = make_head("cosine", logit_scale="vector")
+    head = make_head("cosine", logit_scale_kind="vector")
     with torch.no_grad():
         assert head.column_terms()[0] is not head.column_terms()[0]  # outside a scope: always recomputed
         with head.frozen_column_terms():
@@ -167,7 +167,7 @@ def test_column_terms_are_reused_only_inside_a_frozen_scope():
 def test_logits_follow_every_kind_of_weight_write(head_mode, write):
     """Writes through ``.data`` bump no version counter and may keep the storage (FSDP refills, PEFT merges do the
     same): the old pointer + version cache served the previous norms after them (cosine off by 3e7)."""
-    head = make_head(head_mode, logit_scale="vector")
+    head = make_head(head_mode, logit_scale_kind="vector")
     hidden = torch.randn(3, 16)
     with torch.no_grad():
         head(hidden)
@@ -201,7 +201,7 @@ def test_cache_refreshed_after_weight_data_is_replaced_by_a_resize():
 def test_dead_rows_score_zero_and_get_no_gradient(head_mode):
     """A row with norm <= norm_eps counts as zero: score 0 and no gradient through its (undefined) direction.
     Before, 1/max(‖w‖, eps) gave such a row a gradient of h/eps, ~1e6 times everyone else's."""
-    head = make_head(head_mode, logit_scale="scalar")
+    head = make_head(head_mode, logit_scale_kind="scalar")
     with torch.no_grad():
         head.weight[3] = 0  # HF zeroes the padding row
         head.weight[4] = 1e-8  # below norm_eps
@@ -234,7 +234,7 @@ def test_l2_lookup_of_a_dead_row_is_zero_with_zero_gradient():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
 def test_low_precision_and_zero_rows_give_finite_logits(head_mode, dtype):
-    head = make_head(head_mode, logit_scale="scalar").to(dtype)
+    head = make_head(head_mode, logit_scale_kind="scalar").to(dtype)
     with torch.no_grad():
         head.weight[3] = 0  # e.g. a padding row
         head.weight[4] = 1e-4  # tiny row: its norm underflows in fp16 if computed there
@@ -270,5 +270,5 @@ def test_l2_embedding_equals_normalizing_all_rows_in_value_and_gradient():
 def test_head_rejects_unknown_mode_and_scale():
     with pytest.raises(ValueError, match="head_mode must be one of"):
         TiedNormHead(4, 4, options=HeadOptions(head_mode="unit"))
-    with pytest.raises(ValueError, match="logit_scale must be one of"):
-        TiedNormHead(4, 4, options=HeadOptions(logit_scale="learned"))
+    with pytest.raises(ValueError, match="logit_scale_kind must be one of"):
+        TiedNormHead(4, 4, options=HeadOptions(logit_scale_kind="learned"))

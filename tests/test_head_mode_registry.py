@@ -129,7 +129,7 @@ def test_a_registered_mode_converts_with_its_lossless_start(toy_mode, tmp_path):
     own = convert_checkpoint(tmp_path / "source", tmp_path / "own", head_mode=toy_mode, lossless_start=True)
     wrapped = normalize_tied_head(copy.deepcopy(source), toy_mode, lossless_start=True, generic=True).eval()
     for model in (own, wrapped):
-        assert model.config.head_mode == toy_mode and model.config.logit_scale == "vector"
+        assert model.config.head_mode == toy_mode and model.config.logit_scale_kind == "vector"
         with torch.no_grad():
             assert torch.allclose(model(**inputs).logits, expected, atol=1e-5)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "own").eval()
@@ -154,7 +154,7 @@ def test_registering_refuses_a_taken_name_and_a_bad_lossless_term():
     with pytest.raises(ValueError, match="identifier as name"):
         register_head_mode(HeadMode())  # a bare HeadMode has no name
     taken = copy.copy(get_head_mode("cosine"))
-    with pytest.raises(ValueError, match="'cosine' is registered already"):
+    with pytest.raises(ValueError, match="'cosine' is built in"):
         register_head_mode(taken)
     bad = RootNorm()
     bad.lossless_start = ("temperature",)

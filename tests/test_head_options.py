@@ -19,9 +19,9 @@ from hf_tiednorm.normalized_head import TiedNormHead
     ("fields", "message"),
     [
         ({"head_mode": "cosinus"}, "head_mode must be one of .*got 'cosinus'"),
-        ({"logit_scale": "learned"}, "logit_scale must be one of"),
-        ({"logit_scale": "fixed", "logit_scale_init": 0.0}, "logit_scale_init must be > 0"),
-        ({"logit_scale_init": 2.0}, "logit_scale='none'"),
+        ({"logit_scale_kind": "learned"}, "logit_scale_kind must be one of"),
+        ({"logit_scale_kind": "fixed", "logit_scale_init": 0.0}, "logit_scale_init must be > 0"),
+        ({"logit_scale_init": 2.0}, "logit_scale_kind='none'"),
         ({"norm_eps": 0.0}, "norm_eps must be > 0"),
         ({"logit_bias": 1}, "logit_bias must be True or False"),
     ],
@@ -32,9 +32,9 @@ def test_bad_options_are_refused_when_made(fields, message):
 
 
 def test_a_config_passes_its_options_whole_to_the_head():
-    config = tiny_config("causal", head_mode="square", logit_scale="vector", logit_scale_init=3.0, logit_bias=True)
+    config = tiny_config("causal", head_mode="square", logit_scale_kind="vector", logit_scale_init=3.0, logit_bias=True)
     options = config.head_options
-    assert options == HeadOptions(head_mode="square", logit_scale="vector", logit_scale_init=3.0, logit_bias=True,
+    assert options == HeadOptions(head_mode="square", logit_scale_kind="vector", logit_scale_init=3.0, logit_bias=True,
                                   norm_eps=config.norm_eps)
     head = TiedNormHead(8, 5, options=options)
     assert head.options is options and head.mode.name == "square"
@@ -44,14 +44,14 @@ def test_a_config_passes_its_options_whole_to_the_head():
 
 
 def test_the_lossless_start_options_follow_the_mode():
-    cosine = HeadOptions(head_mode="cosine", logit_scale="vector")
+    cosine = HeadOptions(head_mode="cosine", logit_scale_kind="vector")
     assert HeadOptions(head_mode="cosine").with_lossless_start() == cosine
     assert HeadOptions(head_mode="distance").with_lossless_start() == HeadOptions(head_mode="distance", logit_bias=True)
     assert HeadOptions(head_mode="baseline").with_lossless_start() == HeadOptions(head_mode="baseline")
     with pytest.raises(ValueError, match="impossible for head_mode 'l2'"):
         HeadOptions(head_mode="l2").with_lossless_start()
-    with pytest.raises(ValueError, match="logit_scale='scalar' cannot give back"):
-        HeadOptions(head_mode="cosine", logit_scale="scalar").with_lossless_start()
+    with pytest.raises(ValueError, match="logit_scale_kind='scalar' cannot give back"):
+        HeadOptions(head_mode="cosine", logit_scale_kind="scalar").with_lossless_start()
 
 
 SCALE_STARTS = [name for name in HEAD_MODES if "logit_scale" in (get_head_mode(name).lossless_start or ())]
@@ -65,9 +65,9 @@ def test_an_explicit_logit_scale_init_is_refused_where_the_lossless_start_sets_g
         match=r"logit_scale_init=5.0 \(--logit-scale-init\) cannot be combined with "
         r"lossless_start \(--lossless-start\)",
     ):
-        HeadOptions(head_mode=head_mode, logit_scale="vector", logit_scale_init=5.0).with_lossless_start()
+        HeadOptions(head_mode=head_mode, logit_scale_kind="vector", logit_scale_init=5.0).with_lossless_start()
     # Every other mode cannot even be given a logit_scale_init with a lossless start: its start needs
-    # logit_scale='none', and logit_scale_init without a logit_scale is refused when the options are made.
+    # logit_scale_kind='none', and logit_scale_init without a logit_scale is refused when the options are made.
 
 
 def test_the_converter_cli_refuses_logit_scale_init_with_lossless_start_and_writes_nothing(tmp_path):

@@ -55,9 +55,9 @@ def edit_config(folder: Path, **fields) -> None:
 @pytest.mark.parametrize("term", ["logit_scale", "logit_bias"])
 @pytest.mark.parametrize("name", MODELS)
 def test_a_learned_head_term_missing_from_the_weights_is_refused(name, term, tmp_path):
-    cls = saved(name, tmp_path, logit_scale="vector", logit_bias=True)
+    cls = saved(name, tmp_path, logit_scale_kind="vector", logit_bias=True)
     (key,) = drop_tensors(tmp_path, lambda key: key.endswith(f".{term}"))
-    declared = "logit_scale='vector'" if term == "logit_scale" else "logit_bias=True"
+    declared = "logit_scale_kind='vector'" if term == "logit_scale" else "logit_bias=True"
     with pytest.raises(
         ValueError,
         match=rf"tensor '{key}' is missing from the weights, but config.json declares "
@@ -69,23 +69,24 @@ def test_a_learned_head_term_missing_from_the_weights_is_refused(name, term, tmp
 
 @pytest.mark.parametrize("name", MODELS)
 def test_a_config_edited_to_drop_trained_terms_is_refused(name, tmp_path):
-    cls = saved(name, tmp_path, logit_scale="scalar", logit_bias=True)
-    edit_config(tmp_path, logit_scale="none", logit_bias=False)
+    cls = saved(name, tmp_path, logit_scale_kind="scalar", logit_bias=True)
+    edit_config(tmp_path, logit_scale_kind="none", logit_bias=False)
     with pytest.raises(ValueError) as error:
         cls.from_pretrained(tmp_path)
     message = str(error.value)
     assert "the weights hold a trained" in message
-    assert "config.json declares logit_scale='none'" in message and "config.json declares logit_bias=False" in message
+    assert "config.json declares logit_scale_kind='none'" in message
+    assert "config.json declares logit_bias=False" in message
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_a_config_edited_to_add_a_learned_scale_is_refused(name, tmp_path):
     cls = saved(name, tmp_path)
-    edit_config(tmp_path, logit_scale="vector")
+    edit_config(tmp_path, logit_scale_kind="vector")
     with pytest.raises(
         ValueError,
         match=r"logit_scale' is missing from the weights, but config.json declares "
-        r"logit_scale='vector'",
+        r"logit_scale_kind='vector'",
     ):
         cls.from_pretrained(tmp_path)
 
@@ -101,13 +102,13 @@ def test_weights_without_the_shared_embedding_are_refused(name, tmp_path):
 
 
 def test_a_complete_folder_still_loads_exactly(tmp_path):
-    cls = saved("wrapped-t5", tmp_path, logit_scale="vector", logit_bias=True)
+    cls = saved("wrapped-t5", tmp_path, logit_scale_kind="vector", logit_bias=True)
     loaded, info = cls.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
 
 
 def test_the_remote_code_refuses_too(tmp_path):
-    saved("wrapped-gpt2", tmp_path / "model", logit_scale="vector")
+    saved("wrapped-gpt2", tmp_path / "model", logit_scale_kind="vector")
     drop_tensors(tmp_path / "model", lambda key: key.endswith(".logit_scale"))
     # and a folder missing a layer tensor (own family), in the same process (one interpreter start)
     saved("causal", tmp_path / "layer")
@@ -138,7 +139,7 @@ def a_layer_tensor(weights: dict) -> str:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_weights_missing_a_layer_tensor_are_refused_naming_it_and_the_folder(name, tmp_path):
-    cls = saved(name, tmp_path, logit_scale="vector")
+    cls = saved(name, tmp_path, logit_scale_kind="vector")
     key = a_layer_tensor(load_file(tmp_path / "model.safetensors"))
     drop_tensors(tmp_path, lambda k: k == key)
     with pytest.raises(

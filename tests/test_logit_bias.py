@@ -28,7 +28,7 @@ def biased_head(head_mode: str, logit_scale: str, dtype=torch.float32) -> TiedNo
     torch.manual_seed(0)
     init = None if logit_scale == "none" else 3.0
     head = TiedNormHead(DIM, VOCAB, options=HeadOptions(
-        head_mode=head_mode, logit_scale=logit_scale, logit_scale_init=init, logit_bias=True))
+        head_mode=head_mode, logit_scale_kind=logit_scale, logit_scale_init=init, logit_bias=True))
     head = head.to(dtype)
     with torch.no_grad():
         head.weight.normal_()
@@ -108,7 +108,7 @@ def test_chunked_loss_equals_plain_with_the_bias(head_mode, logit_scale):
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
 def test_adaptive_softmax_adds_the_bias_per_band(head_mode):
     torch.manual_seed(0)
-    options = HeadOptions(head_mode=head_mode, logit_scale="vector", logit_bias=True)
+    options = HeadOptions(head_mode=head_mode, logit_scale_kind="vector", logit_bias=True)
     head = AdaptiveSoftmaxHead(32, 61, [20, 40], options=options)
     hidden = torch.randn(2, 3, 32)
     with torch.no_grad():

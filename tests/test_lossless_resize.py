@@ -54,7 +54,7 @@ def test_own_family_resize_after_a_lossless_start_from_the_cli(head_mode, tmp_pa
 
 
 def test_a_plain_conversion_keeps_the_head_rule_for_new_tokens():
-    model = normalize_tied_head(source_model("llama"), "cosine", logit_scale="vector").eval()
+    model = normalize_tied_head(source_model("llama"), "cosine", logit_scale_kind="vector").eval()
     model.resize_token_embeddings(TINY_VOCAB + NEW)
     assert torch.equal(model.get_output_embeddings().logit_scale[TINY_VOCAB:], torch.ones(NEW))
 
@@ -62,8 +62,8 @@ def test_a_plain_conversion_keeps_the_head_rule_for_new_tokens():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"head_mode": "cosine"}, r"needs \(logit_scale, logit_bias\) = \('vector', False\)"),
-        ({"head_mode": "distance", "logit_bias": False}, r"needs \(logit_scale, logit_bias\) = \('none', True\)"),
+        ({"head_mode": "cosine"}, r"needs \(logit_scale_kind, logit_bias\) = \('vector', False\)"),
+        ({"head_mode": "distance", "logit_bias": False}, r"needs \(logit_scale_kind, logit_bias\) = \('none', True\)"),
         ({"head_mode": "l2"}, "lossless_start is impossible for head_mode 'l2'"),
     ],
 )

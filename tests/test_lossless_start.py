@@ -36,7 +36,7 @@ def test_in_memory_lossless_start_gives_the_source_logits(name, head_mode):
     expected = source_logits(source, inputs)
     model = normalize_tied_head(source, head_mode, lossless_start=True, generic=True).eval()
     assert model.get_output_embeddings().head_mode == head_mode  # the head is normalized...
-    assert (model.config.logit_scale, model.config.logit_bias) == EXPECTED_OPTIONS[head_mode]
+    assert (model.config.logit_scale_kind, model.config.logit_bias) == EXPECTED_OPTIONS[head_mode]
     torch.testing.assert_close(source_logits(model, inputs), expected, rtol=1e-5, atol=1e-5)  # ...at the same logits
     # and a training batch (more tokens than d: the scale is folded into W's rows) as well
     long = {"input_ids": torch.randint(4, TINY_VOCAB, (4, 16))}
@@ -85,10 +85,10 @@ def test_dead_rows_follow_the_head_rule():
 def test_l2_and_contradicting_logit_scales_are_refused_with_the_reason(tmp_path):
     with pytest.raises(ValueError, match="impossible for head_mode 'l2'.*input"):
         normalize_tied_head(source_model("gpt2"), "l2", lossless_start=True)
-    with pytest.raises(ValueError, match="per-token logit scale.*logit_scale='scalar'"):
-        normalize_tied_head(source_model("gpt2"), "cosine", logit_scale="scalar", lossless_start=True)
+    with pytest.raises(ValueError, match="per-token logit scale.*logit_scale_kind='scalar'"):
+        normalize_tied_head(source_model("gpt2"), "cosine", logit_scale_kind="scalar", lossless_start=True)
     with pytest.raises(ValueError, match="needs no logit scale"):
-        normalize_tied_head(source_model("gpt2"), "distance", logit_scale="vector", lossless_start=True)
+        normalize_tied_head(source_model("gpt2"), "distance", logit_scale_kind="vector", lossless_start=True)
     source_model("llama").save_pretrained(tmp_path / "source")
     with pytest.raises(ValueError, match="impossible for head_mode 'l2'"):  # before anything is written
         convert_checkpoint(tmp_path / "source", tmp_path / "out", head_mode="l2", lossless_start=True)
@@ -99,7 +99,7 @@ def test_a_learned_bias_on_top_keeps_the_start_lossless():
     source = source_model("gpt2")
     inputs = inputs_for(source)
     model = normalize_tied_head(source_model("gpt2"), "cosine", logit_bias=True, lossless_start=True).eval()
-    assert model.config.logit_scale == "vector" and model.config.logit_bias is True
+    assert model.config.logit_scale_kind == "vector" and model.config.logit_bias is True
     torch.testing.assert_close(source_logits(model, inputs), source_logits(source, inputs), rtol=1e-5, atol=1e-5)
 
 

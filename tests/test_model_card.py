@@ -25,7 +25,7 @@ SIGNATURE = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0"
 
 
 def test_seq2seq_card_with_bleu(tmp_path):
-    tiny_model("seq2seq", head_mode="cosine", logit_scale="scalar").save_pretrained(tmp_path)
+    tiny_model("seq2seq", head_mode="cosine", logit_scale_kind="scalar").save_pretrained(tmp_path)
     (tmp_path / "embedding_norms.png").write_bytes(b"\x89PNG fake")
     path = write_model_card(
         tmp_path,
@@ -74,7 +74,7 @@ def test_config_fields_beyond_head_and_parent_are_listed(tmp_path):
 
 def test_converted_causal_card(tmp_path):
     """A converted GPT-2 (tiednorm_wrapped): architecture and g's init from the wrapped config (n_embd=32)."""
-    normalize_tied_head(source_model("gpt2"), "square", logit_scale="fixed").save_pretrained(tmp_path)
+    normalize_tied_head(source_model("gpt2"), "square", logit_scale_kind="fixed").save_pretrained(tmp_path)
     card = ModelCard.load(write_model_card(tmp_path, metrics={"eval_perplexity": 20.0}, dataset="wikitext"))
     assert card.data.pipeline_tag == "text-generation"
     assert {"tiednorm", "square", "text-generation", "gpt2"} <= set(card.data.tags)
@@ -96,7 +96,7 @@ def test_converted_encoder_decoder_cards(tmp_path):
     assert card.data.pipeline_tag == "translation" and {"l2", "translation", "m2m_100"} <= set(card.data.tags)
     for expected in (
         "A `m2m_100` model (transformers' own code)", "eq. 19", f"| tie topology | {WRAPPED_TIE_TEXT} |",
-        "| logit scale (`logit_scale`) | none |", "AutoModelForSeq2SeqLM",
+        "| logit scale (`logit_scale_kind`) | none |", "AutoModelForSeq2SeqLM",
         'pipeline("tiednorm-translation", model="m2m", trust_remote_code=True)',
     ):  # fmt: skip
         assert expected in card.text, expected

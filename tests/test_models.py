@@ -113,7 +113,7 @@ def test_bart_embeddings_scale_inside_the_module_like_bart(head_mode, scale_embe
 @pytest.mark.parametrize("head_mode", ["l2", "distance"])
 @pytest.mark.parametrize(("family", "extra"), VARIANTS, ids=VARIANT_IDS)
 def test_strict_save_load_roundtrip(family, extra, head_mode, tmp_path):
-    model = tiny_model(family, head_mode=head_mode, logit_scale="vector", **extra)
+    model = tiny_model(family, head_mode=head_mode, logit_scale_kind="vector", **extra)
     model.lm_head.logit_scale.data.uniform_(1.0, 3.0)  # a trained-looking, non-initial scale must survive
     inputs = model_inputs(model)
     with torch.no_grad():
@@ -208,7 +208,7 @@ def test_beam_search_with_length_penalty(family):
 
 @pytest.mark.parametrize(("family", "extra"), VARIANTS, ids=VARIANT_IDS)
 def test_resize_token_embeddings_keeps_tie_and_mode(family, extra):
-    model = tiny_model(family, head_mode="cosine", logit_scale="vector", **extra)
+    model = tiny_model(family, head_mode="cosine", logit_scale_kind="vector", **extra)
     old_vocab = model.config.vocab_size
     model.resize_token_embeddings(old_vocab + 5, mean_resizing=False)
     assert model.config.vocab_size == old_vocab + 5
@@ -307,7 +307,7 @@ def test_a_new_model_with_a_learned_logit_scale_starts_as_the_scale_free_one(fam
     # g₀ = 1 by default: the scale learns the sharpness the head needs from the scale-free model (a start at √d made
     # the step-0 logits √d× too sharp, issue 25).
     plain = tiny_model(family, head_mode="cosine")
-    scaled = tiny_model(family, head_mode="cosine", logit_scale=logit_scale)
+    scaled = tiny_model(family, head_mode="cosine", logit_scale_kind=logit_scale)
     inputs = model_inputs(plain)
     with torch.no_grad():
         torch.testing.assert_close(scaled(**inputs).logits, plain(**inputs).logits, rtol=0, atol=0)
@@ -315,7 +315,7 @@ def test_a_new_model_with_a_learned_logit_scale_starts_as_the_scale_free_one(fam
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_remote_code_loads_where_the_package_is_not_importable(family, tmp_path):
-    model = tiny_model(family, head_mode="cosine", logit_scale="scalar")
+    model = tiny_model(family, head_mode="cosine", logit_scale_kind="scalar")
     inputs = model_inputs(model)
     with torch.no_grad():
         expected = model(**inputs).logits
@@ -351,10 +351,10 @@ print("OK", type(model).__name__, type(bare).__name__)
     [
         (lambda: tiny_seq2seq_config(head_mode="unit"), r"'head_mode':\s+ValueError: head_mode must be one of"),
         (lambda: tiny_causal_config(head_mode="COSINE"), r"'head_mode':\s+ValueError: head_mode must be one of"),
-        (lambda: tiny_seq2seq_config(logit_scale="learned"), "Field 'logit_scale' expected one of"),
-        (lambda: tiny_causal_config(logit_scale_init=2.0), "logit_scale='none'"),
+        (lambda: tiny_seq2seq_config(logit_scale_kind="learned"), "Field 'logit_scale_kind' expected one of"),
+        (lambda: tiny_causal_config(logit_scale_init=2.0), "logit_scale_kind='none'"),
         (
-            lambda: tiny_causal_config(logit_scale="fixed", logit_scale_init=-1.0),
+            lambda: tiny_causal_config(logit_scale_kind="fixed", logit_scale_init=-1.0),
             r"'logit_scale_init':\s+ValueError: Value must be > 0",
         ),
         (lambda: tiny_causal_config(norm_eps=0.0), r"'norm_eps':\s+ValueError: Value must be > 0"),

@@ -26,13 +26,13 @@ def test_clm_head_cells_carry_the_head_options_and_evaluate_every_epoch():
     assert flags["cosine"] == {"head_mode": "cosine", "tie_word_embeddings": True}
     # The first scale options started at g₀ = √d (the library default then): they pin it, d = 256 at this budget, so
     # their rows keep their meaning now that a learned scale starts at 1.
-    assert flags["l2-vector_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale": "vector",
+    assert flags["l2-vector_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale_kind": "vector",
                                        "logit_scale_init": 16.0, "logit_bias": True}
-    assert flags["cosine-scalar"] == {"head_mode": "cosine", "tie_word_embeddings": True, "logit_scale": "scalar",
+    assert flags["cosine-scalar"] == {"head_mode": "cosine", "tie_word_embeddings": True, "logit_scale_kind": "scalar",
                                       "logit_scale_init": 16.0}
     assert flags["cosine-bias"] == {"head_mode": "cosine", "tie_word_embeddings": True, "logit_bias": True}
     # The learned scale from g₀ = 1 (the scale-free head at step 0).
-    assert flags["l2-vector1_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale": "vector",
+    assert flags["l2-vector1_bias"] == {"head_mode": "l2", "tie_word_embeddings": True, "logit_scale_kind": "vector",
                                         "logit_scale_init": 1.0, "logit_bias": True}
     # Translation: √ of the recipe's d_model.
     translation = {c["variant"]: c["flags"] for c in grid.grid_cells("translation_head", args, [0])}
@@ -195,7 +195,7 @@ def test_translation_head_cells_are_the_translation_recipe_with_a_greedy_bleu_af
     assert list(flags) == list(grid.CLM_HEAD_VARIANTS)
     # The recipe's three-way tying stays; run_translation.py has no --tie_word_embeddings.
     assert flags["cosine"] == {"head_mode": "cosine"}
-    assert flags["l2-vector_bias"] == {"head_mode": "l2", "logit_scale": "vector", "logit_scale_init": 16.0,
+    assert flags["l2-vector_bias"] == {"head_mode": "l2", "logit_scale_kind": "vector", "logit_scale_init": 16.0,
                                        "logit_bias": True}
     argv = runner.command(args, grid.grid_cells("translation_head", args, [0])[0], grid.ROOT / "runs" / "x")
     assert argv[1].endswith("run_translation.py")

@@ -50,7 +50,7 @@ def test_smollm2_gguf_converts_losslessly_fine_tunes_and_reloads_without_the_pac
     assert "quantization_config" not in saved  # no stale GGUF state: the folder is a plain model
 
     lossless = convert_checkpoint(GGUF, tmp_path / "cosine", head_mode="cosine", lossless_start=True)
-    assert lossless.lm_head.head_mode == "cosine" and lossless.config.logit_scale == "vector"
+    assert lossless.lm_head.head_mode == "cosine" and lossless.config.logit_scale_kind == "vector"
     with torch.no_grad():
         torch.testing.assert_close(lossless(ids).logits, expected, rtol=1e-5, atol=1e-4)
     del lossless

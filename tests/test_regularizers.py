@@ -176,7 +176,7 @@ class _Blocks(torch.utils.data.Dataset):
     [
         ({"projection_regularization": 0.15, "weight_norm_regularization": 1e-3}, 1),
         ({"projection_regularization": 0.15, "weight_norm_regularization": 1e-3}, 2),
-        ({"adaptive_cutoffs": [20, 40], "weight_norm_regularization": 1e-3, "logit_scale": "scalar"}, 1),
+        ({"adaptive_cutoffs": [20, 40], "weight_norm_regularization": 1e-3, "logit_scale_kind": "scalar"}, 1),
     ],
 )
 def test_trainer_logs_each_loss_term(tmp_path, overrides, accumulation):

@@ -177,7 +177,7 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
                     assert translation.marian_config(config).d_model == config.d_model
                 assert training_args.bf16 is (budget == "full")
                 if grid_name == "translation_head":  # the head options and the greedy curve reach the run
-                    assert config.logit_scale == cell["flags"].get("logit_scale", "none"), cell["key"]
+                    assert config.logit_scale_kind == cell["flags"].get("logit_scale_kind", "none"), cell["key"]
                     assert config.logit_bias is cell["flags"].get("logit_bias", False), cell["key"]
                     assert config.logit_scale_init == cell["flags"].get("logit_scale_init"), cell["key"]
                     assert training_args.generation_num_beams_during_training == 1
@@ -188,7 +188,7 @@ def test_every_cell_command_parses_and_builds_a_valid_config(budget, tmp_path, m
                                                           **model_args.config_overrides())
                 assert config.head_mode == cell["flags"]["head_mode"]
                 if grid_name == "clm_head":  # the head options reach the config
-                    assert config.logit_scale == cell["flags"].get("logit_scale", "none"), cell["key"]
+                    assert config.logit_scale_kind == cell["flags"].get("logit_scale_kind", "none"), cell["key"]
                     assert config.logit_bias is cell["flags"].get("logit_bias", False), cell["key"]
                     assert config.logit_scale_init == cell["flags"].get("logit_scale_init"), cell["key"]
 

@@ -129,7 +129,9 @@ def seq2seq_export(work: Path):
     import hf_tiednorm
     from hf_tiednorm.bridges.export import export_plain
 
-    config = hf_tiednorm.TiedNormSeq2SeqConfig(head_mode="cosine", logit_scale="vector", logit_bias=True, dropout=0.0)
+    config = hf_tiednorm.TiedNormSeq2SeqConfig(
+        head_mode="cosine", logit_scale_kind="vector", logit_bias=True, dropout=0.0
+    )
     torch.manual_seed(0)
     model = hf_tiednorm.TiedNormForConditionalGeneration(config).eval()
     with torch.no_grad():

@@ -42,13 +42,13 @@ CLM_VARIANTS = tuple(f"{mode}-{tie}" for tie in ("tied", "untied") for mode in C
 # the model equals the scale-free one at step 0.
 SQRT_D = "sqrt_d"
 HEAD_OPTIONS = {
-    "scalar": {"logit_scale": "scalar", "logit_scale_init": SQRT_D},
-    "vector": {"logit_scale": "vector", "logit_scale_init": SQRT_D},
+    "scalar": {"logit_scale_kind": "scalar", "logit_scale_init": SQRT_D},
+    "vector": {"logit_scale_kind": "vector", "logit_scale_init": SQRT_D},
     "bias": {"logit_bias": True},
-    "vector_bias": {"logit_scale": "vector", "logit_scale_init": SQRT_D, "logit_bias": True},
-    "scalar1": {"logit_scale": "scalar", "logit_scale_init": 1.0},
-    "vector1": {"logit_scale": "vector", "logit_scale_init": 1.0},
-    "vector1_bias": {"logit_scale": "vector", "logit_scale_init": 1.0, "logit_bias": True},
+    "vector_bias": {"logit_scale_kind": "vector", "logit_scale_init": SQRT_D, "logit_bias": True},
+    "scalar1": {"logit_scale_kind": "scalar", "logit_scale_init": 1.0},
+    "vector1": {"logit_scale_kind": "vector", "logit_scale_init": 1.0},
+    "vector1_bias": {"logit_scale_kind": "vector", "logit_scale_init": 1.0, "logit_bias": True},
 }
 CLM_HEAD_PLAIN = CLM_MODES
 CLM_HEAD_VARIANTS = (*CLM_HEAD_PLAIN, *(f"{mode}-{option}" for mode in ("cosine", "l2") for option in HEAD_OPTIONS))

@@ -12,7 +12,10 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..configuration_tiednorm import TiedNormHeadConfigMixin
-from ..head_options import HEAD_OPTIONS, HeadOptions
+from ..head_options import HEAD_OPTIONS, RENAMED_CONFIG_FIELDS, HeadOptions
+
+# A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
+_OLD_NAMES = {new: old for old, new in RENAMED_CONFIG_FIELDS.items()}
 
 
 def flag_type(annotation: Any) -> Any:
@@ -43,10 +46,13 @@ def flag_help(config_field: dataclasses.Field, annotation: Any, default: str | N
 
 
 def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str, Any]:
-    """The HfArgumentParser metadata of a config-field flag: its help, and its ``choices`` when the field names them."""
+    """The HfArgumentParser metadata of a config-field flag: its help, its ``choices`` when the field names them, and
+    the flag of its old name (``--logit_scale`` for ``--logit_scale_kind``) as an alias."""
     metadata = {"help": flag_help(config_field, annotation)}
     if "choices" in config_field.metadata:
         metadata["choices"] = config_field.metadata["choices"]
+    if config_field.name in _OLD_NAMES:
+        metadata["aliases"] = [f"--{_OLD_NAMES[config_field.name]}"]
     return metadata
 
 
@@ -61,26 +67,45 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--dashed-name`` flag per ``HeadOptions`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
     help, choices and default: a bool field is a switch, every other flag's default is the config's."""
     for config_field, annotation in head_option_fields():
-        flag = f"--{config_field.name.replace('_', '-')}"
+        names = (config_field.name, _OLD_NAMES.get(config_field.name))
+        flags = [f"--{name.replace('_', '-')}" for name in names if name]
         metadata = flag_metadata(config_field, annotation)
         if annotation is bool or annotation == "bool":
-            parser.add_argument(flag, action="store_true", help=flag_help(config_field, annotation, "off"))
+            parser.add_argument(*flags, action="store_true", help=flag_help(config_field, annotation, "off"))
             continue
         metadata["help"] = flag_help(config_field, annotation, "%(default)s")
         kind = get_args(flag_type(annotation))[0]
         literal = [arg for arg in (*get_args(annotation), annotation) if get_origin(arg) is Literal]
         choices = metadata.get("choices") or (get_args(literal[0]) if literal else None)
-        parser.add_argument(flag, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
-    for option in HEAD_OPTIONS.values():  # registered head options (head_options.register_head_option): switches
+        parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
+
+
+def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` switch per registered head option (head_options.register_head_option), added after
+    every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
+    ``output_dir`` argument) is refused naming the option, since the switch would be shadowed or read the other
+    argument's value."""
+    taken = {action.dest: action for action in parser._actions}
+    for option in HEAD_OPTIONS.values():
         flag = f"--{option.name.replace('_', '-')}"
+        clash = taken.get(option.name) or parser._option_string_actions.get(flag)
+        if clash is not None:
+            raise ValueError(
+                f"head option {option.name!r} (register_head_option) would be the flag {flag} of {parser.prog}, "
+                f"which already has {'/'.join(clash.option_strings) or clash.dest}; register the option under "
+                "another name"
+            )
+        # An identifier name (register_head_option) is its flag's destination: head_options_from_flags reads it.
         parser.add_argument(flag, action="store_true", help=f"{option.help} (default: off)")
 
 
 def head_options_from_flags(args: argparse.Namespace) -> HeadOptions:
-    """The ``HeadOptions`` of the flags ``add_head_option_flags`` added (checked once, as every HeadOptions is)."""
-    extra = tuple(name for name in HEAD_OPTIONS if getattr(args, name, False))
+    """The ``HeadOptions`` of the flags ``add_head_option_flags`` and ``add_registered_option_flags`` added (checked
+    once, as every HeadOptions is)."""
+    extra = tuple(name for name in HEAD_OPTIONS if getattr(args, name) is True)
     return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()}, extra_terms=extra)
 
 
-__all__ = ["add_head_option_flags", "flag_help", "flag_metadata", "flag_type", "head_option_fields",
+__all__ = ["add_head_option_flags", "add_registered_option_flags", "flag_help", "flag_metadata", "flag_type",
+           "head_option_fields",
            "head_options_from_flags"]

@@ -150,7 +150,8 @@ def prepare_upload_folder(
             state_provenance(card, license=license, base_model_id=base_model_id)
             card.save(partial / "README.md")
         else:
-            write_model_card(partial, repo_id=repo_id, license=license, base_model_id=base_model_id, **card_inputs)
+            write_model_card(partial, repo_id=repo_id, license=license, base_model_id=base_model_id,
+                             trained_in=checkpoint, **card_inputs)
         check_staged_files(partial)
     return output_dir
 
