@@ -297,13 +297,15 @@ fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well
 """
 
 
-# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is.
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
+# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
 _BLOCK_ELEMENTS = 1 << 22
+_MIN_BLOCKS = 8
 
 
 def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
     """The first row of each block of rows, and the block's height."""
-    step = max(1, _BLOCK_ELEMENTS // max(1, width))
+    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
     return range(0, rows, step), step
 
 
