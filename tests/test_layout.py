@@ -10,6 +10,7 @@ inside a function, ``importlib.import_module("...")``), not a substring of an im
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
 import subprocess
@@ -45,6 +46,12 @@ KNOWN_CYCLES = {
 }
 
 
+@functools.cache
+def all_imports() -> tuple:
+    """Every import of the package (read once per test session)."""
+    return tuple(package_imports(PACKAGE))
+
+
 def package_files(root: Path = PACKAGE) -> list[Path]:
     """The package's hand-written modules (not the generated remote code)."""
     return [path for path in sorted(root.rglob("*.py")) if GENERATED not in path.parents]
@@ -65,7 +72,7 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
     """Every import in the package at ``root`` of a module of a higher layer than the importer's."""
     package = root.name
     found = []
-    for item in package_imports(root):
+    for item in all_imports() if root == PACKAGE else package_imports(root):
         if item.target == package or item.target.startswith(f"{package}."):
             if LAYERS[layer_of(item.target, root)] > LAYERS[layer_of(item.importer, root)]:
                 found.append(f"{item.importer}:{item.line} imports {item.target}")
@@ -74,7 +81,7 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
 
 def test_the_model_layer_imports_no_higher_layer_nor_the_experiments():
     assert {"normalized_head.py", "modeling_common.py", "families.py"} <= set(MODEL_LAYER)
-    for item in package_imports(PACKAGE):
+    for item in all_imports():
         if layer_of(item.importer) == "model":
             assert not item.target.startswith(HIGHER_LAYERS + EXPERIMENTS), f"{item.importer}:{item.line}"
             # The generator inlines `from .module import name` (utils/generate_remote_code.py).
@@ -82,7 +89,7 @@ def test_the_model_layer_imports_no_higher_layer_nor_the_experiments():
 
 
 def test_the_library_never_imports_the_experiments():
-    found = [f"{i.importer}:{i.line}" for i in package_imports(PACKAGE) if i.target.startswith(EXPERIMENTS)]
+    found = [f"{i.importer}:{i.line}" for i in all_imports() if i.target.startswith(EXPERIMENTS)]
     assert not found, found
 
 
@@ -288,7 +295,7 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_no_import_cycle_but_the_two_known_ones():
-    found = set(cycles(internal_graph(package_imports(PACKAGE))))
+    found = set(cycles(internal_graph(all_imports())))
     assert found <= KNOWN_CYCLES, sorted(found - KNOWN_CYCLES)
 
 
