@@ -245,3 +245,19 @@ def test_the_readme_says_how_many_lines_a_reviewer_reads():
     stated = int(re.search(r"about\s+([\d,]+)\s+lines together", readme).group(1).replace(",", ""))
     lines = sum(len((GENERATED_DIR / name).read_text().splitlines()) for name in CODE_FILES)
     assert abs(lines - stated) <= 0.1 * lines, f"README.md says about {stated} lines; the two files have {lines}"
+
+
+def test_saving_over_an_earlier_folder_keeps_and_names_the_code_it_no_longer_uses(tmp_path):
+    """Only a byte-identical copy of a package module (transformers' own copy, just made) is deleted; an earlier
+    save's file of such a name that the model's save did not overwrite (here: the wrapper's, beside a causal model)
+    is kept and named in a warning."""
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_tiednorm import remote_code_map
+
+    (tmp_path / "modeling_tiednorm_wrapped.py").write_text("# an earlier version's copy\n")
+    with CaptureLogger(remote_code_map.logger) as captured:
+        tiny_model("causal").save_pretrained(tmp_path)
+    assert (tmp_path / "modeling_tiednorm_wrapped.py").read_text() == "# an earlier version's copy\n"
+    assert "['modeling_tiednorm_wrapped.py'], which the saved model does not use" in captured.out
+    assert not (tmp_path / "normalized_head.py").exists()  # transformers' copies are gone
