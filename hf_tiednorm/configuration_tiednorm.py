@@ -16,6 +16,7 @@ from huggingface_hub.dataclasses import as_validated_field, strict
 from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
+from .fused_loss import check_loss_chunk_size_read
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
 from .head_options import RENAMED_CONFIG_FIELDS, HeadOptions, LogitScale, renamed_field_value
 from .lossless_start import lossless_head_options
@@ -223,6 +224,9 @@ class TiedNormTechniquesConfigMixin:
         ),
     )
 
+    def validate_loss_chunk_size(self) -> None:
+        check_loss_chunk_size_read(self.loss_chunk_size, self.loss_implementation, self.adaptive_cutoffs)
+
     def validate_row_norm_techniques(self) -> None:
         uses_row_norms = self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None
         if uses_row_norms and not get_head_mode(self.head_mode).keeps_row_norms:
@@ -257,11 +261,6 @@ class TiedNormTechniquesConfigMixin:
             raise ValueError(
                 "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
                 "leave one of embedding_init_std / adaptive_cutoffs unset"
-            )
-        if self.loss_chunk_size is not None:
-            raise ValueError(
-                "loss_chunk_size (the chunked loss of the plain head) does not apply to the adaptive softmax; "
-                "leave one of loss_chunk_size / adaptive_cutoffs unset"
             )
         if self.loss_implementation in ("fused", "chunked"):
             raise ValueError(

@@ -6,7 +6,9 @@ so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused ke
 
 * ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
   weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
-  autocast is on), as liger requires.
+  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
+  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
+  (``liger_drops_head_gradients``).
 * ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
   ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
   and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
@@ -22,7 +24,8 @@ so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused ke
   logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
 * ``"fused"``: always a fused path (the same order), whatever the size.
 * ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
-* ``"plain"``: the materialized logits.
+* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
+  (``check_loss_chunk_size_read``), as with the adaptive softmax, whose loss never chunks either.
 
 A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
 training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
@@ -48,6 +51,14 @@ LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 AUTO_MIN_LOGITS = 1 << 26
 
 
+# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
+LIGER_NEEDS_CUDA = (
+    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
+    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
+    "(loss_implementation='fused': the chunked loop)"
+)
+
+
 def liger_installed() -> bool:
     """liger-kernel (the ``gpu`` extra) can be imported."""
     return importlib.util.find_spec("liger_kernel") is not None
@@ -68,6 +79,18 @@ def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothin
         return "torch"
     # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
     return "chunked"
+
+
+def check_loss_chunk_size_read(chunk_size: int | None, requested: str, adaptive_cutoffs) -> None:
+    """``ValueError`` where ``config.loss_chunk_size`` is set but no loss would read it (decided in issue 48: refused,
+    not ignored): ``loss_implementation="plain"`` and the adaptive softmax materialize the logits and never chunk."""
+    if chunk_size is not None and (requested == "plain" or adaptive_cutoffs):
+        reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
+        raise ValueError(
+            f"loss_chunk_size={chunk_size} sets the chunks of the chunked loss of the plain head, but {reader} "
+            "materializes the logits and never chunks: it would be ignored; leave loss_chunk_size unset (null), or "
+            "use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
+        )
 
 
 def choose_loss_path(
@@ -93,6 +116,15 @@ def choose_loss_path(
     autocast = torch.is_autocast_enabled(device.type)
     matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
     return fused_kernel(device, matmul_dtype, label_smoothing)
+
+
+def liger_drops_head_gradients(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether liger-kernel's fused linear cross-entropy would silently give the head no gradient: it computes the
+    weight and bias gradients only when the hidden states require grad (liger-kernel 0.8.5,
+    ``ops/fused_linear_cross_entropy.py``), so head-only training with a frozen body got ∇W = ∇g = 0 and ∇b = None
+    where the plain and chunked paths give the true ones. ``head_linear_cross_entropy`` runs the chunked loop then."""
+    head_trains = weight.requires_grad or (bias is not None and bias.requires_grad)
+    return torch.is_grad_enabled() and head_trains and not hidden.requires_grad
 
 
 def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
@@ -140,6 +172,8 @@ def head_linear_cross_entropy(
     weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
     if path == "chunked":
         return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
     check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
     if path == "liger":
         return _liger_loss(hidden, weight, bias, labels, float(label_smoothing), ignore_index)
@@ -182,9 +216,11 @@ def register_with_liger(model_type: str, table: dict | None = None) -> bool:
     model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
     ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
     liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
-    then fails, or the Trainers of hf_tiednorm refuse by name. Returns whether the type is registered."""
+    then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
+    on a CPU then refuses at ``train()``, naming CUDA (``serve_liger_request``), where the Trainer would train with
+    nothing applied and no message (issue 51). Returns whether the type is registered."""
     if table is None:
-        if not (torch.cuda.is_available() and liger_installed()):
+        if not liger_installed():
             return False
         try:  # an optional extra: in a try block so that remote code does not require it
             from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
@@ -196,10 +232,13 @@ def register_with_liger(model_type: str, table: dict | None = None) -> bool:
 
 __all__ = [
     "AUTO_MIN_LOGITS",
+    "LIGER_NEEDS_CUDA",
     "LOSS_IMPLEMENTATIONS",
+    "check_loss_chunk_size_read",
     "choose_loss_path",
     "fused_kernel",
     "head_linear_cross_entropy",
+    "liger_drops_head_gradients",
     "liger_installed",
     "liger_refusal",
     "refuse_fused_loss_scored_outside",
@@ -215,13 +254,10 @@ def liger_refusal(model) -> str | None:
     patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
     config = model.config
     head = model.get_output_embeddings()
+    if not torch.cuda.is_available():  # asked first: on a CPU no install can help (issue 51)
+        return LIGER_NEEDS_CUDA
     if not liger_installed():
         return 'liger-kernel is not installed (python -m pip install liger-kernel, or the gpu extra: -e ".[gpu]")'
-    if not torch.cuda.is_available():
-        return (
-            "liger-kernel's kernels need CUDA and no CUDA device is available; on this device hf_tiednorm's own fused "
-            "loss serves the head (loss_implementation='fused': the chunked loop)"
-        )
     if not isinstance(head, TiedNormHead):
         return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
     implementation = getattr(config, "loss_implementation", "auto")

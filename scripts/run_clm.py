@@ -42,6 +42,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, default_data_collator
 
 from hf_tiednorm.families import FAMILIES, families
+from hf_tiednorm.publishing.card_metrics import subset_metrics
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
     DataArgumentsBase,
@@ -146,7 +147,9 @@ def main() -> None:
 
     # Model: a saved (or converted) one, or a new TiedNormForCausalLM sized to the tokenizer.
     if model_args.model_name_or_path is not None:
-        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, config=run_config)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_args.model_name_or_path, config=run_config, **model_args.load_kwargs()
+        )
     else:
         config = CAUSAL.config_class(
             vocab_size=len(tokenizer),
@@ -188,6 +191,7 @@ def main() -> None:
             metrics = trainer.evaluate(blocks[split], metric_key_prefix=prefix)
             # The loss adds the regularizers' penalties to the mean cross-entropy; perplexity is of the latter.
             add_perplexity(metrics, prefix, trainer.model)
+            metrics.update(subset_metrics(split, subsets.get(split)))  # a later card names the subset too
             trainer.log_metrics(prefix, metrics)
             trainer.save_metrics(prefix, metrics)
             results.update(metrics)

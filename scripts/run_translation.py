@@ -60,6 +60,7 @@ from transformers import (
 import hf_tiednorm
 from hf_tiednorm.families import FAMILIES, families, family_named
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
+from hf_tiednorm.publishing.card_metrics import subset_metrics
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
     DataArgumentsBase,
@@ -274,7 +275,9 @@ def main() -> None:
 
     # Model: a saved (or converted) one, a new TiedNormForConditionalGeneration, or the HF Marian contender.
     if model_args.model_name_or_path is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=run_config)
+        model = AutoModelForSeq2SeqLM.from_pretrained(
+            model_args.model_name_or_path, config=run_config, **model_args.load_kwargs()
+        )
     else:
         config = family.config_class(
             vocab_size=len(tokenizer),
@@ -339,12 +342,14 @@ def main() -> None:
         metrics = trainer.evaluate(metric_key_prefix="eval")
         # The loss adds the regularizers' penalties to the mean cross-entropy; perplexity is of the latter.
         add_perplexity(metrics, "eval", trainer.model)
+        metrics.update(subset_metrics("validation", subsets.get("validation")))  # a later card names the subset too
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
         results.update(metrics)
     if training_args.do_predict and "test" in tokenized:
         trainer.compute_metrics = scorers.get("test")
         prediction = trainer.predict(tokenized["test"], metric_key_prefix="test")
+        prediction.metrics.update(subset_metrics("test", subsets.get("test")))
         trainer.log_metrics("test", prediction.metrics)
         trainer.save_metrics("test", prediction.metrics)
         results.update(prediction.metrics)

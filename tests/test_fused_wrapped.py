@@ -3,6 +3,7 @@ and ``use_liger_kernel=True`` served or refused by name (issues 39, 43.5)."""
 
 from __future__ import annotations
 
+import sys
 import types
 
 import pytest
@@ -94,10 +95,45 @@ def _args(tmp_path, **kwargs):
 def test_use_liger_kernel_without_liger_is_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
     monkeypatch.setattr(fused_loss, "liger_installed", lambda: False)
     monkeypatch.setattr(liger, "liger_installed", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA machine without liger-kernel
+    args = _args(tmp_path)
+    args.use_cpu = False  # built with use_cpu=True: TrainingArguments checks the real device
     with pytest.raises(ImportError, match="liger-kernel is not installed"):
-        TiedNormTrainer(model=tiny_model("causal"), args=_args(tmp_path))
+        TiedNormTrainer(model=tiny_model("causal"), args=args)
     with pytest.raises(ImportError, match="liger-kernel is not installed"):
-        liger.check_liger_installed(_args(tmp_path))  # the scripts' check, at argument parsing
+        liger.check_liger_installed(args)  # the scripts' check, at argument parsing
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_use_liger_kernel_on_a_cpu_says_liger_needs_cuda_and_recommends_no_install(tmp_path, monkeypatch, installed):
+    # 7bdafef: without liger-kernel, "pip install -e '.[gpu]'" (which cannot run on a CPU); with it, the refusal came
+    # only from the model check, and a plain Trainer trained with nothing applied (test below).
+    monkeypatch.setattr(fused_loss, "liger_installed", lambda: installed)
+    monkeypatch.setattr(liger, "liger_installed", lambda: installed)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for check in (lambda: liger.check_liger_installed(_args(tmp_path)),
+                  lambda: TiedNormTrainer(model=tiny_model("causal"), args=_args(tmp_path)),
+                  lambda: fused_loss.serve_liger_request(model=tiny_model("causal"))):  # fmt: skip
+        with pytest.raises(ValueError, match="need CUDA") as refusal:
+            check()
+        assert "pip install" not in str(refusal.value) and "cannot help" in str(refusal.value)
+
+
+def test_liger_installed_without_cuda_registers_the_types_so_a_plain_trainer_refuses(monkeypatch):
+    # 7bdafef: register_with_liger entered nothing without CUDA, so transformers' Trainer(use_liger_kernel=True)
+    # found no entry for the model type, logged at INFO level and trained with nothing applied.
+    table = {}
+    stand_in = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    stand_in.MODEL_TYPE_TO_APPLY_LIGER_FN = table
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", stand_in)
+    monkeypatch.setattr(fused_loss, "liger_installed", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model = tiny_model("causal")
+    assert fused_loss.register_with_liger(model.config.model_type)
+    with pytest.raises(ValueError, match="cannot run liger-kernel on this TiedNormForCausalLM: .*need CUDA"):
+        table[model.config.model_type](model=model)  # what _apply_liger_kernel_to_instance calls at train()
 
 
 def test_use_liger_kernel_names_why_it_cannot_run_or_takes_the_fused_path(tmp_path, monkeypatch):
@@ -142,7 +178,9 @@ def test_run_clm_refuses_use_liger_kernel_without_liger_before_any_work(tmp_path
 
     monkeypatch.setattr(liger, "liger_installed", lambda: False)
     output = tmp_path / "run"
-    with pytest.raises(ImportError, match="--use_liger_kernel is set but liger-kernel is not installed"):
+    error, message = (ImportError, "liger-kernel is not installed") if torch.cuda.is_available() else (
+        ValueError, "no CUDA device: liger-kernel's kernels need CUDA")  # fmt: skip
+    with pytest.raises(error, match=f"--use_liger_kernel is set but .*{message}"):
         run_script("run_clm", ["--output_dir", output, "--do_train", "--use_liger_kernel", "true",
                                "--train_file", tmp_path / "missing.txt", "--report_to", "none"], monkeypatch)
     assert not (output / "run_record.json").exists()  # refused at argument parsing: nothing prepared, loaded or read

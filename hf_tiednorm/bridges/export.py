@@ -59,7 +59,7 @@ from ..head_modes import get_head_mode
 from ..head_options import LEARNED_TERMS, TERM_CONFIG_FIELDS, learned_terms
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
 from .convert import copy_tokenizer
-from .export_checks import check_logits, refuse_non_finite, rows_are_lookups
+from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
 from .staging_checks import (
     check_new_folder,
     check_tokenizer_files,
@@ -220,6 +220,37 @@ def _max_abs_diff(source: PreTrainedModel, target: PreTrainedModel) -> tuple[flo
     return (target(**inputs).logits.float() - expected).abs().max().item(), expected.abs().max().item()
 
 
+def _parent_as_loaded(parent_class: type, config, state: dict, dtype: torch.dtype, device: torch.device):
+    """The parent model holding ``state``, built the way ``from_pretrained`` builds it from the written folder: under
+    ``dtype`` as the default dtype, so that buffers computed at construction keep the dtype their module gives them
+    (RoPE's ``inv_freq`` stays fp32; ``model.to(dtype)`` would cast it), with the architecture's keep-in-fp32 modules
+    and its ties. Built by ``from_pretrained`` itself (``state_dict=``), so the in-memory parent
+    (``PlainExport.model``) and its check are what a user loading the folder gets (issue 51: a bf16 SmolLM2 export
+    was refused because its in-memory parent's ``inv_freq`` was bf16)."""
+    from transformers.utils import logging as hf_logging
+
+    # from_pretrained keeps the tensors of a state dict passed in: copies, so that the export shares no storage with
+    # the source model.
+    state = {name: tensor.detach().clone() for name, tensor in state.items()}
+    placement = {} if device.type == "cpu" else {"device_map": {"": device}}
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Loading weights" of an in-memory state dict says nothing to the user
+    try:
+        target, info = parent_class.from_pretrained(
+            None, config=config, state_dict=state, dtype=dtype, output_loading_info=True, **placement
+        )
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    if missing or unexpected or info["mismatched_keys"]:
+        raise ValueError(
+            f"the baked weights do not map 1:1 onto {parent_class.__name__}: missing {missing}, unexpected "
+            f"{unexpected}, shape mismatches {sorted(info['mismatched_keys'])}"
+        )
+    return target
+
+
 def _load(folder: Path) -> PreTrainedModel:
     import hf_tiednorm  # noqa: F401  (registers the families with the Auto classes)
 
@@ -291,22 +322,17 @@ def export_plain(
         # BART's parent always has model.shared (its input embedding); an untied encoder looks up its own copy.
         shared, lookup = row.parent_shared_key
         state[shared] = state[lookup]
-    dtype = state[f"{head_path}.weight"].dtype
+    dtype, device = state[f"{head_path}.weight"].dtype, state[f"{head_path}.weight"].device
     for tie in (True, False):
-        # On the source's device: the check feeds both models the same inputs (a model trained on a GPU stays there).
-        target = parent_class(_parent_config(model, tie)).to(device=state[f"{head_path}.weight"].device, dtype=dtype)
-        conflicts = _tied_groups_agree(target, state)
+        config = _parent_config(model, tie)
+        with torch.device("meta"):  # only its names and ties are read: no memory, no initialization
+            conflicts = _tied_groups_agree(parent_class(config), state)
         if not conflicts:
             break
     else:
         raise ValueError(f"{parent_class.__name__} holds one matrix under names whose baked values differ: {conflicts}")
-    missing, unexpected = target.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k not in state]
-    if missing or unexpected:
-        raise ValueError(
-            f"the baked weights do not map 1:1 onto {parent_class.__name__}: missing {sorted(missing)}, unexpected "
-            f"{sorted(unexpected)}"
-        )
+    # On the source's device: the check feeds both models the same inputs (a model trained on a GPU stays there).
+    target = _parent_as_loaded(parent_class, config, state, dtype, device)
     target.generation_config = copy.deepcopy(model.generation_config)
     target.eval()
     output_weight = target.get_output_embeddings().weight
@@ -318,7 +344,7 @@ def export_plain(
         training = {module: module.training for module in model.modules()}
         try:  # compared in eval mode (no dropout); the caller's model keeps its own mode
             difference, largest = _max_abs_diff(model.eval(), target)
-            tolerance = check_logits(difference, largest, dtype)
+            tolerance = check_logits(difference, largest, dtype, lambda: differing_tensors(body, target, state))
         finally:
             for module, mode in training.items():
                 module.training = mode

@@ -16,7 +16,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from ..families import family_of_source
 from ..head_modes import get_head_mode
 from .convert_checks import parallel_row_scales
-from .source_provenance import PROVENANCE, folder_provenance
+from .source_provenance import PROVENANCE, folder_provenance, source_text
 from .staging_checks import unshipped_head_mode
 
 # Where the card's commands name the export: a placeholder the user replaces (a local card cannot know where the
@@ -83,24 +83,40 @@ def convert_back(result, folder: str = THIS_FOLDER) -> tuple[list[str] | None, s
     return ["tiednorm-convert", folder, "normalized/", *arguments], note
 
 
-def _metadata(result, name: str, source: Path | None) -> ModelCardData:
-    """The export's front matter: the pipeline tag of its architecture and, from the hf_tiednorm checkpoint it was
-    exported from (``source``), what that card states (data sets, languages, metrics, license, base model) or, with
-    no card, the provenance its config records; a license nobody stated is ``unknown``."""
-    stated = ModelCardData()
-    if source is not None and (source / "README.md").is_file():
-        stated = ModelCard.load(source / "README.md").data
+def _provenance(result, source: Path | None) -> dict:
+    """Where the exported weights came from: the provenance the model's config records (it travels with every
+    save_pretrained), else what its folder states."""
     provenance = getattr(result.model.config, PROVENANCE, None) or {}
     if source is not None and not provenance and (source / "config.json").is_file():
         provenance = folder_provenance(source)
+    return provenance
+
+
+def _metadata(result, name: str, source: Path | None) -> ModelCardData:
+    """The export's front matter: the pipeline tag of its architecture and, from the hf_tiednorm checkpoint it was
+    exported from (``source``), what that card states (data sets, languages, metrics — the scored subset's split
+    name included —, license with an ``other`` license's name and link, base model) or, with no card, the provenance
+    its config records; a license nobody stated is ``unknown``."""
+    stated = ModelCardData()
+    if source is not None and (source / "README.md").is_file():
+        stated = ModelCard.load(source / "README.md").data
+    provenance = _provenance(result, source)
     encoder_decoder = result.model.config.is_encoder_decoder
+    license = stated.license or provenance.get("license") or "unknown"
+    details = {}
+    if license == "other":
+        for key in ("license_name", "license_link"):
+            value = getattr(stated, key, None) or provenance.get(key)
+            if value:
+                details[key] = value
     return ModelCardData(
         library_name="transformers",
         pipeline_tag="translation" if encoder_decoder else "text-generation",
         tags=["hf_tiednorm", "hf_tiednorm-export"],
         language=stated.language,
         datasets=stated.datasets,
-        license=stated.license or provenance.get("license") or "unknown",
+        license=license,
+        **details,
         base_model=stated.base_model or provenance.get("base_model"),
         model_name=name.split("/")[-1] if stated.eval_results else None,
         eval_results=stated.eval_results,
@@ -131,6 +147,8 @@ def export_card(result, repo_id: str | None = None, source: str | Path | None = 
         )
     else:
         checked = "the logits were not compared with the normalized model's at export time"
+    origin = source_text(_provenance(result, Path(source) if source is not None else None), data.base_model)
+    origin = f"Its weights come from {origin}." if origin else "Where its weights came from is not recorded."
     text = f"""---
 {data.to_yaml()}
 ---
@@ -142,6 +160,8 @@ with a **normalized tied output head** (`hf_tiednorm`, `head_mode="{head["head_m
 logit scale `{head["logit_scale_kind"]}`, logit bias `{head["logit_bias"]}`) and **exported plain**: every head mode is
 an affine map of the plain scores, so the output layer's rows are the effective ones ({baked_rows(head["head_mode"])});
 {checked}.
+
+{origin}
 
 | | |
 |---|---|

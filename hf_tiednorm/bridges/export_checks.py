@@ -50,10 +50,36 @@ def refuse_non_finite(state: dict) -> None:
         )
 
 
-def check_logits(difference: float, largest: float, dtype: torch.dtype) -> float:
+@torch.no_grad()
+def differing_tensors(source: torch.nn.Module, target: torch.nn.Module, state: dict) -> list[str]:
+    """What the export ``target`` holds differently from what it was given: each parameter or persistent buffer whose
+    value is not its baked tensor in ``state``, and each buffer (RoPE's ``inv_freq``, a causal mask, ...) whose dtype
+    or value differs from the same-named buffer of ``source`` (the model's exported body). A ``model.to(dtype)`` casts
+    buffers that ``from_pretrained`` keeps in fp32: the export, built as ``from_pretrained`` builds it, then computes
+    other scores than the model. One line per tensor, naming it and both dtypes."""
+    found = []
+    for name, tensor in target.state_dict().items():
+        if name in state and not torch.equal(state[name].to(tensor.dtype), tensor):
+            found.append(f"{name} (the export holds other values than the baked {state[name].dtype} tensor)")
+    own = dict(source.named_buffers())
+    for name, buffer in target.named_buffers():
+        theirs = own.get(name)
+        if theirs is None or theirs.shape != buffer.shape:
+            continue
+        if theirs.dtype != buffer.dtype or not torch.equal(theirs.to(buffer.dtype), buffer):
+            what = "values" if theirs.dtype == buffer.dtype else "dtype"
+            found.append(
+                f"buffer {name} ({what}: the model's is {str(theirs.dtype).removeprefix('torch.')}, the export's, as "
+                f"from_pretrained builds it, {str(buffer.dtype).removeprefix('torch.')})"
+            )
+    return found
+
+
+def check_logits(difference: float, largest: float, dtype: torch.dtype, suspects=None) -> float:
     """The tolerance (``logit_tolerance``) that ``difference``, the largest |export − model logit| on random ids,
     met; ``ValueError`` when a logit is not finite or the difference exceeds it. ``largest``: the largest |model
-    logit|; ``dtype``: the weights'."""
+    logit|; ``dtype``: the weights'; ``suspects``: called on a refusal, the tensors that differ between the model and
+    its export (``differing_tensors``), which the message names instead of the baked output layer."""
     if not math.isfinite(largest):
         raise ValueError(
             "the model's own logits on random token ids are not finite (NaN/inf): it cannot be exported; check its "
@@ -61,12 +87,19 @@ def check_logits(difference: float, largest: float, dtype: torch.dtype) -> float
         )
     tolerance = logit_tolerance(dtype, largest)
     if not difference <= tolerance:  # also NaN
+        found = suspects() if suspects is not None else []
+        cause = (
+            f"these tensors differ between the model and its export: {'; '.join(found)}. A model cast with "
+            ".to(dtype) casts buffers that from_pretrained keeps in float32; load the model with "
+            "from_pretrained(folder, dtype=...) (or export its folder)"
+            if found else "the baked output layer does not compute the model's scores"
+        )
         raise ValueError(
             f"the export's logits differ from the model's by {difference:.3g} on random token ids (largest |logit| "
             f"{largest:.3g}), above the tolerance {tolerance:.3g} for {str(dtype).removeprefix('torch.')} "
-            "(logit_tolerance): the baked output layer does not compute the model's scores; nothing was written"
+            f"(logit_tolerance): {cause}; nothing was written"
         )
     return tolerance
 
 
-__all__ = ["TIE_RTOL", "check_logits", "logit_tolerance", "refuse_non_finite", "rows_are_lookups"]
+__all__ = ["TIE_RTOL", "check_logits", "differing_tensors", "logit_tolerance", "refuse_non_finite", "rows_are_lookups"]

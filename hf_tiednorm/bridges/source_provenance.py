@@ -1,13 +1,17 @@
 """Where a converted model came from: its source's Hub id and license, recorded in the saved config.
 
 A conversion reads what its source states about itself and writes it into the converted model's config as
-``provenance = {"base_model": Hub id or None, "license": license id or None, "name": display name or None}``:
+``provenance = {"base_model": Hub id or None, "license": license id or None, "name": display name or None}``, plus,
+where the source states them, ``license_name`` / ``license_link`` (a ``license: other``) and ``quantization`` (the
+GGUF type its weights were dequantized from, e.g. ``Q4_1``):
 
 * a folder: its Hub id from its place in the Hugging Face cache (``models--owner--name/snapshots/``) or its
-  config's ``_name_or_path`` when that is a Hub id; its license from its README.md front matter, else its config's
-  ``license``;
-* a GGUF file: ``general.license``; a Hub id from ``general.source.huggingface.repository`` or a huggingface.co
-  ``general.*repo_url``; ``general.name`` as the display name (a GGUF names no Hub id of its own);
+  config's ``_name_or_path`` when that names a repository this machine downloaded (``cached_hub_id``: a name such as
+  ``outputs/checkpoint-500`` is a local training path, not a Hub id, issue 48); its license (and a ``license: other``'s
+  ``license_name`` / ``license_link``) from its README.md front matter, else its config's ``license``;
+* a GGUF file: ``general.license`` (``general.license.name`` / ``general.license.link``), the file type
+  (``general.file_type``) when it is quantized; a Hub id from ``general.source.huggingface.repository`` or a
+  huggingface.co ``general.*repo_url``; ``general.name`` as the display name (a GGUF names no Hub id of its own);
 * a model in memory: its ``name_or_path`` read as above;
 * a source that carries a ``provenance`` itself (a plain export of ours) passes it on;
 * the converter's ``--base-model`` / ``--license`` (``base_model=`` / ``license=``) override what was read.
@@ -16,6 +20,10 @@ A conversion reads what its source states about itself and writes it into the co
 keeps it: a fine-tuning run saves it with its model, and every card rendered from any of these folders (the training
 script's, ``tiednorm-card --metrics``, ``tiednorm-push``, the plain export's) names that base model and license. What
 the source does not state stays None: a card then says the license is unknown, never a default.
+
+A license the source states in words rather than as a Hub license id (a GGUF's ``general.license`` "Apache License
+2.0") is recorded as ``other`` with those words as its ``license_name``; a ``--license`` given by the user must be a
+license id (lowercase, e.g. ``apache-2.0``, ``cc-by-4.0``, ``other``), else it is refused by name (``check_license``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ from typing import Any
 
 PROVENANCE = "provenance"  # the config field
 PROVENANCE_KEYS = ("base_model", "license", "name")
+# Recorded only where the source states them.
+OPTIONAL_KEYS = ("license_name", "license_link", "quantization")
+# The form of a Hub license id (apache-2.0, mit, cc-by-nc-4.0, llama3.2, other, unknown).
+_LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")
 # A Hub model id: "name" or "owner/name" of letters, digits, '-', '_', '.'.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 _CACHE_FOLDER = re.compile(r"models--([\w.-]+?)--([\w.-]+)(?:/|$)")
@@ -43,14 +55,60 @@ def portable_name_or_path(name: str) -> str:
     return name
 
 
-def _front_matter_license(readme: Path) -> str | None:
+def cached_hub_id(name: str) -> str | None:
+    """``name`` when it is a Hub id (``portable_name_or_path``) of a repository in this machine's Hugging Face cache,
+    else None. A config's ``_name_or_path`` records where a model was loaded from: ``outputs/checkpoint-500`` has a
+    Hub id's form but is a training folder (issue 48); a model loaded by its Hub id was downloaded into the cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    name = portable_name_or_path(name)
+    if not name:
+        return None
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001  (a name the cache cannot hold is no downloaded repository)
+        return None
+    return name if isinstance(found, str) else None
+
+
+def license_fields(license: str | None, name: str | None = None, link: str | None = None) -> dict[str, Any]:
+    """``license`` (and an ``other`` license's ``name`` / ``link``) as provenance fields: a license stated in words
+    rather than as a Hub license id becomes ``other`` named by those words."""
+    if license is None:
+        return {}
+    license = license.strip()
+    if not _LICENSE_ID.fullmatch(license):
+        license, name = "other", name or license
+    fields = {"license": license}
+    if license == "other":
+        fields.update({k: v for k, v in (("license_name", name), ("license_link", link)) if v})
+    return fields
+
+
+def check_license(license: str | None, flag: str = "--license") -> None:
+    """``ValueError`` naming ``flag`` when ``license`` is not a Hub license id (``apache-2.0``, not "Apache License
+    2.0"): the Hub reads only ids, and a card must not carry one that means nothing there."""
+    if license is not None and not _LICENSE_ID.fullmatch(license):
+        raise ValueError(
+            f"{flag} {license!r} is not a license id: give the Hub's id (lowercase, e.g. apache-2.0, mit, "
+            "cc-by-4.0), or `other` for a license the Hub does not list (its name and link, license_name and "
+            "license_link in the source's README.md front matter, are recorded by tiednorm-convert and kept by every "
+            "card)"
+        )
+
+
+def _front_matter_license(readme: Path) -> dict[str, Any]:
     from huggingface_hub import ModelCard
 
     try:
-        value = ModelCard.load(readme).data.license
+        data = ModelCard.load(readme).data
     except Exception:  # noqa: BLE001  (an unreadable card states no license)
-        return None
-    return value if isinstance(value, str) else None
+        return {}
+    if not isinstance(data.license, str):
+        return {}
+    name, link = (getattr(data, key, None) for key in ("license_name", "license_link"))
+    text = [value if isinstance(value, str) else None for value in (name, link)]
+    return license_fields(data.license, *text)
 
 
 def folder_provenance(folder: str | os.PathLike) -> dict[str, Any]:
@@ -58,8 +116,8 @@ def folder_provenance(folder: str | os.PathLike) -> dict[str, Any]:
     text = str(folder)
     found = dict.fromkeys(PROVENANCE_KEYS)
     path = Path(text)
-    if not path.is_dir():
-        found["base_model"] = portable_name_or_path(text) or None
+    if not path.is_dir():  # a model in memory's name_or_path: a Hub id only where it was downloaded from the Hub
+        found["base_model"] = cached_hub_id(text)
         return found
     match = _CACHE_FOLDER.search(path.resolve().as_posix())
     config = {}
@@ -68,15 +126,16 @@ def folder_provenance(folder: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError):
         pass
     recorded = config.get(PROVENANCE) if isinstance(config.get(PROVENANCE), dict) else {}
-    found.update({key: recorded.get(key) for key in PROVENANCE_KEYS if recorded.get(key) is not None})
+    keys = PROVENANCE_KEYS + OPTIONAL_KEYS
+    found.update({key: recorded.get(key) for key in keys if recorded.get(key) is not None})
     if found["base_model"] is None:
-        candidates = [f"{match.group(1)}/{match.group(2)}" if match else ""]
-        candidates += [str(config.get("_name_or_path") or ""), str(config.get("_model_name_or_path") or "")]
-        found["base_model"] = next((portable_name_or_path(c) for c in candidates if portable_name_or_path(c)), None)
+        cache = portable_name_or_path(f"{match.group(1)}/{match.group(2)}") if match else ""
+        names = [str(config.get("_name_or_path") or ""), str(config.get("_model_name_or_path") or "")]
+        found["base_model"] = cache or next((cached_hub_id(n) for n in names if cached_hub_id(n)), None)
     if found["license"] is None and (path / "README.md").is_file():
-        found["license"] = _front_matter_license(path / "README.md")
+        found.update(_front_matter_license(path / "README.md"))
     if found["license"] is None and isinstance(config.get("license"), str):
-        found["license"] = config["license"]
+        found.update(license_fields(config["license"]))
     return found
 
 
@@ -95,8 +154,18 @@ def gguf_provenance(path: str | os.PathLike) -> dict[str, Any]:
         value = field.contents() if field is not None else None
         return value.strip() if isinstance(value, str) and value.strip() else None
 
-    found["license"] = text("general.license")
+    found.update(license_fields(text("general.license"), text("general.license.name"), text("general.license.link")))
     found["name"] = text("general.name")
+    file_type = fields.get("general.file_type")
+    if file_type is not None:
+        from gguf import LlamaFileType
+
+        try:
+            kind = LlamaFileType(int(file_type.contents())).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            kind = f"file type {file_type.contents()}"
+        if kind not in ("F32", "F16", "BF16"):
+            found["quantization"] = kind
     repository = text("general.source.huggingface.repository")
     urls = [text(key) or "" for key in fields if key.startswith("general.") and key.endswith("repo_url")]
     ids = [repository or ""] + [m.group(1) for url in urls if (m := _HUB_URL.match(url))]
@@ -117,13 +186,31 @@ def record_provenance(
     """Write ``found`` (what the source states), with ``base_model`` / ``license`` overriding it, into
     ``model.config.provenance``; returns it."""
     check_base_model_id(base_model)
+    check_license(license)
     provenance = {key: found.get(key) for key in PROVENANCE_KEYS}
+    provenance.update({key: found[key] for key in OPTIONAL_KEYS if found.get(key) is not None})
     if base_model is not None:
         provenance["base_model"] = base_model
     if license is not None:
         provenance["license"] = license
+        if license != "other":  # the source's name and link of its own "other" license no longer apply
+            provenance.pop("license_name", None)
+            provenance.pop("license_link", None)
     setattr(model.config, PROVENANCE, provenance)
     return provenance
+
+
+def source_text(provenance: dict[str, Any] | None, source_id: str | None = None) -> str | None:
+    """How every card names where the weights came from: the Hub id (``source_id``, else the recorded one), else
+    the source's own name, and the GGUF quantization they were dequantized from; None when nothing is recorded."""
+    provenance = provenance or {}
+    source_id = source_id or provenance.get("base_model")
+    name = provenance.get("name")
+    text = f"`{source_id}`" if source_id else f"{name} (no Hub id recorded)" if name else None
+    if provenance.get("quantization"):
+        text = (f"{text or 'a local model'}, its weights dequantized from a {provenance['quantization']} GGUF file "
+                "(the quantization's rounding is in them)")
+    return text
 
 
 def name_like_source(model, name_or_path: str):
@@ -136,11 +223,16 @@ def name_like_source(model, name_or_path: str):
 
 
 __all__ = [
+    "OPTIONAL_KEYS",
     "PROVENANCE",
+    "cached_hub_id",
     "check_base_model_id",
+    "check_license",
     "folder_provenance",
     "gguf_provenance",
+    "license_fields",
     "name_like_source",
     "portable_name_or_path",
     "record_provenance",
+    "source_text",
 ]

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import head_modes
+from .path_identity import is_same_or_inside
 
 # Staged text files that the checkpoint's own run wrote (the .py code files are the package's).
 CHECKED_PATTERNS = ("*.md", "*.json", "*.txt", "*.jinja")
@@ -124,7 +125,7 @@ def check_new_folder(folder: Path, what: str, *, outside: Path | None = None) ->
     if not existing.is_dir():
         named = "is a file" if existing == folder else f"lies below {existing}, which is a file"
         raise NotADirectoryError(f"{what} {folder} {named}: choose a new or empty folder")
-    if outside is not None and (folder.resolve() == outside.resolve() or outside.resolve() in folder.resolve().parents):
+    if outside is not None and is_same_or_inside(folder, outside):  # by device and inode (path_identity.py)
         raise ValueError(f"{what} {folder} must lie outside the checkpoint folder {outside}, which is only read")
     if folder.is_dir() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty; choose a new or empty folder for the {what}")

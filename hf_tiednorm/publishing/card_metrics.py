@@ -7,6 +7,11 @@ its metrics but is no measurement of the model (runtimes, throughput, FLOs, epoc
 metric and is left out; the step numbers ``train_loss_first_step`` / ``train_loss_last_step`` name the steps
 ``train_loss`` averages. A split scored on its first N of M rows (``--max_eval_samples``) is named ``split[:N]``
 in the model-index, as ``datasets`` writes such a slice.
+
+The training scripts save the subset with the split's metrics (``subset_metrics``: ``test_rows_scored`` and
+``test_rows_in_split``), so every later card rendered from those files (``tiednorm-card --metrics``, ``tiednorm-push
+--metrics``) names the subset as the run's own card did (issue 51: a re-render wrote ``split: test`` for a run scored
+on ``test[:100]``). Runtimes (``train_minutes``) are no metric either.
 """
 
 from __future__ import annotations
@@ -21,8 +26,52 @@ _BLEU_NAMES = ("bleu", "sacrebleu")
 _SIGNATURE_NAMES = ("bleu_signature", "sacrebleu_signature", "signature")
 _PERPLEXITY_NAMES = ("perplexity", "ppl")
 # Numbers the Trainer and the scripts report that measure the run, not the model.
-_NOT_METRICS = ("_runtime", "_samples_per_second", "_steps_per_second", "total_flos", "epoch", "_first_step",
-                "_last_step", "_resumed_from_step", "_blocks", "_samples")
+_NOT_METRICS = ("_runtime", "_minutes", "_samples_per_second", "_steps_per_second", "total_flos", "epoch",
+                "_first_step", "_last_step", "_resumed_from_step", "_blocks", "_samples", "_rows_scored",
+                "_rows_in_split")
+# The step bookkeeping the scripts save with the training metrics: it names the steps train_loss averages.
+_STEP_NUMBERS = ("_first_step", "_last_step", "_resumed_from_step")
+_SPLIT_PREFIX = {"validation": "eval", "test": "test"}
+
+
+def subset_metrics(split: str, subset: tuple[int, int] | None) -> dict[str, int]:
+    """What a script saves with ``split``'s metrics when it scored only the first rows: ``{prefix}_rows_scored`` and
+    ``{prefix}_rows_in_split`` (``subset``: (rows scored, rows in the file), ``steps.select_first``); {} for a whole
+    split."""
+    if subset is None or subset[0] >= subset[1]:
+        return {}
+    prefix = _SPLIT_PREFIX[split]
+    return {f"{prefix}_rows_scored": int(subset[0]), f"{prefix}_rows_in_split": int(subset[1])}
+
+
+def metric_subsets(metrics: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
+    """The scored subsets that ``metrics`` (a run's saved metrics) record: ``{split: (rows scored, rows in it)}``."""
+    found = {}
+    for key, value in (metrics or {}).items():
+        split, name = _split_metric_name(key.lower())
+        total = (metrics or {}).get(key[: -len("_rows_scored")] + "_rows_in_split")
+        if split is not None and name == "rows_scored" and isinstance(value, int) and isinstance(total, int):
+            found[split] = (value, total)
+    return found
+
+
+def training_settings(training: dict[str, Any] | None, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The card's training table from ``training`` (settings, or a run's ``train_results.json``): the step
+    bookkeeping (``train_loss_first_step``, ...) is no setting and goes; ``train_loss`` names the steps it averages;
+    a ``train_loss`` also among ``metrics`` is listed there, not twice."""
+    training = dict(training or {})
+    steps = (training.get("train_loss_first_step"), training.get("train_loss_last_step"))
+    shown = {}
+    for key, value in training.items():
+        if key.endswith(_STEP_NUMBERS):
+            continue
+        if key == "train_loss":
+            if metrics and "train_loss" in metrics:
+                continue
+            if None not in steps:
+                key = f"train_loss (mean of steps {steps[0]}–{steps[1]})"
+        shown[key] = value
+    return shown
 
 
 def _split_metric_name(key: str) -> tuple[str | None, str]:

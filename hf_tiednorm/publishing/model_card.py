@@ -36,11 +36,12 @@ from ..families import ROWS, family_of_config
 from ..head_modes import get_head_mode
 from ..head_options import HEAD_OPTIONS, HeadOptions
 from ..normalized_head import default_logit_scale
-from .card_metrics import eval_results, parse_metrics
+from .card_metrics import eval_results, metric_subsets, parse_metrics, training_settings
 from .provenance import (
     add_provenance_arguments,
     card_provenance,
     check_base_model_id,
+    license_details,
     license_text,
     provenance_from_args,
 )
@@ -225,6 +226,7 @@ def render_model_card(
     license: str | None = None,
     base_model: str | None = None,
     base_model_id: str | None = None,
+    trained_in: str | os.PathLike | None = None,
 ) -> ModelCard:
     """The model card of a saved checkpoint folder, without writing it (``write_model_card`` writes it).
 
@@ -247,14 +249,22 @@ def render_model_card(
             otherwise says "a local model": never a path of this machine. None: the folder's recorded provenance.
         base_model_id: the Hub id the card names as the base model (CLI ``--base-model``), over the recorded one;
             the card says the model is based on it.
+        trained_in: the folder a training run saved the model in (default: ``folder``; ``tiednorm-push`` renders
+            into a staging folder): its ``trainer_state.json`` says the recorded source was fine-tuned, so a re-render
+            says "Fine-tuned from" as the run's own card did.
     """
     folder = Path(folder)
     config = load_tiednorm_config(folder)
     check_base_model_id(base_model_id)
     if base_model_id is not None:
         config.provenance = {**(getattr(config, PROVENANCE, None) or {}), "base_model": base_model_id}
-    source_id, license, based_on = card_provenance(config, base_model, license)
+    source_id, license, source = card_provenance(config, base_model, license)
+    details = license_details(config, license)
+    # Fine-tuned: by this run (base_model), or by the run that saved this folder from a recorded source.
+    trained = Path(trained_in) if trained_in is not None else folder
+    fine_tuned = base_model is not None or (source is not None and (trained / "trainer_state.json").is_file())
     results, signature = parse_metrics(metrics or {})
+    eval_subsets = {**metric_subsets(metrics), **(eval_subsets or {})}  # the run saved them with its metrics
     subsets = {split: used for split, (used, total) in (eval_subsets or {}).items() if used < total}
     results = [(f"{split}[:{subsets[split]}]" if split in subsets else split, name, value)
                for split, name, value in results]
@@ -278,6 +288,7 @@ def render_model_card(
         language=languages,
         datasets=[dataset] if dataset else None,
         license=license,
+        **details,
         base_model=source_id,
         model_name=model_name,
         eval_results=eval_results(results, signature, dataset, is_encoder_decoder) or None,
@@ -306,11 +317,11 @@ def render_model_card(
         vocab_size=config.vocab_size,
         regularizers=_regularizer_fields(config),
         dataset=dataset,
-        base_model=(f"`{source_id}`" if source_id else "a local model") if base_model is not None else None,
-        based_on=based_on,
-        license_text=license_text(license),
+        base_model=(source or "a local model") if fine_tuned else None,
+        based_on=source,
+        license_text=license_text(license, details),
         language=languages,
-        training=training or {},
+        training=training_settings(training, metrics),
         results={f"{name} ({split})" if split else name: f"{value:g}" for split, name, value in results},
         subsets=[f"the first {used:,} of {total:,} rows of the {split} split" for split, (used, total)
                  in sorted((eval_subsets or {}).items()) if used < total],

@@ -21,7 +21,13 @@ from huggingface_hub import ModelCard
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from ..bridges.source_provenance import PROVENANCE, check_base_model_id, folder_provenance
+from ..bridges.source_provenance import (
+    PROVENANCE,
+    check_base_model_id,
+    check_license,
+    folder_provenance,
+    source_text,
+)
 
 # Candidate absolute paths in a text: two or more components.
 
@@ -59,29 +65,44 @@ UNKNOWN_LICENSE_TEXT = ("unknown: the source states none (pass `--license` to ti
                         "tiednorm-push to state it)")
 
 
-def license_text(license: str) -> str:
-    """The card body's statement of ``license``."""
-    return f"`{license}`" if license != UNKNOWN_LICENSE else UNKNOWN_LICENSE_TEXT
+def license_text(license: str, details: dict[str, str] | None = None) -> str:
+    """The card body's statement of ``license`` (``details``: an ``other`` license's name and link)."""
+    if license == UNKNOWN_LICENSE:
+        return UNKNOWN_LICENSE_TEXT
+    details = details or {}
+    named = ", ".join(value for value in (details.get("license_name"), details.get("license_link")) if value)
+    return f"`{license}`" + (f" ({named})" if named else "")
+
+
+def license_details(config, license: str, name: str | None = None, link: str | None = None) -> dict[str, str]:
+    """An ``other`` license's ``license_name`` / ``license_link`` for the card's front matter: the ones given
+    (``--license-name`` / ``--license-link``), else those the folder records from its source (issue 48: they were
+    dropped); {} for any other license."""
+    if license != "other":
+        return {}
+    recorded = getattr(config, PROVENANCE, None) or {}
+    if recorded.get("license") == "other":
+        name, link = name or recorded.get("license_name"), link or recorded.get("license_link")
+    return {key: value for key, value in (("license_name", name), ("license_link", link)) if value}
 
 
 def card_provenance(config, base_model: str | None, license: str | None) -> tuple[str | None, str, str | None]:
-    """(Hub id of the base model, license, what the card says the model is based on when it was not fine-tuned in
-    this run): from ``base_model`` (a run's start), else the folder's recorded provenance; the license ``unknown``
-    where nobody stated one."""
+    """(Hub id of the base model, license, where the weights came from as every card names it,
+    ``source_provenance.source_text``): from ``base_model`` (a run's start), else the folder's recorded provenance;
+    the license ``unknown`` where nobody stated one."""
+    check_license(license)
     recorded = getattr(config, PROVENANCE, None) or {}
     source_id, source_license = base_model_provenance(base_model)
     source_id = source_id or recorded.get("base_model")
     license = license or source_license or recorded.get("license") or UNKNOWN_LICENSE
-    based_on = None
-    if base_model is None and (source_id or recorded.get("name")):
-        based_on = f"`{source_id}`" if source_id else f"{recorded['name']} (no Hub id recorded)"
-    return source_id, license, based_on
+    return source_id, license, source_text(recorded, source_id)
 
 
 def state_provenance(card: ModelCard, *, license: str | None = None, base_model_id: str | None = None) -> None:
     """Set a rendered card's license / base model (CLI ``--license`` / ``--base-model``) in its front matter and in
     the body line that states the license, in place; None keeps what the card says."""
     check_base_model_id(base_model_id)
+    check_license(license)
     if license is not None:
         card.text = re.sub(r"^License: .*$", f"License: `{license}`.", card.text, count=1, flags=re.MULTILINE)
         card.data.license = license
@@ -111,5 +132,5 @@ def provenance_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 __all__ = [
     "UNKNOWN_LICENSE", "add_provenance_arguments", "base_model_provenance", "card_provenance", "hub_id",
-    "license_text", "provenance_from_args", "state_provenance",
+    "license_details", "license_text", "provenance_from_args", "state_provenance",
 ]  # fmt: skip

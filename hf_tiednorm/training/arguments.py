@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
 
+import torch
 import yaml
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig
 
@@ -30,6 +31,8 @@ from ..bridges.field_flags import flag_metadata, flag_type
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from .tokenization import TOKENIZER_MODELS
 
+# --dtype's values: HF's run_clm.py's (transformers' from_pretrained dtype names).
+LOAD_DTYPES = ("auto", "bfloat16", "float16", "float32")
 # The usage line and the note that --help prints first: how scripts/main_job.sh calls the scripts.
 USAGE = "%(prog)s [CONFIG.yaml | CONFIG.json] [--FLAG VALUE ...]"
 CONFIG_FILE_NOTE = (
@@ -103,12 +106,29 @@ class ModelSourceArguments:
         default=None,
         metadata={"help": "saved tokenizer folder for a new model; None: train a (joint) tokenizer on the train text"},
     )
+    dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "load --model_name_or_path in this dtype (transformers 5's name; --torch_dtype is its alias): "
+            "bfloat16 trains bf16 weights, whose head's learned logit scale and bias stay float32; auto: the dtype "
+            "the checkpoint was saved in; None: from_pretrained's default (auto). A new model is built in float32",
+            "choices": LOAD_DTYPES,
+            "aliases": ["--torch_dtype"],
+        },
+    )
     vocab_size: int = field(default=8000, metadata={"help": "size of the subword vocabulary trained if none is given"})
     tokenizer_model: str = field(default="bpe", metadata={"help": f"its subword model, one of {TOKENIZER_MODELS}"})
 
     def __post_init__(self):
         if self.tokenizer_model not in TOKENIZER_MODELS:
             raise ValueError(f"--tokenizer_model must be one of {TOKENIZER_MODELS}, got {self.tokenizer_model!r}")
+        if self.dtype is not None and self.dtype not in LOAD_DTYPES:  # set in code or a config file
+            raise ValueError(f"--dtype must be one of {LOAD_DTYPES}, got {self.dtype!r}")
+        if self.model_name_or_path is None and self.dtype not in (None, "auto", "float32"):
+            raise ValueError(
+                f"--dtype {self.dtype} loads a saved model (--model_name_or_path) in that dtype; a new model is built "
+                "in float32 (--bf16 true trains it under bf16 autocast): drop --dtype or pass --model_name_or_path"
+            )
         if self.model_name_or_path is not None:
             if not Path(self.model_name_or_path, "config.json").is_file():
                 raise FileNotFoundError(f"--model_name_or_path {self.model_name_or_path} holds no config.json")
@@ -124,6 +144,16 @@ class ModelSourceArguments:
             for name in self.new_model_fields:
                 if getattr(self, name) is not None:
                     raise ValueError(f"--{name} initializes a new model; drop it or --model_name_or_path")
+
+    def card_settings(self) -> dict[str, Any]:
+        """What the model card lists of these flags: the config fields given and the weights' --dtype."""
+        return {**self.config_overrides(), **({"dtype": self.dtype} if self.dtype else {})}
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """The ``from_pretrained`` keyword of --dtype (``dtype=torch.bfloat16``, ``"auto"``), or none."""
+        if self.dtype is None:
+            return {}
+        return {"dtype": "auto" if self.dtype == "auto" else getattr(torch, self.dtype)}
 
     @classmethod
     def architecture_fields(cls) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ transformers applies Liger by model type (``_apply_liger_kernel_to_instance``); 
 liger-kernel's table, so it would log at INFO level and change nothing, and without liger-kernel the run would fail
 only at ``trainer.train()``, after loading and tokenizing. Here instead:
 
-* ``check_liger_installed`` (at argument parsing, before any work): liger-kernel must be installed;
+* ``check_liger_installed`` (at argument parsing, before any work): training must have a CUDA device (on a CPU the
+  message says so and recommends no install, issue 51) and liger-kernel must be installed;
 * ``check_use_liger_kernel`` (once the model is loaded, and in the Trainers' ``__init__``): the model's fused path
   must be able to run liger-kernel's kernel (``fused_loss.liger_refusal``: CUDA, a plain normalized head, a loss
   path that allows it); ``loss_implementation="auto"`` then becomes ``"fused"``, so that every training step runs
@@ -16,18 +17,26 @@ from __future__ import annotations
 
 import logging
 
-from ..fused_loss import liger_installed, liger_refusal
+import torch
+
+from ..fused_loss import LIGER_NEEDS_CUDA, liger_installed, liger_refusal
 
 logger = logging.getLogger(__name__)
 
 
 def check_liger_installed(training_args) -> None:
-    """Raise ``ImportError`` at once when ``use_liger_kernel`` is set and liger-kernel is not installed."""
-    if getattr(training_args, "use_liger_kernel", False) and not liger_installed():
+    """Raise at once when ``use_liger_kernel`` is set and cannot run: ``ValueError`` where training has no CUDA device
+    (``--use_cpu``, or none available; an install cannot help there, issue 51), ``ImportError`` where liger-kernel is
+    not installed."""
+    if not getattr(training_args, "use_liger_kernel", False):
+        return
+    if getattr(training_args, "use_cpu", False) or not torch.cuda.is_available():
+        where = "--use_cpu is set" if getattr(training_args, "use_cpu", False) else "this machine has no CUDA device"
+        raise ValueError(f"--use_liger_kernel is set but {where}: {LIGER_NEEDS_CUDA}; drop --use_liger_kernel")
+    if not liger_installed():
         raise ImportError(
             "--use_liger_kernel is set but liger-kernel is not installed: python -m pip install -e '.[gpu]' from a "
-            "clone "
-            "(or drop --use_liger_kernel: hf_tiednorm's fused loss, loss_implementation, needs no flag)"
+            "clone (or drop --use_liger_kernel: hf_tiednorm's fused loss, loss_implementation, needs no flag)"
         )
 
 

@@ -11,7 +11,8 @@ Nor may it delete an input of the run (``run_inputs``: the model, tokenizer, dat
 file): ``--model_name_or_path X --output_dir X --overwrite_output_dir`` deleted X's model before loading it, since
 only an input lying *beneath* a deleted entry was protected. ``check_inputs_kept`` compares every path through which
 an input is read (``reached_through``: relative, trailing slash, symlinks along the way; a folder's files, which may
-be links) with the entries to delete, and refuses by name before anything is deleted.
+be links) with the entries to delete, by path and by file identity (device and inode: a bind mount of the model
+folder as --output_dir), and refuses by name before anything is deleted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..bridges.path_identity import ancestor_ids, file_id
 from ..remote_code_map import LEGACY_MODULES, REMOTE_CODE_MODULES
 from .arguments import config_file_argument
 
@@ -107,13 +109,20 @@ def check_inputs_kept(deleted: list[Path], inputs: dict[str, str | None]) -> Non
     """``ValueError`` naming the flag, its path and the entry, before anything is deleted, when deleting the entries
     ``deleted`` (each a path in a resolved folder; a link is removed, not followed) would remove or cut off an input
     of the run (``inputs``: flag → path: the model, tokenizer, data files, resumed checkpoint, config file), however
-    the input is spelled (relative, trailing slash, through a symlink, the output folder itself): the input is an
-    entry to delete or lies beneath one, or one of its files is such an entry (--output_dir is the model folder)."""
+    the input is spelled (relative, trailing slash, through a symlink, the output folder itself) or mounted (a bind
+    mount: the same device and inode under another path): the input is an entry to delete or lies beneath one, or one
+    of its files is such an entry (--output_dir is the model folder)."""
+    # By identity (device, inode) as well as by path: --output_dir may be a bind mount of the model folder, whose
+    # entries no spelling relates to the model's files (path_identity.py).
+    by_identity = {file_id(entry, follow_symlinks=False): entry for entry in deleted}
+    by_identity.pop(None, None)
     for flag, value in inputs.items():
         if not value:
             continue
         for path in input_paths(value):
             hit = next((entry for entry in deleted if entry == path or entry in path.parents), None)
+            if hit is None:
+                hit = next((by_identity[found] for found in ancestor_ids(path) if found in by_identity), None)
             if hit is not None:
                 raise ValueError(
                     f"--overwrite_output_dir would delete {hit}, which {flag} {value} reads: nothing has been deleted. "
