@@ -152,8 +152,8 @@ class TiedNormHeadHostMixin:
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, and pipeline_translation.py is copied with the model
-        # code, which imports it.
+        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
+        # defines (remote_code_map.py).
         if self.config.is_encoder_decoder:
             add_translation_pipeline(self.config)
         extra = self._extra_auto_map()

@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
 from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
+from transformers.utils import logging
 from transformers.utils.type_validators import interval, positive_int_field
 
 
@@ -1142,7 +1143,7 @@ class NormalizedScoresMixin:
         """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
         self.options = options
         self.head_mode = options.head_mode
-        self.mode: "HeadMode" = options.mode  # everything the mode is (head_modes.py)
+        self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
         logit_scale = self.logit_scale_kind = options.logit_scale_kind
         init_value = options.logit_scale_init
         default = default_logit_scale(logit_scale, hidden_size)
@@ -1815,6 +1816,8 @@ the training layer to drop and for staging to refuse.
 """
 
 
+logger = logging.get_logger(__name__)
+
 REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
 # The package modules a folder saved before the two generated files names in its auto_map (the flat
 # hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
@@ -1897,10 +1900,16 @@ def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.P
         return
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
-    for module in LEGACY_MODULES:  # the copies a model's save_pretrained just made (custom_object_save)
+    left = []
+    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
         copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
         if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
-            copy.unlink()
+            copy.unlink()  # a copy a model's save_pretrained just made (custom_object_save)
+        elif copy.is_file():
+            left.append(copy.name)
+    if left:  # not ours to delete: an earlier save's code, or the user's
+        logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
+                       "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
     auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
     config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
     pipelines = getattr(config, "custom_pipelines", None) or {}

@@ -493,9 +493,9 @@ def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
 
 Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
 the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this file: ``pipe.save_pretrained(folder)`` does both, and so
-does ``save_pretrained`` of a model whose code imports this module and calls ``add_translation_pipeline`` on its
-config (the wrapped encoder-decoders, modeling_tiednorm_wrapped.py).
+the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
+``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
+``add_translation_pipeline`` on its config (head_host.py).
 
 The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
 ``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
@@ -1278,8 +1278,8 @@ class TiedNormHeadHostMixin:
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, and pipeline_translation.py is copied with the model
-        # code, which imports it.
+        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
+        # defines (remote_code_map.py).
         if self.config.is_encoder_decoder:
             add_translation_pipeline(self.config)
         extra = self._extra_auto_map()
