@@ -48,7 +48,7 @@ def test_run_clm_trains_bf16_weights_with_dtype(tmp_path, monkeypatch):
 
 
 def test_run_translation_trains_bf16_weights_with_the_alias_torch_dtype(tmp_path, monkeypatch):
-    model = tiny_model("seq2seq", logit_scale="scalar")
+    model = tiny_model("seq2seq", logit_scale_kind="scalar")
     model.save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")
     data = tmp_path / "data"
