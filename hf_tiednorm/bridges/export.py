@@ -29,8 +29,8 @@ Every export is checked before anything is written: a baked tensor that is not f
 export's logits must equal the model's on random token ids within ``logit_tolerance`` (``check=False`` skips only
 the logit comparison; export_checks.py), compared with the parent as ``from_pretrained`` builds it from the written
 folder (``_parent_as_loaded``), so a bf16/fp16 checkpoint is checked as it will be served; a refusal names the tensor
-or buffer that differs between the two (``differing_tensors``). The output folder is staged beside its target and renamed into place
-(``staged_folder``).
+or buffer that differs between the two (``differing_tensors``). The output folder is staged beside its target and
+renamed into place (``staged_folder``).
 
 CLI (``tiednorm-export``; ``python -m hf_tiednorm.export`` is the same)::
 
