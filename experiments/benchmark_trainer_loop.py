@@ -115,12 +115,12 @@ def recipe() -> dict:
 def run_child(settings: dict) -> dict:
     """One short training run in this process; returns its timing."""
     import torch
+    from datasets import load_from_disk
     from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel, TrainerCallback, set_seed
 
     import hf_tiednorm
     from hf_tiednorm.training.callbacks import TiedWeightsCheck
     from hf_tiednorm.training.cpu_memory import keep_freed_memory
-    from hf_tiednorm.training.data import load_parallel, tokenize_parallel
     from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, choose_attention, padding_multiple
     from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer
 
@@ -133,10 +133,7 @@ def run_child(settings: dict) -> dict:
     config = recipe()
     set_seed(config["seed"])
     tokenizer = AutoTokenizer.from_pretrained(settings["tokenizer"])
-    files = {"train": str(Path(settings["data_dir"]) / "train.{lang}.gz")}
-    raw = load_parallel(files, config["source_lang"], config["target_lang"])
-    raw["train"] = raw["train"].select(range(settings["steps"] * config["per_device_train_batch_size"] * 2))
-    data = tokenize_parallel(raw, tokenizer, config["source_lang"], config["target_lang"], 128, 128)["train"]
+    data = load_from_disk(settings["tokenized"])  # tokenized once by the parent (tokenized_train)
     dims = {k: config[k] for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
                                    "dropout", "label_smoothing", "tie_topology")}
     if settings.get("tiny"):
@@ -204,6 +201,22 @@ def run_child(settings: dict) -> dict:
             "pad_to_multiple_of": args.pad_to_multiple_of, "device": str(args.device),
             "distinct_shapes": len({tuple(shape) for shape in batch_shapes}),
             "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry], "top_ops": top_ops}
+
+
+def tokenized_train(tokenizer_dir: Path, data_dir: Path, rows: int, folder: Path) -> str:
+    """The first ``rows`` training pairs, tokenized once and saved to ``folder`` for every run to load (each run's
+    process used to load and tokenize them again: 8 times per repetition)."""
+    from transformers import AutoTokenizer
+
+    from hf_tiednorm.training.data import load_parallel, tokenize_parallel
+
+    config = recipe()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    raw = load_parallel({"train": str(data_dir / "train.{lang}.gz")}, config["source_lang"], config["target_lang"])
+    raw["train"] = raw["train"].select(range(rows))
+    data = tokenize_parallel(raw, tokenizer, config["source_lang"], config["target_lang"], 128, 128)["train"]
+    data.save_to_disk(str(folder))
+    return str(folder)
 
 
 def count_shapes(tokenizer_dir: str, data_dir: Path, paddings: list[int]) -> dict[str, dict]:
@@ -331,6 +344,8 @@ def main() -> None:
         print(f"written to {output}")
         return
     runs = [(m, v) for m in args.model_list() for v in args.variants()]
+    rows = args.steps * config["per_device_train_batch_size"] * 2
+    tokenized = tokenized_train(work / "tokenizer", data_dir, rows, work / "train_tokenized")
     results: dict[str, list[dict]] = {f"{m}/{label}": [] for m, (label, _, _) in runs}
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -362,7 +377,8 @@ def main() -> None:
                         "num_threads": args.num_threads, "data_dir": str(data_dir),
                         "profile": args.profile, "keep_freed_cpu_memory": args.keep_freed_cpu_memory,
                         "pad_to_multiple_of": padding, "tiny": args.tiny,
-                        "tokenizer": str(work / "tokenizer"), "output_dir": str(work / f"{model}-{label}")}
+                        "tokenizer": str(work / "tokenizer"), "tokenized": tokenized,
+                        "output_dir": str(work / f"{model}-{label}")}
             done = subprocess.run([sys.executable, __file__, "--child", json.dumps(settings)], cwd=ROOT, env=env,
                                   capture_output=True, text=True, check=False)
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)

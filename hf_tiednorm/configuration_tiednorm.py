@@ -1,12 +1,11 @@
 """Configurations of the model families: Marian-style and BART-style encoder-decoders and a Llama-style causal LM.
 
-Each inherits every architecture field from its HF parent and adds, from field-only mixins listed before the parent
-(so that their fields override the parent's and its methods are kept), the fields of the normalized tied head, those
-of the training techniques and, for the two encoder-decoders, the tie topology and the small model's defaults.
-Defaults describe the small Multi30k model (joint 8k vocabulary, d = 256). Validation is transformers 5's: ``@strict``
-checks every field's type (``Literal`` choices included) and its ``validated_field`` range whenever it is set, then
-runs the ``validate_*`` methods on the whole config; a bad value raises a ``StrictDataclass*ValidationError`` naming
-the field or validator and the cause.
+Each inherits every architecture field from its HF parent and adds, from mixins listed before the parent (their
+fields override the parent's), the fields of the normalized tied head, of the training techniques and, for the two
+encoder-decoders, the tie topology and the small model's defaults (the small Multi30k model: joint 8k vocabulary,
+d = 256). Validation is transformers 5's: ``@strict`` checks every field's type (``Literal`` choices included) and
+range (``validated_field``) whenever it is set, then runs the ``validate_*`` methods on the whole config; a bad value
+raises a ``StrictDataclass*ValidationError`` naming the field or validator and the cause.
 """
 
 import math
@@ -17,10 +16,12 @@ from huggingface_hub.dataclasses import as_validated_field, strict
 from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
+from .fused_loss import check_loss_chunk_size_read
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
 from .head_options import RENAMED_CONFIG_FIELDS, HeadOptions, LogitScale, renamed_field_value
 from .lossless_start import lossless_head_options
 from .regularizers import LOSS_TERMS
+from .remote_code_map import TwoFileRemoteCodeMixin
 
 TieTopology = Literal["untied", "decoder", "three_way"]
 LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # fused_loss.LOSS_IMPLEMENTATIONS
@@ -66,7 +67,7 @@ layer_count_field = interval(min=0)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
-class TiedNormHeadConfigMixin:
+class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     """Fields of the normalized tied output head: every hf_tiednorm config has them (TiedNormWrappedConfig too)."""
 
     head_mode: str = head_mode_field(
@@ -223,6 +224,9 @@ class TiedNormTechniquesConfigMixin:
         ),
     )
 
+    def validate_loss_chunk_size(self) -> None:
+        check_loss_chunk_size_read(self.loss_chunk_size, self.loss_implementation, self.adaptive_cutoffs)
+
     def validate_row_norm_techniques(self) -> None:
         uses_row_norms = self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None
         if uses_row_norms and not get_head_mode(self.head_mode).keeps_row_norms:
@@ -257,11 +261,6 @@ class TiedNormTechniquesConfigMixin:
             raise ValueError(
                 "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
                 "leave one of embedding_init_std / adaptive_cutoffs unset"
-            )
-        if self.loss_chunk_size is not None:
-            raise ValueError(
-                "loss_chunk_size (the chunked loss of the plain head) does not apply to the adaptive softmax; "
-                "leave one of loss_chunk_size / adaptive_cutoffs unset"
             )
         if self.loss_implementation in ("fused", "chunked"):
             raise ValueError(

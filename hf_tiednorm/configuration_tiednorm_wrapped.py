@@ -12,6 +12,7 @@ from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
+from transformers.configuration_utils import SubConfigSpec
 
 from .configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from .remote_code_map import drop_source_auto_map
@@ -20,6 +21,10 @@ from .remote_code_map import drop_source_auto_map
 # loss and head, so accepting them would silently ignore them. Refused by name however they arrive: in config.json,
 # as from_pretrained keyword arguments, or set as attributes.
 OWN_FAMILY_FIELDS = (*(field.name for field in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
+
+# The settings of what a forward returns, defined by every PreTrainedConfig: set on the wrapper, they are set on the
+# wrapped model's config too, whose forward reads them.
+OUTPUT_SETTINGS = ("output_hidden_states", "output_attentions", "return_dict")
 
 
 def refuse_own_family_fields(names, how: str) -> None:
@@ -47,6 +52,11 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     """
 
     model_type = "tiednorm_wrapped"
+    # The wrapped model's config is a sub-config, as in HF's composite models: get_text_config() returns it, and the
+    # attention implementation chosen for the wrapper is set on it too (PreTrainedConfig's own propagation). Its class
+    # follows text_config's model_type (AutoConfig); "llama" is only the spec's nominal default, never built: a
+    # text_config without model_type is refused below.
+    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
 
     text_config: dict | PreTrainedConfig | None = None
 
@@ -66,7 +76,13 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
             )
         # PreTrainedConfig defines is_encoder_decoder itself (default False), so it would not fall through.
         self.is_encoder_decoder = self.text_config.is_encoder_decoder
+        inner_attention = self.text_config._attn_implementation  # that of an adopted model's live config
         super().__post_init__(**kwargs)
+        if kwargs.get("attn_implementation") is None:  # PreTrainedConfig set None on every sub-config: restore it
+            self._attn_implementation = inner_attention
+        for name in OUTPUT_SETTINGS:  # what the wrapper was given reaches the wrapped model (a default is no choice)
+            if getattr(self, name) != getattr(PreTrainedConfig, name, None):
+                setattr(self.text_config, name, getattr(self, name))
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any):
@@ -92,8 +108,11 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         refuse_own_family_fields([name], "set as an attribute")
         if name == "text_config":
             drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (remote_code_map.py)
-        # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it.
+        # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it; an
+        # output setting both here and there (the wrapped model's forward reads its own config).
         text_config = self.__dict__.get("text_config")
+        if name in OUTPUT_SETTINGS and isinstance(text_config, PreTrainedConfig):
+            setattr(text_config, name, value)
         if (
             isinstance(text_config, PreTrainedConfig)
             and not name.startswith("_")

@@ -1,5 +1,6 @@
-"""The head's per-token scale folded into its weight: ``W_s = diag(scale)·W``, an autograd op that keeps only W and
-the scale for its backward.
+"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
+in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
+every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
 
 Every head mode scores ``s = (W·h) * scale + bias`` (``head_modes.py``), so ``s = W_s·h + bias`` with the folded
 weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
@@ -10,6 +11,12 @@ cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d�
 d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
 scale only and computes both gradients from them:
 ``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
+
+The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
+matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² as fp32
+dot products a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
 """
 
 from __future__ import annotations
@@ -40,15 +47,38 @@ def _scaled_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least)."""
-    if a.dtype == dtype and b.dtype == dtype:
-        return torch.linalg.vecdot(a, b)
+    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
+    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
     out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
     starts, step = _row_blocks(*a.shape)
     for start in starts:
         block = slice(start, start + step)
-        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
+        rows = a[block].to(dtype)
+        out[block] = torch.linalg.vecdot(rows, rows if b is a else b[block].to(dtype))
     return out
+
+
+class SquaredRowNorms(torch.autograd.Function):
+    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return _row_dots(weight, weight, torch.promote_types(weight.dtype, torch.float32))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_norms: torch.Tensor) -> torch.Tensor:
+        (weight,) = ctx.saved_tensors
+        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
+
+
+def squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
+    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
+    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
+    return SquaredRowNorms.apply(weight)
 
 
 class FoldScale(torch.autograd.Function):
@@ -82,4 +112,4 @@ def fold_scale(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor
     return FoldScale.apply(weight, scale)
 
 
-__all__ = ["FoldScale", "fold_scale"]
+__all__ = ["FoldScale", "SquaredRowNorms", "fold_scale", "squared_row_norms"]

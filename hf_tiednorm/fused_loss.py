@@ -6,7 +6,9 @@ so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused ke
 
 * ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
   weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
-  autocast is on), as liger requires.
+  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
+  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
+  (``liger_drops_head_gradients``).
 * ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
   ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
   and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
@@ -22,7 +24,8 @@ so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused ke
   logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
 * ``"fused"``: always a fused path (the same order), whatever the size.
 * ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
-* ``"plain"``: the materialized logits.
+* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
+  (``check_loss_chunk_size_read``), as with the adaptive softmax, whose loss never chunks either.
 
 A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
 training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
@@ -78,6 +81,18 @@ def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothin
     return "chunked"
 
 
+def check_loss_chunk_size_read(chunk_size: int | None, requested: str, adaptive_cutoffs) -> None:
+    """``ValueError`` where ``config.loss_chunk_size`` is set but no loss would read it (decided in issue 48: refused,
+    not ignored): ``loss_implementation="plain"`` and the adaptive softmax materialize the logits and never chunk."""
+    if chunk_size is not None and (requested == "plain" or adaptive_cutoffs):
+        reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
+        raise ValueError(
+            f"loss_chunk_size={chunk_size} sets the chunks of the chunked loss of the plain head, but {reader} "
+            "materializes the logits and never chunks: it would be ignored; leave loss_chunk_size unset (null), or "
+            "use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
+        )
+
+
 def choose_loss_path(
     requested: str,
     head: torch.nn.Module,
@@ -101,6 +116,15 @@ def choose_loss_path(
     autocast = torch.is_autocast_enabled(device.type)
     matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
     return fused_kernel(device, matmul_dtype, label_smoothing)
+
+
+def liger_drops_head_gradients(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether liger-kernel's fused linear cross-entropy would silently give the head no gradient: it computes the
+    weight and bias gradients only when the hidden states require grad (liger-kernel 0.8.5,
+    ``ops/fused_linear_cross_entropy.py``), so head-only training with a frozen body got ∇W = ∇g = 0 and ∇b = None
+    where the plain and chunked paths give the true ones. ``head_linear_cross_entropy`` runs the chunked loop then."""
+    head_trains = weight.requires_grad or (bias is not None and bias.requires_grad)
+    return torch.is_grad_enabled() and head_trains and not hidden.requires_grad
 
 
 def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
@@ -147,6 +171,8 @@ def head_linear_cross_entropy(
     scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
     weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
     if path == "chunked":
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop
         return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
     check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
     if path == "liger":
@@ -208,9 +234,11 @@ __all__ = [
     "AUTO_MIN_LOGITS",
     "LIGER_NEEDS_CUDA",
     "LOSS_IMPLEMENTATIONS",
+    "check_loss_chunk_size_read",
     "choose_loss_path",
     "fused_kernel",
     "head_linear_cross_entropy",
+    "liger_drops_head_gradients",
     "liger_installed",
     "liger_refusal",
     "refuse_fused_loss_scored_outside",

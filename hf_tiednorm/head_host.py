@@ -67,6 +67,15 @@ class TiedNormHeadHostMixin:
         # which is TiedEmbeddingsMixin's alone.
         register_with_liger(self.config.model_type)
 
+    def post_init(self) -> None:
+        super().post_init()
+        # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
+        head = self.get_output_embeddings()
+        self._keep_in_fp32_modules_strict = {
+            name for name in self._keep_in_fp32_modules_strict
+            if name not in TiedNormHeadHostMixin._keep_in_fp32_modules_strict or getattr(head, name, None) is not None
+        }
+
     def _place_output_head(self, head: nn.Module) -> None:
         """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""
         self.lm_head = head

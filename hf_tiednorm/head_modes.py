@@ -23,9 +23,11 @@ a mode's name:
   with the head's effective column terms (``TiedNormHead.column_terms()``, the logit scale g and bias b folded in)
   that is all a plain export needs: output weight ``diag(scale)·W``, output bias ``bias``.
 
-``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model wing and travels
+``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model layer and travels
 with a saved model as remote code: a folder whose config names a mode that its code files do not define is refused
-by name when it is loaded (``get_head_mode``).
+by name when it is loaded (``get_head_mode``). A saved config records the mode's *name* only, so a name must mean one
+mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither redefined nor unregistered (a model
+trained with a redefined ``cosine`` reloaded in a fresh process as the built-in one, its logits 7.9 off, no error).
 
 What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
 ``lossless_terms`` a subclass defines with the checks of ``head_mode_checks.py`` (the terms' type, shape, dtype and
@@ -39,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from .folded_weight import squared_row_norms
 from .head_mode_checks import ColumnTerms, checked_column_terms, checked_lossless_terms, probe_head_mode
 
 LIU_ET_AL = "Liu, Zhai & Chen (2020)"
@@ -51,17 +54,10 @@ def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> tor
     norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
     padding row's gradient dominate the whole model's.
     """
-    # Accumulated in fp32 without an fp32 copy of a bf16/fp16 W for the backward to keep; an fp64 W is narrowed.
-    narrower = weight.dtype in (torch.float16, torch.bfloat16, torch.float32)
-    norms = torch.linalg.vector_norm(weight if narrower else weight.float(), dim=-1, dtype=torch.float32)
-    inverse = norms.clamp_min(eps).pow(-power)
-    return torch.where(norms > eps, inverse, torch.zeros_like(inverse))
-
-
-def _squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
-    """‖w_i‖² of every row, fp32 (V,), without an fp32 copy of a bf16/fp16 W for the backward to keep."""
-    narrower = weight.dtype in (torch.float16, torch.bfloat16, torch.float32)
-    return torch.linalg.vector_norm(weight if narrower else weight.float(), dim=-1, dtype=torch.float32).square()
+    # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
+    squared = squared_row_norms(weight).float()
+    inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
+    return torch.where(squared > eps * eps, inverse, torch.zeros_like(inverse))
 
 
 def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
@@ -179,7 +175,7 @@ class Square(HeadMode):
         return inverse_row_norms(weight, eps, power=2), None
 
     def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖²
-        return torch.linalg.vector_norm(weight.float(), dim=-1).square(), None
+        return squared_row_norms(weight).float(), None
 
 
 class Distance(HeadMode):
@@ -191,10 +187,10 @@ class Distance(HeadMode):
 
     def column_terms(self, weight, eps):
         # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
-        return None, -0.5 * _squared_row_norms(weight)
+        return None, -0.5 * squared_row_norms(weight).float()
 
     def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
-        return None, 0.5 * _squared_row_norms(weight)
+        return None, 0.5 * squared_row_norms(weight).float()
 
 
 class Cosine(HeadMode):
@@ -206,17 +202,30 @@ class Cosine(HeadMode):
         return inverse_row_norms(weight, eps), None
 
     def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖
-        return torch.linalg.vector_norm(weight.float(), dim=-1), None
+        return squared_row_norms(weight).float().sqrt(), None
 
 
 _REGISTRY: dict[str, HeadMode] = {}
+# The package's own modes: what a config naming them means in every process, so never replaced (module docstring).
+BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
 
 
 def register_head_mode(mode: HeadMode, *, replace: bool = False) -> HeadMode:
     """Add ``mode`` to the registry under ``mode.name`` (and return it); every config, head, script flag, converter
-    and model card of this process then accepts it. ``replace`` allows redefining a name already registered."""
-    if not isinstance(mode, HeadMode) or not mode.name or not mode.name.isidentifier():
+    and model card of this process then accepts it. ``replace`` allows redefining a name registered at runtime; a
+    built-in name (``BUILTIN_HEAD_MODES``) is refused: a saved config names its mode only, and a fresh process (the
+    folder's remote code, another user) would score it with the built-in mode."""
+    if not isinstance(mode, HeadMode) or not isinstance(mode.name, str) or not mode.name.isidentifier():
         raise ValueError(f"a head mode must be a HeadMode instance with an identifier as name, got {mode!r}")
+    if mode.name in BUILTIN_HEAD_MODES and mode.name in _REGISTRY:
+        if _REGISTRY[mode.name] is mode:  # the built-in object itself: nothing changes
+            return mode
+        raise ValueError(
+            f"head mode {mode.name!r} is built in ({', '.join(BUILTIN_HEAD_MODES)}) and cannot be redefined, even "
+            "with replace=True: a saved config records the mode's name only, so a model trained with the redefined "
+            f"mode would reload in another process as the built-in {mode.name!r}, with other logits and no error. "
+            "Register your mode under a name of its own"
+        )
     if mode.lossless_start is not None and set(mode.lossless_start) - {"logit_scale", "logit_bias"}:
         raise ValueError(f"head mode {mode.name!r}: lossless_start may name 'logit_scale' / 'logit_bias' only")
     if mode.name in _REGISTRY and not replace:
@@ -236,7 +245,10 @@ def _unbound(function: Callable) -> Callable:
 
 
 def unregister_head_mode(name: str) -> None:
-    """Remove a mode that ``register_head_mode`` added (a test cleans up with it)."""
+    """Remove a mode that ``register_head_mode`` added (a test cleans up with it); a built-in mode is refused (it
+    could then be registered again as another mode under its name)."""
+    if name in BUILTIN_HEAD_MODES:
+        raise ValueError(f"head mode {name!r} is built in and cannot be unregistered")
     _REGISTRY.pop(name, None)
 
 
@@ -292,6 +304,7 @@ def head_mode_summaries() -> str:
 
 
 __all__ = [
+    "BUILTIN_HEAD_MODES",
     "DEFAULT_HEAD_MODE",
     "HEAD_MODES",
     "HeadMode",

@@ -10,6 +10,7 @@ and the head code that reads it.
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
 import sys
 import warnings
@@ -80,11 +81,41 @@ HEAD_OPTIONS: dict[str, HeadOption] = {}
 
 
 def register_head_option(option: HeadOption) -> HeadOption:
-    """Make ``option`` available to every head, config, converter flag (``--<name>``), export and card."""
-    if option.name in HEAD_OPTIONS or option.name in LEARNED_TERMS:
-        raise ValueError(f"a head option {option.name!r} is registered already")
-    HEAD_OPTIONS[option.name] = option
+    """Make ``option`` available to every head, config, converter flag (``--<name>``), export and card.
+
+    Its name becomes a parameter of the head (``lm_head.<name>``), a key of the state dict and a converter flag, so
+    it must be a Python identifier (no dash, dot or empty name) not starting with ``_``, and must not shadow
+    anything the head already holds (``head_attribute_names``: ``norm_eps``, ``weight``, ``options``, ...): a
+    parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
+    """
+    if not isinstance(option, HeadOption):
+        raise TypeError(f"register_head_option takes a HeadOption, got {type(option).__name__}")
+    name = option.name
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
+        raise ValueError(
+            f"head option name {name!r} (register_head_option) must be a Python identifier not starting with '_' "
+            "(letters, digits and underscores: it becomes the head's parameter lm_head.<name> and the converter's "
+            "flag --<name with dashes>), e.g. 'logit_temperature'"
+        )
+    if name in HEAD_OPTIONS or name in LEARNED_TERMS:
+        raise ValueError(f"a head option {name!r} is registered already")
+    if name in head_attribute_names():
+        raise ValueError(
+            f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
+            "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
+        )
+    HEAD_OPTIONS[name] = option
     return option
+
+
+def head_attribute_names() -> frozenset[str]:
+    """Every name a ``TiedNormHead`` holds, with every setting on (its attributes, methods, parameters and the
+    ``HeadOptions`` fields): what a registered option's parameter must not replace."""
+    from .normalized_head import TiedNormHead  # the head imports this module
+
+    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
+    return frozenset({*dir(head), *vars(head), *fields})
 
 
 def learned_terms() -> tuple[str, ...]:
@@ -116,6 +147,15 @@ class HeadOptions:
     extra_terms: tuple[str, ...] = field(default=(), metadata={"registry": True})
 
     def __post_init__(self) -> None:
+        extra = self.extra_terms
+        if isinstance(extra, str) or not isinstance(extra, (tuple, list)) or not all(isinstance(n, str) for n in extra):
+            raise ValueError(
+                f"extra_terms must be a tuple of registered head option names, got {type(extra).__name__} {extra!r}"
+                + (f"; write extra_terms=({extra!r},)" if isinstance(extra, str) else "")
+            )
+        if len(set(extra)) != len(extra):
+            raise ValueError(f"extra_terms names a head option twice: {list(extra)}")
+        object.__setattr__(self, "extra_terms", tuple(extra))  # a config.json's list, as the hashable tuple
         unknown = [name for name in self.extra_terms if name not in HEAD_OPTIONS]
         if unknown:
             raise ValueError(
@@ -148,8 +188,9 @@ class HeadOptions:
     @classmethod
     def from_config(cls, config) -> HeadOptions:
         """The options a config (any hf_tiednorm config: the fields of ``TiedNormHeadConfigMixin``) holds."""
-        extra = tuple(getattr(config, "extra_terms", None) or ())
-        return cls(**{name: getattr(config, name) for name in cls.field_names()}, extra_terms=extra)
+        extra = getattr(config, "extra_terms", None)
+        fields = {name: getattr(config, name) for name in cls.field_names()}
+        return cls(**fields, extra_terms=() if extra is None else extra)  # a string is refused, not split
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -200,5 +241,6 @@ class HeadOptions:
 
 __all__ = [
     "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "RENAMED_CONFIG_FIELDS", "TERM_CONFIG_FIELDS", "HeadOption",
-    "HeadOptions", "LogitScale", "learned_terms", "register_head_option", "renamed_field_value",
+    "HeadOptions", "LogitScale", "head_attribute_names", "learned_terms", "register_head_option",
+    "renamed_field_value",
 ]  # fmt: skip

@@ -37,7 +37,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .head_options import LEARNED_TERMS, HeadOptions
+from .head_mode_checks import LOSSLESS_RTOL
+from .head_options import HEAD_OPTIONS, LEARNED_TERMS, HeadOptions
 
 
 def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
@@ -61,7 +62,36 @@ def start_lossless(model: PreTrainedModel) -> None:
     for term, value in zip(LEARNED_TERMS, head.mode.lossless_terms(head.weight, head.norm_eps), strict=True):
         if value is not None:
             getattr(head, term).copy_(value)
+    check_registered_options_neutral(head)
     model.config.lossless_start = True
+
+
+def check_registered_options_neutral(head) -> None:
+    """``ValueError`` naming the registered head options (``extra_terms``) when, at their ``init``, they change the
+    scores of a lossless-started ``head``: its effective column terms (mode, g, b and every option folded in) must be
+    the plain scores', scale_i = 1 and bias_i = 0 on every live row, within the tolerance of the mode's own check
+    (``head_mode_checks.check_lossless``). A lossless start sets g and b only; an option whose init is not neutral
+    (e.g. a temperature starting at 2) would leave the logits off the source's while the config said lossless."""
+    names = head.options.extra_terms
+    if not names or head.weight.is_meta:
+        return
+    scale, bias = head.column_terms()
+    norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)
+    gain = torch.ones_like(norms) if scale is None else scale
+    offset = torch.zeros_like(norms) if bias is None else bias
+    learned_bias = 0 if head.logit_bias is None else head.logit_bias.float().abs()
+    error = (gain - 1).abs() * norms + offset.abs()  # the most a logit is off, for a unit-norm h
+    excess = (error - LOSSLESS_RTOL * (norms + learned_bias) - head.norm_eps).nan_to_num(nan=torch.inf)
+    row = int(excess.argmax())
+    if bool(excess[row] > 0):  # host syncs at conversion time only
+        inits = ", ".join(f"{name} init={HEAD_OPTIONS[name].init}" for name in names)
+        raise ValueError(
+            f"lossless_start cannot give back the source's logits with the registered head option(s) {list(names)} "
+            f"({inits}): folded in at their init they change the scores (at row {row}, scale {float(gain[row]):.6g} "
+            f"and bias {float(offset[row]):.6g} where the plain score needs 1 and 0; a logit off by up to "
+            f"{float(error[row]):.4g}). A lossless start sets the logit scale and bias only: register the option "
+            "with an init at which its fold changes nothing, or convert without lossless_start"
+        )
 
 
 @torch.no_grad()
@@ -89,5 +119,5 @@ def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
             learned.mul_(row_scales.to(learned))
 
 
-__all__ = ["lossless_head_options", "start_lossless", "start_resized_tokens",
+__all__ = ["check_registered_options_neutral", "lossless_head_options", "start_lossless", "start_resized_tokens",
            "take_row_scales"]

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_tiednorm import TiedNormCausalConfig
@@ -46,6 +48,7 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
         self.post_init()
 
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -57,21 +60,27 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
-        **kwargs,
+        shift_labels: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TiedNormCausalLMOutput:
+        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
+        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
+        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them)."""
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            **kwargs,
+            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
         )
         # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
         # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
         next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
+        if shift_labels is not None:
+            next_tokens = shift_labels
         # (b, kept, V); None when a fused loss computed the loss
         logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
         return TiedNormCausalLMOutput(

@@ -21,6 +21,8 @@ from transformers.models.marian.modeling_marian import (
     MarianPreTrainedModel,
     shift_tokens_right,
 )
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .embeddings import build_embedding
@@ -116,6 +118,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
             self.config.decoder_vocab_size = embeddings.num_embeddings
         return self.get_input_embeddings()
 
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -129,7 +132,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TiedNormSeq2SeqLMOutput:
         if labels is not None:
             use_cache = False
@@ -144,7 +147,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            **kwargs,
+            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
         )
         hidden_states = outputs.last_hidden_state  # (batch, target_len, d)
         # (batch, len, V); None when a fused loss computed the loss

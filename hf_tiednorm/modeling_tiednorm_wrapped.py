@@ -21,6 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+from transformers.models.auto.auto_factory import _get_model_class
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .accumulated_loss import share_of_accumulated_batch
 from .causal_lm_names import recognise_as_causal_lm
@@ -125,6 +128,13 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         if body is None:
             # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
             body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
+        if not getattr(body.config, "tie_word_embeddings", True):
+            raise ValueError(
+                f"{type(self).__name__}: the wrapped {body.config.model_type} config says tie_word_embeddings=False, "
+                "but the normalized head is tied: it scores with the input embedding matrix itself, so an untied "
+                "output matrix would be dropped (docs/converting.md: untied checkpoints are refused). Wrap a model "
+                "with tie_word_embeddings=True"
+            )
         self.model = body
         self.generation_config = body.generation_config  # from_pretrained replaces it by the saved one
         config.text_config = body.config  # one config object, so that resizing or use_cache reach the body
@@ -135,6 +145,29 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
             for module in body.modules():
                 module._is_hf_initialized = True
         self.post_init()
+
+    def _body_class(self) -> type[PreTrainedModel]:
+        """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
+        return _get_model_class(self.config.text_config, self.body_auto_class._model_mapping)
+
+    # The attention implementations the wrapper supports are its wrapped model's: transformers checks them on the
+    # wrapper when it is built or loaded (attn_implementation=...), and the choice reaches the wrapped model through
+    # config.text_config, a sub-config. Read on the instance, as transformers reads them.
+    @property
+    def _supports_sdpa(self) -> bool:
+        return self._body_class()._supports_sdpa
+
+    @property
+    def _supports_flash_attn(self) -> bool:
+        return self._body_class()._supports_flash_attn
+
+    @property
+    def _supports_flex_attn(self) -> bool:
+        return self._body_class()._supports_flex_attn
+
+    @property
+    def _can_compile_fullgraph(self) -> bool:
+        return self._body_class()._can_compile_fullgraph
 
     @property
     def backbone(self) -> nn.Module:
@@ -174,17 +207,29 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         head.weight = embeddings.weight
         return embeddings
 
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
-        fused path computes (``config.loss_implementation``, wrapped_fused_loss.py) the loss and ``logits=None``."""
+        fused path computes (``config.loss_implementation``, wrapped_fused_loss.py) the loss and ``logits=None``.
+
+        Args:
+            input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
+            attention_mask: (batch, length), 1 for tokens to attend to.
+            labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
+                as already aligned).
+        """
         check_head_once(self)
+        if inputs_embeds is not None:
+            kwargs["inputs_embeds"] = inputs_embeds
+        kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
         # The Trainer's num_items_in_batch is applied here, for every architecture (accumulated_loss.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too

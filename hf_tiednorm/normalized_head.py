@@ -85,7 +85,9 @@ class NormalizedScoresMixin:
         # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
         self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
         for name in options.extra_terms:  # registered head options (head_options.register_head_option)
-            setattr(self, name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init, device=device)))
+            # register_parameter, not setattr: a name the head holds already is refused, never replaced
+            self.register_parameter(name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init,
+                                                                  device=device)))
         self._frozen_depth = 0
         self._frozen_terms = None
 

@@ -90,6 +90,11 @@ class TiedEmbeddingsMixin:
     and for the bare body alike (their keys differ by the ``model.`` prefix)."""
 
     def post_init(self) -> None:
+        # A tie flag set on the config after it was built (config.tie_word_embeddings = False) that contradicts its
+        # tie_topology is refused here, before a model is built tied while its config says untied.
+        validate = getattr(self.config, "validate_tie_topology", None)
+        if validate is not None:
+            validate()
         tie = embedding_tie(self.config)
         prefix = _prefix_of(self)
         # The HF parent's __init__ (MarianModel, BartModel) calls post_init before the family has built its own

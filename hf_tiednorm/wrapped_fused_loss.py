@@ -99,7 +99,7 @@ def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_ite
             kwargs["shift_labels"] = shift_labels
         return None
     kwargs.pop("logits_to_keep", None)  # every position is scored for the loss
-    outputs = body.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    outputs = body.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs | {"return_dict": True})
     hidden = outputs.last_hidden_state
     flat_targets = targets.reshape(-1).to(hidden.device)
     total = head_linear_cross_entropy(head, hidden.reshape(-1, hidden.shape[-1]), flat_targets, path)

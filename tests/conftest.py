@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The experiments wing (experiments/, outside the package): its scripts import paper_grid/ beside them, as
+# The experiments (experiments/, outside the package): its scripts import paper_grid/ beside them, as
 # `python experiments/<script>.py` finds it; the tests import it the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 

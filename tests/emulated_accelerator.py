@@ -2,12 +2,15 @@
 
 ``EmulatedAccelerator`` is a ``TorchFunctionMode`` that tags tensors as living "on the device": the model's
 parameters, buffers and gradients and the batch (``put``), then every result computed from a tagged tensor, every
-factory call given an explicit ``device=``, every ``.to(<torch.device>)``. A factory call without ``device=`` makes a
-host tensor, as on a CUDA machine. It raises ``DeviceMismatch`` where CUDA would:
+factory call and every ``.to(...)`` given the accelerator's device. The tensors really are on the CPU, so the
+accelerator's device is told apart from the host's by *object*: ``ACCELERATOR`` (the test's ``torch.device("cuda")``),
+a ``torch.device`` handed to ``put`` (the Trainer's ``args.device``), and every ``.device`` read from a tagged tensor
+(``device=weight.device``); a ``device="cpu"`` / ``torch.device("cpu")`` written in the code, or a factory call
+without ``device=``, makes a host tensor, as on a CUDA machine. It raises ``DeviceMismatch`` where CUDA would:
 
 - an op that mixes a tagged tensor with a host tensor of dim > 0 (0-dim host scalars are legal on CUDA, and so are
   host index tensors in ``[]``);
-- ``.numpy()`` of a tagged tensor.
+- ``.numpy()`` of a tagged tensor, and ``np.asarray`` / ``np.array`` of one (``Tensor.__array__``).
 
 It counts every host synchronisation on a tagged tensor (``.item()``, ``.tolist()``, ``bool``/``int``/``float`` of a
 tensor, ``.nonzero()``, ``torch.equal``, ``unique``, ``masked_select``, ...) with the source line that asked for it,
@@ -60,6 +63,8 @@ PASSTHROUGH = {
     "storage_offset", "untyped_storage", "_typed_storage", "element_size", "nbytes", "itemsize", "__len__",
     "is_contiguous", "__hash__",
 }  # fmt: skip
+# The object naming the emulated accelerator's device (CUDA's torch.device("cuda")): `.to(ACCELERATOR)`, `device=...`.
+ACCELERATOR = torch.device("cpu")
 # Libraries that move a device tensor to the host before .numpy() (they branch on tensor.device.type, which the
 # emulation cannot fake): their .numpy() of a tagged tensor is not a bug.
 DEVICE_AWARE = ("/safetensors/",)
@@ -105,13 +110,41 @@ class EmulatedAccelerator(TorchFunctionMode):
         self.syncs: collections.Counter[str] = collections.Counter()  # "op @ site" -> count, every library
         self.own_syncs: collections.Counter[str] = collections.Counter()  # those whose site is hf_tiednorm's
         self.strict_syncs = strict_syncs
+        # The torch.device objects that name the accelerator, by identity (kept alive, so no id is reused).
+        self.devices: dict[int, torch.device] = {id(ACCELERATOR): ACCELERATOR}
+        self._entered = 0
+
+    # -- nn.Module.to(device=...) parses its device into a new object in C++: the parsed one names what was given ----
+    def __enter__(self):
+        if self._entered == 0:
+            original = self._parse_to = torch._C._nn._parse_to
+
+            def parse_to(*args, **kwargs):
+                parsed = original(*args, **kwargs)
+                given = kwargs.get("device", args[0] if args else None)
+                if parsed[0] is not None and self.names_device(given):
+                    self.devices[id(parsed[0])] = parsed[0]
+                return parsed
+
+            torch._C._nn._parse_to = parse_to
+        self._entered += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._entered -= 1
+        if self._entered == 0:
+            torch._C._nn._parse_to = self._parse_to
+        return super().__exit__(*exc)
 
     # -- tagging ------------------------------------------------------------------------------------------------
     def put(self, *objects):
         """Tag modules (parameters, buffers, and gradients as they land), dicts/lists of tensors and tensors as
-        living on the device; returns the first object (or all of them)."""
+        living on the device, and ``torch.device`` objects as naming it (a Trainer's ``args.device``); returns the
+        first object (or all of them)."""
         for obj in objects:
-            if isinstance(obj, torch.nn.Module):
+            if isinstance(obj, torch.device):
+                self.devices[id(obj)] = obj
+            elif isinstance(obj, torch.nn.Module):
                 for tensor in [*obj.parameters(), *obj.buffers()]:
                     self.on[tensor] = True
                 for parameter in obj.parameters():  # gradients come from the C++ engine: tag them where they land
@@ -131,6 +164,13 @@ class EmulatedAccelerator(TorchFunctionMode):
     def is_on(self, tensor: torch.Tensor) -> bool:
         return tensor in self.on
 
+    def names_device(self, device) -> bool:
+        """Whether ``device`` (a ``device=`` / ``.to`` argument) is the accelerator's: one of its ``torch.device``
+        objects, or a tagged tensor; a string (``"cpu"``) or any other device object is the host."""
+        if isinstance(device, torch.Tensor):
+            return device in self.on
+        return isinstance(device, torch.device) and self.devices.get(id(device)) is device
+
     def reset_syncs(self) -> None:
         self.syncs.clear()
         self.own_syncs.clear()
@@ -146,17 +186,30 @@ class EmulatedAccelerator(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name == "__get__" and getattr(func, "__self__", None) is torch.Tensor.device:
+            result = func(*args, **kwargs)
+            if args and args[0] in self.on:  # device=weight.device names the accelerator
+                self.devices[id(result)] = result
+            return result
+        if func is torch.device:
+            result = func(*args, **kwargs)
+            if args and self.names_device(args[0]):  # torch.device(weight.device)
+                self.devices[id(result)] = result
+            return result
         if name in PASSTHROUGH:
             return func(*args, **kwargs)
         tensors = _tensors(args, kwargs)
         tagged = [t for t in tensors if t in self.on]
         if func in FACTORIES or func in LIKE:
             result = func(*args, **kwargs)
-            explicit = kwargs.get("device") is not None
-            if explicit or (func in LIKE and args and args[0] in self.on):
+            if kwargs.get("device") is not None:  # an explicit device: the accelerator's or the host's
+                on = self.names_device(kwargs["device"])
+            else:  # a *_like keeps its input's device; a factory without device= makes a host tensor
+                on = func in LIKE and bool(args) and args[0] in self.on
+            if on:
                 self._mark(result)
             return result
-        if name == "numpy" and tagged:
+        if name in ("numpy", "__array__") and tagged:
             site, _ = _site()
             if not any(marker in frame.filename for frame in _frames()[-4:] for marker in DEVICE_AWARE):
                 raise DeviceMismatch(f"can't convert a device tensor to numpy (CUDA: 'cuda:0 device type tensor'; "
@@ -194,10 +247,10 @@ class EmulatedAccelerator(TorchFunctionMode):
         source = args[0]
         device = kwargs.get("device", args[1] if len(args) > 1 else None)
         result = func(*args, **kwargs)
-        if isinstance(device, torch.device) or (isinstance(device, torch.Tensor) and device in self.on):
-            self._mark(result)  # .to(x.device) / .to(args.device): the device
-        elif isinstance(device, str):
-            if result is source and source in self.on:  # .to("cpu"): a host copy
+        if self.names_device(device):
+            self._mark(result)  # .to(x.device) / .to(args.device) / .to(x): the device
+        elif isinstance(device, (str, torch.device, torch.Tensor)):
+            if result is source and source in self.on:  # .to("cpu") / .to(torch.device("cpu")): a host copy
                 result = result.clone()
         elif source in self.on:
             self._mark(result)  # a dtype-only .to keeps the device
@@ -250,4 +303,4 @@ def emulated_collectives(accelerator: EmulatedAccelerator):
             setattr(dist, name, original)
 
 
-__all__ = ["DeviceMismatch", "EmulatedAccelerator", "emulated_collectives"]
+__all__ = ["ACCELERATOR", "DeviceMismatch", "EmulatedAccelerator", "emulated_collectives"]

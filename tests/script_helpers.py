@@ -13,7 +13,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
-EXPERIMENTS = REPO_ROOT / "experiments"  # the experiments wing (conftest.py puts it on sys.path)
+EXPERIMENTS = REPO_ROOT / "experiments"  # the experiments (conftest.py puts it on sys.path)
 
 # A tiny encoder-decoder and a small joint vocabulary: a few seconds per run on one CPU thread. fp32: at this size
 # bf16 gains nothing, and the tests' tolerances were set in fp32 (tests/test_bf16_and_contender.py runs bf16).

@@ -54,7 +54,10 @@ COMBINATION_CASES = [
     ({"head_mode": "l2", "weight_norm_regularization": 1e-3}, "validate_row_norm_techniques", "head_mode='l2'"),
     ({"adaptive_cutoffs": [10, 10]}, "validate_adaptive_cutoffs", "adaptive_cutoffs must be strictly increasing"),
     ({"adaptive_cutoffs": [10, 64]}, "validate_adaptive_cutoffs", r"\[1, vocab_size - 1\]"),
-    ({"adaptive_cutoffs": [10], "loss_chunk_size": 8}, "validate_adaptive_cutoffs", "loss_chunk_size"),
+    ({"adaptive_cutoffs": [10], "loss_chunk_size": 8}, "validate_loss_chunk_size", "the adaptive softmax .*ignored"),
+    # issue 48: accepted and ignored before
+    ({"loss_implementation": "plain", "loss_chunk_size": 8}, "validate_loss_chunk_size",
+     "loss_chunk_size=8 .*loss_implementation='plain' .*would be ignored"),
 ]
 SEQ2SEQ_COMBINATION_CASES = [
     ({"tie_word_embeddings": False}, "validate_tie_topology", "tie_word_embeddings=False contradicts"),

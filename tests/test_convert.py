@@ -4,11 +4,12 @@ in every mode. The generic conversion of any architecture is tested in test_any_
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from testing_utils import model_inputs
+from testing_utils import bind_mounted, model_inputs, tiny_tokenizer
 from tiny_architectures import ENCODER_DECODER, SPECIAL
 from transformers import (
     BartConfig,
@@ -147,3 +148,35 @@ def test_nonzero_final_logits_bias_and_bad_output_dirs_are_refused(marian, bart,
         with pytest.raises(ValueError, match="non-zero final_logits_bias"):
             convert_checkpoint(tmp_path / source_class.__name__, tmp_path / "out")
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage", ["not json", "wrong structure"])
+def test_a_failed_conversion_leaves_no_output_folder(llama, tmp_path, damage):
+    """Issue 48 (10): a source with a corrupt tokenizer.json crashed with a bare JSONDecodeError and left 28 files in
+    the output folder (a rerun then refused it as not empty); every conversion now stages beside the output folder."""
+    source = tmp_path / "source"
+    shutil.copytree(llama[0], source)
+    tiny_tokenizer().save_pretrained(source)
+    text = '{"version": "1.0", "model": 3' if damage == "not json" else '{"version": "1.0", "model": {"type": "X"}}'
+    (source / "tokenizer.json").write_text(text)
+    error = r"tokenizer\.json is not valid JSON" if damage == "not json" else r"the tokenizer of .* does not load"
+    for output_dir in (tmp_path / "new", tmp_path / "empty"):
+        if output_dir.name == "empty":
+            output_dir.mkdir()
+        with pytest.raises(ValueError, match=error):
+            convert_checkpoint(source, output_dir, head_mode="cosine")
+        assert not output_dir.exists() or not any(output_dir.iterdir())
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["empty", "source"]  # no staging folder left
+
+
+@pytest.mark.parametrize("simulate", [False, True], ids=["mount", "simulated"])
+def test_an_output_dir_inside_a_bind_mount_of_the_source_is_refused(llama, tmp_path, monkeypatch, simulate):
+    """Issue 48, the class of case 8: the converter compared spellings, so an output folder inside a bind mount of
+    the source was written into the source folder."""
+    source = tmp_path / "source"
+    shutil.copytree(llama[0], source)
+    before = folder_digest(source)
+    with bind_mounted(source, tmp_path / "mnt", monkeypatch, simulate=simulate):
+        with pytest.raises(ValueError, match="must lie outside the source checkpoint"):
+            convert_checkpoint(source, tmp_path / "mnt" / "converted", head_mode="cosine")
+    assert folder_digest(source) == before

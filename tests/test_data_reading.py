@@ -157,3 +157,22 @@ def test_a_directory_given_as_a_data_file_is_named_as_one(tmp_path):
         load_parallel({"validation": str(tmp_path / "pairs.jsonl")}, "de", "en")
     with pytest.raises(IsADirectoryError, match=r"test file .*data\.de is a directory"):
         read_text_lines(str(tmp_path / "data.de"), "test")
+
+
+def test_the_test_split_keeps_every_pair_train_and_validation_drop_copies_and_empty_pairs(tmp_path, caplog):
+    """Issue 48 (9): copy pairs (and empty ones) were dropped from the test split too, so test BLEU and
+    test_predictions.txt covered a subset and line i no longer answered source line i; only a log line said so."""
+    source = ["eins", "Berlin", "", "drei", "ok"]
+    target = ["one", " Berlin ", "two", "three", "ok"]
+    files = {split: write_pair(tmp_path, "\n".join(source) + "\n", "\n".join(target) + "\n", name=split)
+             for split in ("train", "validation", "test")}
+    table = tmp_path / "test.jsonl"
+    table.write_text("".join(f'{{"de": "{de}", "en": "{en}"}}\n' for de, en in zip(source, target)))
+    with caplog.at_level(logging.WARNING):
+        pairs = load_parallel(files, "de", "en")
+        tables = load_parallel({"train": files["train"], "test": str(table)}, "de", "en")
+    for split in ("train", "validation"):
+        assert pairs[split]["de"] == ["eins", "drei"] and pairs[split]["en"] == ["one", "three"]
+    for kept in (pairs["test"], tables["test"]):
+        assert kept["de"] == source and kept["en"] == target  # line i is source line i
+    assert "test files" in caplog.text and "kept (every test pair is scored" in caplog.text

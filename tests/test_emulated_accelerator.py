@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from emulated_accelerator import DeviceMismatch, EmulatedAccelerator, emulated_collectives
+from emulated_accelerator import ACCELERATOR, DeviceMismatch, EmulatedAccelerator, emulated_collectives
 from testing_utils import FAMILIES, model_inputs, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
@@ -27,7 +27,7 @@ from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments
 from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer
 from hf_tiednorm.training.weight_norm_init import weight_norm_init_
 
-DEVICE = torch.device("cpu")  # what `.to(args.device)` names on this machine; the emulation tags what goes there
+DEVICE = ACCELERATOR  # the emulated accelerator's device (CUDA's torch.device("cuda")): what goes there is tagged
 REGULARIZERS = {"projection_regularization": 0.15, "weight_norm_regularization": 1e-3}
 
 
@@ -91,6 +91,33 @@ def test_emulation_raises_where_cuda_would_and_counts_syncs():
         float(weight.sum())
         (weight > 0).nonzero()
     assert sum(accelerator.syncs.values()) == 2
+
+
+def test_emulation_tells_the_host_device_from_the_accelerators_like_cuda():
+    """Issue 48 (12): it tagged any explicit device as the accelerator (``device="cpu"``, ``.to(torch.device("cpu"))``)
+    and let ``np.asarray`` of a device tensor through; CUDA refuses all three."""
+    import numpy as np
+
+    accelerator = EmulatedAccelerator()
+    weight = torch.randn(4, 3)
+    with accelerator:
+        accelerator.put(weight)
+        for host in (torch.ones(4, 1, device="cpu"), torch.ones(4, 1, device=torch.device("cpu")),
+                     torch.ones(4, 1).to(torch.device("cpu")), torch.zeros_like(weight[:, :1], device="cpu")):
+            with pytest.raises(DeviceMismatch, match=r"host tensor of shape \(4, 1\)"):
+                weight + host
+        with pytest.raises(DeviceMismatch, match="numpy"):
+            np.asarray(weight)
+        moved = weight.to(torch.device("cpu"))  # a host copy: the device tensor stays tagged, the copy is not
+        assert accelerator.is_on(weight) and not accelerator.is_on(moved)
+        np.asarray(moved)
+        # What names the accelerator: a tagged tensor's .device (also wrapped in torch.device), put() and ACCELERATOR.
+        for device in (weight.device, torch.device(weight.device), DEVICE):
+            assert accelerator.is_on(torch.ones(4, 1, device=device)) and accelerator.is_on(torch.ones(2).to(device))
+        trainer_device = torch.device("cpu")
+        assert not accelerator.is_on(torch.ones(2).to(trainer_device))
+        accelerator.put(trainer_device)
+        assert accelerator.is_on(torch.ones(2).to(trainer_device))
 
 
 # -- the training step of every family, every loss path ----------------------------------------------------------
@@ -238,12 +265,13 @@ def test_trainer_loop_with_every_callback_plots_and_card_on_the_device(tmp_path)
                             minlength=model.config.vocab_size)
     torch.save(counts, tmp_path / "token_counts.pt")
     with accelerator:
-        accelerator.put(model)
+        accelerator.put(model, args.device)  # the Trainer moves the model and each batch to args.device
         trainer = TiedNormSeq2SeqTrainer(
             model=model, args=args, train_dataset=encoded, eval_dataset=encoded[:3], processing_class=tokenizer,
             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
             callbacks=[*callbacks, steps],
         )
+        accelerator.put(trainer.accelerator.device)  # and accelerate's prepare() to its own device object
         trainer.train()
         save_final_model(trainer)
         write_plots_and_card(trainer, model, card={})

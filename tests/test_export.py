@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from packaging import version
 from testing_utils import FAMILIES, REPO_ROOT, model_inputs, run_without_package, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -65,8 +67,11 @@ for family in ("seq2seq", "bart"):
             CASES[f"{family}-{topology}-{head_mode}"] = own(
                 family, head_mode=head_mode, tie_topology=topology, logit_scale_kind="vector", logit_bias=True
             )
-CASES["seq2seq-decoder-two-vocabularies"] = own("seq2seq", head_mode="square", tie_topology="decoder",
-                                                decoder_vocab_size=50)  # fmt: skip
+# transformers 5.17 (the lowest declared, a lent GPU machine's) sized beam search by config.vocab_size, not by the
+# logits, so beam search of a model with a separate decoder vocabulary fails there (fixed in 5.18; setup.cfg).
+if version.parse(transformers.__version__) >= version.parse("5.18"):
+    CASES["seq2seq-decoder-two-vocabularies"] = own("seq2seq", head_mode="square", tie_topology="decoder",
+                                                    decoder_vocab_size=50)  # fmt: skip
 CASES["causal-untied"] = own("causal", head_mode="cosine", tie_word_embeddings=False)
 CASES["causal-zero-logit-bias"] = lambda: tiny_model("causal", head_mode="cosine", logit_bias=True)  # b = 0: exports
 for architecture, head_mode, fields in (

@@ -19,13 +19,14 @@ from testing_utils import model_inputs, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaConfig, LlamaForCausalLM
 
+from hf_tiednorm import head_modes
 from hf_tiednorm.bridges import export as export_module
 from hf_tiednorm.bridges.export import export_plain
 from hf_tiednorm.bridges.export import main as export_main
 from hf_tiednorm.bridges.export_card import THIS_FOLDER
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.convert import main as convert_main
-from hf_tiednorm.head_modes import Cosine, HeadMode, get_head_mode, register_head_mode, unregister_head_mode
+from hf_tiednorm.head_modes import Cosine, HeadMode, register_head_mode, unregister_head_mode
 from hf_tiednorm.publishing.hub import push_to_hub
 
 TOLERANCE = 1e-4
@@ -173,17 +174,15 @@ def test_a_runtime_registered_mode_is_not_published_as_remote_code(tmp_path):
         unregister_head_mode("my_cosine")
 
 
-def test_a_builtin_mode_redefined_at_runtime_is_not_published_as_remote_code(tmp_path):
+def test_a_builtin_mode_redefined_at_runtime_is_not_published_as_remote_code(tmp_path, monkeypatch):
     saved(tiny_model("causal", head_mode="cosine"), tmp_path / "model")
-    original = get_head_mode("cosine")
     redefined = Cosine()
     redefined.equation = "s_i = something else"  # the staged head_modes.py would score with the original
-    register_head_mode(redefined, replace=True)
-    try:
-        with pytest.raises(ValueError, match="head_mode 'cosine' was registered at runtime"):
-            push_to_hub(tmp_path / "model", "tester/x", dry_run_dir=tmp_path / "up")
-    finally:
-        register_head_mode(original, replace=True)
+    with pytest.raises(ValueError, match="'cosine' is built in"):  # refused where it is registered (issue 48)
+        register_head_mode(redefined, replace=True)
+    monkeypatch.setitem(head_modes._REGISTRY, "cosine", redefined)  # past the registry: push still refuses it
+    with pytest.raises(ValueError, match="head_mode 'cosine' was registered at runtime"):
+        push_to_hub(tmp_path / "model", "tester/x", dry_run_dir=tmp_path / "up")
 
 
 @pytest.mark.parametrize("plain", [False, True])

@@ -5,6 +5,8 @@ synchronization; the models' forwards (no logits from a fused path, skip_logits)
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from testing_utils import (
@@ -18,6 +20,7 @@ from testing_utils import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hf_tiednorm import fused_loss
 from hf_tiednorm.chunked_loss import chunked_linear_cross_entropy
 from hf_tiednorm.folded_weight import FoldScale, fold_scale
 from hf_tiednorm.fused_loss import (
@@ -106,6 +109,50 @@ def test_torch_linear_cross_entropy_on_the_folded_weight_equals_the_plain_path_i
     assert_same_loss_and_grads(head_loss_and_grads(head, hidden, labels, _fused("torch", 0.0)), expected)
     with pytest.raises(ValueError, match="without label smoothing"):
         _fused("torch", 0.1)(head, hidden, labels)
+
+
+def test_liger_with_a_frozen_body_still_trains_the_head(monkeypatch):
+    """Issue 48 (13): liger-kernel computes the weight and bias gradients only when the hidden states require grad
+    (0.8.5, measured on a CPU under Triton's interpreter), so head-only training with a frozen body got ∇W = ∇g = 0
+    and ∇b = None. liger does not run on this CPU: the stand-in below behaves as it does; the head's gradients must
+    be the plain path's, and with a trained body liger itself still serves the loss."""
+    calls = []
+
+    def liger_like(hidden, weight, bias, labels, smoothing, ignore_index):
+        calls.append(hidden.requires_grad)
+        if not hidden.requires_grad:  # what liger-kernel 0.8.5 does: no weight or bias gradient
+            weight, bias = weight.detach(), None if bias is None else bias.detach()
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, None, smoothing, ignore_index)
+
+    monkeypatch.setattr(fused_loss, "_liger_loss", liger_like)
+    head = variant_head("cosine", "vector", True)
+    hidden, labels = _hidden(), _labels()
+    expected = head_loss_and_grads(head, hidden, labels, _plain(0.1))
+    head.zero_grad(set_to_none=True)
+    _fused("liger", 0.1)(head, hidden, labels).backward()  # a frozen body: h needs no gradient
+    got = {"W": head.weight.grad, "g": head.logit_scale.grad, "b": head.logit_bias.grad}
+    assert_same_loss_and_grads(got, {name: expected[name] for name in got})
+    assert calls == []  # the chunked loop served it
+    trained_body = head_loss_and_grads(head, hidden, labels, _fused("liger", 0.1))
+    assert calls == [True]
+    assert_same_loss_and_grads(trained_body, expected)
+
+
+@pytest.mark.slow  # liger-kernel under Triton's interpreter on a CPU (TRITON_INTERPRET=1), or on CUDA
+@pytest.mark.skipif(not fused_loss.liger_installed() or not (torch.cuda.is_available()
+                                                           or os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="needs liger-kernel, and CUDA or TRITON_INTERPRET=1")
+def test_real_liger_with_a_frozen_body_trains_the_head():
+    """Issue 48 (13) with liger-kernel itself: called directly with hidden states that need no gradient it gives the
+    head ∇W = ∇g = 0 and ∇b = None (0.8.5); the liger path of head_linear_cross_entropy gives the plain gradients."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    head = variant_head("cosine", "vector", True, dtype=torch.float32).to(device)
+    hidden, labels = _hidden(dtype=torch.float32).to(device), _labels().to(device)
+    expected = head_loss_and_grads(head, hidden, labels, _fused("chunked", 0.1))
+    head.zero_grad(set_to_none=True)
+    _fused("liger", 0.1)(head, hidden, labels).backward()
+    got = {"W": head.weight.grad, "g": head.logit_scale.grad, "b": head.logit_bias.grad}
+    assert_same_loss_and_grads(got, {name: expected[name] for name in got}, rtol=1e-4, atol=1e-5)
 
 
 def test_auto_picks_the_plain_path_for_small_logits_and_a_fused_one_for_large():

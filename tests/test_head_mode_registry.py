@@ -154,7 +154,7 @@ def test_registering_refuses_a_taken_name_and_a_bad_lossless_term():
     with pytest.raises(ValueError, match="identifier as name"):
         register_head_mode(HeadMode())  # a bare HeadMode has no name
     taken = copy.copy(get_head_mode("cosine"))
-    with pytest.raises(ValueError, match="'cosine' is registered already"):
+    with pytest.raises(ValueError, match="'cosine' is built in"):
         register_head_mode(taken)
     bad = RootNorm()
     bad.lossless_start = ("temperature",)

@@ -55,3 +55,72 @@ def test_save_and_reload_keep_the_state_dict_keys(name, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**inputs).logits, model(**inputs).logits)
     assert type(reloaded.base_model).__name__ == BACKBONES[name]
+
+
+def test_output_settings_and_attention_reach_the_wrapped_model(tmp_path):
+    """``text_config`` is a sub-config: what is set on the wrapper's config (outputs, attention implementation,
+    also at ``from_pretrained``) is what the wrapped model runs with."""
+    model = wrapped("llama")
+    assert model.config.sub_configs and model.config.get_text_config() is model.model.config
+    assert model.config._attn_implementation == model.model.config._attn_implementation == "sdpa"
+    model.config.output_hidden_states = True
+    inputs = inputs_for(model)
+    with torch.no_grad():
+        assert len(model(**inputs).hidden_states) == CONFIGS["llama"].num_hidden_layers + 1
+    model.save_pretrained(tmp_path)
+    from transformers import AutoModelForCausalLM
+
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True, attn_implementation="eager")
+    attention = eager.model.model.layers[0].self_attn
+    assert eager.config._attn_implementation == attention.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bart"])
+def test_inputs_embeds_and_tuples(name):
+    """``inputs_embeds`` is a named argument and gives the logits ``input_ids`` give; ``return_dict=False`` gives
+    the output's tuple (logits first), also on the fused training path."""
+    import inspect
+
+    model = wrapped(name)
+    assert "inputs_embeds" in inspect.signature(model.forward).parameters
+    inputs = inputs_for(model)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        embeds = model.get_input_embeddings()(inputs["input_ids"])
+        from_embeds = model(**{k: v for k, v in inputs.items() if k != "input_ids"}, inputs_embeds=embeds).logits
+        torch.testing.assert_close(from_embeds, expected)
+        as_tuple = model(**inputs, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    torch.testing.assert_close(as_tuple[0], expected)
+    if name == "gpt2":
+        model.train()
+        model.config.loss_implementation = "chunked"
+        loss = model(**inputs, labels=inputs["input_ids"], return_dict=False)[0]
+        assert loss.ndim == 0
+
+
+def test_vocab_size_follows_a_resize():
+    model = wrapped("qwen3")
+    assert model.config.vocab_size == model.config.get_text_config().vocab_size == 61
+    model.resize_token_embeddings(71)
+    assert model.config.vocab_size == model.config.get_text_config().vocab_size == 71
+    with torch.no_grad():
+        assert model(**inputs_for(model)).logits.shape[-1] == 71
+
+
+def test_an_untied_config_is_refused_where_the_model_is_built():
+    """The normalized head is tied by definition: a wrapped config saying ``tie_word_embeddings=False`` is refused
+    when the wrapper is built (it used to build tied anyway and then not reload its own save); so is an own-family
+    config whose tie flag was set against its ``tie_topology``."""
+    from testing_utils import tiny_config
+
+    import hf_tiednorm
+    from hf_tiednorm import TiedNormWrappedConfig, TiedNormWrappedForCausalLM
+
+    text_config = CONFIGS["llama"].__class__(**CONFIGS["llama"].to_dict() | {"tie_word_embeddings": False})
+    with pytest.raises(ValueError, match="tie_word_embeddings=False"):
+        TiedNormWrappedForCausalLM(TiedNormWrappedConfig(text_config=text_config, head_mode="cosine"))
+    config = tiny_config("seq2seq")
+    config.tie_word_embeddings = False
+    with pytest.raises(ValueError, match="contradicts tie_topology"):
+        hf_tiednorm.TiedNormForConditionalGeneration(config)

@@ -68,7 +68,7 @@ def test_dry_run_folder_loads_without_package_and_reproduces_logits(checkpoints,
 
         files = {p.name for p in upload.iterdir()}
         assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "embedding_norms.png"} <= files
-        assert {"normalized_head.py", "configuration_tiednorm.py"} <= files  # the remote code travels along
+        assert {"configuration_tiednorm.py", "modeling_tiednorm.py"} <= files  # the remote code travels along
         assert REPO_ID in (upload / "README.md").read_text()
         assert "local_files_only" not in json.loads((upload / "tokenizer_config.json").read_text())
 
@@ -110,7 +110,7 @@ def test_dry_run_of_converted_checkpoints_loads_without_package(tmp_path):
 
         files = {p.name for p in upload.iterdir()}
         assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= files
-        assert {"modeling_tiednorm_wrapped.py", "configuration_tiednorm_wrapped.py", "normalized_head.py"} <= files
+        assert {"configuration_tiednorm.py", "modeling_tiednorm.py"} <= files
         card = ModelCard.load(upload / "README.md")
         assert {"tiednorm", head_mode, name} <= set(card.data.tags) and card.data.datasets == ["bentrevett/multi30k"]
         assert f"`{name}` model (transformers' own code)" in card.text and REPO_ID in card.text

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 from script_helpers import run_script, tiny_translation_flags
-from testing_utils import tiny_causal_config, tiny_seq2seq_config, tiny_tokenizer
+from testing_utils import bind_mounted, tiny_causal_config, tiny_seq2seq_config, tiny_tokenizer
 
 from hf_tiednorm.training.run_directory import lock_path
 from hf_tiednorm.training.run_outputs import check_inputs_kept, is_run_output
@@ -158,3 +158,35 @@ def test_overwrite_in_place_keeps_the_causal_model(tmp_path, monkeypatch):
                                "--report_to", "none", "--block_size", "32", "--model_name_or_path", "./X"],
                    monkeypatch)
     assert {path.name: path.read_bytes() for path in model.iterdir()} == before
+
+
+@pytest.mark.parametrize("simulate", [False, True], ids=["mount", "simulated"])
+def test_an_output_dir_bind_mounted_on_the_model_folder_is_refused(tmp_path, monkeypatch, simulate):
+    """Issue 48 (8): `--output_dir` a bind mount of the model folder with --overwrite_output_dir deleted the model:
+    the check compared paths, and no spelling of the mount point names the model folder; device and inode do."""
+    model = model_folder(tmp_path / "model")
+    before = {path.name: path.read_bytes() for path in model.iterdir()}
+    with bind_mounted(model, tmp_path / "mnt", monkeypatch, simulate=simulate):
+        for flag, value in (("--model_name_or_path", str(model)), ("--tokenizer_name", str(model / "tokenizer.json")),
+                            ("--resume_from_checkpoint", str(model))):
+            with pytest.raises(ValueError, match=rf"would delete .*mnt/.*, which {flag} {value} reads: nothing"):
+                check_inputs_kept(deleted_entries(tmp_path / "mnt"), {flag: value})
+        other = model_folder(tmp_path / "other")  # another model folder passes
+        check_inputs_kept(deleted_entries(tmp_path / "mnt"), {"--model_name_or_path": str(other)})
+    assert {path.name: path.read_bytes() for path in model.iterdir()} == before
+
+
+def test_overwrite_through_a_bind_mount_keeps_the_model(tmp_path, monkeypatch):
+    """Issue 48 (8) end to end: run_clm.py with --output_dir a bind mount of its --model_name_or_path."""
+    model = tmp_path / "X"
+    tiny_causal_config().save_pretrained(model)
+    (model / "model.safetensors").write_bytes(b"weights")
+    before = {path.name: path.read_bytes() for path in model.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    with bind_mounted(model, tmp_path / "mnt", monkeypatch) as how:
+        with pytest.raises(ValueError, match=r"--overwrite_output_dir would delete .*mnt/.*, which "
+                                             r"--model_name_or_path X reads"):
+            run_script("run_clm", ["--output_dir", "mnt", "--overwrite_output_dir", "--do_train", "--max_steps", "1",
+                                   "--report_to", "none", "--block_size", "32", "--model_name_or_path", "X"],
+                       monkeypatch)
+    assert {path.name: path.read_bytes() for path in model.iterdir()} == before, how

@@ -79,7 +79,7 @@ def test_saved_translation_models_serve_the_pipeline_from_their_folder_alone(tmp
     for name, model in (("own", own), ("converted", converted)):
         config = json.loads((tmp_path / name / "config.json").read_text())
         assert "tiednorm-translation" in config["custom_pipelines"]
-        assert (tmp_path / name / "pipeline_translation.py").is_file()
+        assert "class TiedNormTranslationPipeline(" in (tmp_path / name / "modeling_tiednorm.py").read_text()
         translator = pipeline("tiednorm-translation", model=model, tokenizer=tokenizer)
         expected[name] = translator("ein hund läuft .", num_beams=2, max_new_tokens=5)
 

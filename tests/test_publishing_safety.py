@@ -57,7 +57,7 @@ def test_fine_tuning_drops_a_base_models_foreign_auto_map(base_run, data_flags, 
     for folder in (output_dir, output_dir / "checkpoint-1"):
         auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
         assert "AutoModelForCausalLM" not in auto_map and foreign_auto_map(auto_map) == {}
-        assert auto_map["AutoModelForSeq2SeqLM"].startswith("modeling_tiednorm_seq2seq.")
+        assert auto_map["AutoModelForSeq2SeqLM"].startswith("modeling_tiednorm.")
 
 
 def test_push_refuses_to_stage_a_foreign_auto_map(base_run, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers.modeling_utils
 from safetensors.torch import save_file
-from script_helpers import run_script, tiny_translation_flags
+from script_helpers import run_script, tiny_translation_flags, write_tiny_parallel
 from testing_utils import tiny_causal_config
 from transformers import AutoTokenizer, Trainer, TrainingArguments
 
@@ -172,3 +172,23 @@ def test_push_checks_the_path_before_the_token(tmp_path, monkeypatch):
     monkeypatch.setattr(hub, "get_token", lambda: None)
     with pytest.raises(FileNotFoundError, match="checkpoint folder not found: .*no_such_run"):
         hub.main([str(tmp_path / "no_such_run"), "user/repo"])
+
+
+def test_test_predictions_answer_every_test_line_in_order(tmp_path, monkeypatch):
+    """Issue 48 (9) end to end: a test file with a copied pair (line 2) and an empty one (line 3) gets a prediction
+    for each of its lines, so line i of test_predictions.txt answers source line i."""
+    data = tmp_path / "data"
+    data.mkdir()
+    flags = write_tiny_parallel(data)
+    source = (data / "test.de").read_text().splitlines()
+    target = (data / "test.en").read_text().splitlines()
+    source[1], target[1] = "berlin", "Berlin "  # a copy up to whitespace
+    source[2] = ""
+    (data / "test.de").write_text("\n".join(source) + "\n")
+    (data / "test.en").write_text("\n".join(target) + "\n")
+    out = tmp_path / "out"
+    run_script("run_translation", tiny_translation_flags(
+        flags, out, "--do_train", "--max_steps", "1", "--save_strategy", "no", "--do_predict",
+        "--predict_with_generate", "--max_predict_samples", str(len(source)),
+    ), monkeypatch)
+    assert len((out / "test_predictions.txt").read_text().splitlines()) == len(source)

@@ -2,7 +2,7 @@
 ``register_family`` and ``register_with_auto_classes``. With no edit to the package it trains, saves and reloads
 through the Auto classes, converts from a GPT-2 checkpoint 1:1, exports back to ``GPT2LMHeadModel`` and names itself
 on its card: every per-family answer is its row's. (A family that also travels as remote code keeps its config and
-modeling classes in the flat model wing: save_pretrained copies the defining file and its single-dot imports.)"""
+modeling classes in the flat model layer: utils/generate_remote_code.py inlines them into a saved model's files.)"""
 
 from __future__ import annotations
 

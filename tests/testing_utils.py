@@ -4,8 +4,11 @@ independent reference scores. Every test module imports from here; ``conftest.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -245,3 +248,32 @@ def assert_same_loss_and_grads(got: dict, expected: dict, rtol: float = 1e-9, at
         torch.testing.assert_close(
             got[name].to(value.dtype), value, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}"
         )
+
+
+@contextlib.contextmanager
+def bind_mounted(source: Path, mount_point: Path, monkeypatch, simulate: bool = False) -> Iterator[str]:
+    """``mount_point`` showing the folder ``source`` under another path, as ``mount --bind source mount_point`` does
+    (no spelling relates the two; device and inode do). A real bind mount where this process may mount (root, as in
+    this sandbox) unless ``simulate``; else a copy of ``source`` whose ``os.stat`` (what the package's identity checks
+    call) answers with the identity of the file it stands for. Yields ``"mount"`` or ``"simulated"``."""
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mounted = not simulate and shutil.which("mount") is not None and subprocess.run(
+        ["mount", "--bind", str(source), str(mount_point)], capture_output=True).returncode == 0
+    if mounted:
+        try:
+            yield "mount"
+        finally:
+            subprocess.run(["umount", str(mount_point)], check=True)
+        return
+    shutil.copytree(source, mount_point, dirs_exist_ok=True)
+    real_stat, root = os.stat, os.path.abspath(mount_point)
+
+    def stat(path, *args, **kwargs):
+        if isinstance(path, (str, os.PathLike)):
+            absolute = os.path.abspath(path)
+            if absolute == root or absolute.startswith(root + os.sep):
+                path = os.path.join(source, os.path.relpath(absolute, root))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    yield "simulated"

@@ -1,5 +1,5 @@
-"""The crossing wing: every way between a plain checkpoint and an hf_tiednorm one, and nothing that travels with a
-saved model (docs/layout.md).
+"""The conversion and export layer: every way between a plain checkpoint and an hf_tiednorm one, and nothing that
+travels with a saved model (docs/layout.md).
 
 - In: ``convert`` (``normalize_tied_head``, ``convert_checkpoint``, ``tiednorm-convert``; public name
   ``hf_tiednorm.convert``), ``convert_checks`` (what a source must be), ``gguf_checks`` (a GGUF file read whole, the
@@ -10,5 +10,5 @@ saved model (docs/layout.md).
   not leave this machine, atomic staging; tiednorm-push stages through it too).
 - Engines: ``engines/`` (ONNX Runtime, llama.cpp): serving an export with an engine nobody here wrote.
 
-It imports the model wing, never the publishing or training wings (tests/test_layout.py).
+It imports the model layer, never the publishing or training layers (tests/test_layout.py).
 """

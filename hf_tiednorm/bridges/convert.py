@@ -44,8 +44,9 @@ from .convert_checks import (
     tie_parallel_output_rows,
     tied_copy,
 )
-from .field_flags import add_head_option_flags, head_options_from_flags
+from .field_flags import add_head_option_flags, add_registered_option_flags, head_options_from_flags
 from .gguf_checks import check_gguf_file, drop_quantization_state
+from .path_identity import is_same_or_inside
 from .source_provenance import (
     check_base_model_id,
     folder_provenance,
@@ -54,6 +55,7 @@ from .source_provenance import (
     portable_name_or_path,
     record_provenance,
 )
+from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, staged_folder
 
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
@@ -240,8 +242,8 @@ def convert_checkpoint(
 
     marian / bart / llama sources become our own families unless ``generic``; every other tied causal LM or
     encoder-decoder is wrapped (``normalize_tied_head``). With ``output_dir`` (new or empty, outside ``source``), the
-    converted model is saved there with its remote code, and the source's tokenizer if it has one. Returns the
-    converted model in eval mode.
+    converted model is saved there with its remote code, and the source's tokenizer if it has one, staged beside it
+    and renamed into place (a failed conversion leaves no output folder). Returns the converted model in eval mode.
 
     Args:
         source: a folder written by ``save_pretrained``; with ``gguf_file``, the folder holding that GGUF file; or
@@ -279,12 +281,15 @@ def convert_checkpoint(
         existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
         if not existing.is_dir():  # output_dir is a file, or lies below one
             raise NotADirectoryError(f"output_dir {output_dir}: {existing} is a file; choose a new or empty folder")
-        if output_dir.resolve() == source.resolve() or source.resolve() in output_dir.resolve().parents:
+        if is_same_or_inside(output_dir, source):  # by device and inode: a bind mount or link too
             raise ValueError(f"output_dir {output_dir} must lie outside the source checkpoint {source}")
         if output_dir.exists() and any(output_dir.iterdir()):
             raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the converted model")
 
     load = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    has_tokenizer = gguf_file is not None or any((source / name).is_file() for name in TOKENIZER_FILES)
+    if output_dir is not None and has_tokenizer:
+        check_tokenizer_files(source)  # a corrupt tokenizer.json is named before any work
     source_config = AutoConfig.from_pretrained(source, **load)
     # An untied source whose output rows are positive multiples c_i of its input rows (a plain export with a trained
     # logit scale) converts with a lossless start that sets a logit scale: c_i goes into g_i. Others are refused.
@@ -316,13 +321,18 @@ def convert_checkpoint(
     model = name_like_source(model.eval(), source_model.name_or_path)
 
     if output_dir is not None:
-        model.save_pretrained(output_dir)
-        if (
-            gguf_file is not None
-            or (source / "tokenizer_config.json").is_file()
-            or (source / "tokenizer.json").is_file()
-        ):
-            copy_tokenizer(source, output_dir, **load)
+        # Staged beside output_dir and renamed into place: a failure (a tokenizer that does not load, a full disk)
+        # leaves no half-written output folder, as the exports do (staging_checks.staged_folder).
+        with staged_folder(output_dir) as partial:
+            model.save_pretrained(partial)
+            if has_tokenizer:
+                try:
+                    copy_tokenizer(source, partial, **load)
+                except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+                    raise ValueError(
+                        f"the tokenizer of {source} does not load ({type(error).__name__}: {error}); nothing was "
+                        f"written to {output_dir}: repair or re-save the source's tokenizer files"
+                    ) from error
     return model
 
 
@@ -369,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
         "mapping them onto hf_tiednorm's own families",
     )
+    add_registered_option_flags(parser)  # last: a registered option's flag may not shadow one above
     return parser
 
 

@@ -78,16 +78,34 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
         literal = [arg for arg in (*get_args(annotation), annotation) if get_origin(arg) is Literal]
         choices = metadata.get("choices") or (get_args(literal[0]) if literal else None)
         parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
-    for option in HEAD_OPTIONS.values():  # registered head options (head_options.register_head_option): switches
+
+
+def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` switch per registered head option (head_options.register_head_option), added after
+    every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
+    ``output_dir`` argument) is refused naming the option, since the switch would be shadowed or read the other
+    argument's value."""
+    taken = {action.dest: action for action in parser._actions}
+    for option in HEAD_OPTIONS.values():
         flag = f"--{option.name.replace('_', '-')}"
+        clash = taken.get(option.name) or parser._option_string_actions.get(flag)
+        if clash is not None:
+            raise ValueError(
+                f"head option {option.name!r} (register_head_option) would be the flag {flag} of {parser.prog}, "
+                f"which already has {'/'.join(clash.option_strings) or clash.dest}; register the option under "
+                "another name"
+            )
+        # An identifier name (register_head_option) is its flag's destination: head_options_from_flags reads it.
         parser.add_argument(flag, action="store_true", help=f"{option.help} (default: off)")
 
 
 def head_options_from_flags(args: argparse.Namespace) -> HeadOptions:
-    """The ``HeadOptions`` of the flags ``add_head_option_flags`` added (checked once, as every HeadOptions is)."""
-    extra = tuple(name for name in HEAD_OPTIONS if getattr(args, name, False))
+    """The ``HeadOptions`` of the flags ``add_head_option_flags`` and ``add_registered_option_flags`` added (checked
+    once, as every HeadOptions is)."""
+    extra = tuple(name for name in HEAD_OPTIONS if getattr(args, name) is True)
     return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()}, extra_terms=extra)
 
 
-__all__ = ["add_head_option_flags", "flag_help", "flag_metadata", "flag_type", "head_option_fields",
+__all__ = ["add_head_option_flags", "add_registered_option_flags", "flag_help", "flag_metadata", "flag_type",
+           "head_option_fields",
            "head_options_from_flags"]

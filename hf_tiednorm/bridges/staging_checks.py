@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .. import head_modes
+from .path_identity import is_same_or_inside
 
 # Staged text files that the checkpoint's own run wrote (the .py code files are the package's).
 CHECKED_PATTERNS = ("*.md", "*.json", "*.txt", "*.jinja")
@@ -124,7 +125,7 @@ def check_new_folder(folder: Path, what: str, *, outside: Path | None = None) ->
     if not existing.is_dir():
         named = "is a file" if existing == folder else f"lies below {existing}, which is a file"
         raise NotADirectoryError(f"{what} {folder} {named}: choose a new or empty folder")
-    if outside is not None and (folder.resolve() == outside.resolve() or outside.resolve() in folder.resolve().parents):
+    if outside is not None and is_same_or_inside(folder, outside):  # by device and inode (path_identity.py)
         raise ValueError(f"{what} {folder} must lie outside the checkpoint folder {outside}, which is only read")
     if folder.is_dir() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty; choose a new or empty folder for the {what}")
@@ -189,7 +190,7 @@ def check_tokenizer_fits(tokenizer, model, tokenizer_source: Path | str, model_s
 
 
 def unshipped_head_mode(name: str) -> str | None:
-    """Why the model wing's code, copied beside a saved model as its remote code, would not score as this process
+    """Why the package's code, generated into a saved model's folder as its remote code, would not score as this process
     does in head mode ``name``: a mode added or redefined at runtime (``register_head_mode``) lives only in this
     process. None for a mode the code defines itself."""
     mode = head_modes.get_head_mode(name)
@@ -198,8 +199,8 @@ def unshipped_head_mode(name: str) -> str | None:
         return None
     return (
         f"head_mode {name!r} was registered at runtime (register_head_mode: {cls.__module__}.{cls.__qualname__}); "
-        "the remote code saved with the model (hf_tiednorm/head_modes.py) does not define it, so "
-        "from_pretrained(..., trust_remote_code=True) would refuse the model"
+        "the remote code saved with the model (configuration_tiednorm.py, generated from hf_tiednorm/head_modes.py) "
+        "does not define it, so from_pretrained(..., trust_remote_code=True) would refuse the model"
     )
 
 

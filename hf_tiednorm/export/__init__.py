@@ -1,7 +1,7 @@
 """``hf_tiednorm.export``: the public name of the way out (``export_plain``, the ``tiednorm-export`` command line,
 ``python -m hf_tiednorm.export FOLDER OUT``), beside ``hf_tiednorm.convert`` for the way in. The code lives in the
-crossing wing, ``hf_tiednorm/bridges/export.py``; this is a package, not a flat module, because the flat
-``hf_tiednorm/*.py`` are exactly the files a saved model carries as remote code (docs/layout.md).
+conversion and export layer, ``hf_tiednorm/bridges/export.py``; this is a package, not a flat module, because the
+flat ``hf_tiednorm/*.py`` are exactly the model layer (docs/layout.md).
 """
 
 from ..bridges.export import *  # noqa: F403

@@ -27,9 +27,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx2
 from huggingface_hub import CommitInfo, HfApi, ModelCard, get_token
 from huggingface_hub.errors import OfflineModeIsEnabled
+
+try:  # huggingface_hub 2.x talks HTTP through httpx2, 1.x (with transformers 5.17, the lowest declared) through httpx
+    from httpx2 import TransportError
+except ImportError:
+    from httpx import TransportError
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from ..bridges.convert import copy_tokenizer
@@ -236,7 +240,7 @@ def push_to_hub(
         folder = prepare(checkpoint, staging, repo_id=repo_id, tokenizer=tokenizer, **card_inputs)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
-        except (httpx2.TransportError, OfflineModeIsEnabled) as err:
+        except (TransportError, OfflineModeIsEnabled) as err:
             raise ConnectionError(
                 f"cannot reach the Hub at {api.endpoint} ({err}); check the network, HF_ENDPOINT and HF_HUB_OFFLINE. "
                 f"Nothing was uploaded and {checkpoint} is unchanged."

@@ -1,5 +1,6 @@
-"""The training wing: what scripts/run_translation.py and scripts/run_clm.py need beyond the model (which lives flat
-in ``hf_tiednorm/`` and travels with a saved model). Nothing here is imported by a model file.
+"""The training layer: what scripts/run_translation.py and scripts/run_clm.py need beyond the model (the model layer:
+the flat ``hf_tiednorm/*.py``, from which a saved model's code is generated). Nothing here is imported by a model
+file.
 
 * ``arguments``: the shared flags (model, data, output folder, run) and ``parse_arguments`` (config file + flags).
 * ``precision``: CPU detection, the bf16 default, the fp32-softmax attention for bf16 on CPU.

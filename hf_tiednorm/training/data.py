@@ -188,6 +188,11 @@ def is_copy(source: str, target: str) -> bool:
     return source.split() == target.split()
 
 
+# The split that is scored line by line: test BLEU and test_predictions.txt (line i answers source line i) cover every
+# pair of its file, so none is ever dropped (``drop_pairs``); train and validation drop what teaches no translation.
+UNFILTERED_SPLITS = ("test",)
+
+
 def drop_pairs(
     sides: dict[str, list[str]], split: str, where: str, keep_empty: bool = False, keep_copies: bool = False,
     copy_refusal: str | None = None,
@@ -195,7 +200,8 @@ def drop_pairs(
     """``sides`` (language → aligned lines) without the pairs that teach no translation, each kind with a warning
     naming how many and the first line: a pair whose source or target is empty or whitespace only (``keep_empty``:
     kept, still warned), and a pair whose target equals its source up to whitespace, which trains a copy
-    (``keep_copies``: kept, still warned). ``ValueError`` when no pair is left: a split of empty lines only, or of
+    (``keep_copies``: kept, still warned). A split of ``UNFILTERED_SPLITS`` (test) keeps every pair, warned: its
+    predictions answer its file line for line. ``ValueError`` when no pair is left: a split of empty lines only, or of
     copies only (``copy_refusal``: the message; training would learn to copy, whatever ``keep_copies``)."""
     (source, target) = sides.values()
     empty, copies = [], []
@@ -213,11 +219,14 @@ def drop_pairs(
         raise ValueError(copy_refusal or f"{split} {where}: every pair's target equals its source up to whitespace "
                          "(the same lines): training would learn to copy; give the target language's text")
     drop = set()
+    scored = split in UNFILTERED_SPLITS
     for rows, what, keep, flag in ((empty, "with an empty or whitespace-only side", keep_empty, "--keep_empty_lines"),
                                    (copies, "whose target equals the source up to whitespace (a copy)", keep_copies,
                                     "--keep_copied_pairs")):
         if rows:
             action = f"kept ({flag})" if keep else f"dropped ({flag} keeps them)"
+            if scored:
+                keep, action = True, "kept (every test pair is scored: prediction line i answers source line i)"
             logger.warning("%s %s: %d pairs %s (the first at line %d) %s", split, where, len(rows), what,
                            rows[0] + 1, action)
             if not keep:
@@ -232,8 +241,9 @@ def load_parallel(
     keep_copies: bool = False,
 ) -> DatasetDict:
     """A ``DatasetDict`` with one string column per language (``source_lang``, ``target_lang``) for each split;
-    pairs with an empty side are dropped with a warning unless ``keep_empty``, pairs whose target is the source up
-    to whitespace unless ``keep_copies``; a split of copies only is refused (``drop_pairs``)."""
+    in train and validation, pairs with an empty side are dropped with a warning unless ``keep_empty``, pairs whose
+    target is the source up to whitespace unless ``keep_copies``; the test split keeps every pair (warned); a split of
+    copies only is refused (``drop_pairs``)."""
     if source_lang == target_lang:
         raise ValueError(f"source_lang and target_lang are both {source_lang!r}; give two different languages")
     splits = {}

@@ -37,6 +37,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
+from ..bridges.path_identity import is_same_or_inside
 from ..bridges.staging_checks import safetensors_problem
 from .checkpoint_reading import archive_problems, missing_weight_names, trainer_state_problem
 from .run_outputs import check_inputs_kept, overwritable_entries
@@ -246,8 +247,7 @@ def resolve_resume_checkpoint(training_args: TrainingArguments) -> str | None:
 
 
 def _inside(path: str | os.PathLike, folder: Path) -> bool:
-    resolved = Path(path).resolve()
-    return resolved == folder or folder in resolved.parents
+    return is_same_or_inside(path, folder)  # by device and inode: a bind mount too (path_identity.py)
 
 
 def prepare_output_dir(

@@ -4,14 +4,15 @@ A folder handed to --output_dir can hold more than a previous run's outputs: the
 from, notes, data, or another run training in a sub-folder. Deleting the folder's whole contents destroyed those
 (a live run lost its checkpoints and lock; ``run_translation.py run.yaml --output_dir .`` deleted run.yaml). So the
 deletion is by name: only the entries a run of ours writes (``RUN_OUTPUT_PATTERNS``: its model, tokenizer, copied
-model-wing code, checkpoints, results, card, plots, token counts, run record), and never while a live run holds a
+remote code, checkpoints, results, card, plots, token counts, run record), and never while a live run holds a
 lock anywhere beneath the folder (``live_locks_beneath``). Every other entry is kept and named in the log.
 
 Nor may it delete an input of the run (``run_inputs``: the model, tokenizer, data files, resumed checkpoint, config
 file): ``--model_name_or_path X --output_dir X --overwrite_output_dir`` deleted X's model before loading it, since
 only an input lying *beneath* a deleted entry was protected. ``check_inputs_kept`` compares every path through which
 an input is read (``reached_through``: relative, trailing slash, symlinks along the way; a folder's files, which may
-be links) with the entries to delete, and refuses by name before anything is deleted.
+be links) with the entries to delete, by path and by file identity (device and inode: a bind mount of the model
+folder as --output_dir), and refuses by name before anything is deleted.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..bridges.path_identity import ancestor_ids, file_id
+from ..remote_code_map import LEGACY_MODULES, REMOTE_CODE_MODULES
 from .arguments import config_file_argument
 
 logger = logging.getLogger(__name__)
 
-# The model wing's modules: save_pretrained copies them beside a registered model (remote code).
-MODEL_WING_FILES = tuple(sorted(path.name for path in Path(__file__).resolve().parents[1].glob("*.py")))
+# A saved model's remote code: the two generated files, or (a folder saved by an earlier version) one copy of each
+# model-layer module (remote_code_map.py).
+REMOTE_CODE_FILES = tuple(sorted(f"{module}.py" for module in {*REMOTE_CODE_MODULES, *LEGACY_MODULES}))
 
 # The names a run of the training scripts writes into --output_dir (transformers' Trainer and save_pretrained
 # included): its outputs, and the only entries --overwrite_output_dir deletes.
@@ -39,7 +43,7 @@ RUN_OUTPUT_PATTERNS = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
     "added_tokens.json", "chat_template.jinja",
     "training_args.bin", "trainer_state.json", "*_results.json", "test_predictions.txt", "token_counts.pt",
-    "README.md", "*.png", "run_record.json", *MODEL_WING_FILES,
+    "README.md", "*.png", "run_record.json", *REMOTE_CODE_FILES,
 )
 
 
@@ -105,13 +109,20 @@ def check_inputs_kept(deleted: list[Path], inputs: dict[str, str | None]) -> Non
     """``ValueError`` naming the flag, its path and the entry, before anything is deleted, when deleting the entries
     ``deleted`` (each a path in a resolved folder; a link is removed, not followed) would remove or cut off an input
     of the run (``inputs``: flag → path: the model, tokenizer, data files, resumed checkpoint, config file), however
-    the input is spelled (relative, trailing slash, through a symlink, the output folder itself): the input is an
-    entry to delete or lies beneath one, or one of its files is such an entry (--output_dir is the model folder)."""
+    the input is spelled (relative, trailing slash, through a symlink, the output folder itself) or mounted (a bind
+    mount: the same device and inode under another path): the input is an entry to delete or lies beneath one, or one
+    of its files is such an entry (--output_dir is the model folder)."""
+    # By identity (device, inode) as well as by path: --output_dir may be a bind mount of the model folder, whose
+    # entries no spelling relates to the model's files (path_identity.py).
+    by_identity = {file_id(entry, follow_symlinks=False): entry for entry in deleted}
+    by_identity.pop(None, None)
     for flag, value in inputs.items():
         if not value:
             continue
         for path in input_paths(value):
             hit = next((entry for entry in deleted if entry == path or entry in path.parents), None)
+            if hit is None:
+                hit = next((by_identity[found] for found in ancestor_ids(path) if found in by_identity), None)
             if hit is not None:
                 raise ValueError(
                     f"--overwrite_output_dir would delete {hit}, which {flag} {value} reads: nothing has been deleted. "

@@ -27,6 +27,7 @@ from transformers import (
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import CONFIG_NAME
 
+from ..bridges.path_identity import file_id
 from ..publishing.model_card import write_model_card
 from ..remote_code_map import foreign_auto_map
 from .arguments import (
@@ -265,8 +266,7 @@ def load_or_train_tokenizer(
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(desc="tokenizer"):
         source = model_args.tokenizer_source(resume, output_dir)
-        own = source is not None and Path(source).resolve() in (Path(resume or output_dir).resolve(),
-                                                                 output_dir.resolve())
+        own = source is not None and file_id(source) in {file_id(resume or output_dir), file_id(output_dir)} - {None}
         if resume is not None and not own and (source is None or model_args.adaptive_cutoffs is not None):
             # A new or unsorted tokenizer would not match the checkpoint's embedding rows.
             raise FileNotFoundError(

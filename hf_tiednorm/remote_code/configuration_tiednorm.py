@@ -1,0 +1,2541 @@
+# configuration_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
+# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
+#
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
+# 15 package modules, in dependency order, each under a rule naming its file.
+# ruff: noqa: E402, E501, I001
+
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import keyword
+import math
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, TYPE_CHECKING, get_args
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub.dataclasses import as_validated_field, strict
+from torch import nn
+from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
+from transformers.configuration_utils import SubConfigSpec
+from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
+from transformers.utils.type_validators import interval, positive_int_field
+
+
+# ------------------------------ hf_tiednorm/token_loss.py -------------------------------------------------------
+"""The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
+
+
+def token_cross_entropy(
+    logits: "torch.Tensor",
+    labels: "torch.Tensor",
+    label_smoothing: "float" = 0.0,
+    num_items_in_batch: "int | torch.Tensor | None" = None,
+    ignore_index: "int" = -100,
+) -> "torch.Tensor":
+    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
+    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
+
+    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
+    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
+    """
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
+    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
+    try:
+        total = F.cross_entropy(
+            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
+        )
+    except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
+        raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
+    return total / token_count(labels, num_items_in_batch, ignore_index)
+
+
+def out_of_vocabulary_labels(labels: "torch.Tensor", vocab_size: "int", ignore_index: "int" = -100) -> "str":
+    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
+    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    first = int(labels[bad][0]) if bool(bad.any()) else None
+    return (
+        f"label {first} ({int(bad.sum())} out of range in all) is outside the vocabulary of {vocab_size} tokens "
+        f"(ids 0..{vocab_size - 1}; {ignore_index} marks no target): the labels were made with another tokenizer"
+    )
+
+
+def token_count(
+    labels: "torch.Tensor", num_items_in_batch: "int | torch.Tensor | None" = None, ignore_index: "int" = -100
+) -> "torch.Tensor":
+    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
+    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
+    if num_items_in_batch is None:
+        count = (labels != ignore_index).sum()
+    else:
+        count = torch.as_tensor(num_items_in_batch, device=labels.device)
+    return count.clamp_min(1)
+
+
+# ------------------------------ hf_tiednorm/chunked_loss.py -----------------------------------------------------
+"""Cross-entropy of a linear layer (the head's folded weight) computed in chunks of tokens: the fallback fused loss
+of ``fused_loss.py`` (every device, every dtype, label smoothing), and the path ``config.loss_chunk_size`` picks.
+
+The plain loss path materializes the (tokens × V) fp32 logits, then ``log_softmax`` and its gradient, each as
+large again: at 8k tokens and a 32k vocabulary that is 1 GiB per buffer. Every head mode is ``s = W_s·h + bias``
+with the folded weight ``W_s = diag(scale)·W`` (``folded_weight.py``), so the loss and its gradients are computed
+``chunk_size`` tokens at a time, holding one (chunk × V) block at once:
+
+* a chunk's logits ``z = h_c W_sᵀ + bias``, ``lse = logsumexp(z)``, loss ``= lse − (1−ε) z_y − ε/V Σ_j z_j``;
+* d loss / d z ``= softmax(z) − (1−ε) onehot(y) − ε/V`` (0 on ignored tokens), from which ``grad_h = dz W_s``,
+  ``grad_W_s += dzᵀ h_c`` and ``grad_bias += Σ_rows dz``.
+
+The loss is a scalar, so each chunk's gradients are computed right after its loss, in the forward pass (only those
+of the inputs that need one; none without gradients), and ``backward`` only multiplies them by the incoming scalar
+gradient: 3 matmuls in all, as in the plain path, and about half its passes over (tokens × V) memory. No double
+backward.
+
+Precision and memory. The three matmuls run in the weight's dtype (autocast's under autocast), as the plain path's
+``F.linear`` and its backward do; logits, softmax, loss and the accumulated weight gradient are fp32 (fp64 for fp64
+weights). Every buffer is allocated once per call, not per chunk: the (chunk × V) logits in fp32 (and in the matmul
+dtype), the (V, d) fp32 gradient accumulator, and for a bf16/fp16 matmul one (V, d) product buffer that each chunk's
+``dzᵀ h_c`` is written into (``out=``) and added from (torch has no mixed-dtype ``addmm`` on the CPU).
+
+No host synchronization: ignored tokens are masked, not dropped (no ``nonzero``), the loss and the gradients stay on
+the device, and out-of-vocabulary labels are checked with ``torch._assert_async`` off the CPU (the error names them
+on the CPU).
+"""
+
+
+# Default tokens per chunk: a (chunk × V) fp32 block of about 2**23 elements (32 MiB), at least 16 tokens.
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def default_chunk_size(vocab_size: "int") -> "int":
+    """Tokens per chunk when none is configured: a (chunk × V) fp32 logits block of about 32 MiB."""
+    return max(16, _CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def check_labels_in_vocabulary(labels: "torch.Tensor", vocab_size: "int", ignore_index: "int") -> "None":
+    """Refuse a label outside [0, V) that is not ``ignore_index``: by name on the CPU, by a device-side assert
+    elsewhere (no host synchronization in a training step)."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    if labels.device.type == "cpu":
+        if bool(bad.any()):
+            raise IndexError(out_of_vocabulary_labels(labels, vocab_size, ignore_index))
+    elif not torch.compiler.is_compiling():
+        torch._assert_async(~bad.any(), f"a label is outside the vocabulary of {vocab_size} tokens")
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Sum over non-ignored tokens of the (label-smoothed) cross-entropy of ``hidden Wᵀ + bias``.
+
+    Inputs: hidden (N, d), weight (V, d) (the head's folded weight), bias (V,) or None, labels (N,) int64, then
+    chunk_size, label_smoothing, ignore_index. Returns a 0-dim fp32 tensor (fp64 for fp64 weights): the sum; divide
+    it by the token count yourself.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index):
+        device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
+        with torch.autocast(device_type, enabled=False):
+            return ChunkedLinearCrossEntropy._forward(
+                ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype
+            )
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype):
+        needs = ctx.needs_input_grad
+        need_h, need_w, need_b = needs[0], needs[1], needs[2] and bias is not None
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        n, vocab = hidden.shape[0], weight.shape[0]
+        check_labels_in_vocabulary(labels, vocab, ignore_index)
+        w = weight.to(matmul_dtype)  # no copy without autocast
+        h = hidden.to(matmul_dtype)
+        bias_c = None if bias is None else bias.to(compute)
+        valid = labels != ignore_index  # (N,)
+        targets = torch.where(valid, labels, torch.zeros_like(labels))  # gather-safe
+        valid_c = valid.to(compute)
+        chunk = min(chunk_size, max(n, 1))
+        z_buf = torch.empty((chunk, vocab), dtype=compute, device=h.device)  # logits, then softmax, then dz
+        mm_buf = z_buf if matmul_dtype == compute else torch.empty((chunk, vocab), dtype=matmul_dtype, device=h.device)
+        acc_w = torch.zeros(weight.shape, dtype=compute, device=h.device) if need_w else None
+        product = None if not need_w or matmul_dtype == compute else torch.empty_like(w)
+        acc_b = torch.zeros(vocab, dtype=compute, device=h.device) if need_b else None
+        grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=h.device) if need_h else None
+        losses = torch.empty(n, dtype=compute, device=h.device)
+        fused = need_h or need_w or need_b
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            rows = stop - start
+            h_c, y_c, v_c = h[start:stop], targets[start:stop], valid_c[start:stop]
+            z, z_mm = z_buf[:rows], mm_buf[:rows]
+            if matmul_dtype == compute:
+                if bias_c is None:
+                    torch.mm(h_c, w.t(), out=z)
+                else:
+                    torch.addmm(bias_c, h_c, w.t(), out=z)
+            else:
+                torch.mm(h_c, w.t(), out=z_mm)
+                z.copy_(z_mm)
+                if bias_c is not None:
+                    z.add_(bias_c)
+            z_y = z.gather(1, y_c[:, None]).squeeze(1)
+            z_sum = z.sum(dim=1) if label_smoothing else None
+            z_max = z.amax(dim=1, keepdim=True)
+            p = z.sub_(z_max).exp_()  # one exp pass serves logsumexp and softmax
+            total = p.sum(dim=1, keepdim=True)
+            loss = (z_max + total.log()).squeeze(1) - (1.0 - label_smoothing) * z_y
+            if label_smoothing:
+                loss -= (label_smoothing / vocab) * z_sum
+            losses[start:stop] = loss * v_c
+            if not fused:
+                continue
+            dz = p.div_(total)  # softmax
+            dz.scatter_add_(1, y_c[:, None], ((label_smoothing - 1.0) * v_c)[:, None])
+            if label_smoothing:
+                dz.sub_(label_smoothing / vocab)
+            dz.mul_(v_c[:, None])  # ignored tokens: no gradient
+            if need_b:
+                acc_b += dz.sum(dim=0)
+            if matmul_dtype != compute:
+                z_mm.copy_(dz)  # one cast for both matmuls
+                dz = z_mm
+            if need_w:  # (V, d): Σ_i dz_ij h_i, accumulated in fp32
+                if product is None:
+                    acc_w.addmm_(dz.t(), h_c)
+                else:
+                    torch.mm(dz.t(), h_c, out=product)
+                    acc_w += product
+            if need_h:
+                if grad_h.dtype == dz.dtype:
+                    torch.mm(dz, w, out=grad_h[start:stop])
+                else:
+                    grad_h[start:stop] = dz @ w
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.weight_dtype = weight.dtype
+        ctx.grads = (grad_h, acc_w, acc_b)
+        return losses.sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        grad_h, acc_w, acc_b = ctx.grads  # computed with the loss, in the forward
+        del ctx.grads
+        go = grad_output.float() if grad_output.dtype != torch.float64 else grad_output
+        out_h = None if grad_h is None else grad_h.mul_(go.to(grad_h.dtype))
+        out_w = None if acc_w is None else acc_w.mul_(go).to(ctx.weight_dtype)
+        out_b = None if acc_b is None else acc_b.mul_(go).to(ctx.bias_dtype)
+        return out_h, out_w, out_b, None, None, None, None
+
+
+def chunked_linear_cross_entropy(
+    hidden: "torch.Tensor",
+    weight: "torch.Tensor",
+    bias: "torch.Tensor | None",
+    labels: "torch.Tensor",
+    chunk_size: "int | None" = None,
+    label_smoothing: "float" = 0.0,
+    ignore_index: "int" = -100,
+) -> "torch.Tensor":
+    """The summed token cross-entropy of ``hidden Wᵀ + bias`` (hidden (N, d), labels (N,)), chunk by chunk."""
+    if chunk_size is None:
+        chunk_size = default_chunk_size(weight.shape[0])
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    return ChunkedLinearCrossEntropy.apply(
+        hidden, weight, bias, labels, chunk_size, float(label_smoothing), ignore_index
+    )
+
+
+def chunked_head_cross_entropy(
+    head,
+    hidden_states: "torch.Tensor",
+    labels: "torch.Tensor",
+    chunk_size: "int | None" = None,
+    label_smoothing: "float" = 0.0,
+    num_items_in_batch: "int | torch.Tensor | None" = None,
+    ignore_index: "int" = -100,
+) -> "torch.Tensor":
+    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
+    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
+
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
+    labels = labels.reshape(-1).to(hidden.device)  # (N,)
+    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
+    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
+
+
+# ------------------------------ hf_tiednorm/folded_weight.py ----------------------------------------------------
+"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
+in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
+every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
+
+Every head mode scores ``s = (W·h) * scale + bias`` (``head_modes.py``), so ``s = W_s·h + bias`` with the folded
+weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
+``F.linear_cross_entropy``, the chunked loop of ``chunked_loss.py``, a plain ``F.linear``) scores every mode.
+
+W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
+cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
+d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
+scale only and computes both gradients from them:
+``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
+
+The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
+matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² as fp32
+dot products a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
+"""
+
+
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is.
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
+    """The first row of each block of rows, and the block's height."""
+    step = max(1, _BLOCK_ELEMENTS // max(1, width))
+    return range(0, rows, step), step
+
+
+def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32."""
+    compute = torch.promote_types(weight.dtype, torch.float32)
+    if weight.dtype == compute:
+        return weight * scale.to(compute).unsqueeze(-1)
+    out = torch.empty_like(weight)
+    starts, step = _row_blocks(*weight.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        torch.mul(weight[block].to(compute), scale[block].to(compute).unsqueeze(-1), out=out[block])
+    return out
+
+
+def _row_dots(a: "torch.Tensor", b: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
+    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
+    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
+    starts, step = _row_blocks(*a.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        rows = a[block].to(dtype)
+        out[block] = torch.linalg.vecdot(rows, rows if b is a else b[block].to(dtype))
+    return out
+
+
+class SquaredRowNorms(torch.autograd.Function):
+    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
+
+    @staticmethod
+    def forward(ctx, weight: "torch.Tensor") -> "torch.Tensor":
+        ctx.save_for_backward(weight)
+        return _row_dots(weight, weight, torch.promote_types(weight.dtype, torch.float32))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_norms: "torch.Tensor") -> "torch.Tensor":
+        (weight,) = ctx.saved_tensors
+        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
+
+
+def squared_row_norms(weight: "torch.Tensor") -> "torch.Tensor":
+    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
+    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
+    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
+    return SquaredRowNorms.apply(weight)
+
+
+class FoldScale(torch.autograd.Function):
+    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
+
+    @staticmethod
+    def forward(ctx, weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
+        ctx.save_for_backward(weight, scale)
+        return _scaled_rows(weight, scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_folded: "torch.Tensor"):
+        weight, scale = ctx.saved_tensors
+        grad_weight = grad_scale = None
+        if ctx.needs_input_grad[0]:
+            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
+        if ctx.needs_input_grad[1]:
+            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
+            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
+        return grad_weight, grad_scale
+
+
+def fold_scale(weight: "torch.Tensor", scale: "torch.Tensor | None") -> "torch.Tensor":
+    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
+    if scale is None:
+        return weight
+    if scale.shape != weight.shape[:1]:
+        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
+                         "a mode's column_terms must return one scale per row (V,)")
+    return FoldScale.apply(weight, scale)
+
+
+# ------------------------------ hf_tiednorm/head_mode_checks.py -------------------------------------------------
+"""What a head mode returns is checked, not trusted (head_modes.py wraps every mode's ``column_terms`` and
+``lossless_terms`` with these checks, and ``register_head_mode`` runs them on a probe):
+
+* **the terms** (``check_terms``): each of scale, bias, g and b is None or a floating tensor on the weight's device,
+  of shape (n,) for the n rows asked about or 0-dim (one value for every row, expanded to (n,)); they come back as
+  fp32. Anything else (a Python float, a (n, 1) or (d,) tensor, an integer tensor, a tensor on another device) is a
+  ``TypeError``/``ValueError`` naming the mode and the term, at every call rather than only where a batch happens to
+  take the code path that trips over it;
+* **the lossless start** (``check_lossless``): ``lossless_terms`` must give back the plain scores w_i·h for every
+  h, i.e. per row g_i·scale_i = 1 and g_i·bias_i + b_i = 0 (a dead row, ‖w_i‖ ≤ eps, may score 0). It is verified on
+  the weight being converted, with a stated tolerance (``LOSSLESS_RTOL`` of the row's score scale, plus eps), and
+  on a small random probe when the mode is registered: a start that cannot undo the mode's bias (or its scale) is
+  refused by the mode's name instead of converting "lossless" with other logits.
+
+This file imports torch only: it travels with the modeling code as remote code (head_modes.py imports it).
+"""
+
+
+if TYPE_CHECKING:
+    pass  # its names are defined in this file
+
+ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
+
+# A lossless start may be off by this fraction of a row's score scale (‖w_i‖ + |g_i·bias_i| + |b_i|), plus eps: fp32
+# rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
+LOSSLESS_RTOL = 1e-5
+COLUMN_TERM_NAMES = ("scale", "bias")
+LOSSLESS_TERM_NAMES = ("logit_scale g", "logit_bias b")
+
+
+def check_terms(mode_name: "str", method: "str", terms, weight: "torch.Tensor", names=COLUMN_TERM_NAMES) -> "ColumnTerms":
+    """``terms`` (what ``method`` of mode ``mode_name`` returned for ``weight`` (n, d)) as two fp32 (n,) tensors or
+    None; ``TypeError``/``ValueError`` naming the mode and the term for anything else (module docstring)."""
+    where = f"head mode {mode_name!r}: {method} returned"
+    if not isinstance(terms, (tuple, list)) or len(terms) != 2:
+        raise TypeError(f"{where} {type(terms).__name__} {terms!r:.80}; it must return a pair ({', '.join(names)})")
+    rows = weight.shape[0]
+    checked = []
+    for name, term in zip(names, terms):
+        if term is None:
+            checked.append(None)
+            continue
+        if not isinstance(term, torch.Tensor):
+            raise TypeError(
+                f"{where} a {type(term).__name__} as its {name} ({term!r:.40}); it must be a tensor on the weight's "
+                f"device ({weight.device}), of shape ({rows},) or 0-dim, or None (e.g. weight.new_full((rows,), "
+                "value, dtype=torch.float32))"
+            )
+        if not term.is_floating_point():
+            raise ValueError(f"{where} a {term.dtype} {name}; it must be a floating-point tensor")
+        if term.device != weight.device:
+            raise ValueError(
+                f"{where} its {name} on {term.device}, the weight is on {weight.device}; create the term on the "
+                "weight's device (e.g. from the weight itself, or with device=weight.device)"
+            )
+        if term.dim() == 0:
+            term = term.expand(rows)
+        elif tuple(term.shape) != (rows,):
+            raise ValueError(
+                f"{where} a {name} of shape {tuple(term.shape)} for a weight of shape {tuple(weight.shape)}; it "
+                f"must have shape ({rows},) (one value per row, i.e. per token) or be 0-dim (one for every row)"
+            )
+        checked.append(term.float())
+    return checked[0], checked[1]
+
+
+def check_lossless(mode: "HeadMode", weight: "torch.Tensor", eps: "float", g, b) -> "None":
+    """``ValueError`` naming ``mode`` and the worst row when the logit scale ``g`` and bias ``b`` (fp32 (n,) or None:
+    the head's g = 1, b = 0) do not turn the mode's scores on ``weight`` back into the plain w_i·h for every h:
+    g_i·(w_i·h·scale_i + bias_i) + b_i − w_i·h = (g_i·scale_i − 1)·w_i·h + (g_i·bias_i + b_i), at most
+    |g_i·scale_i − 1|·‖w_i‖ + |g_i·bias_i + b_i| for a unit h. Allowed: ``LOSSLESS_RTOL``·(‖w_i‖ + |g_i·bias_i| +
+    |b_i|) + eps (a dead row scores 0: off by ‖w_i‖ ≤ eps). Skipped for a weight without values (meta device)."""
+    if weight.is_meta or weight.shape[0] == 0:
+        return
+    scale, bias = mode.column_terms(weight, eps)
+    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
+    g = torch.ones_like(norms) if g is None else g
+    gain = g if scale is None else g * scale  # must be 1
+    shift = torch.zeros_like(norms) if bias is None else g * bias
+    offset = shift if b is None else shift + b  # must be 0
+    scale_error, bias_error = (gain - 1).abs() * norms, offset.abs()
+    allowed = LOSSLESS_RTOL * (norms + shift.abs() + (0 if b is None else b.abs())) + eps
+    excess = (scale_error + bias_error - allowed).nan_to_num(nan=torch.inf)  # NaN/inf: not lossless
+    worst = excess.argmax()
+    if bool(excess[worst] > 0):  # one host sync, at conversion time only (never in a training step)
+        row = int(worst)
+        raise ValueError(
+            f"head mode {mode.name!r} declares lossless_start={mode.lossless_start!r}, but its lossless_terms do not "
+            f"give back the plain scores w_i·h: at row {row} of {weight.shape[0]}, g_i·scale_i = {float(gain[row]):.6g}"
+            f" (must be 1) and g_i·bias_i + b_i = {float(offset[row]):.6g} (must be 0), so a logit would be off by up "
+            f"to {float(scale_error[row] + bias_error[row]):.4g} for a unit-norm h (allowed: {float(allowed[row]):.3g},"
+            f" {LOSSLESS_RTOL:g} of the row's score scale + eps). A lossless start needs g_i = 1/scale_i and "
+            "b_i = −g_i·bias_i: add 'logit_bias' to lossless_start when the mode's score has a bias term, or override "
+            "lossless_terms"
+        )
+
+
+def checked_column_terms(method: "Callable") -> "Callable":
+    """``method`` (a ``column_terms``) with its result checked by ``check_terms``."""
+    if getattr(method, "_checked_terms", False):
+        return method
+
+    @functools.wraps(method)
+    def column_terms(self, weight, eps, *args, **kwargs):
+        return check_terms(self.name, "column_terms", method(self, weight, eps, *args, **kwargs), weight)
+
+    column_terms._checked_terms = True
+    return column_terms
+
+
+def checked_lossless_terms(method: "Callable") -> "Callable":
+    """``method`` (a ``lossless_terms``) with its result checked: terms (``check_terms``), only the terms the mode's
+    ``lossless_start`` declares, and lossless on the weight (``check_lossless``)."""
+    if getattr(method, "_checked_terms", False):
+        return method
+
+    @functools.wraps(method)
+    def lossless_terms(self, weight, eps, *args, **kwargs):
+        g, b = check_terms(
+            self.name, "lossless_terms", method(self, weight, eps, *args, **kwargs), weight, LOSSLESS_TERM_NAMES
+        )
+        declared = self.lossless_start or ()
+        for term, value in (("logit_scale", g), ("logit_bias", b)):
+            if value is not None and term not in declared:
+                raise ValueError(
+                    f"head mode {self.name!r}: lossless_terms returned a {term} but lossless_start={declared!r} does "
+                    f"not declare {term!r}, so the converted head would have no {term} to hold it; declare it or "
+                    "return None"
+                )
+        check_lossless(self, weight, eps, g, b)
+        return g, b
+
+    lossless_terms._checked_terms = True
+    return lossless_terms
+
+
+def probe_head_mode(mode: "HeadMode") -> "None":
+    """Run ``mode``'s column terms, and its lossless start if it declares one, on a small random weight (7 rows,
+    one of them dead, on the CPU): a term of the wrong type, shape, dtype or device, or a lossless start that does not
+    give back the plain scores, is refused by the mode's name when it is registered, not when a model uses it."""
+    generator = torch.Generator().manual_seed(0)  # on the CPU, also inside a torch.device("meta") block
+    weight = torch.randn(7, 5, generator=generator, device="cpu") * torch.linspace(0.2, 3.0, 7, device="cpu")[:, None]
+    weight[0] = 0  # a dead row, as HF's zeroed padding row
+    eps = 1e-6
+    try:
+        mode.column_terms(weight, eps)
+        if mode.lossless_start is not None:
+            mode.lossless_terms(weight, eps)
+    except (TypeError, ValueError) as error:
+        raise type(error)(
+            f"register_head_mode refuses it, on a random {tuple(weight.shape)} probe weight: {error}"
+        ) from None
+
+
+# ------------------------------ hf_tiednorm/head_modes.py -------------------------------------------------------
+"""The head modes: one small object per mode, holding everything that mode *is*, and the registry that holds them.
+
+With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i) and scores
+token i as s_i = w_i·h. Liu, Zhai & Chen ("Normalization of Input-output Shared Embeddings in Text Generation
+Models", 2020) show that this score is biased by the row norm ‖w_i‖ and propose the normalized modes below. Every
+mode is an affine map of the plain scores W·h along the vocabulary axis, ``s = (W·h) * scale + bias`` with
+vocabulary-sized vectors derived from the rows (``HeadMode.column_terms``): one matmul plus O(V) work per decoding
+step, a chunked loss that reuses the vectors, and no normalized copy of W.
+
+A mode object answers every question the rest of the package asks about a mode, so that no other module compares
+a mode's name:
+
+* ``column_terms(weight, eps)``: the (scale, bias) of its score;
+* ``normalizes_input_lookups``: whether the input embedding looks up unit rows ŵ_i too (l2), which changes every
+  layer's input (no lossless start, no weight-norm technique, and a plain export ships the unit rows at the input);
+* ``keeps_row_norms``: whether row norms still mean something anywhere in the model (the weight-norm
+  initialization and regularization act on them);
+* ``equation``, ``paper``, ``summary``: the text of the config help, the CLI help, the model card and the docs;
+* ``lossless_start`` / ``lossless_terms(weight, eps)``: which learned per-token terms (``"logit_scale"``,
+  ``"logit_bias"``) give back a source's plain logits exactly when a tied checkpoint is converted, and their values;
+  ``None`` where no such start exists (``lossless_refusal`` says why);
+* ``plain_input_weight(weight, eps)``: what a plain ``nn.Embedding`` must hold to look up what this mode looks up;
+  with the head's effective column terms (``TiedNormHead.column_terms()``, the logit scale g and bias b folded in)
+  that is all a plain export needs: output weight ``diag(scale)·W``, output bias ``bias``.
+
+``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model layer and travels
+with a saved model as remote code: a folder whose config names a mode that its code files do not define is refused
+by name when it is loaded (``get_head_mode``). A saved config records the mode's *name* only, so a name must mean one
+mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither redefined nor unregistered (a model
+trained with a redefined ``cosine`` reloaded in a fresh process as the built-in one, its logits 7.9 off, no error).
+
+What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
+``lossless_terms`` a subclass defines with the checks of ``head_mode_checks.py`` (the terms' type, shape, dtype and
+device; a declared lossless start verified on the weights), and ``register_head_mode`` runs them on a small probe.
+"""
+
+
+LIU_ET_AL = "Liu, Zhai & Chen (2020)"
+
+
+def inverse_row_norms(weight: "torch.Tensor", eps: "float", power: "float" = 1) -> "torch.Tensor":
+    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
+
+    The 0 instead of 1/eps makes a dead row (the zero padding row) score 0 and receive no gradient through its
+    norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
+    padding row's gradient dominate the whole model's.
+    """
+    # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
+    squared = squared_row_norms(weight).float()
+    inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
+    return torch.where(squared > eps * eps, inverse, torch.zeros_like(inverse))
+
+
+def unit_rows(rows: "torch.Tensor", eps: "float") -> "torch.Tensor":
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
+
+    Scaled in fp32 so that fp16 rows cannot overflow on the way.
+    """
+    return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
+
+
+class HeadMode:
+    """One scoring mode of the tied output head. Subclass it (or build one with ``column_terms`` overridden) and
+    ``register_head_mode`` the instance.
+
+    Attributes:
+        name: the value of ``config.head_mode``.
+        equation: the score s_i in words, e.g. ``"s_i = w_i·h / ‖w_i‖"``.
+        paper: where it comes from, e.g. ``"Liu, Zhai & Chen (2020), eq. 27"``.
+        summary: a short description for the help texts (default: the equation).
+        normalizes_input_lookups: the input embedding looks up ŵ_i instead of w_i.
+        keeps_row_norms: the row norms still act somewhere (False when both sides normalize them away).
+        lossless_start: the learned terms a lossless start sets (``("logit_scale",)``, ``("logit_bias",)``, ``()``
+            when the scores are the source's already); None: no lossless start (see ``lossless_refusal``).
+        lossless_refusal: why there is no lossless start, for the error message.
+        cites_liu_et_al: the model card cites Liu, Zhai & Chen.
+    """
+
+    name: "str" = ""
+    equation: "str" = ""
+    paper: "str" = ""
+    summary: "str" = ""
+    normalizes_input_lookups: "bool" = False
+    keeps_row_norms: "bool" = True
+    lossless_start: "tuple[str, ...] | None" = None
+    lossless_refusal: "str" = "this mode declares no lossless start"
+    cites_liu_et_al: "bool" = True
+
+    def __init_subclass__(cls, **kwargs) -> "None":
+        # Every column_terms / lossless_terms a mode defines returns checked terms (module docstring).
+        super().__init_subclass__(**kwargs)
+        if "column_terms" in cls.__dict__:
+            cls.column_terms = checked_column_terms(cls.__dict__["column_terms"])
+        if "lossless_terms" in cls.__dict__:
+            cls.lossless_terms = checked_lossless_terms(cls.__dict__["lossless_terms"])
+
+    def column_terms(self, weight: "torch.Tensor", eps: "float") -> "ColumnTerms":
+        """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
+
+        Args:
+            weight: W, (V, d) (or one band's (n, d)); eps: the dead-row threshold ``norm_eps``.
+        Returns:
+            fp32 vectors of shape (V,) on ``weight``'s device (a 0-dim tensor stands for one value for every row),
+            or None for "multiply by one" / "add zero"; anything else is refused naming the mode and the term.
+        """
+        raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
+
+    @checked_lossless_terms
+    def lossless_terms(self, weight: "torch.Tensor", eps: "float") -> "ColumnTerms":
+        """The per-token logit scale g and logit bias b (fp32 (V,), or None where ``lossless_start`` sets none) that
+        make this mode's scores equal the plain w_i·h: g·(W·h·scale + bias) + b = W·h, i.e. g = 1/scale and
+        b = −g·bias (g = 0 on a dead row, which scores 0 either way). Modes override it for exact closed forms."""
+        if self.lossless_start is None:
+            raise ValueError(self.lossless_refusal)
+        scale, bias = self.column_terms(weight, eps)
+        g = None
+        if "logit_scale" in self.lossless_start:
+            g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        b = None
+        if "logit_bias" in self.lossless_start:
+            b = -bias if g is None else -bias * g
+        return g, b
+
+    def plain_input_weight(self, weight: "torch.Tensor", eps: "float") -> "torch.Tensor":
+        """The matrix a plain ``nn.Embedding`` must hold to look up what this mode looks up: ŵ for a mode that
+        normalizes the input lookups, W itself otherwise. (V, d), in ``weight``'s dtype."""
+        return unit_rows(weight, eps) if self.normalizes_input_lookups else weight
+
+    def __repr__(self) -> "str":
+        return f"<head mode {self.name!r}: {self.equation}>"
+
+
+class Baseline(HeadMode):
+    name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
+    summary = "w_i·h (plain tying)"
+    lossless_start = ()
+    cites_liu_et_al = False
+
+    def column_terms(self, weight, eps):
+        return None, None
+
+
+class L2(HeadMode):
+    name, paper = "l2", f"{LIU_ET_AL}, eq. 19"
+    equation = "s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too"
+    summary = "ŵ_i·h with unit-row input lookups too"
+    normalizes_input_lookups = True
+    keeps_row_norms = False
+    lossless_refusal = (
+        "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input too, "
+        "so every layer receives other inputs than in the source and no term of the output head can restore its "
+        "logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
+        "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
+    )
+
+    def column_terms(self, weight, eps):  # ŵ_i·h = w_i·h / ‖w_i‖
+        return inverse_row_norms(weight, eps), None
+
+
+class Square(HeadMode):
+    name, equation, paper = "square", "s_i = w_i·h / ‖w_i‖²", f"{LIU_ET_AL}, eq. 22"
+    summary = "w_i·h/‖w_i‖²"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps, power=2), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖²
+        return squared_row_norms(weight).float(), None
+
+
+class Distance(HeadMode):
+    name, paper = "distance", f"{LIU_ET_AL}, eq. 26"
+    # = −½‖w_i − h‖² + ½‖h‖²: a nearest-neighbour score (the ½‖h‖² is the same for every token)
+    equation = "s_i = w_i·h − ½‖w_i‖²"
+    summary = "w_i·h − ½‖w_i‖²"
+    lossless_start = ("logit_bias",)
+
+    def column_terms(self, weight, eps):
+        # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
+        return None, -0.5 * squared_row_norms(weight).float()
+
+    def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
+        return None, 0.5 * squared_row_norms(weight).float()
+
+
+class Cosine(HeadMode):
+    name, equation, paper = "cosine", "s_i = w_i·h / ‖w_i‖", f"{LIU_ET_AL}, eq. 27"
+    summary = "w_i·h/‖w_i‖"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖
+        return squared_row_norms(weight).float().sqrt(), None
+
+
+_REGISTRY: "dict[str, HeadMode]" = {}
+# The package's own modes: what a config naming them means in every process, so never replaced (module docstring).
+BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
+
+
+def register_head_mode(mode: "HeadMode", *, replace: "bool" = False) -> "HeadMode":
+    """Add ``mode`` to the registry under ``mode.name`` (and return it); every config, head, script flag, converter
+    and model card of this process then accepts it. ``replace`` allows redefining a name registered at runtime; a
+    built-in name (``BUILTIN_HEAD_MODES``) is refused: a saved config names its mode only, and a fresh process (the
+    folder's remote code, another user) would score it with the built-in mode."""
+    if not isinstance(mode, HeadMode) or not isinstance(mode.name, str) or not mode.name.isidentifier():
+        raise ValueError(f"a head mode must be a HeadMode instance with an identifier as name, got {mode!r}")
+    if mode.name in BUILTIN_HEAD_MODES and mode.name in _REGISTRY:
+        if _REGISTRY[mode.name] is mode:  # the built-in object itself: nothing changes
+            return mode
+        raise ValueError(
+            f"head mode {mode.name!r} is built in ({', '.join(BUILTIN_HEAD_MODES)}) and cannot be redefined, even "
+            "with replace=True: a saved config records the mode's name only, so a model trained with the redefined "
+            f"mode would reload in another process as the built-in {mode.name!r}, with other logits and no error. "
+            "Register your mode under a name of its own"
+        )
+    if mode.lossless_start is not None and set(mode.lossless_start) - {"logit_scale", "logit_bias"}:
+        raise ValueError(f"head mode {mode.name!r}: lossless_start may name 'logit_scale' / 'logit_bias' only")
+    if mode.name in _REGISTRY and not replace:
+        raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
+    # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.
+    for attribute, checked in (("column_terms", checked_column_terms), ("lossless_terms", checked_lossless_terms)):
+        if attribute in vars(mode):
+            setattr(mode, attribute, functools.partial(checked(_unbound(vars(mode)[attribute])), mode))
+    probe_head_mode(mode)
+    _REGISTRY[mode.name] = mode
+    return mode
+
+
+def _unbound(function: "Callable") -> "Callable":
+    """A function set on an instance takes (weight, eps); the checks call it as (self, weight, eps)."""
+    return getattr(function, "__func__", None) or (lambda self, *args, **kwargs: function(*args, **kwargs))
+
+
+def unregister_head_mode(name: "str") -> "None":
+    """Remove a mode that ``register_head_mode`` added (a test cleans up with it); a built-in mode is refused (it
+    could then be registered again as another mode under its name)."""
+    if name in BUILTIN_HEAD_MODES:
+        raise ValueError(f"head mode {name!r} is built in and cannot be unregistered")
+    _REGISTRY.pop(name, None)
+
+
+def get_head_mode(name: "str") -> "HeadMode":
+    """The registered mode called ``name``; ``ValueError`` naming it and the modes this code defines otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"head_mode must be one of {tuple(_REGISTRY)}, the modes this code ({__name__}) defines; got {name!r}. "
+            "A model saved with a mode registered at runtime (register_head_mode) loads only where that mode is "
+            "registered"
+        ) from None
+
+
+class _RegisteredNames(Sequence):
+    """The names of the registered modes, read at each use (argparse choices, membership tests, iteration)."""
+
+    def __getitem__(self, index):
+        return tuple(_REGISTRY)[index]
+
+    def __len__(self) -> "int":
+        return len(_REGISTRY)
+
+    def __iter__(self) -> "Iterator[str]":
+        return iter(tuple(_REGISTRY))
+
+    def __contains__(self, name: "object") -> "bool":
+        return name in _REGISTRY
+
+    def __eq__(self, other: "object") -> "bool":
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> "int":
+        return hash(tuple(self))
+
+    def __repr__(self) -> "str":
+        return repr(tuple(self))
+
+
+HEAD_MODES: "Sequence[str]" = _RegisteredNames()
+# The mode a model, a head or a conversion gets when none is named: plain tying, which keeps a converted model's
+# function unchanged (docs/head.md, "The default mode").
+DEFAULT_HEAD_MODE = "baseline"
+
+for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
+    register_head_mode(_mode)
+
+
+def head_mode_summaries() -> "str":
+    """"name summary" of every registered mode, for help texts."""
+    return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
+
+
+# ------------------------------ hf_tiednorm/head_options.py -----------------------------------------------------
+"""The five settings of the normalized tied head, as one value: ``HeadOptions``.
+
+A head is built from a config (``HeadOptions.from_config``), from the converter's arguments or CLI, or directly; each
+path builds one ``HeadOptions``, which checks every setting once when it is made, and passes it whole to the head
+(``TiedNormHead(..., options=...)``), the wrapper's config (``as_config_fields``) and the lossless start
+(``with_lossless_start``). A new head option is one field here plus its config field (configuration_tiednorm.py)
+and the head code that reads it.
+"""
+
+
+# Configs annotate their logit_scale_kind field with this type (``@strict`` checks it).
+LogitScale = Literal["none", "fixed", "scalar", "vector"]
+LOGIT_SCALES: "tuple[str, ...]" = get_args(LogitScale)
+
+
+# The head's learned per-token terms, named as the head's parameters (state-dict keys such as
+# 'lm_head.logit_scale'): what the load checks, the lossless start, the converter, the export and the card read.
+LEARNED_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
+# The config field that switches each learned term on. The scale's is not called ``logit_scale``: TRL, vLLM and
+# transformers' Cohere models read ``config.logit_scale`` as a float multiplier of the logits.
+TERM_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind", "logit_bias": "logit_bias"}
+# Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
+# under the old name still load, with a FutureWarning (configuration_tiednorm.py).
+RENAMED_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind"}
+
+
+def renamed_field_value(old: "str", new: "str", value, current):
+    """The value of field ``new`` given under its old name ``old`` (a config saved before the rename), with a
+    FutureWarning; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float multiplier of
+    other architectures, which this head's options do not read) or one contradicting ``new`` given too."""
+    if not (isinstance(value, str) and value in LOGIT_SCALES):
+        raise ValueError(
+            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} as "
+            f"a float multiplier of the logits, which this head would not apply); the head's scale is {new}, one of "
+            f"{LOGIT_SCALES}, with logit_scale_init for its value"
+        )
+    if current not in ("none", value):
+        raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
+    # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
+    frame, stacklevel = sys._getframe(0), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(
+        f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+        f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
+        f"the new name; the old one will stop loading in a future release",
+        FutureWarning,
+        stacklevel=stacklevel,
+    )
+    return value
+
+
+@dataclass(frozen=True)
+class HeadOption:
+    """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
+    a parameter of the head named ``name``, started at ``init`` and folded into the column terms by ``fold(t, scale,
+    bias) -> (scale, bias)`` (so the plain export bakes it like g and b). A model switches it on with
+    ``HeadOptions(extra_terms=(name,))``; its config records the names (``extra_terms``), and a process where the
+    option is not registered refuses the model by name, as it refuses an unknown head mode."""
+
+    name: "str"
+    help: "str"
+    init: "float"
+    fold: "Callable"
+    card: "str"  # the model card's line for it
+
+
+HEAD_OPTIONS: "dict[str, HeadOption]" = {}
+
+
+def register_head_option(option: "HeadOption") -> "HeadOption":
+    """Make ``option`` available to every head, config, converter flag (``--<name>``), export and card.
+
+    Its name becomes a parameter of the head (``lm_head.<name>``), a key of the state dict and a converter flag, so
+    it must be a Python identifier (no dash, dot or empty name) not starting with ``_``, and must not shadow
+    anything the head already holds (``head_attribute_names``: ``norm_eps``, ``weight``, ``options``, ...): a
+    parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
+    """
+    if not isinstance(option, HeadOption):
+        raise TypeError(f"register_head_option takes a HeadOption, got {type(option).__name__}")
+    name = option.name
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
+        raise ValueError(
+            f"head option name {name!r} (register_head_option) must be a Python identifier not starting with '_' "
+            "(letters, digits and underscores: it becomes the head's parameter lm_head.<name> and the converter's "
+            "flag --<name with dashes>), e.g. 'logit_temperature'"
+        )
+    if name in HEAD_OPTIONS or name in LEARNED_TERMS:
+        raise ValueError(f"a head option {name!r} is registered already")
+    if name in head_attribute_names():
+        raise ValueError(
+            f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
+            "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
+        )
+    HEAD_OPTIONS[name] = option
+    return option
+
+
+def head_attribute_names() -> "frozenset[str]":
+    """Every name a ``TiedNormHead`` holds, with every setting on (its attributes, methods, parameters and the
+    ``HeadOptions`` fields): what a registered option's parameter must not replace."""
+
+    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
+    return frozenset({*dir(head), *vars(head), *fields})
+
+
+def learned_terms() -> "tuple[str, ...]":
+    """Every learned per-token term a head may hold: ``LEARNED_TERMS`` and the registered options'."""
+    return (*LEARNED_TERMS, *HEAD_OPTIONS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadOptions:
+    """The head's settings, keyword-only; the config fields of the same names (``TiedNormHeadConfigMixin``) document
+    them, and every check of them is here (a config validates through ``HeadOptions.from_config``).
+
+    Attributes:
+        head_mode: a registered mode (head_modes.py).
+        logit_scale_kind: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned
+            g_i, the head's ``logit_scale`` parameter).
+        logit_scale_init: g for ``fixed``, the initial g for ``scalar``/``vector``; None: 1 for a learned g, √d
+            for ``fixed``.
+        logit_bias: a learned per-token bias b added to the scores, zero at initialization.
+        norm_eps: a row with ‖w_i‖ ≤ norm_eps is dead (scores 0, no gradient through its norm).
+    """
+
+    head_mode: "str" = DEFAULT_HEAD_MODE
+    logit_scale_kind: "str" = "none"
+    logit_scale_init: "float | None" = None
+    logit_bias: "bool" = False
+    norm_eps: "float" = 1e-6
+    # Registered head options (``register_head_option``) that are on; not a config field of the package's own.
+    extra_terms: "tuple[str, ...]" = field(default=(), metadata={"registry": True})
+
+    def __post_init__(self) -> "None":
+        extra = self.extra_terms
+        if isinstance(extra, str) or not isinstance(extra, (tuple, list)) or not all(isinstance(n, str) for n in extra):
+            raise ValueError(
+                f"extra_terms must be a tuple of registered head option names, got {type(extra).__name__} {extra!r}"
+                + (f"; write extra_terms=({extra!r},)" if isinstance(extra, str) else "")
+            )
+        if len(set(extra)) != len(extra):
+            raise ValueError(f"extra_terms names a head option twice: {list(extra)}")
+        object.__setattr__(self, "extra_terms", tuple(extra))  # a config.json's list, as the hashable tuple
+        unknown = [name for name in self.extra_terms if name not in HEAD_OPTIONS]
+        if unknown:
+            raise ValueError(
+                f"head option(s) {unknown} are not registered in this process (registered: {sorted(HEAD_OPTIONS)}): "
+                "the model was trained with a head option registered at runtime (register_head_option); register it "
+                "before loading"
+            )
+        get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
+        if self.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
+        if self.logit_scale_init is not None:
+            if not 0 < self.logit_scale_init < math.inf:
+                raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
+            if self.logit_scale_kind == "none":
+                raise ValueError(
+                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    "logit_scale_kind "
+                    "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
+                )
+        if not isinstance(self.logit_bias, bool):
+            raise ValueError(f"logit_bias must be True or False, got {self.logit_bias!r}")
+        if not 0 < self.norm_eps < math.inf:
+            raise ValueError(f"norm_eps must be > 0 and finite, got {self.norm_eps}")
+
+    @property
+    def mode(self) -> "HeadMode":
+        """The mode object (head_modes.py): column terms, input lookups, lossless start, texts."""
+        return get_head_mode(self.head_mode)
+
+    @classmethod
+    def from_config(cls, config) -> "HeadOptions":
+        """The options a config (any hf_tiednorm config: the fields of ``TiedNormHeadConfigMixin``) holds."""
+        extra = getattr(config, "extra_terms", None)
+        fields = {name: getattr(config, name) for name in cls.field_names()}
+        return cls(**fields, extra_terms=() if extra is None else extra)  # a string is refused, not split
+
+    @classmethod
+    def field_names(cls) -> "tuple[str, ...]":
+        """The options that are config fields of the package (``TiedNormHeadConfigMixin``)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("registry"))
+
+    def as_config_fields(self) -> "dict":
+        """The config fields (``head_mode=...``, ...) of these options; ``extra_terms`` only when one is on."""
+        fields = dataclasses.asdict(self)
+        if not self.extra_terms:
+            del fields["extra_terms"]
+        return fields
+
+    def with_lossless_start(self) -> "HeadOptions":
+        """The options a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start`` terms switched on),
+        or ``ValueError`` naming the option that makes it impossible (lossless_start.py)."""
+        mode = self.mode
+        if mode.lossless_start is None:
+            raise ValueError(mode.lossless_refusal)
+        logit_scale = self.logit_scale_kind
+        if "logit_scale" in mode.lossless_start:
+            if logit_scale not in ("none", "vector"):
+                raise ValueError(
+                    f"lossless_start for head_mode {self.head_mode!r} sets a per-token logit scale "
+                    f"(logit_scale_kind='vector'); logit_scale_kind={logit_scale!r} cannot give back the source's "
+                    "logits: leave logit_scale_kind unset or 'vector'"
+                )
+            if self.logit_scale_init is not None:
+                # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
+                # dropped while config.json recorded it.
+                raise ValueError(
+                    f"logit_scale_init={self.logit_scale_init} (--logit-scale-init) cannot be combined with "
+                    f"lossless_start (--lossless-start): for head_mode {self.head_mode!r} the lossless start sets "
+                    "every per-token logit scale g_i itself, to the value that gives back the source's logits "
+                    f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
+                    "lossless_start"
+                )
+            logit_scale = "vector"
+        elif logit_scale != "none":
+            raise ValueError(
+                f"lossless_start for head_mode {self.head_mode!r} needs no logit scale ({mode.equation}; its start "
+                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={logit_scale!r} would "
+                "multiply the scores: leave logit_scale_kind='none'"
+            )
+        logit_bias = self.logit_bias or "logit_bias" in mode.lossless_start
+        return dataclasses.replace(self, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+
+
+# ------------------------------ hf_tiednorm/normalized_head.py --------------------------------------------------
+"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head_modes.py``.
+
+With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
+its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
+cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
+options every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
+O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
+the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
+
+What the head guarantees where real training puts it:
+
+* **Dead rows.** A row with ‖w_i‖ ≤ ``norm_eps`` (HF initialization zeroes the padding row; released checkpoints
+  keep it zero) counts as the zero vector in the normalized modes: it scores 0 (as ``baseline`` and ``distance``
+  score w_i = 0), l2 lookups return 0, and the normalization passes it **no gradient**. The direction
+  w/‖w‖ of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm (1/eps ≈ 1e6) made the
+  padding row's gradient dominate the whole model's (max/median row gradient 5e4–4e9 at step 0, i.e. gradient
+  clipping shrank every other update ~1000×). A dead row stays dead: the padding token is never a target.
+* **Dtypes.** Norms, scales and biases are computed in fp32; the scale is folded into W in fp32 and only the unit
+  rows are cast back, so fp16/bf16 weights never overflow (1/eps would). Logits are fp32 (fp64 for fp64 weights)
+  in every mode, also under autocast.
+* **No stale norms.** The (scale, bias) vectors are recomputed at every forward (O(V·d), small beside the
+  (tokens × V × d) matmul), except inside ``frozen_column_terms()`` — which ``generate()`` enters — where the
+  weights cannot change and the first step's vectors are reused. Nothing is keyed on storage pointers or version
+  counters, which ``.data`` writes, PEFT merges and FSDP/ZeRO-3 refills do not bump; and the forward has no
+  data-dependent Python branch, so ``torch.compile(fullgraph=True)`` traces it.
+
+An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
+``fixed`` (FixNorm's r²), ``scalar`` (one learned g, as in Transformers without Tears) or ``vector``
+(one learned g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise: these heads normalize the
+rows of W but keep the norm of h, so their scores already have the scale of plain ones; a start at √d (the g a
+score with *both* sides unit-norm needs) makes a new model's step-0 logits √d× too sharp (docs/evidence.md).
+
+An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
+``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
+2023), which a normalized head deletes, and b is where a model can keep it (HF Marian's ``final_logits_bias`` is a
+buffer, not a parameter). Being one more (V,) bias of the affine map, it costs O(V) and reaches the chunked loss
+through ``column_terms()`` like the mode's own bias.
+"""
+
+
+def default_logit_scale(logit_scale: "str", hidden_size: "int") -> "float":
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
+    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
+    ``fixed`` model's function depends on it, so it keeps its meaning)."""
+    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
+
+
+class NormalizedScoresMixin:
+    """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
+    learned logit-scale parameter, and column terms that are held fixed during one generation.
+
+    A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
+    """
+
+    def init_normalized_scores(self, options: "HeadOptions", hidden_size: "int", vocab_size: "int", device=None) -> "None":
+        """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
+        self.options = options
+        self.head_mode = options.head_mode
+        self.mode: "HeadMode" = options.mode  # everything the mode is (head_modes.py)
+        logit_scale = self.logit_scale_kind = options.logit_scale_kind
+        init_value = options.logit_scale_init
+        default = default_logit_scale(logit_scale, hidden_size)
+        self.logit_scale_init = float(init_value) if init_value is not None else default
+        self.norm_eps = options.norm_eps
+        if logit_scale == "scalar":
+            self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
+        elif logit_scale == "vector":
+            self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init, device=device))
+        else:  # "fixed" is a constant, not a parameter; "none" has no scale
+            self.logit_scale = None
+        # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
+        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
+        for name in options.extra_terms:  # registered head options (head_options.register_head_option)
+            # register_parameter, not setattr: a name the head holds already is refused, never replaced
+            self.register_parameter(name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init,
+                                                                  device=device)))
+        self._frozen_depth = 0
+        self._frozen_terms = None
+
+    def add_logit_bias(self, bias: "torch.Tensor | None", lo: "int" = 0, hi: "int | None" = None) -> "torch.Tensor | None":
+        """``bias`` (fp32, (n,) or None) plus the learned logit bias of tokens [lo, hi), if the head has one."""
+        if self.logit_bias is None:
+            return bias
+        learned = self.logit_bias[lo:hi].float()
+        return learned if bias is None else bias + learned
+
+    def logit_scale_values(self, device: "torch.device") -> "torch.Tensor | None":
+        """g as an fp32 tensor: 0-dim ("fixed", "scalar") or (V,) ("vector"); None for "none"."""
+        if self.logit_scale_kind == "none":
+            return None
+        if self.logit_scale is not None:
+            return self.logit_scale.float()
+        return torch.tensor(self.logit_scale_init, device=device)
+
+    @contextmanager
+    def frozen_column_terms(self) -> "Iterator[None]":
+        """Inside this block (and without gradients) the column terms are computed once and reused.
+
+        For decoding, where the weights cannot change between steps; leaving the outermost block drops them.
+        """
+        self._frozen_depth += 1
+        try:
+            yield
+        finally:
+            self._frozen_depth -= 1
+            if self._frozen_depth == 0:
+                self._frozen_terms = None
+
+    def column_terms(self):
+        """The mode's fp32 (scale, bias) vectors — for ``TiedNormHead`` (V,) each, with logits = (W·h) * scale + bias
+        — recomputed at every call except inside ``frozen_column_terms`` without gradients."""
+        if self._frozen_depth == 0 or torch.is_grad_enabled():
+            return self._compute_column_terms()
+        if self._frozen_terms is None:
+            self._frozen_terms = self._compute_column_terms()
+        return self._frozen_terms
+
+
+class TiedNormHead(NormalizedScoresMixin, nn.Linear):
+    """Output layer scoring hidden states against a (tied) embedding matrix in one of ``HEAD_MODES``.
+
+    It is an ``nn.Linear`` without bias whose ``weight`` (V, d) is the shared embedding matrix when the model
+    ties it, so HF's tying, resizing and ``get_output_embeddings()`` treat it like any LM head.
+    """
+
+    def __init__(
+        self,
+        hidden_size: "int",
+        vocab_size: "int",
+        *,
+        options: "HeadOptions | None" = None,
+        device=None,
+        dtype=None,
+    ) -> "None":
+        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); None: the
+        defaults (``HeadOptions()``)."""
+        super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
+
+    def extra_repr(self) -> "str":
+        return (
+            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}, "
+            f"logit_bias={self.logit_bias is not None}"
+        )
+
+    def match_vocab_size(self) -> "None":
+        """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
+        zero logit bias."""
+        vocab_size = self.weight.shape[0]
+        self.out_features = vocab_size
+        if self.logit_scale_kind == "vector" and self.logit_scale.shape[0] != vocab_size:
+            self.logit_scale = nn.Parameter(_resized(self.logit_scale.data, vocab_size, self.logit_scale_init))
+        if self.logit_bias is not None and self.logit_bias.shape[0] != vocab_size:
+            self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
+        for name in self.options.extra_terms:  # registered head options: new tokens start at the option's init
+            term = getattr(self, name)
+            if term.shape[0] != vocab_size:
+                setattr(self, name, nn.Parameter(_resized(term.data, vocab_size, HEAD_OPTIONS[name].init)))
+
+    def _compute_column_terms(self) -> "tuple[torch.Tensor | None, torch.Tensor | None]":
+        scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
+        g = self.logit_scale_values(self.weight.device)
+        if g is not None:
+            # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
+            scale = g if scale is None else scale * g
+            if scale.dim() == 0:  # a single g for every token
+                scale = scale.expand(self.weight.shape[0])
+            bias = None if bias is None else bias * g
+        scale, bias = scale, self.add_logit_bias(bias)
+        for name in self.options.extra_terms:  # registered head options fold their learned term in
+            scale, bias = HEAD_OPTIONS[name].fold(getattr(self, name).float(), scale, bias)
+        return scale, bias
+
+    @torch.no_grad()
+    def plain_output_layer(self) -> "tuple[torch.Tensor, torch.Tensor | None]":
+        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
+        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
+        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
+        scale, bias = self._compute_column_terms()
+        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
+        return weight, bias
+
+    def forward(self, hidden_states: "torch.Tensor") -> "torch.Tensor":
+        # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
+        scale, bias = self.column_terms()
+        logits_dtype = torch.promote_types(self.weight.dtype, torch.float32)
+        tokens = hidden_states.numel() // hidden_states.shape[-1]
+        if scale is not None and tokens > hidden_states.shape[-1]:
+            # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
+            # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
+            # (training batches, wide beam search) scale the rows. Each product in fp32 (s reaches 1/eps, the scaled
+            # rows don't), a block of rows at a time, saving W and s only: no fp32 copy of W (folded_weight.py).
+            weight = fold_scale(self.weight, scale)
+            logits = F.linear(hidden_states, weight).to(logits_dtype)
+        else:
+            logits = F.linear(hidden_states, self.weight).to(logits_dtype)
+            if scale is not None:
+                logits = logits * scale
+        if bias is not None:
+            logits = logits + bias
+        return logits
+
+
+def _resized(values: "torch.Tensor", size: "int", fill: "float") -> "torch.Tensor":
+    """``values`` (V,) cut or extended to (size,), new entries set to ``fill``."""
+    new = torch.full((size,), fill, dtype=values.dtype, device=values.device)
+    kept = min(size, values.shape[0])
+    new[:kept] = values[:kept]
+    return new
+
+
+def out_of_vocabulary_message(input_ids: "torch.Tensor", vocab_size: "int") -> "str":
+    """What is wrong when a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside
+    [0, vocab_size), where it is, and how many there are."""
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    where = bad.nonzero()[0].tolist() if bad.any() else []
+    first = int(input_ids[tuple(where)]) if where else None
+    return (
+        f"token id {first} (at position {tuple(where)} of the input ids, {int(bad.sum())} out of range in all) is "
+        f"outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}): the tokenizer or the data does "
+        "not match the model (len(tokenizer) must not exceed config.vocab_size)"
+    )
+
+
+class TiedNormEmbedding(nn.Embedding):
+    """Token embedding that, with ``normalize`` (a mode whose ``normalizes_input_lookups``: l2, Liu et al. eq. 19),
+    looks up unit-normalized rows ŵ_i; otherwise a plain ``nn.Embedding``."""
+
+    def __init__(
+        self,
+        num_embeddings: "int",
+        embedding_dim: "int",
+        padding_idx: "int | None" = None,
+        normalize: "bool" = False,
+        norm_eps: "float" = 1e-6,
+        **kwargs,
+    ) -> "None":
+        super().__init__(num_embeddings, embedding_dim, padding_idx, **kwargs)
+        self.normalize = normalize
+        self.norm_eps = norm_eps
+
+    def extra_repr(self) -> "str":
+        return f"{super().extra_repr()}, normalize={self.normalize}"
+
+    def forward(self, input_ids: "torch.Tensor") -> "torch.Tensor":
+        if torch.compiler.is_compiling():
+            embeddings = super().forward(input_ids)  # (..., d)
+        else:
+            try:
+                embeddings = super().forward(input_ids)
+            except IndexError as error:  # nothing is checked unless the lookup failed (CPU; CUDA asserts on device)
+                raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
+        if not self.normalize:
+            return embeddings
+        # ŵ_i from the looked-up rows themselves: O(tokens·d) instead of normalizing all V rows, with the same
+        # value and gradient, and nothing to cache.
+        return unit_rows(embeddings, self.norm_eps)
+
+
+# ------------------------------ hf_tiednorm/fused_loss.py -------------------------------------------------------
+"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
+
+Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``folded_weight.py``),
+so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
+(tokens × V) logits computes it:
+
+* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
+  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
+  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
+  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
+  (``liger_drops_head_gradients``).
+* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
+  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
+  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
+  without label smoothing.
+* ``"chunked"``: the chunked loop of ``chunked_loss.py``: every device, dtype and option.
+* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
+
+``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
+
+* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
+  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
+  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
+  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
+* ``"fused"``: always a fused path (the same order), whatever the size.
+* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
+* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
+  (``check_loss_chunk_size_read``), as with the adaptive softmax, whose loss never chunks either.
+
+A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
+training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
+``prediction_loss_only``).
+"""
+
+
+LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
+# "auto" takes a fused path from this many logits on (tokens × V: 64M, 256 MiB of fp32 logits, about 0.75 GiB with
+# their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
+# model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
+AUTO_MIN_LOGITS = 1 << 26
+
+
+# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
+LIGER_NEEDS_CUDA = (
+    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
+    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
+    "(loss_implementation='fused': the chunked loop)"
+)
+
+
+def liger_installed() -> "bool":
+    """liger-kernel (the ``gpu`` extra) can be imported."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def torch_linear_cross_entropy_available() -> "bool":
+    """torch has ``F.linear_cross_entropy`` with chunking options (torch ≥ 2.13)."""
+    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+
+
+def fused_kernel(device: "torch.device", matmul_dtype: "torch.dtype", label_smoothing: "float") -> "str":
+    """The fused kernel for this device, matmul dtype and label smoothing: ``"liger"``, ``"torch"`` or
+    ``"chunked"`` (see the module docstring)."""
+    if device.type == "cuda" and liger_installed():
+        return "liger"
+    exact_in_torch = matmul_dtype in (torch.float32, torch.float64) and not label_smoothing
+    if device.type == "cuda" and exact_in_torch and torch_linear_cross_entropy_available():
+        return "torch"
+    # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
+    return "chunked"
+
+
+def check_loss_chunk_size_read(chunk_size: "int | None", requested: "str", adaptive_cutoffs) -> "None":
+    """``ValueError`` where ``config.loss_chunk_size`` is set but no loss would read it (decided in issue 48: refused,
+    not ignored): ``loss_implementation="plain"`` and the adaptive softmax materialize the logits and never chunk."""
+    if chunk_size is not None and (requested == "plain" or adaptive_cutoffs):
+        reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
+        raise ValueError(
+            f"loss_chunk_size={chunk_size} sets the chunks of the chunked loss of the plain head, but {reader} "
+            "materializes the logits and never chunks: it would be ignored; leave loss_chunk_size unset (null), or "
+            "use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
+        )
+
+
+def choose_loss_path(
+    requested: "str",
+    head: "torch.nn.Module",
+    tokens: "int",
+    label_smoothing: "float" = 0.0,
+    chunk_size: "int | None" = None,
+) -> "str":
+    """``"liger"``, ``"torch"``, ``"chunked"`` or ``"plain"``: what computes the loss of ``head`` over ``tokens``
+    scored tokens (hidden states on the head's device) for ``config.loss_implementation = requested``. A head
+    without a single weight matrix (the adaptive softmax) has the plain path only."""
+    if requested not in LOSS_IMPLEMENTATIONS:
+        raise ValueError(f"loss_implementation must be one of {LOSS_IMPLEMENTATIONS}, got {requested!r}")
+    if requested == "plain" or not isinstance(head, TiedNormHead):
+        return "plain"
+    if requested == "chunked" or (requested == "auto" and chunk_size is not None):
+        return "chunked"
+    weight = head.weight
+    if requested == "auto" and (tokens * weight.shape[0] < AUTO_MIN_LOGITS or tokens <= weight.shape[1]):
+        return "plain"
+    device = weight.device
+    autocast = torch.is_autocast_enabled(device.type)
+    matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
+    return fused_kernel(device, matmul_dtype, label_smoothing)
+
+
+def liger_drops_head_gradients(hidden: "torch.Tensor", weight: "torch.Tensor", bias: "torch.Tensor | None") -> "bool":
+    """Whether liger-kernel's fused linear cross-entropy would silently give the head no gradient: it computes the
+    weight and bias gradients only when the hidden states require grad (liger-kernel 0.8.5,
+    ``ops/fused_linear_cross_entropy.py``), so head-only training with a frozen body got ∇W = ∇g = 0 and ∇b = None
+    where the plain and chunked paths give the true ones. ``head_linear_cross_entropy`` runs the chunked loop then."""
+    head_trains = weight.requires_grad or (bias is not None and bias.requires_grad)
+    return torch.is_grad_enabled() and head_trains and not hidden.requires_grad
+
+
+def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
+    try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError as error:
+        raise ImportError(
+            'the liger path needs liger-kernel: python -m pip install liger-kernel (or the gpu extra, -e ".[gpu]")'
+        ) from error
+
+    options = {"ignore_index": ignore_index, "label_smoothing": label_smoothing, "reduction": "sum"}
+    if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:
+        options["accum_dtype"] = torch.float32  # the weight gradient accumulated in fp32
+    if bias is not None and not torch.is_autocast_enabled(hidden.device.type):
+        bias = bias.to(weight.dtype)  # liger adds the bias in the weight's dtype
+    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        hidden = hidden.to(weight.dtype)
+    loss = LigerFusedLinearCrossEntropyLoss(**options)(weight, hidden, labels, bias)
+    return loss.float() if loss.dtype != torch.float64 else loss
+
+
+def _torch_loss(hidden, weight, bias, labels, ignore_index):
+    options = torch.nn.LinearCrossEntropyOptions(acc_policy="accurate")
+    if bias is not None:
+        bias = bias.to(weight.dtype)
+    return F.linear_cross_entropy(
+        hidden.to(weight.dtype), weight, labels, linear_bias=bias, reduction="sum", ignore_index=ignore_index,
+        options=options,
+    )
+
+
+def head_linear_cross_entropy(
+    head,
+    hidden: "torch.Tensor",
+    labels: "torch.Tensor",
+    path: "str",
+    label_smoothing: "float" = 0.0,
+    chunk_size: "int | None" = None,
+    ignore_index: "int" = -100,
+) -> "torch.Tensor":
+    """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
+    fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
+    the learned logit scale g and bias b through the head's column terms and the fold."""
+    scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
+    weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
+    if path == "chunked":
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
+    if path == "liger":
+        return _liger_loss(hidden, weight, bias, labels, float(label_smoothing), ignore_index)
+    if path == "torch":
+        if label_smoothing:
+            raise ValueError("torch's F.linear_cross_entropy is exact only without label smoothing")
+        return _torch_loss(hidden, weight, bias, labels, ignore_index)
+    raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
+
+
+def refuse_fused_loss_scored_outside(config) -> "None":
+    """Raise ``ValueError`` naming ``label_smoothing_factor`` when a training step's logits are scored outside the
+    model (the Trainer's label smoother or a ``compute_loss_func`` pass no labels) while ``config`` asks for a fused
+    loss by name: the model would have to return the (tokens × V) logits the fused path exists to avoid."""
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("fused", "chunked"):
+        raise ValueError(
+            f"loss_implementation={implementation!r}: the Trainer scores this training step's logits itself "
+            "(TrainingArguments(label_smoothing_factor=...) or compute_loss_func), so the model would have to return "
+            "the (tokens × V) logits its fused loss never materializes. Set label_smoothing_factor=0 and smooth with "
+            "the model config's own label_smoothing field (config.label_smoothing=0.1, which the fused path "
+            "computes), or set loss_implementation='auto' / 'plain' to let the Trainer score the logits"
+        )
+
+
+def serve_liger_request(model=None, **_kernel_options) -> "None":
+    """What ``TrainingArguments(use_liger_kernel=True)`` does to an hf_tiednorm model through liger-kernel's own
+    dispatch (``_apply_liger_kernel_to_instance`` looks the model type up in its table): train with liger-kernel's
+    fused linear cross-entropy on the normalized head (``auto`` becomes ``fused``), or raise ``ValueError`` naming
+    why it cannot. Liger's per-module kernels (RMSNorm, RoPE, SwiGLU) are not applied."""
+    reason = liger_refusal(model)
+    if reason is not None:
+        raise ValueError(f"use_liger_kernel=True cannot run liger-kernel on this {type(model).__name__}: {reason}")
+    if model.config.loss_implementation == "auto":
+        model.config.loss_implementation = "fused"
+
+
+def register_with_liger(model_type: "str", table: "dict | None" = None) -> "bool":
+    """Enter ``model_type`` (an hf_tiednorm model's own, when one is built: head_host.py) in liger-kernel's
+    model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
+    ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
+    liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
+    then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
+    on a CPU then refuses at ``train()``, naming CUDA (``serve_liger_request``), where the Trainer would train with
+    nothing applied and no message (issue 51). Returns whether the type is registered."""
+    if table is None:
+        if not liger_installed():
+            return False
+        try:  # an optional extra: in a try block so that remote code does not require it
+            from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
+        except ImportError:
+            return False
+    table.setdefault(model_type, serve_liger_request)
+    return True
+
+
+def liger_refusal(model) -> "str | None":
+    """Why ``TrainingArguments(use_liger_kernel=True)`` cannot be served by hf_tiednorm's fused path (liger-kernel's
+    fused linear cross-entropy on the normalized head) for ``model``; None when it can. transformers' own Liger
+    patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
+    config = model.config
+    head = model.get_output_embeddings()
+    if not torch.cuda.is_available():  # asked first: on a CPU no install can help (issue 51)
+        return LIGER_NEEDS_CUDA
+    if not liger_installed():
+        return 'liger-kernel is not installed (python -m pip install liger-kernel, or the gpu extra: -e ".[gpu]")'
+    if not isinstance(head, TiedNormHead):
+        return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("plain", "chunked"):
+        return f"config.loss_implementation={implementation!r} asks for another loss path; set 'auto' or 'fused'"
+    if getattr(model, "body_auto_class", None) is not None:  # the wrapper (modeling_tiednorm_wrapped.py)
+
+        body = config.text_config.model_type  # the wrapped transformers architecture, not a row of the family table
+        if config.is_encoder_decoder or body not in FUSED_CAUSAL_BODIES:
+            return (
+                f"the wrapped {body!r} model has no fused loss in hf_tiednorm (it serves the causal LMs "
+                f"{sorted(FUSED_CAUSAL_BODIES)})"
+            )
+    return None
+
+
+# ------------------------------ hf_tiednorm/lossless_start.py ---------------------------------------------------
+"""The lossless start of a conversion, and the GGUF loader's stale quantization state (used by convert.py).
+
+A pretrained model's hidden states are calibrated to raw dot products w_i·h, whose row norms carry the token prior;
+a normalized head deletes them, so a plain conversion starts from a broken function (SmolLM2-135M on Multi30k: 8.7×
+the source's perplexity in cosine mode, docs/converting.md). The lossless start keeps the head normalized but
+starts the per-token terms that multiply or shift its scores where they give back the source's logits exactly, so
+fine-tuning moves from the source's own function. Each mode declares its start (``HeadMode.lossless_start`` and
+``lossless_terms``, head_modes.py); the built-in ones:
+
+=========== ======================================================== =============================================
+head_mode   lossless start                                           exact because
+=========== ======================================================== =============================================
+baseline    nothing to set                                           s_i = w_i·h already
+cosine      ``logit_scale_kind="vector"``, g_i = ‖w_i‖                    g_i·w_i·h/‖w_i‖ = w_i·h
+square      ``logit_scale_kind="vector"``, g_i = ‖w_i‖²                   g_i·w_i·h/‖w_i‖² = w_i·h
+distance    ``logit_bias=True``, b_i = ½‖w_i‖²                       w_i·h − ½‖w_i‖² + b_i = w_i·h
+l2          refused                                                  the input lookups become ŵ_i too, so every
+                                                                     layer sees other inputs; no head term undoes it
+=========== ======================================================== =============================================
+
+Dead rows (‖w_i‖ ≤ ``norm_eps``, normalized_head.py) score 0 in cosine/square: exact for an all-zero row (the
+source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
+a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. The start is recorded in the config
+(``lossless_start=True``), and tokens that ``resize_token_embeddings`` adds later start by the same map from their
+initial rows (``start_resized_tokens``), so they take the probability mass they take in the source's same resize
+(at g = 1, ten new tokens of a tiny Llama would take 33 % (cosine) or 72 % (square) of the probability mass
+where the source's same resize gives them 14 %).
+
+GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``python -m pip
+install -e ".[gguf]"``); the converted model must carry no quantization state (the dequantized weights are plain
+tensors), so that it saves and fine-tunes like any other. Models still quantized (bitsandbytes, GPTQ, ...) are
+refused.
+"""
+
+
+def lossless_head_options(head_mode: "str", logit_scale: "str", logit_bias: "bool") -> "tuple[str, bool]":
+    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
+    or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
+    options = HeadOptions(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+    options = options.with_lossless_start()
+    return options.logit_scale_kind, options.logit_bias
+
+
+@torch.no_grad()
+def start_lossless(model: "PreTrainedModel") -> "None":
+    """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
+
+    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
+    ``lossless_head_options``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
+    """
+    head = model.get_output_embeddings()
+    # lossless_terms returns the values of LEARNED_TERMS (g, b) in their order; None: the mode leaves it alone.
+    for term, value in zip(LEARNED_TERMS, head.mode.lossless_terms(head.weight, head.norm_eps), strict=True):
+        if value is not None:
+            getattr(head, term).copy_(value)
+    check_registered_options_neutral(head)
+    model.config.lossless_start = True
+
+
+def check_registered_options_neutral(head) -> "None":
+    """``ValueError`` naming the registered head options (``extra_terms``) when, at their ``init``, they change the
+    scores of a lossless-started ``head``: its effective column terms (mode, g, b and every option folded in) must be
+    the plain scores', scale_i = 1 and bias_i = 0 on every live row, within the tolerance of the mode's own check
+    (``head_mode_checks.check_lossless``). A lossless start sets g and b only; an option whose init is not neutral
+    (e.g. a temperature starting at 2) would leave the logits off the source's while the config said lossless."""
+    names = head.options.extra_terms
+    if not names or head.weight.is_meta:
+        return
+    scale, bias = head.column_terms()
+    norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)
+    gain = torch.ones_like(norms) if scale is None else scale
+    offset = torch.zeros_like(norms) if bias is None else bias
+    learned_bias = 0 if head.logit_bias is None else head.logit_bias.float().abs()
+    error = (gain - 1).abs() * norms + offset.abs()  # the most a logit is off, for a unit-norm h
+    excess = (error - LOSSLESS_RTOL * (norms + learned_bias) - head.norm_eps).nan_to_num(nan=torch.inf)
+    row = int(excess.argmax())
+    if bool(excess[row] > 0):  # host syncs at conversion time only
+        inits = ", ".join(f"{name} init={HEAD_OPTIONS[name].init}" for name in names)
+        raise ValueError(
+            f"lossless_start cannot give back the source's logits with the registered head option(s) {list(names)} "
+            f"({inits}): folded in at their init they change the scores (at row {row}, scale {float(gain[row]):.6g} "
+            f"and bias {float(offset[row]):.6g} where the plain score needs 1 and 0; a logit off by up to "
+            f"{float(error[row]):.4g}). A lossless start sets the logit scale and bias only: register the option "
+            "with an init at which its fold changes nothing, or convert without lossless_start"
+        )
+
+
+@torch.no_grad()
+def start_resized_tokens(model: "PreTrainedModel", first_new: "int") -> "None":
+    """After ``resize_token_embeddings`` of a lossless-started ``model`` (``config.lossless_start``), start the new
+    tokens' g_i / b_i (ids ``first_new`` and up) by their mode's lossless map from their initial rows, in place; a
+    model without a lossless start keeps the head's own rule (g = ``logit_scale_init``, b = 0)."""
+    head = model.get_output_embeddings()
+    if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
+        return
+    terms = head.mode.lossless_terms(head.weight[first_new:], head.norm_eps)  # (new,) each, or None
+    for term, value in zip(LEARNED_TERMS, terms, strict=True):
+        if value is not None:
+            getattr(head, term)[first_new:] = value
+
+
+@torch.no_grad()
+def take_row_scales(model: "PreTrainedModel", row_scales: "torch.Tensor") -> "None":
+    """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
+    c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
+    head = model.get_output_embeddings()
+    for term in LEARNED_TERMS:  # both scale the logit: c_i times each
+        learned = getattr(head, term)
+        if learned is not None:
+            learned.mul_(row_scales.to(learned))
+
+
+# ------------------------------ hf_tiednorm/regularizers.py -----------------------------------------------------
+"""The two loss regularizers of the tied embedding, each returned as its own number.
+
+Projection regularization (Press & Wolf, 2017, "Using the Output Embedding to Improve Language Models", §4):
+a matrix P ∈ R^{H×H} is inserted between the decoder output and the tied output embedding, so the logits are
+W·(P·h), and λ‖P‖ is added to the loss (the paper uses λ = 0.15). P is initialized to the identity, so a fresh
+model scores exactly as without it.
+
+Which norm: the paper writes ‖P‖₂ and calls it the L2 norm; the authors' released TensorFlow code
+(ofirpress/UsingTheOutputEmbedding, ``ptb_word_lm_WT_PR.py``) penalizes ``tf.nn.l2_loss(P)``, i.e. the L2 norm
+of P's entries. We use that entry-wise reading, unsquared: the Frobenius norm ‖P‖_F. Unsquared, its gradient
+λ·P/‖P‖_F has norm λ whatever the width H, so the paper's λ = 0.15 keeps its meaning at any model size
+(the squared form would put 0.15·H/2 nats on the identity init: 19 nats at H = 256). It is also cheap
+(no SVD per step, unlike the spectral norm) and differentiable everywhere except P = 0.
+
+Weight-norm regularization (Herold, Gao & Ney, 2018, "Improving Neural Language Models with Weight Norm
+Initialization and Regularization"): ρ·Σ_k (‖w_k‖ − ν)² over the rows w_k of the output (tied) embedding,
+paper values ρ = 1e-3, ν = 2.0. It pulls every row norm towards ν, i.e. it limits the frequency bias that
+row norms carry in a tied softmax.
+"""
+
+
+@dataclass
+class LossTerms:
+    """The terms of a model's ``loss`` (their sum), carried next to it by the model outputs (which inherit these
+    fields) and logged one by one by the Trainer. Each is the share of this batch in the accumulated batch, like the
+    Trainer-scaled loss; a regularizer that is off is None.
+
+    cross_entropy: the token cross-entropy; projection_penalty / weight_norm_penalty: the two regularizers.
+    """
+
+    cross_entropy: "torch.FloatTensor | None" = None
+    projection_penalty: "torch.FloatTensor | None" = None
+    weight_norm_penalty: "torch.FloatTensor | None" = None
+
+
+# The loss-term names, in field order: what the Trainer logs and evaluation ignores.
+LOSS_TERMS: "tuple[str, ...]" = tuple(field.name for field in fields(LossTerms))
+
+
+class OutputProjection(nn.Linear):
+    """Press & Wolf's projection P (H×H, no bias) applied to the decoder output before the tied head.
+
+    Initialized to the identity (by ``reset_parameters`` and by the model's ``_init_weights``).
+    """
+
+    def __init__(self, hidden_size: "int", device=None, dtype=None) -> "None":
+        super().__init__(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)
+
+    def reset_parameters(self) -> "None":
+        nn.init.eye_(self.weight)
+
+
+def projection_penalty(projection: "torch.Tensor", strength: "float") -> "torch.Tensor":
+    """λ·‖P‖_F in fp32 (see the module docstring for the choice of norm)."""
+    return strength * torch.linalg.matrix_norm(projection.float(), ord="fro")
+
+
+def weight_norm_penalty(weights: "list[torch.Tensor]", strength: "float", target_norm: "float") -> "torch.Tensor":
+    """ρ·Σ_k (‖w_k‖ − ν)² in fp32, summed over the rows of every matrix in ``weights``.
+
+    ``weights`` is the output embedding split in one or more matrices (one per band with adaptive softmax);
+    rows may have different widths across matrices. A zero row (the padding row) has a zero subgradient.
+    """
+    total = sum(
+        (torch.linalg.vector_norm(w.float(), dim=-1) - target_norm).square().sum() for w in weights
+    )
+    return strength * total
+
+
+# ------------------------------ hf_tiednorm/remote_code_map.py --------------------------------------------------
+"""Every ``auto_map`` rule in one place: a wrapped model's saved folder has the wrapper's own, never the source's
+(``drop_source_auto_map``); and which entries of a config are ours (``foreign_auto_map``).
+
+A Hub config often carries an ``auto_map`` under a built-in ``model_type`` (remote code of its own, or stale
+entries). Kept inside the wrapper's ``text_config``, it (a) took the wrapper's own entries: ``register_for_auto_class``
+reads and writes ``config.auto_map``, which the wrapper config delegates to ``text_config``, so the saved folder had
+no top-level ``auto_map`` and did not load with ``trust_remote_code=True`` where hf_tiednorm is not installed; and
+(b) named someone else's code (``"AutoModelForCausalLM": "org/repo--modeling.Model"``) that transformers would run to
+build the wrapped model from ``text_config`` under ``trust_remote_code=True``. The wrapped architecture is a built-in
+one, so its config needs no ``auto_map``: it is removed when the config becomes a wrapper's ``text_config``.
+
+A saved model carries two Python files, ``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, generated from
+this package by ``utils/generate_remote_code.py`` (in ``hf_tiednorm/remote_code/``): ``two_file_remote_code`` puts
+them in the folder and points ``auto_map`` (and the translation pipeline's ``custom_pipelines`` entry) into them,
+where transformers' ``custom_object_save`` would copy the class's module and every module it imports. A class that
+is not the package's (a saved copy's, loaded with ``trust_remote_code=True``; a family registered from outside) is
+left to transformers. Folders saved before (``LEGACY_MODULES``: one file per package module) still name their own
+copies, which they carry.
+
+Ours are the only remote code a saved or published model may name.
+``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
+config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
+``save_pretrained`` keeps the config's entries it does not overwrite, so they would survive fine-tuning and be
+uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of
+its copies of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for
+the training layer to drop and for staging to refuse.
+"""
+
+
+REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
+# The package modules a folder saved before the two generated files names in its auto_map (the flat
+# hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
+LEGACY_MODULES = frozenset({
+    "accumulated_loss", "adaptive", "causal_lm_names", "chunked_loss", "configuration_tiednorm",
+    "configuration_tiednorm_wrapped", "embeddings", "folded_weight", "fused_loss", "head_host", "head_mode_checks",
+    "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
+    "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
+    "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
+    "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
+})  # fmt: skip
+_HERE = Path(__file__).resolve().parent
+# The generated files, beside this module in the package (absent where this module is itself generated code).
+GENERATED_DIR = _HERE / "remote_code"
+
+
+def drop_source_auto_map(text_config) -> "None":
+    """Remove ``auto_map`` from ``text_config`` (a ``PreTrainedConfig`` about to become a wrapper's ``text_config``)
+    in place; a dict (converted later) or None is left alone."""
+    if isinstance(text_config, PreTrainedConfig):
+        text_config.__dict__.pop("auto_map", None)
+
+
+def _is_ours(reference: "Any") -> "bool":
+    if reference is None:
+        return True
+    if isinstance(reference, (list, tuple)):  # a tokenizer's [slow, fast] pair
+        return all(_is_ours(item) for item in reference)
+    if not isinstance(reference, str) or "--" in reference or "." not in reference:
+        return False
+    return reference.rsplit(".", 1)[0] in LEGACY_MODULES.union(REMOTE_CODE_MODULES)
+
+
+def foreign_auto_map(auto_map: "dict[str, Any] | None") -> "dict[str, Any]":
+    """The entries of ``auto_map`` (a config's) that do not name our remote code: another repository's
+    (``owner/repo--module.Class``) or a module that is not ours. {} when every entry is ours."""
+    return {key: value for key, value in (auto_map or {}).items() if not _is_ours(value)}
+
+
+def _package_class(cls: "type") -> "bool":
+    """Whether ``cls`` is defined by one of this package's flat modules (not by a generated file, a saved copy or
+    a test) while the generated files are at hand."""
+    module = sys.modules.get(cls.__module__)
+    return GENERATED_DIR.is_dir() and Path(getattr(module, "__file__", "") or "").resolve().parent == _HERE
+
+
+def remote_code_reference(cls: "type") -> "str":
+    """``"modeling_tiednorm.Name"`` / ``"configuration_tiednorm.Name"``: where a saved model's code defines ``cls``,
+    a class of this package. ``RuntimeError`` when the generated file lacks it (stale: regenerate)."""
+    module = REMOTE_CODE_MODULES[0] if issubclass(cls, PreTrainedConfig) else REMOTE_CODE_MODULES[1]
+    if f"\nclass {cls.__name__}(" not in (GENERATED_DIR / f"{module}.py").read_text():
+        raise RuntimeError(
+            f"{GENERATED_DIR / module}.py does not define {cls.__name__}: the generated remote code is stale; run "
+            "`python utils/generate_remote_code.py`"
+        )
+    return f"{module}.{cls.__name__}"
+
+
+def _renamed(reference: "Any") -> "Any":
+    """A ``"module.Name"`` entry naming one of the package's modules, renamed into the generated files."""
+    if not isinstance(reference, str) or "--" in reference or "." not in reference:
+        return reference
+    module, name = reference.rsplit(".", 1)
+    if module not in LEGACY_MODULES:
+        return reference
+    for target in REMOTE_CODE_MODULES:
+        if f"\nclass {name}(" in (GENERATED_DIR / f"{target}.py").read_text():
+            return f"{target}.{name}"
+    return reference
+
+
+@contextmanager
+def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.PathLike") -> "Iterator[None]":
+    """While ``config.save_pretrained(save_directory)`` runs (itself, or inside a model's ``save_pretrained``):
+    the folder holds the two generated files instead of transformers' copies of the package's modules, and the
+    config's ``auto_map`` and ``custom_pipelines`` entries name them. Nothing changes for a config class that is not
+    the package's (see the module docstring)."""
+    if type(config)._auto_class is None or not _package_class(type(config)):
+        yield
+        return
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    for module in LEGACY_MODULES:  # the copies a model's save_pretrained just made (custom_object_save)
+        copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
+        if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
+            copy.unlink()
+    auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
+    config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
+    pipelines = getattr(config, "custom_pipelines", None) or {}
+    for entry in pipelines.values():
+        if isinstance(entry, dict) and "impl" in entry:
+            entry["impl"] = _renamed(entry["impl"])
+    named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
+    for module in REMOTE_CODE_MODULES:  # the modeling file where a model (or its pipeline) is named: not a config's
+        if module == REMOTE_CODE_MODULES[0] or any(str(name).startswith(f"{module}.") for name in named):
+            shutil.copyfile(GENERATED_DIR / f"{module}.py", folder / f"{module}.py")
+    config._auto_class = None  # an instance attribute, over the class's: transformers then copies nothing
+    try:
+        yield
+    finally:
+        del config._auto_class
+
+
+class TwoFileRemoteCodeMixin:
+    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
+    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        with two_file_remote_code(self, save_directory):
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
+# ------------------------------ hf_tiednorm/configuration_tiednorm.py -------------------------------------------
+"""Configurations of the model families: Marian-style and BART-style encoder-decoders and a Llama-style causal LM.
+
+Each inherits every architecture field from its HF parent and adds, from mixins listed before the parent (their
+fields override the parent's), the fields of the normalized tied head, of the training techniques and, for the two
+encoder-decoders, the tie topology and the small model's defaults (the small Multi30k model: joint 8k vocabulary,
+d = 256). Validation is transformers 5's: ``@strict`` checks every field's type (``Literal`` choices included) and
+range (``validated_field``) whenever it is set, then runs the ``validate_*`` methods on the whole config; a bad value
+raises a ``StrictDataclass*ValidationError`` naming the field or validator and the cause.
+"""
+
+
+TieTopology = Literal["untied", "decoder", "three_way"]
+LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # fused_loss.LOSS_IMPLEMENTATIONS
+TIE_TOPOLOGIES: tuple[str, ...] = get_args(TieTopology)
+
+
+@as_validated_field
+def positive_finite_field(value: float | None) -> None:
+    """> 0 and finite, or None (unset): an inf scale or eps makes the loss nan (inf · 0) or the softmax uniform."""
+    if value is not None and not 0 < value < math.inf:
+        raise ValueError(f"Value must be > 0 and finite, got {value}")
+
+
+@as_validated_field
+def non_negative_field(value: float | None) -> None:
+    """>= 0, or None (unset)."""
+    if value is not None and not value >= 0:
+        raise ValueError(f"Value must be >= 0, got {value}")
+
+
+@as_validated_field
+def head_mode_field(value: str) -> None:
+    """A registered head mode (head_modes.py); the error names the value and the modes this code defines."""
+    get_head_mode(value)
+
+
+def script_flag(help: str, *, finetune: bool = False, new_model_only: bool = False, choices=None) -> dict:
+    """The metadata of a config field that the training scripts offer as a flag: its ``help`` text, and whether
+    fine-tuning a saved model may change it (``finetune``: a loss weight, which changes no parameter) or only a new
+    model takes it (``new_model_only``: applied when the model is built). The one place a field is described:
+    ``hf_tiednorm.training.arguments`` derives the scripts' flags and their fine-tuning rules from it. ``choices``:
+    the values the flag accepts, for a field whose type is no ``Literal`` (a live sequence such as ``HEAD_MODES`` is
+    read when the flag is parsed)."""
+    metadata = {"help": help, "finetune": finetune, "new_model_only": new_model_only}
+    if choices is not None:
+        metadata["choices"] = choices
+    return metadata
+
+
+# Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
+size_field = positive_int_field
+layer_count_field = interval(min=0)
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
+    """Fields of the normalized tied output head: every hf_tiednorm config has them (TiedNormWrappedConfig too)."""
+
+    head_mode: str = head_mode_field(
+        default=DEFAULT_HEAD_MODE,
+        metadata=script_flag(
+            "how the output layer scores token i against the decoder state h (hf_tiednorm/head_modes.py): "
+            f"{head_mode_summaries()}",
+            choices=HEAD_MODES,
+        ),
+    )
+    logit_scale_kind: LogitScale = field(
+        default="none",
+        metadata=script_flag("multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g "
+                             "per token, the head's logit_scale parameter)"),
+    )
+    logit_scale_init: float | int | None = positive_finite_field(
+        default=None,
+        metadata=script_flag(
+            "g for logit_scale_kind fixed, its initial value for scalar/vector; None: 1 for scalar/vector (the "
+            "scale-free head at step 0), sqrt(hidden size) for fixed"
+        ),
+    )
+    logit_bias: bool = field(
+        default=False,
+        metadata=script_flag(
+            "a learned per-token bias b added to the scores, zero at initialization (s_i = g·score_i + b_i): where a "
+            "normalized head can keep the unigram prior that the row norms carried"
+        ),
+    )
+    norm_eps: float = positive_finite_field(
+        default=1e-6,
+        metadata=script_flag("floor on the row norms: a row with norm <= norm_eps is dead (score 0, no gradient "
+                             "through its norm), so zero rows never divide by zero"),
+    )
+    loss_implementation: LossImplementation = field(
+        default="auto",
+        metadata=script_flag(
+            "what computes the head's training loss (hf_tiednorm/fused_loss.py): auto (the fastest path correct for "
+            "the device, dtype and options: a fused linear cross-entropy on the folded weight — liger-kernel on CUDA, "
+            "torch's where exact, else the chunked loop — once the logits are large, else the plain one), fused "
+            "(always a fused path), chunked (the chunked loop) or plain (the materialized logits). A fused path "
+            "returns logits=None in training",
+            finetune=True,
+        ),
+    )
+    # Set by a conversion's lossless start (lossless_start.py): the per-token g_i / b_i started from the rows' norms
+    # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
+    lossless_start: bool = False
+
+    def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
+        for old, new in RENAMED_CONFIG_FIELDS.items():
+            if old in kwargs:
+                setattr(self, new, renamed_field_value(old, new, kwargs.pop(old), getattr(self, new)))
+        super().__post_init__(**kwargs)
+
+    def validate_lossless_start(self) -> None:
+        needed = (self.logit_scale_kind, self.logit_bias)
+        if self.lossless_start:
+            needed = lossless_head_options(self.head_mode, *needed)  # raises for l2
+        if needed != (self.logit_scale_kind, self.logit_bias):
+            raise ValueError(
+                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale_kind, logit_bias) = "
+                f"{needed}, got ({self.logit_scale_kind!r}, {self.logit_bias}); set them so, or lossless_start=False"
+            )
+
+    @property
+    def head_options(self) -> HeadOptions:
+        """The head's settings as the one value a head is built from (head_options.py)."""
+        return HeadOptions.from_config(self)
+
+    def validate_head_options(self) -> None:
+        HeadOptions.from_config(self)  # every check of the head's settings, once (head_options.py)
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class TiedNormTechniquesConfigMixin:
+    """Fields of the training techniques that hf_tiednorm's own families implement in their forward and loss
+    (label smoothing, the chunked loss, both regularizers, the initializations, adaptive input/softmax). A wrapped
+    model (TiedNormWrappedConfig) trains with its architecture's own loss and refuses them."""
+
+    # The Trainer's evaluation collects every other output field as predictions; the loss terms are scalars.
+    keys_to_ignore_at_inference = ["cache", "past_key_values", *LOSS_TERMS]  # the KV cache's names since / before 5.24
+
+    label_smoothing: float | int = interval(min=0, max=1, exclude_max=True)(
+        default=0.0,
+        metadata=script_flag(
+            "label smoothing of the model's own cross-entropy (set here rather than in the Trainer's "
+            "--label_smoothing_factor, so that the regularizer terms of the model's loss are kept)",
+            finetune=True,
+        ),
+    )
+    loss_chunk_size: int | None = positive_int_field(
+        default=None,
+        metadata=script_flag(
+            "tokens per chunk of the chunked training loss, which never materializes the (tokens × V) logits "
+            "(hf_tiednorm/chunked_loss.py; the forward then returns logits=None): set, it picks the chunked loop "
+            "under loss_implementation auto; None: the chunked loop's default size",
+            finetune=True,
+        ),
+    )
+    projection_regularization: float | int | None = non_negative_field(
+        default=None,
+        metadata=script_flag(
+            "Press & Wolf's projection P (H×H, identity init) between the decoder output and the tied head, with "
+            "penalty λ·‖P‖_F (paper: λ = 0.15; 0: P unregularized; None: no P; hf_tiednorm/regularizers.py). "
+            "Fine-tuning may change λ of a model trained with P, never add P",
+            finetune=True,
+        ),
+    )
+    weight_norm_regularization: float | int = non_negative_field(
+        default=0.0,
+        metadata=script_flag(
+            "Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)² over the output embedding rows "
+            "(paper: ρ = 1e-3; 0: off)",
+            finetune=True,
+        ),
+    )
+    weight_norm_target: float | int = positive_finite_field(
+        default=2.0,
+        metadata=script_flag("ν, the row norm the weight-norm regularization pulls towards (paper: 2)", finetune=True),
+    )
+    embedding_init_std: float | None = positive_finite_field(
+        default=None,
+        metadata=script_flag(
+            "std of a new model's token embeddings (and untied output matrix); None: the parent's init_std (0.02). "
+            "The paper's fairseq init is d**-0.5 (row norms ≈ 1 instead of 0.02·√d), e.g. 0.0625 at d = 256; "
+            "square mode (scores w·h/‖w‖²) needs it. The padding row stays zero"
+        ),
+    )
+    # The config records σ once hf_tiednorm.training.weight_norm_init_ has rescaled the embedding (None: not applied).
+    weight_norm_init_sigma: float | int | None = positive_finite_field(
+        default=None,
+        metadata=script_flag(
+            "Herold et al.'s weight-norm initialization: a new model's embedding rows get norm σ·log(count), counts "
+            "from the tokenized training data; None: HF's random init",
+            new_model_only=True,
+        ),
+    )
+    adaptive_cutoffs: list[int] | None = field(
+        default=None,
+        metadata=script_flag(
+            "adaptive input + tied adaptive softmax (Baevski & Auli, 2019): increasing token ids c_1 < … < c_n-1 < V "
+            "that split the frequency-ordered vocabulary into bands, such as 2000 6000 (encoder-decoders: "
+            "tie_topology three_way); None: plain embedding"
+        ),
+    )
+    adaptive_div_value: float | int = interval(min=1)(
+        default=4.0, metadata=script_flag("k of the adaptive bands: band i has width d // k**i")
+    )
+    adaptive_tie_projections: bool = field(
+        default=True,
+        metadata=script_flag(
+            "tie each adaptive band's output projection to its input projection too (else only the band rows)"
+        ),
+    )
+
+    def validate_loss_chunk_size(self) -> None:
+        check_loss_chunk_size_read(self.loss_chunk_size, self.loss_implementation, self.adaptive_cutoffs)
+
+    def validate_row_norm_techniques(self) -> None:
+        uses_row_norms = self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None
+        if uses_row_norms and not get_head_mode(self.head_mode).keeps_row_norms:
+            raise ValueError(
+                "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+                f"head_mode={self.head_mode!r} removes from both the input lookups and the scores; use another "
+                "head_mode or leave them unset"
+            )
+
+    def validate_adaptive_cutoffs(self) -> None:
+        cutoffs, vocab_size = self.adaptive_cutoffs, self.vocab_size
+        if cutoffs is None:
+            return
+        if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab_size:
+            raise ValueError(
+                f"adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, {vocab_size - 1}] so "
+                f"that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty and cover the vocabulary exactly; "
+                f"got {cutoffs}"
+            )
+        if int(self.hidden_size // self.adaptive_div_value ** len(cutoffs)) < 1:
+            raise ValueError(
+                f"the last of {len(cutoffs) + 1} adaptive bands would have width {self.hidden_size} // "
+                f"{self.adaptive_div_value}^{len(cutoffs)} < 1; use fewer adaptive_cutoffs or a smaller "
+                "adaptive_div_value"
+            )
+        if self.adaptive_tie_projections and not self.tie_word_embeddings:
+            raise ValueError(
+                "adaptive_tie_projections=True ties the output projections to the input ones, but the output layer "
+                "is untied from the input embedding; tie the embeddings or set adaptive_tie_projections=False"
+            )
+        if self.embedding_init_std is not None:
+            raise ValueError(
+                "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
+                "leave one of embedding_init_std / adaptive_cutoffs unset"
+            )
+        if self.loss_implementation in ("fused", "chunked"):
+            raise ValueError(
+                f"loss_implementation={self.loss_implementation!r} (a fused loss of the plain head) does not apply to "
+                "the adaptive softmax; set loss_implementation='auto' or 'plain', or leave adaptive_cutoffs unset"
+            )
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class TieTopologyConfigMixin:
+    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf, 2017, Section 5), for both
+    encoder-decoder families:
+
+      * ``"three_way"``: encoder input = decoder input = output embedding; needs one shared vocabulary;
+      * ``"decoder"``: decoder input = output embedding, the encoder has its own (``decoder_vocab_size`` may differ);
+      * ``"untied"``: three separate matrices (the head mode still applies to the output matrix).
+
+    ``tie_word_embeddings`` and ``share_encoder_decoder_embeddings`` follow from ``tie_topology``; passing values
+    that contradict it is an error.
+    """
+
+    # Where the family's models keep their embeddings (module paths from the LM; tie_topology.py reads them): the
+    # shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no fields.
+    shared_embedding_path = "model.shared"
+    stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
+
+    # Which embeddings share one matrix: one of TIE_TOPOLOGIES.
+    tie_topology: TieTopology = "three_way"
+    # Vocabulary of the decoder input and the output layer when it differs from the encoder's; None = vocab_size.
+    decoder_vocab_size: int | None = size_field(default=None)
+    # Derived from tie_topology when left unset (the HF parents default both to True).
+    tie_word_embeddings: bool | None = None
+    share_encoder_decoder_embeddings: bool | None = None
+
+    def _implied_tie_flags(self) -> dict[str, bool]:
+        return {
+            "tie_word_embeddings": self.tie_topology != "untied",
+            "share_encoder_decoder_embeddings": self.tie_topology == "three_way",
+        }
+
+    def __post_init__(self, **kwargs):
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
+        super().__post_init__(**kwargs)
+
+    def validate_tie_topology(self) -> None:
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) != value:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
+                    f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
+                )
+        if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="
+                f"{self.decoder_vocab_size} != vocab_size={self.vocab_size}; use tie_topology='decoder' or 'untied'"
+            )
+        if self.adaptive_cutoffs is not None and self.tie_topology != "three_way":
+            raise ValueError(
+                f"adaptive_cutoffs needs tie_topology='three_way' (one adaptive embedding shared by encoder, decoder "
+                f"and output layer), got tie_topology={self.tie_topology!r}"
+            )
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class SmallEncoderDecoderConfigMixin:
+    """The sizes and special tokens both encoder-decoder families default to: the small Multi30k model and the
+    tokenizer hf_tiednorm trains (BART-large instead: d = 1024, 12 + 12 layers, 16 heads, FFN 4096, 50265 tokens)."""
+
+    # Joint subword vocabulary (source and target) of the encoder; the decoder's unless decoder_vocab_size is set.
+    vocab_size: int = size_field(default=8000)
+    # Longest sequence the position table covers (Marian's is sinusoidal, BART's learned).
+    max_position_embeddings: int = size_field(default=256)
+    # Model width d; also the embedding size, so embeddings and hidden states live in one space.
+    d_model: int = size_field(default=256)
+    encoder_layers: int = layer_count_field(default=3)
+    encoder_ffn_dim: int = size_field(default=1024)
+    encoder_attention_heads: int = size_field(default=4)
+    decoder_layers: int = layer_count_field(default=3)
+    decoder_ffn_dim: int = size_field(default=1024)
+    decoder_attention_heads: int = size_field(default=4)
+    # Special token ids of the tokenizer that hf_tiednorm trains: <pad>=0, <s>=1, </s>=2, <unk>=3 (BART's own: <s>=0,
+    # <pad>=1, decoding starts with </s> and is forced to end with it).
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    forced_eos_token_id: int | list[int] | None = None
+
+
+@strict
+class TiedNormSeq2SeqConfig(
+    SmallEncoderDecoderConfigMixin,
+    TieTopologyConfigMixin,
+    TiedNormHeadConfigMixin,
+    TiedNormTechniquesConfigMixin,
+    MarianConfig,
+):
+    """A Marian-style encoder-decoder (sinusoidal positions) whose output layer is the normalized tied head."""
+
+    model_type = "tiednorm_seq2seq"
+
+    # Multiply embeddings by sqrt(d) as in Vaswani et al. (Marian's default for trained-from-scratch models).
+    scale_embedding: bool = True
+
+
+@strict
+class TiedNormBartConfig(
+    SmallEncoderDecoderConfigMixin,
+    TieTopologyConfigMixin,
+    TiedNormHeadConfigMixin,
+    TiedNormTechniquesConfigMixin,
+    BartConfig,
+):
+    """A BART-style encoder-decoder (learned positions, embedding LayerNorm) whose output layer is the normalized
+    tied head; the family that BART checkpoints convert to. ``scale_embedding`` keeps BART's default (False)."""
+
+    model_type = "tiednorm_bart"
+
+
+@strict
+class TiedNormCausalConfig(TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin, LlamaConfig):
+    """A Llama-style decoder-only LM whose output layer is the normalized tied head."""
+
+    model_type = "tiednorm_causal"
+    # Where its models keep the token embedding (module path from the LM; tie_topology.py reads it). No field.
+    input_embedding_path = "model.embed_tokens"
+
+    vocab_size: int = size_field(default=8000)
+    hidden_size: int = size_field(default=256)
+    # Width of the SwiGLU feed-forward block.
+    intermediate_size: int = size_field(default=768)
+    num_hidden_layers: int = layer_count_field(default=4)
+    num_attention_heads: int = size_field(default=4)
+    max_position_embeddings: int = size_field(default=512)
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    # Input embedding = output embedding (Press & Wolf, 2017). False gives the untied control.
+    tie_word_embeddings: bool = True
+
+
+# ------------------------------ hf_tiednorm/configuration_tiednorm_wrapped.py -----------------------------------
+"""Configuration of a normalized tied head around any transformers causal LM or encoder-decoder.
+
+``TiedNormWrappedConfig`` holds the wrapped model's own config as ``text_config`` (a config of a native
+``transformers`` model: gpt2, qwen3, gemma2, t5, m2m_100, ...) next to the fields of the normalized tied head. Every
+attribute the wrapper config does not define itself (``vocab_size``, ``hidden_size``, ``max_position_embeddings``,
+``decoder_start_token_id``, ``tie_word_embeddings``, ...) is read from ``text_config``, so code written for the
+wrapped architecture reads the wrapper's config unchanged.
+"""
+
+
+# Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
+# loss and head, so accepting them would silently ignore them. Refused by name however they arrive: in config.json,
+# as from_pretrained keyword arguments, or set as attributes.
+OWN_FAMILY_FIELDS = (*(field.name for field in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
+
+# The settings of what a forward returns, defined by every PreTrainedConfig: set on the wrapper, they are set on the
+# wrapped model's config too, whose forward reads them.
+OUTPUT_SETTINGS = ("output_hidden_states", "output_attentions", "return_dict")
+
+
+def refuse_own_family_fields(names, how: str) -> None:
+    """``ValueError`` naming the own-family fields among ``names`` (``how``: where they were given)."""
+    unsupported = sorted(set(names) & set(OWN_FAMILY_FIELDS))
+    if unsupported:
+        hint = (" (label smoothing: the Trainer's label_smoothing_factor / --label_smoothing_factor applies it to a "
+                "wrapped model)" if "label_smoothing" in unsupported else "")
+        raise ValueError(
+            f"{unsupported} are fields of hf_tiednorm's own model families ({how}); a wrapped model (any "
+            "architecture, trained with its own loss) has no code for them, so they would be ignored: drop them, or, "
+            f"for a marian/bart/llama source, convert without --generic to get the own family{hint}"
+        )
+
+
+@strict
+class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
+    r"""
+    text_config (`dict` or `PreTrainedConfig`):
+        The config of the wrapped model (its ``model_type`` selects the architecture); it must tie its output layer to
+        its input embedding (``tie_word_embeddings=True``).
+
+    The head fields (``head_mode``, ``logit_scale_kind``, ``logit_scale_init``, ``logit_bias``, ``norm_eps``) are
+    ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes exactly the wrapped model's logits.
+    """
+
+    model_type = "tiednorm_wrapped"
+    # The wrapped model's config is a sub-config, as in HF's composite models: get_text_config() returns it, and the
+    # attention implementation chosen for the wrapper is set on it too (PreTrainedConfig's own propagation). Its class
+    # follows text_config's model_type (AutoConfig); "llama" is only the spec's nominal default, never built: a
+    # text_config without model_type is refused below.
+    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
+
+    text_config: dict | PreTrainedConfig | None = None
+
+    def __post_init__(self, **kwargs):
+        refuse_own_family_fields(kwargs, "given to TiedNormWrappedConfig or read from its config.json")
+        if self.text_config is None:
+            raise ValueError("text_config is required: the config (or config dict) of the model to wrap")
+        if isinstance(self.text_config, dict):
+            fields = dict(self.text_config)
+            if "model_type" not in fields:
+                raise ValueError("text_config needs a model_type (e.g. 'gpt2', 't5') to choose the architecture")
+            self.text_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+        if self.text_config.model_type.startswith("tiednorm"):
+            raise ValueError(
+                f"text_config is already an hf_tiednorm config ({self.text_config.model_type!r}); its head is "
+                "normalized already: set its head_mode instead of wrapping it"
+            )
+        # PreTrainedConfig defines is_encoder_decoder itself (default False), so it would not fall through.
+        self.is_encoder_decoder = self.text_config.is_encoder_decoder
+        inner_attention = self.text_config._attn_implementation  # that of an adopted model's live config
+        super().__post_init__(**kwargs)
+        if kwargs.get("attn_implementation") is None:  # PreTrainedConfig set None on every sub-config: restore it
+            self._attn_implementation = inner_attention
+        for name in OUTPUT_SETTINGS:  # what the wrapper was given reaches the wrapped model (a default is no choice)
+            if getattr(self, name) != getattr(PreTrainedConfig, name, None):
+                setattr(self.text_config, name, getattr(self, name))
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any):
+        # from_pretrained(folder, loss_chunk_size=16) hands such keywords here; unknown to the config, they would
+        # reach the model's __init__ as a bare TypeError.
+        refuse_own_family_fields(kwargs, "from_pretrained keyword arguments")
+        return super().from_dict(config_dict, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only when normal lookup fails: fall through to the wrapped model's config. Private names and
+        # text_config itself (absent while the config is being built or copied) are never delegated.
+        text_config = self.__dict__.get("text_config")
+        if name.startswith("_") or text_config is None or isinstance(text_config, dict):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(text_config, name)
+
+    def _get_generation_parameters(self) -> dict[str, Any]:
+        # Only this config's own entries: the wrapped config's fields (BART's forced_eos_token_id) reach the check
+        # through __getattr__ but are saved, legitimately, inside text_config.
+        return {k: v for k, v in super()._get_generation_parameters().items() if k in self.__dict__}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        refuse_own_family_fields([name], "set as an attribute")
+        if name == "text_config":
+            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (remote_code_map.py)
+        # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it; an
+        # output setting both here and there (the wrapped model's forward reads its own config).
+        text_config = self.__dict__.get("text_config")
+        if name in OUTPUT_SETTINGS and isinstance(text_config, PreTrainedConfig):
+            setattr(text_config, name, value)
+        if (
+            isinstance(text_config, PreTrainedConfig)
+            and not name.startswith("_")
+            and name not in self.__dataclass_fields__
+            and not hasattr(type(self), name)
+            and hasattr(text_config, name)
+        ):
+            setattr(text_config, name, value)
+            return
+        super().__setattr__(name, value)
+
+
+# ------------------------------ hf_tiednorm/outputs.py ----------------------------------------------------------
+"""The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
+KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
+
+
+# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
+@dataclass
+class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+@dataclass
+class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
+    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+# The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
+# ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
+# and return it under the installed version's name, so either version's generate() finds it, without a warning.
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+# ------------------------------ hf_tiednorm/wrapped_fused_loss.py -----------------------------------------------
+"""The fused training loss of a wrapped causal LM, and the guard that no patched ``forward`` bypasses its head.
+
+A wrapped causal LM (``modeling_tiednorm_wrapped``) runs its architecture's own forward, which computes the
+(tokens × V) logits with the head and then transformers' ``ForCausalLMLoss``. For the architectures whose forward is
+exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``, read from transformers'
+code: no logit soft-capping, scaling or bias around the head), the wrapper computes the same loss from the body's
+base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``fused_loss.py``),
+never materializing the logits. Other architectures keep their own forward (``loss_implementation="auto"``) or are
+refused by name (``"fused"`` / ``"chunked"``).
+
+liger-kernel's class-level patches (``apply_liger_kernel_to_llama()``, ``AutoLigerKernelForCausalLM``) replace
+``LlamaForCausalLM.forward`` by one that computes the training loss from ``lm_head.weight`` directly: with the
+normalized head installed, training would skip the normalization and the logit scale g, while evaluation and
+generation still use them. ``refuse_patched_forward`` finds such a forward (a ``forward`` defined outside the module
+of the class that holds it, or set on the instance) at the first training step and refuses it by name.
+"""
+
+
+# Causal LMs of transformers whose forward is lm_head(hidden_states) + ForCausalLMLoss and nothing else (Gemma 2/3
+# soft-cap the logits, Granite and Cohere scale them: not listed).
+FUSED_CAUSAL_BODIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "gemma", "smollm3", "olmo2"})
+_CHECKED = "_tiednorm_forward_checked"
+
+
+def _defining_class(cls: "type", name: "str") -> "type | None":
+    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
+def patched_forward(body: "nn.Module") -> "str | None":
+    """Where ``body``'s ``forward`` was replaced (a description naming the function), or None when it is the one its
+    class's own module defines."""
+    if "forward" in vars(body):
+        function = getattr(vars(body)["forward"], "__func__", vars(body)["forward"])
+        return f"the instance's forward was set to {getattr(function, '__module__', '?')}.{function.__qualname__}"
+    owner = _defining_class(type(body), "forward")
+    if owner is None:
+        return None
+    function = inspect.unwrap(vars(owner)["forward"])
+    module = getattr(function, "__module__", None)
+    if module != owner.__module__:
+        return f"{owner.__name__}.forward is {module}.{function.__qualname__}, not the one of {owner.__module__}"
+    return None
+
+
+def refuse_patched_forward(model: "nn.Module", body: "nn.Module") -> "None":
+    """Raise ``ValueError`` when ``body``'s ``forward`` was patched (liger-kernel's class-level patches compute the
+    training loss from ``lm_head.weight`` directly, bypassing the normalized head); checked once per forward
+    function, so a training step costs an attribute comparison."""
+    current = vars(body).get("forward") or getattr(type(body), "forward", None)
+    if model.__dict__.get(_CHECKED) is current:
+        return
+    where = patched_forward(body)
+    if where is not None:
+        raise ValueError(
+            f"the wrapped {type(body).__name__}'s forward was patched ({where}): a patched forward such as "
+            "liger-kernel's apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes the training loss from "
+            "lm_head.weight directly, bypassing the normalized head (its normalization and logit scale), while "
+            "evaluation and generation still use the head. Load the model without the patch (in a fresh process, "
+            "without apply_liger_kernel_to_* or AutoLigerKernelForCausalLM) and use the fused loss of hf_tiednorm "
+            "instead (config.loss_implementation='auto' or 'fused': liger-kernel's kernel on the normalized head)"
+        )
+    model.__dict__[_CHECKED] = current  # not a module attribute: no registration, no state dict entry
+
+
+def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs):
+    """The wrapped causal LM's output with the loss from a fused path and ``logits=None``, or None when the
+    architecture's own forward computes it (evaluation, small logits under ``auto``, ``plain``)."""
+    implementation = model.config.loss_implementation
+    if not (model.training if skip_logits is None else bool(skip_logits)) or implementation == "plain":
+        return None
+    model_type = body.config.model_type
+    if model_type not in FUSED_CAUSAL_BODIES:
+        if implementation == "auto":
+            return None
+        kind = "encoder-decoder" if body.config.is_encoder_decoder else "causal LM"
+        raise ValueError(
+            f"loss_implementation={implementation!r}: the wrapped {model_type!r} {kind}'s forward does more around "
+            "its head than lm_head + cross-entropy, or is not checked for it; the wrapper's fused loss serves the "
+            f"causal LMs {sorted(FUSED_CAUSAL_BODIES)}. Set loss_implementation='auto' or 'plain'"
+        )
+    shift_labels = kwargs.pop("shift_labels", None)
+    targets = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
+    head = model.get_output_embeddings()
+    path = choose_loss_path(implementation, head, targets.numel())
+    if path == "plain":
+        if shift_labels is not None:
+            kwargs["shift_labels"] = shift_labels
+        return None
+    kwargs.pop("logits_to_keep", None)  # every position is scored for the loss
+    outputs = body.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs | {"return_dict": True})
+    hidden = outputs.last_hidden_state
+    flat_targets = targets.reshape(-1).to(hidden.device)
+    total = head_linear_cross_entropy(head, hidden.reshape(-1, hidden.shape[-1]), flat_targets, path)
+    loss = total / token_count(flat_targets, num_items_in_batch).to(total.device)
+    return CausalLMOutputWithPast(
+        loss=loss.to(torch.float32) if loss.dtype != torch.float64 else loss,
+        logits=None,
+        **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
+        hidden_states=getattr(outputs, "hidden_states", None),
+        attentions=getattr(outputs, "attentions", None),
+    )

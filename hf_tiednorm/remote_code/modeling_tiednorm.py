@@ -1,0 +1,2022 @@
+# modeling_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
+# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
+#
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
+# 16 package modules, in dependency order, each under a rule naming its file.
+# ruff: noqa: E402, E501, I001
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.modules.module import (
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    GenerationMixin,
+    Pipeline,
+    PreTrainedModel,
+    PretrainedConfig,
+    initialization as init,
+)
+from transformers.modeling_outputs import BaseModelOutput
+from transformers.models.auto.auto_factory import _get_model_class
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
+from transformers.models.marian.modeling_marian import (
+    MarianMTModel,
+    MarianModel,
+    MarianPreTrainedModel,
+    shift_tokens_right,
+)
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
+
+from .configuration_tiednorm import (
+    CACHE_FIELD,
+    HeadOptions,
+    LEARNED_TERMS,
+    NormalizedScoresMixin,
+    OutputProjection,
+    TERM_CONFIG_FIELDS,
+    TieTopologyConfigMixin,
+    TiedNormBartConfig,
+    TiedNormCausalConfig,
+    TiedNormCausalLMOutput,
+    TiedNormEmbedding,
+    TiedNormHead,
+    TiedNormSeq2SeqConfig,
+    TiedNormSeq2SeqLMOutput,
+    TiedNormWrappedConfig,
+    choose_loss_path,
+    fused_causal_lm_loss,
+    get_head_mode,
+    head_linear_cross_entropy,
+    out_of_vocabulary_message,
+    projection_penalty,
+    refuse_fused_loss_scored_outside,
+    refuse_patched_forward,
+    register_with_liger,
+    start_resized_tokens,
+    token_count,
+    token_cross_entropy,
+    unit_rows,
+    weight_norm_penalty,
+)
+
+
+# ------------------------------ hf_tiednorm/adaptive.py ---------------------------------------------------------
+"""Adaptive input representations tied with an adaptive softmax (Baevski & Auli, 2019, "Adaptive Input
+Representations for Neural Language Modeling"), combined with the normalized scores of Liu, Zhai & Chen.
+
+The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/training/vocab_order.py``), is split by ``cutoffs``
+into bands [0, c_1), [c_1, c_2), …, [c_{n-1}, V) (the convention of ``torch.nn.AdaptiveLogSoftmaxWithLoss``).
+Band i embeds its tokens in dimension d_i = d // k^i (k = ``div_value``, 4 by default) and projects them to d:
+
+    input:   e_j = P_i · w_j                    w_j ∈ R^{d_i} (row of band i), P_i ∈ R^{d×d_i}
+
+The output is an adaptive softmax (Grave et al., 2017): a head softmax over band 0's tokens plus one logit per
+other band ("cluster"), and one softmax per band inside it, so log p(j) = log p_head(band i) + log p_i(j).
+Band i scores its tokens with the same rows w_j, after projecting h down to d_i:
+
+    output:  s_j = w_j · (Q_i^T h)              Q_i ∈ R^{d×d_i}; Q_i = P_i when projections are tied,
+
+so with tied projections s_j = (P_i w_j)·h = e_j·h: the adaptive model scores a token exactly like plain weight
+tying scores it against its input embedding. The normalized modes then apply per band, as in
+``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode.column_terms`` of the band's rows (and the
+optional logit scale g on top). The cluster logits are free parameters, never normalized.
+
+The head returns the exact log-probabilities log p(j) of all V tokens as its "logits": they already sum to one,
+so generation's softmax and the cross-entropy's log-softmax leave them unchanged, and perplexity is exact.
+(Computing every band for every position gives up the adaptive softmax's speed-up at training time, which is
+immaterial at the vocabulary sizes of this project.)
+"""
+
+
+def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
+    """[0, c_1, …, c_{n-1}, V]: band i holds the token ids in [edges[i], edges[i+1])."""
+    return [0, *cutoffs, vocab_size]
+
+
+def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
+    """d_i = d // k^i, the width of band i (as ``torch.nn.AdaptiveLogSoftmaxWithLoss`` sizes its tails)."""
+    return [int(hidden_size // (div_value**i)) for i in range(num_bands)]
+
+
+class AdaptiveInput(nn.Module):
+    """Adaptive input embedding: band i looks its rows up in R^{d_i} and projects them to R^d with P_i.
+
+    In l2 mode (Liu et al. eq. 19) the looked-up rows are unit-normalized before the projection.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        cutoffs: Sequence[int],
+        div_value: float = 4.0,
+        padding_idx: int | None = None,
+        normalize: bool = False,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.edges = band_edges(vocab_size, cutoffs)
+        self.hidden_size = hidden_size
+        self.normalize = normalize
+        self.norm_eps = norm_eps
+        dims = band_dims(hidden_size, len(self.edges) - 1, div_value)
+        bands, projections = [], []
+        for (lo, hi), dim in zip(zip(self.edges[:-1], self.edges[1:]), dims):
+            band_padding = padding_idx - lo if padding_idx is not None and lo <= padding_idx < hi else None
+            bands.append(nn.Embedding(hi - lo, dim, padding_idx=band_padding))
+            projections.append(nn.Linear(dim, hidden_size, bias=False))  # P_i, weight (d, d_i)
+        self.bands = nn.ModuleList(bands)
+        self.projections = nn.ModuleList(projections)
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.edges[-1]
+
+    def extra_repr(self) -> str:
+        return f"edges={self.edges}, normalize={self.normalize}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Without a host sync (a GPU would wait for every band's data-dependent selection): every band looks up every
+        # token, its id clamped into the band, and a mask keeps the band's own tokens. The ids are not clamped below
+        # the first band nor above the last, so an id outside [0, V) fails that band's lookup as in an nn.Embedding
+        # (IndexError on CPU, a device-side assert on CUDA); nothing else is checked on the way. Each token costs
+        # every band's lookup and projection (sum of d_i ≤ 4/3·d), as the head already scores every band.
+        try:
+            return self._embed(input_ids)
+        except IndexError as error:
+            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        flat = input_ids.reshape(-1)  # (tokens,)
+        weight = self.projections[0].weight
+        out = torch.zeros(flat.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
+        last = len(self.bands) - 1
+        bands = zip(self.edges[:-1], self.edges[1:], self.bands, self.projections)
+        for i, (lo, hi, band, projection) in enumerate(bands):
+            local = flat - lo  # (tokens,): the band's own ids, the others clamped into it
+            if i > 0:
+                local = local.clamp(min=0)
+            if i < last:
+                local = local.clamp(max=hi - lo - 1)
+            rows = band(local)  # (tokens, d_i)
+            if self.normalize:
+                rows = unit_rows(rows, self.norm_eps)
+            inside = ((flat >= lo) & (flat < hi)).unsqueeze(-1)  # (tokens, 1)
+            out = torch.where(inside, projection(rows).to(out.dtype), out)  # (tokens, d)
+        return out.view(*input_ids.shape, self.hidden_size)
+
+
+def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
+    """The matrices holding the rows w_k of an input embedding or an output layer, in token-id order: its (V, d)
+    weight, or one (n_i, d_i) matrix per band of an ``AdaptiveInput`` or ``AdaptiveSoftmaxHead``."""
+    if isinstance(embedding, (AdaptiveInput, AdaptiveSoftmaxHead)):
+        return [band.weight for band in embedding.bands]
+    return [embedding.weight]
+
+
+class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
+    """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
+
+    ``bands[i].weight`` (n_i, d_i) and ``projections[i].weight`` (d, d_i) have the shapes of the input's band
+    embedding and projection, so the model ties them by parameter name. ``forward`` returns log-probabilities.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        cutoffs: Sequence[int],
+        div_value: float = 4.0,
+        *,
+        options: HeadOptions | None = None,
+    ) -> None:
+        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
+        super().__init__()
+        if options is not None and options.extra_terms:
+            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
+        self.edges = band_edges(vocab_size, cutoffs)
+        num_bands = len(self.edges) - 1
+        dims = band_dims(hidden_size, num_bands, div_value)
+        sizes = [hi - lo for lo, hi in zip(self.edges[:-1], self.edges[1:])]
+        self.bands = nn.ModuleList(nn.Linear(dim, size, bias=False) for dim, size in zip(dims, sizes))
+        self.projections = nn.ModuleList(nn.Linear(dim, hidden_size, bias=False) for dim in dims)
+        self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
+
+    def extra_repr(self) -> str:
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}"
+
+    @staticmethod
+    def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
+        """Names, relative to the head and to the ``AdaptiveInput``, of the parameters they share."""
+        names = [f"bands.{i}.weight" for i in range(num_bands)]
+        return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
+
+    def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
+        g = self.logit_scale_values(self.cluster.weight.device)
+        terms = []
+        for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
+            scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
+            if g is not None:
+                g_band = g[lo:hi] if g.dim() else g.expand(hi - lo)
+                scale = g_band if scale is None else scale * g_band
+                bias = None if bias is None else bias * g_band
+            terms.append((scale, self.add_logit_bias(bias, lo, hi)))
+        return terms
+
+    def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
+        """Normalized scores of every band's tokens: a list of (..., n_i) fp32 tensors."""
+        scores = []
+        for band, projection, (scale, bias) in zip(self.bands, self.projections, self.column_terms()):
+            reduced = F.linear(hidden_states, projection.weight.t())  # (..., d) @ Q_i -> (..., d_i)
+            band_scores = F.linear(reduced, band.weight).float()  # (..., n_i)
+            if scale is not None:
+                band_scores = band_scores * scale
+            if bias is not None:
+                band_scores = band_scores + bias
+            scores.append(band_scores)
+        return scores
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states: (..., d) -> exact log-probabilities (..., V), fp32
+        scores = self.band_scores(hidden_states)
+        head = torch.cat([scores[0], self.cluster(hidden_states).float()], dim=-1)  # (..., n_0 + bands - 1)
+        head_log_probs = F.log_softmax(head, dim=-1)
+        shortlist = self.edges[1]
+        log_probs = [head_log_probs[..., :shortlist]]
+        for i, band_scores in enumerate(scores[1:]):
+            cluster_log_prob = head_log_probs[..., shortlist + i : shortlist + i + 1]  # (..., 1)
+            log_probs.append(cluster_log_prob + F.log_softmax(band_scores, dim=-1))
+        return torch.cat(log_probs, dim=-1)
+
+
+# ------------------------------ hf_tiednorm/embeddings.py -------------------------------------------------------
+"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
+rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
+constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
+FSDP2 (see its docstring)."""
+
+
+class ScaledLookupMixin:
+    """Multiplies the lookup by a constant ``embed_scale`` inside the embedding module, as BART's
+    ``BartScaledWordEmbedding`` does (Marian multiplies in its encoder/decoder instead). In l2 mode the unit rows
+    ŵ_i are scaled, just as Marian scales them."""
+
+    def __init__(self, *args, embed_scale: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.embed_scale = embed_scale
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, embed_scale={self.embed_scale:.6g}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embed_scale
+
+
+class TokenEmbedding(TiedNormEmbedding):
+    """The token embedding the families build: a ``TiedNormEmbedding`` under a name without "Norm", because
+    accelerate's FSDP2 wrapping takes the last child of the body whose class name contains "Norm" for the final
+    norm and groups it with the input embedding: the encoder-decoders' ``model.shared`` would be listed twice."""
+
+
+class ScaledTokenEmbedding(ScaledLookupMixin, TokenEmbedding):
+    """``TokenEmbedding`` whose lookups are multiplied by ``embed_scale``."""
+
+
+class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
+    """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
+
+
+def build_embedding(
+    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
+) -> TiedNormEmbedding | AdaptiveInput:
+    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
+    and plain rows otherwise;
+    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
+    module multiplies its lookups by it (``ScaledLookupMixin``)."""
+    common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
+    if embed_scale is not None:
+        common["embed_scale"] = embed_scale
+    if config.adaptive_cutoffs is not None:
+        adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
+        return adaptive(
+            num_embeddings,
+            embedding_dim,
+            config.adaptive_cutoffs,
+            div_value=config.adaptive_div_value,
+            padding_idx=config.pad_token_id,
+            **common,
+        )
+    plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
+    return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
+
+
+# ------------------------------ hf_tiednorm/peft_guard.py -------------------------------------------------------
+"""PEFT must never bypass the normalized tied head: refuse the adapters that would, saying what to do instead.
+
+Measured with peft 0.21 on a normalized tied head (cosine, l2):
+
+* LoRA (or any adapter) on attention / MLP layers leaves the head and the embedding alone: exact (tie kept, adapter
+  round trip exact, merged = unmerged up to float rounding). Allowed.
+* ``trainable_token_indices`` replaces the lookup and the output layer by ``F.embedding`` / ``F.linear`` on the raw
+  matrix: the model would silently score with plain tied logits (and look up unnormalized rows in l2 mode).
+* LoRA on ``lm_head`` / the embedding adds an unnormalized low-rank term beside the normalized score, and merging it
+  changes the shared matrix the head normalizes: merged ≠ unmerged.
+* ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
+
+Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
+The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
+pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
+bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
+its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
+anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
+(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
+save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
+
+This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
+"""
+
+
+PEFT_EMBEDDING_ADVICE = (
+    "Put adapters on attention/MLP layers only (e.g. LoraConfig(target_modules=['q_proj', 'v_proj']), never lm_head "
+    "or the embedding); to fine-tune the shared embedding too, unfreeze it after get_peft_model with "
+    "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
+    "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
+)
+# (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
+_WHY = (
+    (
+        ("TrainableTokensWrapper", "TrainableTokensLayer"),
+        "PEFT's trainable_token_indices scores and looks up tokens with the raw matrix (F.linear / F.embedding), "
+        "bypassing the normalized head: the model would train with plain tied scoring",
+    ),
+    (
+        ("ModulesToSaveWrapper",),
+        "PEFT's modules_to_save trains a copy of the module, which unties the output layer from the input embedding "
+        "the normalized head scores with",
+    ),
+    (
+        ("BaseTunerLayer",),
+        "an adapter there adds an unnormalized term beside the normalized score, and merging it changes the shared "
+        "matrix the head normalizes, so the merged model would differ from the unmerged one",
+    ),
+)
+
+
+def _peft_reason(module: nn.Module) -> str | None:
+    """Why ``module``, a PEFT construct, must not wrap the head or the shared embedding; None for other modules."""
+    names = {cls.__name__ for cls in type(module).__mro__}
+    return next((why for classes, why in _WHY if names.intersection(classes)), None)
+
+
+def _wrapped(module: nn.Module) -> nn.Module:
+    """The module a PEFT construct wraps (a tuner layer's ``base_layer``, a wrapper's ``original_module``)."""
+    inner = getattr(module, "original_module", None) or getattr(module, "base_layer", None)
+    return module if inner is None else _wrapped(inner)
+
+
+def check_head_not_bypassed(model: nn.Module) -> None:
+    """Raise ``ValueError`` when a PEFT construct wraps the normalized head or an embedding sharing its matrix, or
+    when the output layer is no longer tied to the input embedding; do nothing otherwise.
+
+    Args:
+        model: a model with a ``TiedNormHead`` (an hf_tiednorm model, possibly inside a ``PeftModel``).
+    """
+    modules = dict(model.named_modules())
+    heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
+    if not heads:
+        return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
+    shared = heads[0].weight
+    for name, module in modules.items():
+        why = _peft_reason(module)
+        if why is None:
+            continue
+        base = _wrapped(module)
+        if isinstance(base, TiedNormHead) or isinstance(base, nn.Embedding) and base.weight is shared:
+            raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
+    tied = any(isinstance(m, nn.Embedding) and m.weight is shared for m in modules.values())
+    if getattr(model.config, "tie_word_embeddings", True) and not tied:
+        raise ValueError(
+            "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
+            f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
+        )
+
+
+def refuse_peft_before_normalizing(model: nn.Module) -> None:
+    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
+    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
+
+    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
+    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
+    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
+    """
+    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
+    found = next(
+        (
+            (name or "the model itself", type(module).__name__)
+            for name, module in model.named_modules()
+            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
+        ),
+        None,
+    )
+    if found is not None:
+        raise ValueError(
+            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
+            f"{found[1]}): normalize first, then add adapters, i.e. "
+            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
+            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
+        )
+
+
+# Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
+# add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
+# shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
+# at every forward) replaces nothing that a checked model reaches its head through.
+_structure = {"version": 0}
+
+
+def _replaced_module(module: nn.Module, name: str, _value) -> None:
+    if name in module._modules:
+        _structure["version"] += 1
+
+
+def _replaced_parameter(module: nn.Module, name: str, _value) -> None:
+    if name in module._parameters:
+        _structure["version"] += 1
+
+
+register_module_module_registration_hook(_replaced_module)
+register_module_parameter_registration_hook(_replaced_parameter)
+_CHECKED_AT = "_tiednorm_guard_checked_at"
+
+
+def check_head_once(model: nn.Module) -> None:
+    """``check_head_not_bypassed(model)``, unless it passed already and no module or parameter has been registered
+    anywhere in the process since (O(1) then)."""
+    version = _structure["version"]
+    if model.__dict__.get(_CHECKED_AT) == version:
+        return
+    check_head_not_bypassed(model)
+    model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
+
+
+def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
+    """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
+    check_head_once(model)
+
+
+# ------------------------------ hf_tiednorm/pipeline_translation.py ---------------------------------------------
+"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
+
+Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
+the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
+the task in ``custom_pipelines`` and the folder holds this file: ``pipe.save_pretrained(folder)`` does both, and so
+does ``save_pretrained`` of a model whose code imports this module and calls ``add_translation_pipeline`` on its
+config (the wrapped encoder-decoders, modeling_tiednorm_wrapped.py).
+
+The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
+``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
+longer than the model's positions (with a warning) instead of failing inside the encoder.
+"""
+
+
+logger = logging.get_logger(__name__)
+
+TASK = "tiednorm-translation"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def add_translation_pipeline(config: PretrainedConfig) -> None:
+    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
+    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
+    entry = {
+        "impl": f"{__name__.rsplit('.', 1)[-1]}.{TiedNormTranslationPipeline.__name__}",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
+
+
+def position_limit(model, tokenizer) -> int | None:
+    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
+    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
+    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+    return min(limits, default=None)
+
+
+def missing_tokenizer_message(model) -> str:
+    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
+    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
+    folder = getattr(model, "name_or_path", None) or ""
+    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
+    if has_tokenizer:
+        return (
+            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
+            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+            f"trust_remote_code=True, as the folder ships the pipeline code) or "
+            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
+        )
+    if folder and os.path.isdir(folder):
+        return (
+            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+            "tokenizer=... to pipeline()"
+        )
+    name = folder or type(model).__name__
+    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
+
+
+class TokenizerLoadFailure:
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
+    error of a failed load so that the pipeline can say why it has no tokenizer.
+
+    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
+    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
+    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
+    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
+    """
+
+    failure: BaseException | None = None
+    source: object = None
+
+    def __bool__(self) -> bool:
+        error = sys.exc_info()[1]
+        if error is None:  # the test before loading: load, and forget an earlier call's failure
+            self.failure = None
+            return True
+        self.failure = error
+        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
+        self.source = sys._getframe(1).f_locals.get("component")
+        return False
+
+    def take(self) -> tuple[BaseException | None, object]:
+        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
+        (the ``tokenizer=`` argument, or None); cleared."""
+        failure, source, self.failure, self.source = self.failure, self.source, None, None
+        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
+            return None, None  # nothing was given to load (a model object without tokenizer=)
+        return failure, source
+
+
+# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
+POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
+
+
+def check_generate_kwargs(generate_kwargs: dict) -> None:
+    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
+    for name in POSITIVE_INT_ARGUMENTS:
+        value = generate_kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
+
+
+class TiedNormTranslationPipeline(Pipeline):
+    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
+
+    # Keyword arguments that go to model.generate rather than to the tokenizer.
+    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
+
+    _load_tokenizer = TokenizerLoadFailure()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            failure, source = type(self)._load_tokenizer.take()
+            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
+                folder = getattr(self.model, "name_or_path", None) or ""
+                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+                source = folder if has_files else None
+            if failure is not None and source is not None:
+                raise ValueError(
+                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
+                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
+                    "loaded tokenizer"
+                ) from failure
+            raise ValueError(missing_tokenizer_message(self.model))
+
+    def _sanitize_parameters(self, **kwargs):
+        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
+        if unknown:
+            raise ValueError(
+                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
+            )
+        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
+        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
+        check_generate_kwargs(generate_kwargs)
+        return {}, generate_kwargs, {}
+
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)  # the arguments are still checked
+            return []  # nothing to translate (the base Pipeline indexed the empty list)
+        return super().__call__(inputs, *args, **kwargs)
+
+    def preprocess(self, text: str):
+        if not isinstance(text, str):
+            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
+        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
+        limit = position_limit(self.model, self.tokenizer)
+        if limit is not None and inputs["input_ids"].shape[-1] > limit:
+            logger.warning(
+                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
+                f"can embed; translating its first {limit} tokens only"
+            )
+            inputs = self.tokenizer(
+                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
+            )
+        return inputs
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+
+    def postprocess(self, model_outputs):
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        return [{"translation_text": text} for text in texts]
+
+
+# ------------------------------ hf_tiednorm/load_checks.py ------------------------------------------------------
+"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
+tensor of the file must find its place, checked when ``from_pretrained`` finishes.
+
+transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for
+as "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained
+``logit_scale`` g (scalar or per token) or ``logit_bias`` b missing from ``model.safetensors`` loads as g = 1 /
+b = 0, a ``config.json`` edited to ``logit_scale_kind="none"`` or ``logit_bias=false`` drops the trained terms, and one
+edited to add them starts them fresh; and a file without the shared embedding loads with the embedding left on the
+meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which
+``generate`` fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is
+initialized at random and any tensor the model has no place for is dropped, which changes the logits just as
+silently. ``check_loaded_head`` turns each of these into an error naming the tensor, the config field where one is
+involved, and the folder. What transformers itself accounts for is not an error: a tied copy that is saved once, a
+non-persistent buffer, a family's ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old
+checkpoint's ``rotary_emb.inv_freq``. It runs from transformers' own hook on the loading report
+(``_adjust_missing_and_unexpected_keys``, see ``weight_checks.WeightChecksMixin``), so transformers' report table
+is still printed first.
+
+This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
+"""
+
+
+HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its parameters (head_options.py)
+
+
+def _term_field(model: nn.Module, term: str) -> str:
+    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale_kind='vector'"."""
+    name = TERM_CONFIG_FIELDS.get(term, term)
+    return f"{name}={getattr(model.config, name, None)!r}"
+
+
+def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
+    """What is wrong with the head's learned terms: a term the config declares but the weights lack, or a term the
+    weights hold but the config does not declare (state-dict keys such as 'lm_head.logit_scale')."""
+    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    errors = []
+    for key in sorted(missing | unexpected):
+        module, _, leaf = key.rpartition(".")
+        if module not in heads or leaf not in HEAD_TERMS:
+            continue
+        if key in missing:
+            errors.append(
+                f"tensor {key!r} is missing from the weights, but config.json declares {_term_field(model, leaf)}: "
+                "a learned term of the head is part of the trained function, and it would start afresh (g = 1, "
+                f"b = 0). Restore the weights file, or set {TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to "
+                "what the model was trained with"
+            )
+        else:
+            errors.append(
+                f"the weights hold a trained {key!r}, but config.json declares {_term_field(model, leaf)}, which has "
+                "no such tensor: loading would drop it and change the logits. Set "
+                f"{TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to what the model was trained with "
+                "(logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; logit_bias true)"
+            )
+    return errors
+
+
+def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
+    """The output embedding (the shared matrix, or the adaptive bands) missing from the weights, and any parameter
+    left on the meta device (never loaded, never initialized)."""
+    heads = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
+    shared = {id(matrix) for head in heads[:1] for matrix in embedding_matrices(head)}
+    # One report per matrix, under the name it is saved as (not a tied copy's name, which is never in the file).
+    tied_copies = set(getattr(model, "all_tied_weights_keys", None) or {})
+    names = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in missing and id(parameter) in shared:
+            names.setdefault(id(parameter), []).append(name)
+    errors = [
+        f"tensor {next((n for n in found if n not in tied_copies), found[0])!r} (the embedding matrix the tied head "
+        "scores with) is missing from the weights: it would be initialized at random. The weights file is "
+        "incomplete; restore it"
+        for found in names.values()
+    ]
+    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
+    if not offloaded:
+        for name, parameter in model.named_parameters():
+            if parameter.is_meta:
+                errors.append(
+                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
+                    "weights file is incomplete; restore it"
+                )
+    return errors
+
+
+def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
+    """The keys of ``keys`` that ``head_term_errors`` / ``embedding_errors`` report (under their own words): the
+    head's learned terms, every name of the shared embedding matrices, and parameters left on the meta device."""
+    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
+    shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in keys and (id(parameter) in shared or parameter.is_meta):
+            named.add(name)
+    return named
+
+
+def other_tensor_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
+    """Every missing tensor (a layer's weight, a norm, a bias: transformers would initialize it at random) and every
+    unexpected one (a tensor of the file the model has no place for: dropped) that ``head_term_errors`` and
+    ``embedding_errors`` do not report already. ``missing`` / ``unexpected`` come after transformers' own rules, so a
+    tied copy that is not saved twice, a non-persistent buffer and a family's ``_keys_to_ignore_on_load_*`` are not
+    among them."""
+    named = _named_already(model, missing | unexpected)
+    errors = [
+        f"tensor {key!r} is missing from the weights: it would be initialized at random, so the model would compute "
+        "other logits than the one that was saved. The weights file is incomplete; restore it"
+        for key in sorted(missing - named)
+    ]
+    errors += [
+        f"the weights hold tensor {key!r}, which {type(model).__name__} built from this config.json has no place "
+        "for: loading would drop it. The weights belong to another model, or config.json was edited; restore the "
+        "folder's config.json, or load it with the class it was saved from"
+        for key in sorted(unexpected - named)
+    ]
+    return errors
+
+
+def check_loaded_head(model: nn.Module, loading_info) -> None:
+    """Raise ``ValueError`` naming every head term, shared-embedding tensor, other missing or unexpected tensor or
+    meta-device parameter that makes the loaded ``model`` differ from the model that was saved; do nothing for a
+    complete, consistent folder.
+
+    Args:
+        model: the model ``from_pretrained`` built, weights loaded and tied.
+        loading_info: transformers' ``LoadStateDictInfo`` (``missing_keys``, ``unexpected_keys``: sets of
+            state-dict keys), after transformers' own ignore rules.
+    """
+    missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
+    errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
+    errors += other_tensor_errors(model, missing, unexpected)
+    _refuse(model, errors)
+
+
+def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
+    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
+    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
+    instead of converting a randomly initialized layer "lossless"."""
+    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
+    _refuse(model, other_tensor_errors(model, missing, unexpected))
+
+
+def _refuse(model: nn.Module, errors: list[str]) -> None:
+    if errors:
+        folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
+        listed = "\n".join(f"  - {error}" for error in errors)
+        raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
+
+
+# ------------------------------ hf_tiednorm/weight_checks.py ----------------------------------------------------
+"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
+
+* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
+  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
+  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
+* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
+  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
+  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
+* ``WeightChecksMixin`` runs the load checks where a model family loads: put it first among the bases.
+
+This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
+"""
+
+
+SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+
+def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = None) -> None:
+    """Raise ``ValueError`` naming the first parameter of ``model`` holding NaN or inf (and how many values do);
+    ``source`` (the folder loaded) goes into the message. Tensors on the meta device are skipped."""
+    for name, parameter in model.named_parameters():
+        if not parameter.is_floating_point() or parameter.is_meta:
+            continue
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor: this rank's shard
+        finite = torch.isfinite(local.detach())
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            origin = f" of {source}" if source is not None else ""
+            raise ValueError(
+                f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
+                f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "
+                "earlier checkpoint)"
+            )
+
+
+def special_token_ids(model: nn.Module) -> dict[str, int]:
+    """The special-token ids the model generates and pads with, by field, from its config and generation config
+    (a list-valued ``eos_token_id`` gives one entry per id)."""
+    ids = {}
+    config = model.config
+    sources = [getattr(config, "text_config", None), config, getattr(model, "generation_config", None)]
+    for source in filter(None, sources):
+        for field in SPECIAL_TOKEN_FIELDS:
+            value = getattr(source, field, None)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            for i, token_id in enumerate(values):
+                if isinstance(token_id, int):
+                    ids[field if len(values) == 1 else f"{field}[{i}]"] = token_id
+    return ids
+
+
+def check_resize_keeps_special_tokens(
+    model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None
+) -> None:
+    """Refuse a vocabulary size that would drop a special token's row (pad, bos, eos, decoder start): ``ValueError``
+    naming the size and the tokens. ``new_num_tokens`` None (only padding to a multiple) keeps every row."""
+    if new_num_tokens is None:
+        return
+    size = new_num_tokens
+    if pad_to_multiple_of is not None:
+        size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
+    dropped = {field: token_id for field, token_id in special_token_ids(model).items() if token_id >= size}
+    if dropped:
+        listed = ", ".join(f"{field}={token_id}" for field, token_id in dropped.items())
+        raise ValueError(
+            f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the special "
+            f"token(s) {listed}: generation could then never produce or pad with them; keep at least "
+            f"{max(dropped.values()) + 1} tokens"
+        )
+
+
+class WeightChecksMixin:
+    """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded (load_checks.py).
+    First among a model class's bases."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True returns a tuple
+        check_finite_weights(model, pretrained_model_name_or_path)
+        return loaded
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        # transformers' hook on the loading report (from_pretrained): a missing or unexpected head term, or a missing
+        # shared embedding, is an error naming the tensor and the config field (load_checks.py).
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        check_loaded_head(self, loading_info)
+
+
+# ------------------------------ hf_tiednorm/head_host.py --------------------------------------------------------
+"""Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
+and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
+
+A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) needs five things that transformers'
+``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
+with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
+vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
+naming the matrices whose rows are the output embedding. Two hooks say where a model keeps its head and how it
+generates and resizes: ``_place_output_head``, ``_generate_with_frozen_head`` and ``_resize_embeddings``.
+"""
+
+
+@contextmanager
+def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
+    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: FSDP2 gathers a group's
+    parameters in its module's forward hooks, but generation runs the encoder (and its root-group parameters:
+    positions, layer norms) outside the root's forward. (The Seq2SeqTrainer passes synced_gpus, so ranks generating
+    different lengths stay in step.)"""
+    if not (isinstance(model, FSDPModule) and model.config.is_encoder_decoder):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
+def keep_head_terms_fp32(model: nn.Module) -> None:
+    """Put the head's learned per-token terms (``TiedNormHeadHostMixin._keep_in_fp32_modules_strict``) back in fp32
+    after a cast of the whole model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
+    kept = TiedNormHeadHostMixin._keep_in_fp32_modules_strict
+    for name, param in model.named_parameters():
+        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
+class TiedNormHeadHostMixin:
+    """Put before the ``PreTrainedModel`` class in the bases of a model whose ``get_output_embeddings()`` is a
+    ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``)."""
+
+    # The head's learned per-token terms stay fp32 under every load dtype (transformers' strict keep-in-fp32 list:
+    # from_pretrained(dtype=torch.bfloat16 / float16) casts everything else): in bf16, a step of a small learning
+    # rate rounds away on g_i ~ 1 (bf16 has 8 mantissa bits), so g and b would never train.
+    _keep_in_fp32_modules_strict = ["logit_scale", "logit_bias"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # use_liger_kernel with a plain Trainer reaches the fused loss (fused_loss.py); here rather than in post_init,
+        # which is TiedEmbeddingsMixin's alone.
+        register_with_liger(self.config.model_type)
+
+    def post_init(self) -> None:
+        super().post_init()
+        # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
+        head = self.get_output_embeddings()
+        self._keep_in_fp32_modules_strict = {
+            name for name in self._keep_in_fp32_modules_strict
+            if name not in TiedNormHeadHostMixin._keep_in_fp32_modules_strict or getattr(head, name, None) is not None
+        }
+
+    def _place_output_head(self, head: nn.Module) -> None:
+        """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""
+        self.lm_head = head
+
+    def _generate_with_frozen_head(self, *args, **kwargs):
+        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
+        return super().generate(*args, **kwargs)
+
+    def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
+        return super().resize_token_embeddings(*args, **kwargs)
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        if isinstance(new_embeddings, TiedNormHead):
+            self._place_output_head(new_embeddings)
+            return
+        # HF's resize builds a plain nn.Linear for an untied head: adopt its weight and keep the scoring mode.
+        head = self.get_output_embeddings()
+        head.weight = new_embeddings.weight
+        head.match_vocab_size()
+
+    def output_embedding_weights(self) -> list[torch.Tensor]:
+        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
+        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
+        return embedding_matrices(self.get_output_embeddings())
+
+    def _extra_auto_map(self) -> dict[str, str]:
+        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
+        return {}
+
+    def generate(self, *args, **kwargs):
+        check_head_once(self)  # before the head is used here: PEFT may have wrapped it
+        # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
+        with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
+            return self._generate_with_frozen_head(*args, **kwargs)
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """transformers' resize, refusing a size that drops a special token (weight_checks.py), with the head's
+        per-token terms following the new vocabulary (new tokens of a lossless start by its map)."""
+        check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
+        if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
+            raise ValueError(
+                "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
+                "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
+            )
+        first_new = self.get_output_embeddings().weight.shape[0]
+        embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
+        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (lossless_start.py)
+        return embeddings
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
+        # trust_remote_code=True): the config names the pipeline, and pipeline_translation.py is copied with the model
+        # code, which imports it.
+        if self.config.is_encoder_decoder:
+            add_translation_pipeline(self.config)
+        extra = self._extra_auto_map()
+        if extra:
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
+        super().save_pretrained(save_directory, *args, **kwargs)
+
+
+# ------------------------------ hf_tiednorm/loss.py -------------------------------------------------------------
+"""The loss of hf_tiednorm's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
+Wolf's projection P, the normalized head, the token cross-entropy (the plain path, or the chunked one with
+``config.loss_chunk_size``: ``head_cross_entropy``), the enabled penalties (``penalty_terms``) and their sum
+(``compose_loss``). The target tokens are counted once per step: the cross-entropy divides by that count, and under
+gradient accumulation the penalties take this micro-batch's share of it.
+
+The pieces it assembles: ``token_loss`` (the token cross-entropy and the count), ``chunked_loss`` (the kernel of the
+chunked path), ``regularizers`` (the penalties' formulas, the projection P and the loss-term fields). A wrapped model
+(``modeling_tiednorm_wrapped``) trains with its architecture's own loss and has none of this.
+"""
+
+
+def head_cross_entropy(
+    head: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    targets: torch.Tensor,
+    count: torch.Tensor,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+    implementation: str | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The head's token cross-entropy, divided by ``count`` (``token_count``).
+
+    Args:
+        head: the output layer (a ``TiedNormHead``; an adaptive softmax on the plain path only).
+        hidden_states: (batch, length, d), what the head scores (after P).
+        targets: (batch, length) token ids, -100 = no target.
+        count: the divisor, ``token_count(targets, num_items_in_batch)``.
+        chunk_size: tokens per chunk of the chunked path (None: its default; with ``implementation`` None, a
+            chunk size picks the chunked path and None the plain one).
+        implementation: ``config.loss_implementation`` (``fused_loss.LOSS_IMPLEMENTATIONS``).
+
+    Returns:
+        logits (batch, length, V), None on a fused path (which never materializes them), and the loss.
+    """
+    if implementation is None:
+        implementation = "plain" if chunk_size is None else "chunked"
+    tokens = hidden_states.numel() // hidden_states.shape[-1]
+    path = choose_loss_path(implementation, head, tokens, label_smoothing, chunk_size)
+    if path != "plain":
+        hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
+        labels = targets.reshape(-1).to(hidden.device)  # (N,)
+        total = head_linear_cross_entropy(head, hidden, labels, path, label_smoothing, chunk_size)
+        return None, total / count.to(total.device)
+    logits = head(hidden_states)
+    return logits, token_cross_entropy(logits, targets, label_smoothing, count)
+
+
+class TiedNormLossMixin:
+    """The loss methods of hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``). The model has
+    ``config`` (the techniques' fields), ``lm_head``, ``output_projection`` (P or None) and
+    ``output_embedding_weights()``."""
+
+    def score_and_loss(
+        self,
+        hidden_states: torch.Tensor,
+        targets: torch.Tensor | None,
+        num_items_in_batch=None,
+        skip_logits: bool | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
+        """The one loss path of every family: Press & Wolf's projection P, the normalized head, the token
+        cross-entropy and the regularizer terms.
+
+        Args:
+            hidden_states: (batch, length, d), the decoder's last hidden states.
+            targets: (batch, length) token ids aligned with ``hidden_states`` (already shifted), -100 = no target;
+                None for inference.
+            num_items_in_batch: target tokens of the whole accumulated batch (passed by the Trainer).
+            skip_logits: the Trainer's request (``use_liger_kernel`` with ``prediction_loss_only``): True lets a
+                fused path compute an evaluation loss too; None: fused paths serve training only.
+
+        Returns:
+            logits (batch, length, V) — None when a fused path (``config.loss_implementation``, training with
+            targets) never materializes them —, the loss (None without targets) and its terms by name.
+        """
+        if self.output_projection is not None:
+            hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
+        implementation = getattr(self.config, "loss_implementation", "auto")
+        if targets is None:
+            if self.training and num_items_in_batch is not None:
+                self.refuse_loss_scored_outside()
+            return self.lm_head(hidden_states), None, {}
+        count = token_count(targets, num_items_in_batch)  # the one count of this step
+        fused_allowed = self.training if skip_logits is None else bool(skip_logits)
+        if not fused_allowed:
+            implementation = "plain"
+        logits, cross_entropy = head_cross_entropy(
+            self.lm_head,
+            hidden_states,
+            targets,
+            count,
+            self.config.label_smoothing,
+            self.config.loss_chunk_size,
+            implementation,
+        )
+        loss, terms = self.compose_loss(cross_entropy, targets, num_items_in_batch, count)
+        return logits, loss, terms
+
+    def compose_loss(
+        self,
+        cross_entropy: torch.Tensor,
+        targets: torch.Tensor,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        count: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training loss (cross-entropy + enabled regularizers) and its terms, keyed by ``LOSS_TERMS`` names.
+
+        Under gradient accumulation (``num_items_in_batch``: target tokens of the accumulated batch) each micro-batch
+        adds its token share of the penalties, so they count once per optimizer step, as the cross-entropy does.
+        ``count``: ``token_count(targets, num_items_in_batch)`` when the caller has it already.
+        """
+        share = 1.0
+        if num_items_in_batch is not None:
+            count = token_count(targets, num_items_in_batch) if count is None else count
+            share = (targets != -100).sum().to(cross_entropy.device) / count
+        terms = {"cross_entropy": cross_entropy, **self.penalty_terms(share)}
+        return sum(terms.values()), terms
+
+    def refuse_loss_scored_outside(self) -> None:
+        """Raise ``ValueError`` when a training step's loss is scored from the logits outside the model while a
+        regularizer is configured. The Trainer's label smoother (``TrainingArguments(label_smoothing_factor=...)``)
+        and a ``compute_loss_func`` take the labels away and pass only ``num_items_in_batch``: the penalties, which
+        only the model's own loss adds, would be dropped without a word."""
+        config = self.config
+        refuse_fused_loss_scored_outside(config)
+        penalties = [
+            f"{name}={getattr(config, name)}"
+            for name in ("projection_regularization", "weight_norm_regularization")
+            if getattr(config, name, None)
+        ]
+        if penalties:
+            raise ValueError(
+                "the Trainer scores this training step's logits itself (TrainingArguments(label_smoothing_factor=...)"
+                f" or compute_loss_func), so the model's regularizer penalties ({', '.join(penalties)}) would be "
+                "dropped: set label_smoothing_factor=0 and smooth with the model config's own label_smoothing field "
+                "instead (config.label_smoothing=0.1), which keeps the penalties in the loss"
+            )
+
+    def penalty_terms(self, share: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
+        """The enabled regularizers at the current weights (``projection_penalty``, ``weight_norm_penalty``; they
+        depend on the weights only), each times ``share``: a micro-batch's token share of the accumulated batch, 1
+        for a whole batch (an evaluation loss)."""
+        config = self.config
+        terms = {}
+        if config.projection_regularization:
+            terms["projection_penalty"] = share * projection_penalty(
+                self.output_projection.weight, config.projection_regularization
+            )
+        if config.weight_norm_regularization:
+            terms["weight_norm_penalty"] = share * weight_norm_penalty(
+                self.output_embedding_weights(), config.weight_norm_regularization, config.weight_norm_target
+            )
+        return terms
+
+
+# ------------------------------ hf_tiednorm/tie_topology.py -----------------------------------------------------
+"""Which modules hold the tied embedding matrix: declared once here, used by every model family.
+
+A tie is one *owner* module (the input embedding), *aliases* (other attribute paths under which the very same
+owner module is registered: the encoder's and decoder's ``embed_tokens`` of a three-way tied encoder-decoder) and
+the output layer (*head*), which shares the owner's parameters (its ``weight``, or the band rows and projections of
+an adaptive softmax). Registering the owner itself under the aliases, rather than three embedding modules sharing
+one ``Parameter``, matters for every tool that groups "the input embedding with the output embedding":
+accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_embeddings()`` in one
+``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
+("Parameter ... is shared with a parameter already managed by another FSDP group").
+
+From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read), the
+module aliases, the holders to shard together (``fully_shard_tied``) and the check that the tie is intact.
+"""
+
+
+@dataclass(frozen=True)
+class EmbeddingTie:
+    """One tied matrix, by module path from the LM (``TiedNormForCausalLM`` / ``...ForConditionalGeneration``)."""
+
+    owner: str  # the input embedding owning the parameters
+    aliases: tuple[str, ...]  # paths where the owner module itself is registered again
+    head: str | None  # the output layer sharing the owner's parameters; None when the output layer is untied
+    # Parameter names of the owner (relative to it) shared by the aliases, and by the head.
+    owner_params: tuple[str, ...]
+    head_params: tuple[str, ...]
+
+    def holders(self) -> tuple[str, ...]:
+        """Distinct modules holding the tied parameters (aliases are the owner itself)."""
+        return (self.owner,) if self.head is None else (self.owner, self.head)
+
+    def tied_weights_keys(self, prefix: str = "") -> dict[str, str]:
+        """``_tied_weights_keys`` ({target: source}) of the model at ``prefix`` (``"model"``: the bare body)."""
+        pairs = [(f"{alias}.{name}", f"{self.owner}.{name}") for alias in self.aliases for name in self.owner_params]
+        if self.head is not None:
+            pairs += [(f"{self.head}.{name}", f"{self.owner}.{name}") for name in self.head_params]
+        start = f"{prefix}." if prefix else ""
+        return {
+            target.removeprefix(start): source.removeprefix(start)
+            for target, source in pairs
+            if target.startswith(start) and source.startswith(start)
+        }
+
+
+def embedding_tie(config) -> EmbeddingTie | None:
+    """The tie of a model with this config, None when nothing is tied.
+
+    The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
+    ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
+    (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
+    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
+    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
+    projections when ``adaptive_tie_projections``.
+    """
+    aliases: tuple[str, ...] = ()
+    if not config.is_encoder_decoder:
+        owner = config.input_embedding_path
+    elif config.share_encoder_decoder_embeddings:
+        owner, aliases = config.shared_embedding_path, tuple(config.stack_embedding_paths)
+    else:
+        owner = config.stack_embedding_paths[1]
+    head = "lm_head" if config.tie_word_embeddings else None
+    if head is None and not aliases:
+        return None
+    if config.adaptive_cutoffs is None:
+        owner_params = head_params = ("weight",)
+    else:
+        num_bands = len(config.adaptive_cutoffs) + 1
+        owner_params = tuple(AdaptiveSoftmaxHead.tied_parameter_names(num_bands, tie_projections=True))
+        head_params = tuple(AdaptiveSoftmaxHead.tied_parameter_names(num_bands, config.adaptive_tie_projections))
+    return EmbeddingTie(owner, aliases, head, owner_params, head_params)
+
+
+def _prefix_of(model: nn.Module) -> str:
+    # A bare body (its base_model is itself) sits under base_model_prefix ("model") in the LM.
+    return model.base_model_prefix if model.base_model is model else ""
+
+
+class TiedEmbeddingsMixin:
+    """Declares ``_tied_weights_keys`` from ``embedding_tie`` right before HF's ``post_init`` reads it, for the LM
+    and for the bare body alike (their keys differ by the ``model.`` prefix)."""
+
+    def post_init(self) -> None:
+        # A tie flag set on the config after it was built (config.tie_word_embeddings = False) that contradicts its
+        # tie_topology is refused here, before a model is built tied while its config says untied.
+        validate = getattr(self.config, "validate_tie_topology", None)
+        if validate is not None:
+            validate()
+        tie = embedding_tie(self.config)
+        prefix = _prefix_of(self)
+        # The HF parent's __init__ (MarianModel, BartModel) calls post_init before the family has built its own
+        # embeddings: its placeholder modules, replaced right after, are tied to nothing.
+        built = tie is not None and isinstance(
+            self.get_submodule(tie.owner.removeprefix(f"{prefix}.")), (TiedNormEmbedding, AdaptiveInput)
+        )
+        self._tied_weights_keys = tie.tied_weights_keys(prefix) if built else None
+        super().post_init()
+
+
+def alias_tied_modules(body: nn.Module) -> None:
+    """Register the owner module of the tie under its aliases in the bare body (three-way: encoder and decoder
+    ``embed_tokens`` become ``shared`` itself)."""
+    tie = embedding_tie(body.config)
+    if tie is None:
+        return
+    prefix = f"{_prefix_of(body)}."
+    owner = body.get_submodule(tie.owner.removeprefix(prefix))
+    for alias in tie.aliases:
+        body.set_submodule(alias.removeprefix(prefix), owner)
+
+
+def tied_holders(model: nn.Module) -> list[nn.Module]:
+    """The distinct modules of an LM holding its tied parameters (owner, head); empty when untied."""
+    tie = embedding_tie(model.config)
+    return [] if tie is None else [model.get_submodule(path) for path in tie.holders()]
+
+
+def untied_pairs(model: nn.Module) -> list[tuple[str, str]]:
+    """(target, source) entries of the LM's tie whose parameters are not one object: empty when the tie is intact.
+
+    Works on the plain, FSDP2-sharded (DTensor parameters) and DeepSpeed-partitioned model alike."""
+    tie = embedding_tie(model.config)
+    if tie is None:
+        return []
+    return [
+        (target, source)
+        for target, source in tie.tied_weights_keys().items()
+        if model.get_parameter(target) is not model.get_parameter(source)
+    ]
+
+
+def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) for an hf_tiednorm LM: one group per transformer layer
+    (``_no_split_modules``), one group for every holder of the tied parameters, the rest in the root group.
+
+    ``fsdp_kwargs`` go to every ``fully_shard`` call (``mesh``, ``reshard_after_forward``, ...). The holders form
+    one group whatever the topology or adaptive embedding, which accelerate's wrapping cannot do for the "decoder"
+    topology or adaptive embeddings (it groups only the input and output embedding modules, and only when they
+    share a ``weight``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layer_classes = set(model._no_split_modules or ())
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, **fsdp_kwargs)
+    holders = tied_holders(model)
+    if holders:
+        # Gathered from the first lookup to the head, and kept so after the forward: the weight-norm penalty reads
+        # the head's weight after the head ran (accelerate keeps this group gathered for the same reason).
+        fully_shard(holders, **{**fsdp_kwargs, "reshard_after_forward": False})
+    return fully_shard(model, **fsdp_kwargs)
+
+
+# ------------------------------ hf_tiednorm/modeling_common.py --------------------------------------------------
+"""What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
+Wolf's projection P), on top of the head's host (``head_host.py``), the loss (``loss.py``) and the tie
+(``tie_topology.py``). The head math itself lives in ``normalized_head.py``, the embeddings in ``embeddings.py``, the
+outputs in ``outputs.py``."""
+
+
+def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
+    """The normalized tied head; an adaptive softmax returning log-probabilities when adaptive_cutoffs is set."""
+    options = HeadOptions.from_config(config)
+    if config.adaptive_cutoffs is not None:
+        return AdaptiveSoftmaxHead(
+            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, options=options
+        )
+    return TiedNormHead(hidden_size, vocab_size, options=options)
+
+
+def build_output_projection(config, hidden_size: int) -> OutputProjection | None:
+    """Press & Wolf's projection P before the tied head, when ``config.projection_regularization`` is set."""
+    return None if config.projection_regularization is None else OutputProjection(hidden_size)
+
+
+class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMixin):
+    """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``: hosting the head
+    (``head_host.py``, shared with the wrapper), the loss (``loss.py``) and the tie, declared by
+    ``TiedEmbeddingsMixin`` (``tie_topology.py``); here the initialization and the PEFT guard."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # PEFT must not bypass the normalized head (peft_guard.py): checked at a call after any structural change.
+        # Registered once per model here (post_init, which may run twice, is TiedEmbeddingsMixin's alone).
+        self.register_forward_pre_hook(refuse_bypassed_head)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_scale is not None:
+            init.constant_(module.logit_scale, module.logit_scale_init)
+        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_bias is not None:
+            init.zeros_(module.logit_bias)
+        if isinstance(module, OutputProjection):
+            init.eye_(module.weight)  # P = I: a fresh model scores as if there were no projection
+        std = getattr(self.config, "embedding_init_std", None)
+        if isinstance(module, TiedNormHead) and std is not None:
+            # HF initializes the head after the body it reads from (children first), and skips the model itself:
+            # N(0, std) for every token embedding and the output matrix (tied: one tensor); init.* skips loaded weights.
+            embeddings = [m for m in self.modules() if isinstance(m, TiedNormEmbedding)]
+            for weight in {id(w): w for w in [*(m.weight for m in embeddings), self.lm_head.weight]}.values():
+                init.normal_(weight, mean=0.0, std=std)
+            for embedding in embeddings:
+                if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
+                    init.zeros_(embedding.weight[embedding.padding_idx])
+
+    def _extra_auto_map(self) -> dict[str, str]:
+        # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
+        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
+        base_model = type(self.model)
+        return {"AutoModel": f"{base_model.__module__.rsplit('.', 1)[-1]}.{base_model.__name__}"}
+
+
+# ------------------------------ hf_tiednorm/modeling_tiednorm_seq2seq.py ----------------------------------------
+"""Encoder-decoders whose output layer is the normalized tied head: what both encoder-decoder families share
+(``TiedNormSeq2SeqModelMixin``, ``TiedNormSeq2SeqLMMixin``), and the Marian-based family.
+
+What differs from ``transformers``' Marian (and, in ``modeling_tiednorm_bart.py``, BART):
+  * token embeddings are ``TiedNormEmbedding`` (unit rows are looked up in l2 mode);
+  * ``lm_head`` is ``TiedNormHead`` (scores in one of five modes) and there is no ``final_logits_bias``:
+    the distance mode derives its bias from W;
+  * the tie topology (three-way / decoder / untied) comes from ``config.tie_topology``;
+  * the loss applies ``config.label_smoothing`` itself and reports its terms (regularizers, chunked loss).
+Attention, layers, positions, KV cache and generation are the parent's.
+"""
+
+
+class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
+    """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
+    ``config.tie_topology`` (``tie_topology.py``), with Marian's embedding accessors so that one set of resize rules
+    serves both."""
+
+    def __init__(self, config: TieTopologyConfigMixin):
+        super().__init__(config)
+        scale = self.lookup_scale(config)
+        if config.share_encoder_decoder_embeddings:
+            # One module for the three-way tie: the encoder and decoder look up through model.shared itself.
+            self.shared = build_embedding(config, config.vocab_size, config.d_model, scale)
+            alias_tied_modules(self)
+        else:
+            if hasattr(self, "shared"):  # BART's body always builds one
+                del self.shared
+            self.encoder.embed_tokens = build_embedding(config, config.vocab_size, config.d_model, scale)
+            self.decoder.embed_tokens = build_embedding(config, config.decoder_vocab_size, config.d_model, scale)
+        self.post_init()
+
+    def lookup_scale(self, config: TieTopologyConfigMixin) -> float | None:
+        """Factor the embedding module multiplies its lookups by; None where the body scales them itself (Marian)."""
+        return None
+
+    def get_input_embeddings(self):
+        return self.encoder.embed_tokens  # the shared embedding when three-way tied
+
+    def set_input_embeddings(self, value) -> None:
+        if self.config.share_encoder_decoder_embeddings:
+            self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
+        else:
+            self.encoder.embed_tokens = value
+
+    def get_decoder_input_embeddings(self):
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError("with tie_topology='three_way' the decoder input embedding is get_input_embeddings()")
+        return self.decoder.embed_tokens
+
+    def set_decoder_input_embeddings(self, value) -> None:
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError("with tie_topology='three_way' set the decoder input embedding with set_input_embeddings")
+        self.decoder.embed_tokens = value
+
+
+class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
+    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs; loading and
+    resizing checked (``WeightChecksMixin``: finite weights; ``head_host``: special tokens kept).
+
+    A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
+    """
+
+    model_class: type[PreTrainedModel]
+    base_model_prefix = "model"
+
+    def __init__(self, config: TieTopologyConfigMixin):
+        super().__init__(config)
+        self.model = self.model_class(config)
+        self.output_projection = build_output_projection(config, config.d_model)  # Press & Wolf's P, or None
+        self.lm_head = build_head(config, config.d_model, config.decoder_vocab_size)
+        self.post_init()
+
+    # Marian's rule for the decoder's own vocabulary (tie topology "decoder" / "untied"), used as written: it
+    # resizes the decoder input embedding (and an untied output layer), updates config.decoder_vocab_size and re-ties;
+    # where Marian then resizes its final_logits_bias, our head, which has none, follows the new vocabulary. New
+    # tokens of a lossless-started model start by its mode's lossless map, as resize_token_embeddings starts them.
+    def resize_decoder_token_embeddings(self, new_num_tokens: int) -> None:
+        check_resize_keeps_special_tokens(self, new_num_tokens)  # the decoder starts, pads and ends with them
+        first_new = self.config.decoder_vocab_size
+        MarianMTModel.resize_decoder_token_embeddings(self, new_num_tokens)
+        start_resized_tokens(self, first_new)
+
+    def _resize_final_logits_bias(self, new_num_tokens: int) -> None:
+        self.lm_head.match_vocab_size()
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        # Marian's rule for resize_token_embeddings: the encoder's vocabulary, and the decoder's and the output
+        # layer's with it only when three-way tied. Written out because MarianMTModel._resize_token_embeddings
+        # drops mean_resizing.
+        embeddings = self._get_resized_embeddings(
+            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
+        )
+        self.model.set_input_embeddings(embeddings)
+        if self.config.share_encoder_decoder_embeddings:
+            self.config.decoder_vocab_size = embeddings.num_embeddings
+        return self.get_input_embeddings()
+
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple[torch.Tensor] | BaseModelOutput | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> TiedNormSeq2SeqLMOutput:
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            encoder_outputs=encoder_outputs,
+            decoder_attention_mask=decoder_attention_mask,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
+        )
+        hidden_states = outputs.last_hidden_state  # (batch, target_len, d)
+        # (batch, len, V); None when a fused loss computed the loss
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, labels, num_items_in_batch, skip_logits)
+        return TiedNormSeq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+            **loss_terms,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        # Marian's shift_tokens_right is BART's too.
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class TiedNormSeq2SeqPreTrainedModel(MarianPreTrainedModel):
+    config_class = TiedNormSeq2SeqConfig
+    config: TiedNormSeq2SeqConfig
+    # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.
+    _no_split_modules = ["MarianEncoderLayer", "MarianDecoderLayer"]
+
+
+class TiedNormSeq2SeqModel(TiedNormSeq2SeqModelMixin, TiedNormSeq2SeqPreTrainedModel, MarianModel):
+    """Marian's encoder-decoder body with embeddings that can look up l2-normalized rows."""
+
+
+class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPreTrainedModel, GenerationMixin):
+    """Marian with the normalized tied head."""
+
+    model_class = TiedNormSeq2SeqModel
+    # Marian's sinusoidal position tables are computed, not stored.
+    _keys_to_ignore_on_load_missing = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+    _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+
+
+# ------------------------------ hf_tiednorm/modeling_tiednorm_bart.py -------------------------------------------
+"""A BART-style encoder-decoder whose output layer is the normalized tied head: the family BART checkpoints
+convert to 1:1 (``hf_tiednorm.convert``).
+
+Everything of the Marian-based family (``modeling_tiednorm_seq2seq.py``) applies; only the body differs. What differs
+from ``transformers``' BART: token embeddings are ``TiedNormEmbedding`` that keep BART's in-module scaling
+(``BartScaledWordEmbedding``: lookup × sqrt(d) when ``scale_embedding``, the unit rows in l2 mode); ``lm_head`` is
+``TiedNormHead`` without BART's ``final_logits_bias``; the tie topology comes from ``config.tie_topology``.
+Learned positions, ``layernorm_embedding``, attention, KV cache and generation are BART's.
+"""
+
+
+class TiedNormBartPreTrainedModel(BartPreTrainedModel):
+    config_class = TiedNormBartConfig
+    config: TiedNormBartConfig
+
+
+class TiedNormBartModel(TiedNormSeq2SeqModelMixin, TiedNormBartPreTrainedModel, BartModel):
+    """BART's encoder-decoder body with embeddings that can look up l2-normalized rows."""
+
+    def lookup_scale(self, config: TiedNormBartConfig) -> float:
+        # BART scales inside the embedding module (its encoder/decoder do not), by 1.0 when not scale_embedding.
+        return math.sqrt(config.d_model) if config.scale_embedding else 1.0
+
+
+class TiedNormBartForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormBartPreTrainedModel, GenerationMixin):
+    """BART with the normalized tied head."""
+
+    model_class = TiedNormBartModel
+
+
+# ------------------------------ hf_tiednorm/causal_lm_names.py --------------------------------------------------
+"""Let transformers' ``Trainer`` recognise this package's causal LMs as causal LMs, for its label smoothing.
+
+With ``TrainingArguments(label_smoothing_factor=...)`` the Trainer takes the labels away from the model and scores
+the logits itself (``LabelSmoother``); it shifts the labels (position t predicts token t+1) only when the model's
+class name is one of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()``. That table lists transformers' own classes
+only, and ``AutoModelForCausalLM.register`` does not add to it, so a causal LM of this package was scored against
+unshifted labels: a smoothed loss of ~1 where the real one is ~6, and training towards copying the input. Adding the
+class name to the table is the one way transformers offers a model class outside it to be shifted; the key is the
+model's own ``model_type``, which is not in transformers' config table, so no Auto lookup ever resolves through it
+(``_LazyAutoMapping`` reads only keys present in both tables).
+
+This file imports transformers only: it travels with the modeling code as remote code, where the same class names
+are registered on import.
+"""
+
+
+def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
+    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
+    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
+
+
+# ------------------------------ hf_tiednorm/modeling_tiednorm_causal.py -----------------------------------------
+"""A Llama-style decoder-only LM whose output layer is the normalized tied head.
+
+What differs from ``transformers``' Llama: token embeddings are ``TiedNormEmbedding`` (unit rows are looked up
+in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and the loss applies
+``config.label_smoothing``. Attention (SDPA), RoPE, KV cache and generation are Llama's.
+"""
+
+
+class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
+    config_class = TiedNormCausalConfig
+    config: TiedNormCausalConfig
+
+
+class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
+    """Llama's decoder stack with an embedding that can look up l2-normalized rows."""
+
+    def __init__(self, config: TiedNormCausalConfig):
+        super().__init__(config)
+        self.embed_tokens = build_embedding(config, config.vocab_size, config.hidden_size)
+        self.post_init()
+
+
+class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
+    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading is
+    # checked by WeightChecksMixin (finite weights, head tensors), resizing by head_host.py (special tokens kept).
+
+    def __init__(self, config: TiedNormCausalConfig):
+        super().__init__(config)
+        self.model = TiedNormCausalModel(config)
+        self.vocab_size = config.vocab_size
+        self.output_projection = build_output_projection(config, config.hidden_size)  # Press & Wolf's P, or None
+        self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
+        self.post_init()
+
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
+        shift_labels: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> TiedNormCausalLMOutput:
+        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
+        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
+        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them)."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
+        )
+        # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
+        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
+        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
+        if shift_labels is not None:
+            next_tokens = shift_labels
+        # (b, kept, V); None when a fused loss computed the loss
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
+        return TiedNormCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **loss_terms,
+        )
+
+
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).
+recognise_as_causal_lm(TiedNormCausalConfig.model_type, TiedNormForCausalLM.__name__)
+
+
+# ------------------------------ hf_tiednorm/accumulated_loss.py -------------------------------------------------
+"""A wrapped model's loss as its share of an accumulated batch, which the Trainer's gradient accumulation needs.
+
+transformers' ``Trainer`` passes ``num_items_in_batch`` (the target tokens of all micro-batches of one optimizer
+step) to a model whose ``forward`` takes ``**kwargs``, and then no longer divides the loss by the accumulation
+steps: it expects loss = (sum of this micro-batch's token losses) / num_items_in_batch. The wrapper's ``forward``
+takes ``**kwargs`` for any architecture, but the encoder-decoders of transformers (T5, BART, mBART, Marian, M2M100)
+compute a plain mean with ``CrossEntropyLoss`` and ignore ``num_items_in_batch``: gradient and logged loss were
+multiplied by the accumulation steps. So the wrapper never hands ``num_items_in_batch`` to the wrapped model; it
+takes the model's mean over its own targets and rescales it by (this micro-batch's targets) / num_items_in_batch,
+which is the sum over the accumulated batch's token mean for every architecture (those that honour the argument,
+the causal LMs, compute the same value).
+"""
+
+
+def target_count(labels: torch.Tensor, shifted: bool, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
+    """The tokens the wrapped model's loss averages over: ``labels`` != -100, without each row's first position
+    for a causal LM (it predicts labels[t+1] from position t), or ``shift_labels`` where the caller gives them.
+
+    Args:
+        labels: (batch, length) target ids, -100 = no target.
+        shifted: True for a causal LM (transformers' ``ForCausalLMLoss`` shifts the labels), False for an
+            encoder-decoder (its labels are aligned with the decoder outputs).
+        shift_labels: (batch, length) already shifted targets, or None.
+
+    Returns:
+        a 0-dim integer tensor.
+    """
+    targets = shift_labels if shift_labels is not None else labels[..., 1:] if shifted else labels
+    return (targets != -100).sum()
+
+
+def share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted: bool, shift_labels=None):
+    """``outputs`` of the wrapped model (computed without ``num_items_in_batch``) with its mean loss turned into this
+    micro-batch's share of the accumulated batch's token mean: loss · target_count / num_items_in_batch.
+
+    Args:
+        outputs: a ``ModelOutput`` or tuple whose ``loss`` (first element) is the mean over this micro-batch's
+            targets, or has no loss.
+        labels: (batch, length) the labels passed to the model, or None.
+        num_items_in_batch: the accumulated batch's target tokens (int or 0-dim tensor), or None: nothing to do.
+        shifted, shift_labels: as in ``target_count``.
+
+    Returns:
+        ``outputs``, its loss rescaled in place (a new tuple for tuple outputs).
+    """
+    if num_items_in_batch is None or labels is None:
+        return outputs
+    loss = outputs[0] if isinstance(outputs, tuple) else getattr(outputs, "loss", None)
+    if loss is None or loss.dim() != 0:
+        return outputs
+    count = target_count(labels, shifted, shift_labels).to(loss.device, torch.float32)
+    total = torch.as_tensor(num_items_in_batch, device=loss.device, dtype=torch.float32)
+    loss = loss * (count / total).to(loss.dtype)
+    if isinstance(outputs, tuple):
+        return (loss, *outputs[1:])
+    outputs.loss = loss
+    return outputs
+
+
+# ------------------------------ hf_tiednorm/modeling_tiednorm_wrapped.py ----------------------------------------
+"""The normalized tied head around any transformers causal LM or encoder-decoder, with transformers' own code.
+
+``TiedNormWrappedForCausalLM`` / ``TiedNormWrappedForSeq2SeqLM`` hold, as ``self.model``, the model that
+``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM`` builds from ``config.text_config`` (GPT-2, Llama, Qwen2/3,
+Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exactly two things in it:
+
+* its output layer becomes a ``TiedNormHead`` sharing the input embedding matrix; the architecture's forward still
+  calls it where it called its ``nn.Linear``, so what it does around the head is kept as it is: final norm before it,
+  T5's d^-1/2 rescale of the decoder output (tied T5), Gemma 2/3's final-logit soft-capping after it (the cap bounds
+  the normalized score, g included), BART/mBART/Marian's ``final_logits_bias`` added after it;
+* in a mode that normalizes the input lookups (``l2``), every embedding module holding the shared matrix looks up
+  unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
+  scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
+
+``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
+wrapped model's: ``forward`` and ``generate`` call it.
+"""
+
+
+_UNIT_LOOKUP_CLASSES: dict[type, type] = {}
+
+
+def unit_lookups(embedding: nn.Embedding, norm_eps: float) -> None:
+    """Make ``embedding`` look up ŵ_i = w_i/‖w_i‖ (the l2 mode's input side, Liu et al. eq. 19), in place.
+
+    The module keeps its class's behaviour: its class is replaced by a subclass of it and of ``TiedNormEmbedding``,
+    whose lookup the class's own ``forward`` reaches through ``super().forward``, so a scale it applies (Gemma's
+    ``embed_scale``) multiplies ŵ_i. Weights and state-dict keys do not change.
+    """
+    cls = type(embedding)
+    if not issubclass(cls, TiedNormEmbedding):
+        if cls is nn.Embedding:
+            unit_class = TiedNormEmbedding
+        else:
+            if cls not in _UNIT_LOOKUP_CLASSES:
+                _UNIT_LOOKUP_CLASSES[cls] = type(f"TiedNormUnit{cls.__name__}", (cls, TiedNormEmbedding), {})
+            unit_class = _UNIT_LOOKUP_CLASSES[cls]
+        embedding.__class__ = unit_class
+    embedding.normalize = True
+    embedding.norm_eps = norm_eps
+
+
+def shared_embedding_modules(body: PreTrainedModel) -> list[nn.Embedding]:
+    """The embedding modules holding the matrix ``body``'s output layer is tied to, that one first.
+
+    The output layer ties to the source of its weight in ``body``'s tie mapping (the decoder embedding of a Marian
+    model with two vocabularies), else to the input embedding; the modules tied to that source (one per stack in T5,
+    M2M100) are found by the mapping, since under ``from_pretrained`` they are tied only after loading.
+    """
+    head = body.get_output_embeddings()
+    tied = body.get_expanded_tied_weights_keys(all_submodels=True)  # {target: source}, one source per group
+    head_name = next((f"{name}.weight" for name, module in body.named_modules() if module is head), None)
+    source = tied.get(head_name)
+    if source is None:
+        embedding = body.get_input_embeddings()
+        source = next(f"{name}.weight" for name, module in body.named_modules() if module is embedding)
+    names = [source] + sorted(target for target, tied_source in tied.items() if tied_source == source)
+    modules = [body.get_submodule(name.rpartition(".")[0]) for name in names]
+    return list({id(m): m for m in modules if isinstance(m, nn.Embedding)}.values())
+
+
+def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
+    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in a
+    mode that normalizes the input lookups, make every embedding module holding that matrix look up unit rows).
+    Returns the new head."""
+    embeddings = shared_embedding_modules(body)
+    weight = embeddings[0].weight  # (V, d)
+    head = TiedNormHead(
+        weight.shape[1],
+        weight.shape[0],
+        options=HeadOptions.from_config(config),
+        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
+        dtype=weight.dtype,
+    )
+    head.weight = weight  # Press & Wolf: the output embedding is the input embedding
+    if head.logit_scale is not None:  # the learned g, created on meta with the weight: give it storage, at g's init
+        head.logit_scale = nn.Parameter(torch.full_like(head.logit_scale, head.logit_scale_init, device=weight.device))
+    if head.logit_bias is not None:  # the learned b, zero at first
+        head.logit_bias = nn.Parameter(torch.zeros_like(head.logit_bias, device=weight.device))
+    body.set_output_embeddings(head)
+    if head.mode.normalizes_input_lookups:
+        # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
+        for module in embeddings:
+            unit_lookups(module, config.norm_eps)
+    return head
+
+
+class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, PreTrainedModel):
+    """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
+    hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
+    ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
+
+    config_class = TiedNormWrappedConfig
+    config: TiedNormWrappedConfig
+    # ``base_model`` is the headless backbone, as in every HF ``*ForCausalLM`` (the ``backbone`` property below); the
+    # wrapped model itself, head included, stays ``self.model``, so the state-dict keys are ``model.*`` as before.
+    base_model_prefix = "backbone"
+    supports_gradient_checkpointing = True
+    # The Auto class that builds the wrapped model from config.text_config.
+    body_auto_class: type = AutoModelForCausalLM
+
+    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
+        """``body``: an already loaded model of ``config.text_config`` to adopt with its weights (the in-memory
+        conversion); None builds one (random weights, or on the meta device under ``from_pretrained``)."""
+        super().__init__(config)
+        if config.is_encoder_decoder != (self.body_auto_class is AutoModelForSeq2SeqLM):
+            other = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
+            raise ValueError(f"{type(self).__name__} cannot wrap a {config.text_config.model_type} model; use {other}")
+        if body is None:
+            # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
+            body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
+        if not getattr(body.config, "tie_word_embeddings", True):
+            raise ValueError(
+                f"{type(self).__name__}: the wrapped {body.config.model_type} config says tie_word_embeddings=False, "
+                "but the normalized head is tied: it scores with the input embedding matrix itself, so an untied "
+                "output matrix would be dropped (docs/converting.md: untied checkpoints are refused). Wrap a model "
+                "with tie_word_embeddings=True"
+            )
+        self.model = body
+        self.generation_config = body.generation_config  # from_pretrained replaces it by the saved one
+        config.text_config = body.config  # one config object, so that resizing or use_cache reach the body
+        install_normalized_head(body, config)
+        if not any(p.is_meta for p in body.parameters()):
+            # An adopted or freshly built body is initialized already; post_init must not re-initialize the new head,
+            # whose weight is the shared embedding.
+            for module in body.modules():
+                module._is_hf_initialized = True
+        self.post_init()
+
+    def _body_class(self) -> type[PreTrainedModel]:
+        """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
+        return _get_model_class(self.config.text_config, self.body_auto_class._model_mapping)
+
+    # The attention implementations the wrapper supports are its wrapped model's: transformers checks them on the
+    # wrapper when it is built or loaded (attn_implementation=...), and the choice reaches the wrapped model through
+    # config.text_config, a sub-config. Read on the instance, as transformers reads them.
+    @property
+    def _supports_sdpa(self) -> bool:
+        return self._body_class()._supports_sdpa
+
+    @property
+    def _supports_flash_attn(self) -> bool:
+        return self._body_class()._supports_flash_attn
+
+    @property
+    def _supports_flex_attn(self) -> bool:
+        return self._body_class()._supports_flex_attn
+
+    @property
+    def _can_compile_fullgraph(self) -> bool:
+        return self._body_class()._can_compile_fullgraph
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
+        i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
+        callers such as TRL run to get ``last_hidden_state`` before an LM head. It is a module inside ``self.model``
+        (keys ``model.<its prefix>.*``), not registered a second time. An architecture whose own ``base_model`` is
+        itself (T5) gives the wrapped model, as transformers does for it."""
+        return self.model.base_model
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def _place_output_head(self, head: nn.Module) -> None:
+        self.model.set_output_embeddings(head)
+
+    def get_encoder(self) -> nn.Module:
+        return self.model.get_encoder()
+
+    def get_decoder(self) -> nn.Module:
+        return self.model.get_decoder()
+
+    def _resize_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        # The wrapped model resizes its embedding in place (and its final_logits_bias, if any) but replaces the
+        # output layer by a plain nn.Linear; put the normalized head back on the resized shared matrix.
+        head = self.get_output_embeddings()
+        embeddings = self.model.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.model.set_output_embeddings(head)
+        head.weight = embeddings.weight
+        return embeddings
+
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
+        """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
+        returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
+        fused path computes (``config.loss_implementation``, wrapped_fused_loss.py) the loss and ``logits=None``.
+
+        Args:
+            input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
+            attention_mask: (batch, length), 1 for tokens to attend to.
+            labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
+                as already aligned).
+        """
+        check_head_once(self)
+        if inputs_embeds is not None:
+            kwargs["inputs_embeds"] = inputs_embeds
+        kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
+        # The Trainer's num_items_in_batch is applied here, for every architecture (accumulated_loss.py).
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too
+        if self.training and labels is not None:
+            refuse_patched_forward(self, self.model)  # a patched forward would bypass the head (liger's patches)
+        elif self.training and num_items_in_batch is not None:
+            refuse_fused_loss_scored_outside(self.config)  # the Trainer scores the logits: no fused loss
+        if labels is not None:  # a causal LM's fused loss (an encoder-decoder refuses a named one)
+            fused = fused_causal_lm_loss(
+                self, self.model, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs
+            )
+            if fused is not None:  # the loss by a fused path, no logits
+                return fused
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        shifted = not self.config.is_encoder_decoder
+        return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
+
+    def _generate_with_frozen_head(self, *args, **kwargs):
+        """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
+        ``generation_config``."""
+        self.model.generation_config = self.generation_config
+        return self.model.generate(*args, **kwargs)
+
+
+class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+    """A causal LM of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
+
+    body_auto_class = AutoModelForCausalLM
+
+
+class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+    """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
+
+    body_auto_class = AutoModelForSeq2SeqLM
+
+    @property
+    def prepare_decoder_input_ids_from_labels(self):
+        # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
+        # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
+        return self.model.prepare_decoder_input_ids_from_labels
+
+
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).
+recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)

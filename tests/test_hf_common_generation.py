@@ -1,0 +1,70 @@
+"""``generate`` of every family (cosine and baseline) and of the wrapper (around a tied Llama, Qwen3, GPT-2 and
+BART) passes the generation checks of tests/generation_checks.py, our equivalent of HF's generation mixin (issue 46).
+
+Contrastive search is not checked: transformers 5 no longer implements it (``penalty_alpha`` dispatches to the Hub
+repository transformers-community/contrastive-search, remote code this offline suite does not fetch).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import generation_checks as checks
+import pytest
+from testing_utils import tiny_model
+from tiny_architectures import source_model
+
+from hf_tiednorm.convert import normalize_tied_head
+
+FAMILIES = ("causal", "seq2seq", "bart")
+WRAPPED = ("llama", "qwen3", "gpt2", "bart")
+MODELS = [f"{family}-{mode}" for family in FAMILIES for mode in ("cosine", "baseline")] + [
+    f"wrapped_{name}-{mode}" for name in WRAPPED for mode in ("cosine", "baseline")]
+# The default run: one of each kind (the rest is marked slow).
+FAST = {"causal-cosine", "seq2seq-cosine", "wrapped_qwen3-cosine", "wrapped_bart-cosine"}
+
+
+def build(name: str):
+    kind, mode = name.split("-")
+    if kind.startswith("wrapped_"):
+        model = normalize_tied_head(source_model(kind.removeprefix("wrapped_")), mode, generic=True)
+    else:
+        model = tiny_model(kind, head_mode=mode, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           **({"decoder_start_token_id": 0} if kind != "causal" else {}))
+    return model.eval()
+
+
+PARAMS = [pytest.param(name, marks=() if name in FAST else pytest.mark.slow) for name in MODELS]
+CHECKS = {
+    "greedy_and_cache": checks.check_greedy_equals_full_forward,
+    "sampling": checks.check_sampling,
+    "beam": checks.check_beam_search,
+    "left_padding": checks.check_left_padding,
+    "inputs_embeds": checks.check_inputs_embeds,
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {}
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+@pytest.mark.parametrize("name", PARAMS)
+def test_generation(name, check, models):
+    if name not in models:
+        models[name] = build(name)
+    CHECKS[check](models[name])
+
+
+@pytest.mark.parametrize("name", PARAMS)
+def test_assisted_decoding(name, models):
+    """The assistant is a copy of the model whose scoring differs (another head mode), so that it proposes tokens
+    the model rejects: the output is still the model's greedy one."""
+    if name not in models:
+        models[name] = build(name)
+    model = models[name]
+    assistant = copy.deepcopy(model)
+    head = assistant.get_output_embeddings()
+    head.weight.data.add_(0.5 * head.weight.data.std() * __import__("torch").randn_like(head.weight))
+    checks.check_assisted_decoding(model, assistant)

@@ -1,0 +1,247 @@
+"""A saved model carries exactly two generated Python files (issue 50): ``configuration_tiednorm.py`` and
+``modeling_tiednorm.py``, built from the package by ``utils/generate_remote_code.py``.
+
+Checked here: the committed files are what the generator writes now (``--check``, and that it fails when one is
+stale); every family and the wrapper save them alone, with ``auto_map`` into them, and load from them with
+``trust_remote_code=True`` where the package is not installed, with the package's logits; a folder saved by the
+version before them (7bdafef: one file per package module) still loads, with the package and without it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+from testing_utils import (
+    FAMILIES,
+    REPO_ROOT,
+    TINY_DECODER,
+    TINY_ENCODER_DECODER,
+    model_inputs,
+    run_without_package,
+    tiny_model,
+)
+from tiny_architectures import source_model
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+import hf_tiednorm
+from hf_tiednorm.convert import normalize_tied_head
+from hf_tiednorm.remote_code_map import GENERATED_DIR, REMOTE_CODE_MODULES, foreign_auto_map
+
+sys.path.insert(0, str(REPO_ROOT / "utils"))
+import generate_remote_code  # noqa: E402
+
+CODE_FILES = [f"{module}.py" for module in REMOTE_CODE_MODULES]
+LAST_MULTI_FILE_VERSION = "7bdafef"  # main before this issue: a saved folder held one file per package module
+
+
+def test_the_generated_files_are_current():
+    """CI's check: `python utils/generate_remote_code.py --check` (run it without --check to regenerate)."""
+    assert generate_remote_code.main(["--check"]) == 0, "run `python utils/generate_remote_code.py`"
+
+
+def test_the_check_fails_naming_a_stale_file(tmp_path, monkeypatch, capsys):
+    for name in CODE_FILES:
+        (tmp_path / name).write_text((GENERATED_DIR / name).read_text())
+    (tmp_path / CODE_FILES[1]).write_text((GENERATED_DIR / CODE_FILES[1]).read_text() + "# edited by hand\n")
+    monkeypatch.setattr(generate_remote_code, "OUTPUT", tmp_path)
+    assert generate_remote_code.main(["--check"]) == 1
+    assert "modeling_tiednorm.py" in capsys.readouterr().err
+    assert generate_remote_code.main([]) == 0  # regenerates
+    assert generate_remote_code.main(["--check"]) == 0
+
+
+def test_the_generated_files_hold_the_model_layer_only_as_readable_code():
+    """Only flat package modules are inlined (no conversion, export, card or training sub-package), each under a
+    rule naming its file, with its docstring and comments."""
+    text = "".join((GENERATED_DIR / name).read_text() for name in CODE_FILES)
+    inlined = re.findall(r"^# -{30} (\S+) -+$", text, flags=re.MULTILINE)
+    assert "hf_tiednorm/normalized_head.py" in inlined and "hf_tiednorm/modeling_tiednorm_wrapped.py" in inlined
+    assert all(re.fullmatch(r"hf_tiednorm/[a-z_0-9]+\.py", label) for label in inlined), inlined
+    assert len(set(inlined)) == len(inlined)
+    assert hf_tiednorm.TiedNormHead.__doc__.splitlines()[0] in text  # docstrings kept
+    assert "# the tied weight was resized in place" in text  # comments kept
+
+
+def _synthetic_package(tmp_path: Path, files: dict[str, str]) -> dict:
+    root = tmp_path / "pkg"
+    root.mkdir()
+    for name, text in {"__init__.py": "", **files}.items():
+        (root / name).write_text(text)
+    return generate_remote_code.read_modules(root)
+
+
+BASE = '''"""Base: the scale."""
+
+from __future__ import annotations
+
+import math
+
+SCALE = math.pi  # a comment that stays
+'''
+MODEL = '''from __future__ import annotations
+
+import math
+
+from .base import SCALE as S
+
+
+def scaled(x: int) -> float:
+    from .base import SCALE  # a lazy import: its name is in the same file now
+
+    return x * S * SCALE / math.pi
+'''
+
+
+def test_the_generator_inlines_a_closure_in_dependency_order(tmp_path):
+    modules = _synthetic_package(tmp_path, {"base.py": BASE, "model.py": MODEL, "unused.py": "X = 1\n"})
+    order = generate_remote_code.closure(["pkg.model"], modules)
+    assert order == ["pkg.base", "pkg.model"]  # what model needs, dependencies first; unused is left out
+    text = generate_remote_code.render("modeling_pkg", order, modules, set())
+    namespace = {}
+    exec(compile(text, "modeling_pkg.py", "exec"), namespace)
+    assert namespace["scaled"](2) == pytest.approx(2 * 3.141592653589793)
+    assert text.index("pkg/base.py") < text.index("pkg/model.py") and text.count("import math\n") == 1
+    assert '"""Base: the scale."""' in text and "# a comment that stays" in text and "from .base" not in text
+
+
+@pytest.mark.parametrize(("files", "message"), [
+    ({"base.py": "_helper = 1\n", "model.py": "from .base import _helper as h\n_helper = 2\n"},
+     "pkg/model.py and pkg/base.py both define '_helper'"),
+    ({"model.py": "from .training import steps\n"}, "imports pkg.training, which a saved model's code cannot carry"),
+    ({"model.py": "import pkg.base\n", "base.py": ""}, "an absolute import of the package"),
+])  # fmt: skip
+def test_the_generator_stops_naming_the_module_it_cannot_inline(tmp_path, files, message):
+    modules = _synthetic_package(tmp_path, files)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        order = generate_remote_code.closure(["pkg.model"], modules)
+        generate_remote_code.render("modeling_pkg", order, modules, set())
+
+
+def _save(family: str, folder: Path):
+    model = normalize_tied_head(source_model("gpt2"), "cosine") if family == "wrapped" else tiny_model(family)
+    model.eval().save_pretrained(folder)
+    return model
+
+
+def _load_and_compare(folder: Path, data: Path, auto_class: str, label: str) -> str:
+    """Isolated-process code: load ``folder`` with remote code, print whether its logits equal those in ``data``."""
+    return (
+        f"data = torch.load({str(data)!r})\n"
+        f"model = {auto_class}.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()\n"
+        "with torch.no_grad():\n"
+        "    same = torch.equal(model(**data['inputs']).logits, data['logits'])\n"
+        f"print({label!r}, type(model).__module__.rsplit('.', 1)[-1], same)\n"
+    )
+
+
+OLD_PACKAGE_SCRIPT = """
+import json, sys, torch
+import hf_tiednorm
+from hf_tiednorm.convert import normalize_tied_head
+from transformers import GPT2Config, GPT2LMHeadModel
+assert hf_tiednorm.__file__.startswith(sys.argv[1]), hf_tiednorm.__file__
+sizes = json.loads(sys.argv[3])
+for family in json.loads(sys.argv[2]):
+    torch.manual_seed(0)
+    if family == "wrapped":
+        model = normalize_tied_head(GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4,
+                                                               n_positions=64)), "cosine")
+    else:
+        row = hf_tiednorm.FAMILIES[family]
+        config = row.config_class(**sizes["encoder_decoder" if row.is_encoder_decoder else "decoder"],
+                                  head_mode="cosine")
+        model = row.lm_class(config)
+    model.eval().save_pretrained(f"old/{family}")
+    ids = torch.randint(4, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids}
+    if model.config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = ids[:, :5]
+    with torch.no_grad():
+        torch.save({"inputs": inputs, "logits": model(**inputs).logits}, f"old/{family}.pt")
+print("saved")
+"""
+
+
+@pytest.fixture(scope="module")
+def old_folders(tmp_path_factory):
+    """Folders saved by the package as it was at 7bdafef (built from git, run from an extracted copy)."""
+    root = tmp_path_factory.mktemp("old_version")
+    archive = root / "old.tar"
+    made = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "-o", str(archive), LAST_MULTI_FILE_VERSION,
+                           "hf_tiednorm"], capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"needs a git checkout holding {LAST_MULTI_FILE_VERSION}: {made.stderr.strip()}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(root / "source", filter="data")
+    families = [*FAMILIES, "wrapped"]
+    sizes = {"encoder_decoder": TINY_ENCODER_DECODER | {"dropout": 0.0}, "decoder": TINY_DECODER}
+    out = subprocess.run(
+        [sys.executable, "-c", OLD_PACKAGE_SCRIPT, str(root / "source"), json.dumps(families), json.dumps(sizes)],
+        cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root / "source")}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0 and "saved" in out.stdout, out.stderr[-3000:]
+    return root / "old", families
+
+
+def test_every_family_and_the_wrapper_save_two_files_and_load_from_them_without_the_package(old_folders, tmp_path):
+    """One isolated process (no hf_tiednorm importable) loads, with trust_remote_code=True: each family's and the
+    wrapper's new folder (two files; logits equal to the package's) and each folder of the earlier version (its
+    own copies of the package's modules)."""
+    old, families = old_folders
+    code = "import torch\nfrom transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM\n"
+    for family in families:
+        model = _save(family, tmp_path / family)
+        assert sorted(path.name for path in (tmp_path / family).glob("*.py")) == CODE_FILES
+        config = json.loads((tmp_path / family / "config.json").read_text())
+        assert {value.split(".")[0] for value in config["auto_map"].values()} <= set(REMOTE_CODE_MODULES)
+        assert config["auto_map"]["AutoConfig"] == f"configuration_tiednorm.{type(model.config).__name__}"
+        assert f"modeling_tiednorm.{type(model).__name__}" in config["auto_map"].values()
+        for entry in (config.get("custom_pipelines") or {}).values():
+            assert entry["impl"] == "modeling_tiednorm.TiedNormTranslationPipeline"
+        inputs = model_inputs(model)
+        with torch.no_grad():
+            torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / f"{family}.pt")
+        auto = "AutoModelForSeq2SeqLM" if model.config.is_encoder_decoder else "AutoModelForCausalLM"
+        code += _load_and_compare(tmp_path / family, tmp_path / f"{family}.pt", auto, f"new-{family}")
+        code += _load_and_compare(old / family, old / f"{family}.pt", auto, f"old-{family}")
+    lines = run_without_package(code, cwd=tmp_path).strip().splitlines()
+    for family in families:
+        assert f"new-{family} modeling_tiednorm True" in lines, lines
+        assert any(line.startswith(f"old-{family} modeling_tiednorm_") and line.endswith(" True") for line in lines)
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
+def test_a_folder_of_the_earlier_version_loads_with_the_package(old_folders, family):
+    """The package (no remote code) reads a folder saved with one file per module: same logits; its auto_map is
+    still ours (not refused as foreign by staging or dropped by a training run)."""
+    old, _ = old_folders
+    config = json.loads((old / family / "config.json").read_text())
+    assert sorted(path.name for path in (old / family).glob("*.py")) != CODE_FILES  # the earlier form
+    assert foreign_auto_map(config["auto_map"]) == {}
+    auto = AutoModelForSeq2SeqLM if config.get("is_encoder_decoder") else AutoModelForCausalLM
+    model = auto.from_pretrained(old / family).eval()
+    assert type(model).__module__.startswith("hf_tiednorm.")
+    data = torch.load(old / f"{family}.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**data["inputs"]).logits, data["logits"], rtol=0, atol=0)
+
+
+def test_a_config_saved_alone_carries_the_configuration_file_only(tmp_path):
+    tiny_model("causal").config.save_pretrained(tmp_path)
+    assert sorted(path.name for path in tmp_path.glob("*.py")) == ["configuration_tiednorm.py"]
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert auto_map == {"AutoConfig": "configuration_tiednorm.TiedNormCausalConfig"}
+
+
+def test_the_readme_says_how_many_lines_a_reviewer_reads():
+    """README's figure (rounded: "about N lines together") is within 10% of the two files' lines."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    stated = int(re.search(r"about\s+([\d,]+)\s+lines together", readme).group(1).replace(",", ""))
+    lines = sum(len((GENERATED_DIR / name).read_text().splitlines()) for name in CODE_FILES)
+    assert abs(lines - stated) <= 0.1 * lines, f"README.md says about {stated} lines; the two files have {lines}"

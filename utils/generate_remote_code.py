@@ -1,0 +1,393 @@
+"""Generate the two Python files a saved hf_tiednorm model carries: ``configuration_tiednorm.py`` and
+``modeling_tiednorm.py`` (in ``hf_tiednorm/remote_code/``, copied beside the weights by ``save_pretrained``).
+
+Why: ``from_pretrained(folder, trust_remote_code=True)`` runs the Python files a folder holds, and whoever loads a
+model that way is asked to review them first. transformers' own copy (``custom_object_save``) takes the module that
+defines the class and every module it reaches through ``from .x import`` -- for hf_tiednorm, the whole flat package.
+A Hub repository of remote code holds one configuration and one modeling file; so does ours, built here the way
+transformers' ``utils/modular_model_converter.py`` builds its single-file models from modular sources.
+
+How (nothing here knows a module by name, so the output follows the package as it changes):
+
+1. The roots are the modules of the classes in the family table (``hf_tiednorm.families.ROWS``): configuration
+   classes for the configuration file, model classes for the modeling file.
+2. Each file holds the closure of its roots over the package's relative imports (utils/import_graph.py reads them
+   with ``ast``: top-level, inside functions, under ``TYPE_CHECKING``), the configuration file's modules excepted
+   from the modeling file (which imports them from ``.configuration_tiednorm``, the one relative import left).
+3. The modules are inlined whole (comments and docstrings kept) in dependency order; their absolute imports are
+   gathered at the top, their relative imports removed (the names now live in the same file), ``__all__`` dropped.
+   A name two modules define differently stops the generator with both modules named; so does a relative import
+   of a module no generated file holds (a sub-package's: conversion, training, publishing).
+4. A module written with ``from __future__ import annotations`` keeps that meaning in a file that cannot start
+   with it (its annotations are written as strings).
+
+Usage:
+    python utils/generate_remote_code.py           # (re)write hf_tiednorm/remote_code/*.py
+    python utils/generate_remote_code.py --check   # exit 1 naming the stale file (tests/test_remote_code.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from import_graph import Import, imports_of, module_names  # noqa: E402
+
+PACKAGE = "hf_tiednorm"
+OUTPUT = REPO_ROOT / PACKAGE / "remote_code"
+CONFIG_FILE, MODELING_FILE = "configuration_tiednorm", "modeling_tiednorm"
+FUTURE = "from __future__ import annotations"
+
+
+def family_roots() -> tuple[list[str], list[str]]:
+    """(configuration modules, modeling modules) of every row of the family table, in table order."""
+    sys.path.insert(0, str(REPO_ROOT))
+    import hf_tiednorm.families as table
+
+    config_roots, model_roots = [], []
+    for row in table.ROWS.values():
+        config_roots.append(row.config_class.__module__)
+        model_roots += [cls.__module__ for cls in (row.base_model_class, *(lm for lm, _ in row.lm_classes)) if cls]
+    return list(dict.fromkeys(config_roots)), list(dict.fromkeys(model_roots))
+
+
+@dataclass
+class Module:
+    """One package module read for inlining."""
+
+    name: str
+    label: str  # its path from the package's parent folder: hf_tiednorm/normalized_head.py
+    source: str
+    tree: ast.Module
+    imports: list[Import]
+
+    @property
+    def has_future(self) -> bool:
+        return any(isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in self.tree.body)
+
+
+def read_modules(root: Path = REPO_ROOT / PACKAGE) -> dict[str, Module]:
+    """The flat modules of the package at ``root`` (the sub-packages never travel), by dotted name."""
+    modules = module_names(root)
+    found = {}
+    for name, path in modules.items():
+        if name.count(".") == 1:
+            source, label = path.read_text(), str(path.relative_to(root.parent))
+            found[name] = Module(name, label, source, ast.parse(source), imports_of(path, name, modules))
+    return found
+
+
+def internal_targets(module: Module, modules: dict[str, Module], eager_only: bool) -> list[str]:
+    """The package modules ``module`` imports, in the order it imports them (``eager_only``: those run on import:
+    top-level and not under ``TYPE_CHECKING``)."""
+    package = module.name.split(".")[0]
+    targets = []
+    for found in module.imports:
+        if found.target.startswith(f"{package}.") or found.target == package:
+            if found.level == 0 and not found.dynamic:
+                raise SystemExit(f"{module.label}:{found.line}: an absolute import of the package ({found.target}); "
+                                 "a saved model's code cannot import hf_tiednorm: use a relative import")  # fmt: skip
+            if found.dynamic:
+                continue  # importlib.import_module("hf_tiednorm...."): runs only where the package is installed
+            if found.target not in modules:
+                raise SystemExit(f"{module.label}:{found.line}: imports {found.target}, which a saved model's code "
+                                 "cannot carry (only the flat package's modules are inlined); make the import lazy "
+                                 "through importlib in the training path, or move the code out of the model's "
+                                 "modules")  # fmt: skip
+            if eager_only and (found.lazy or not found.runtime):
+                continue
+            targets.append(found.target)
+    return list(dict.fromkeys(targets))
+
+
+def closure(roots: list[str], modules: dict[str, Module]) -> list[str]:
+    """Every module ``roots`` need, dependencies before their importers (depth-first over the imports that run on
+    import; a module reached only lazily or for type checking follows its importer)."""
+    needed: set[str] = set()
+    stack = list(roots)
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack += internal_targets(modules[name], modules, eager_only=False)
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise SystemExit(f"an import cycle that runs on import reaches {modules[name].label}")
+        visiting.add(name)
+        for target in internal_targets(modules[name], modules, eager_only=True):
+            visit(target)
+        visiting.discard(name)
+        order.append(name)
+
+    for name in [*roots, *sorted(needed)]:
+        visit(name)
+    return order
+
+
+@dataclass
+class Output:
+    """The generated file being assembled."""
+
+    name: str
+    inlined: list[str]
+    imported_from_config: set[str] = field(default_factory=set)  # modules the modeling file imports
+    absolute: dict[tuple[str, str], dict[str, str | None]] = field(default_factory=dict)  # (kind, module)
+    defined: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (module label, statement source)
+    from_config: dict[str, str | None] = field(default_factory=dict)
+
+
+def _bound_names(node: ast.stmt) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return [name.id for target in targets if target is not None for name in ast.walk(target)
+            if isinstance(name, ast.Name)]  # fmt: skip
+
+
+def _offsets(source: str) -> list[int]:
+    starts, total = [0], 0
+    for line in source.splitlines(keepends=True):
+        total += len(line)
+        starts.append(total)
+    return starts
+
+
+class Inliner:
+    """Rewrites one module's source for a generated file: a list of (start, end, replacement) edits."""
+
+    def __init__(self, module: Module, output: Output, modules: dict[str, Module], stringify: bool) -> None:
+        self.module, self.output, self.modules, self.stringify = module, output, modules, stringify
+        self.starts = _offsets(module.source)
+        self.edits: list[tuple[int, int, str]] = []
+
+    def _span(self, node: ast.AST) -> tuple[int, int]:
+        start = self.starts[node.lineno - 1] + node.col_offset
+        end = self.starts[node.end_lineno - 1] + node.end_col_offset
+        return start, end
+
+    def _statement_span(self, node: ast.stmt) -> tuple[int, int]:
+        """The statement's whole lines (with its trailing comment and newline)."""
+        return self.starts[node.lineno - 1], self.starts[node.end_lineno]
+
+    def _where(self, node: ast.AST) -> str:
+        return f"{self.module.label}:{node.lineno}"
+
+    def _relative_target(self, node: ast.ImportFrom) -> str:
+        if node.level != 1 or not node.module:
+            raise SystemExit(f"{self._where(node)}: only `from .module import name` is inlined (remote code follows "
+                             "single-dot imports of modules)")  # fmt: skip
+        return f"{self.module.name.split('.')[0]}.{node.module}"
+
+    def _replacement_for_relative(self, node: ast.ImportFrom, indent: str, nested: bool) -> str:
+        """What a relative import becomes: nothing (same file), aliases, or an import from the configuration file."""
+        target = self._relative_target(node)
+        if target in self.output.inlined:
+            lines = [f"{indent}{alias.asname} = {alias.name}\n" for alias in node.names if alias.asname]
+            return "".join(lines)
+        if target in self.output.imported_from_config:
+            if nested:
+                names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
+                return f"{indent}from .{CONFIG_FILE} import {names}\n"
+            for alias in node.names:
+                self.output.from_config[alias.name] = alias.asname
+            return ""
+        raise SystemExit(f"{self._where(node)}: imports {target}, which neither generated file holds")
+
+    def _define(self, name: str, node: ast.stmt) -> bool:
+        """Record ``name`` as defined at top level by ``node``; False when an identical statement already did."""
+        statement = ast.unparse(node)
+        if name in self.output.defined:
+            where, earlier = self.output.defined[name]
+            if earlier == statement:
+                return False
+            raise SystemExit(f"{self.module.label} and {where} both define {name!r} at top level: one generated "
+                             f"file cannot hold both; rename one of them")  # fmt: skip
+        self.output.defined[name] = (self.module.label, statement)
+        return True
+
+    def _hoist(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                self._bind_import(alias.asname or alias.name.split(".")[0], "import", "", alias, node)
+        elif node.module != "__future__":
+            for alias in node.names:
+                self._bind_import(alias.asname or alias.name, "from", node.module, alias, node)
+
+    def _bind_import(self, bound: str, kind: str, module: str, alias: ast.alias, node: ast.stmt) -> None:
+        statement = f"{kind} {module} {alias.name} as {alias.asname}"
+        if bound in self.output.defined and self.output.defined[bound][1] != statement:
+            where = self.output.defined[bound][0]
+            raise SystemExit(f"{self._where(node)} binds {bound!r}, which {where} binds to something else: one "
+                             "generated file cannot hold both; import it under the same name")  # fmt: skip
+        self.output.defined.setdefault(bound, (self.module.label, statement))
+        self.output.absolute.setdefault((kind, module), {})[alias.name] = alias.asname
+
+    def rewrite(self) -> str:
+        body = self.module.tree.body
+        for index, node in enumerate(body):
+            start, end = self._statement_span(node)
+            if index == 0 and isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant):
+                continue  # the module's docstring stays, under the rule naming its file
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+                self._hoist(node)
+                self.edits.append((start, end, ""))
+            elif isinstance(node, ast.ImportFrom):
+                self.edits.append((start, end, self._replacement_for_relative(node, "", nested=False)))
+                for alias in node.names:
+                    if alias.asname:
+                        self._define(alias.asname, node)
+            elif isinstance(node, ast.Assign) and _bound_names(node) == ["__all__"]:
+                self.edits.append((start, end, ""))
+            else:
+                keep = True
+                for name in _bound_names(node):
+                    keep = self._define(name, node) and keep
+                if not keep:
+                    self.edits.append((start, end, ""))
+        self._nested_relative_imports()
+        if self.stringify:
+            self._stringify_annotations()
+        return self._apply()
+
+    def _nested_relative_imports(self) -> None:
+        """Relative imports inside functions or ``if`` blocks: removed (``pass`` where a block would be empty)."""
+        for parent in ast.walk(self.module.tree):
+            for attribute in ("body", "orelse", "finalbody", "handlers"):
+                block = getattr(parent, attribute, None)
+                if parent is self.module.tree or not isinstance(block, list):
+                    continue
+                relative = [n for n in block if isinstance(n, ast.ImportFrom) and n.level]
+                for node in relative:
+                    start, end = self._statement_span(node)
+                    indent = " " * node.col_offset
+                    replacement = self._replacement_for_relative(node, indent, nested=True)
+                    if not replacement and len(relative) == len(block) and node is block[0]:
+                        replacement = f"{indent}pass  # its names are defined in this file\n"
+                    self.edits.append((start, end, replacement))
+
+    def _stringify_annotations(self) -> None:
+        """``from __future__ import annotations`` kept by hand: every annotation becomes a string literal."""
+        for node in ast.walk(self.module.tree):
+            annotations = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args
+                every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg,
+                         arguments.kwarg]  # fmt: skip
+                annotations = [a.annotation for a in every if a is not None and a.annotation is not None]
+                annotations += [node.returns] if node.returns is not None else []
+            elif isinstance(node, ast.AnnAssign):
+                annotations = [node.annotation]
+            for annotation in annotations:
+                if not (isinstance(annotation, ast.Constant) and isinstance(annotation.value, str)):
+                    start, end = self._span(annotation)
+                    text = ast.unparse(annotation)
+                    self.edits.append((start, end, f'"{text}"' if '"' not in text else repr(text)))
+
+    def _apply(self) -> str:
+        source = self.module.source
+        for start, end, replacement in sorted(self.edits, key=lambda edit: edit[0], reverse=True):
+            source = source[:start] + replacement + source[end:]
+        while "\n\n\n\n" in source:
+            source = source.replace("\n\n\n\n", "\n\n\n")
+        return source.strip("\n") + "\n"
+
+
+def _import_block(output: Output) -> str:
+    """The gathered absolute imports, standard library first (isort's sections), then the configuration file's
+    names for the modeling file."""
+    sections: dict[bool, list[str]] = {True: [], False: []}
+    for (kind, module), names in output.absolute.items():
+        if kind == "import":
+            for name, asname in names.items():
+                line = f"import {name}" + (f" as {asname}" if asname else "")
+                sections[name.split(".")[0] in sys.stdlib_module_names].append(line)
+            continue
+        parts = [name + (f" as {asname}" if asname else "") for name, asname in sorted(names.items())]
+        line = f"from {module} import {', '.join(parts)}"
+        if len(line) > 120:
+            line = f"from {module} import (\n" + "".join(f"    {part},\n" for part in parts) + ")"
+        sections[module.split(".")[0] in sys.stdlib_module_names].append(line)
+    blocks = ["\n".join(sorted(sections[True], key=_import_sort_key)),
+              "\n".join(sorted(sections[False], key=_import_sort_key))]  # fmt: skip
+    if output.from_config:
+        parts = [name + (f" as {asname}" if asname else "") for name, asname in sorted(output.from_config.items())]
+        blocks.append(f"from .{CONFIG_FILE} import (\n" + "".join(f"    {part},\n" for part in parts) + ")")
+    return "\n\n".join(block for block in blocks if block)
+
+
+def _import_sort_key(line: str) -> tuple[int, str]:
+    """``import x`` lines before ``from x import`` lines, each by module (isort's default)."""
+    return (0 if line.startswith("import ") else 1, line.split()[1].lower())
+
+
+def render(name: str, inlined: list[str], modules: dict[str, Module], imported_from_config: set[str]) -> str:
+    output = Output(name, inlined, imported_from_config)
+    future = all(modules[module].has_future for module in inlined)
+    sections = []
+    for module_name in inlined:
+        module = modules[module_name]
+        stringify = module.has_future and not future
+        text = Inliner(module, output, modules, stringify).rewrite()
+        rule = f"# {'-' * 30} {module.label} {'-' * max(3, 80 - len(module.label))}"
+        sections.append(f"{rule}\n{text}")
+    header = [
+        f"# {name}.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.",
+        "# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).",
+        "#",
+        "# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):",
+        f"# {len(inlined)} package modules, in dependency order, each under a rule naming its file.",
+        "# ruff: noqa: E402, E501, I001",
+    ]
+    parts = ["\n".join(header)]
+    if future:
+        parts.append(FUTURE)
+    parts.append(_import_block(output))
+    return "\n\n".join(parts) + "\n\n\n" + "\n\n".join(sections)
+
+
+def generate() -> dict[str, str]:
+    """``{file name: text}`` of the two generated files."""
+    modules = read_modules()
+    config_roots, model_roots = family_roots()
+    config_modules = closure(config_roots, modules)
+    model_modules = [name for name in closure(model_roots, modules) if name not in config_modules]
+    return {
+        f"{CONFIG_FILE}.py": render(CONFIG_FILE, config_modules, modules, set()),
+        f"{MODELING_FILE}.py": render(MODELING_FILE, model_modules, modules, set(config_modules)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail (exit 1) when a generated file is stale")
+    options = parser.parse_args(argv)
+    stale = []
+    for name, text in generate().items():
+        path = OUTPUT / name
+        compile(text, str(path), "exec")  # a generated file that does not parse is the generator's bug
+        if path.is_file() and path.read_text() == text:
+            continue
+        if options.check:
+            stale.append(str(path))
+        else:
+            OUTPUT.mkdir(exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path} ({len(text.splitlines())} lines)")
+    if stale:
+        print(f"stale: {', '.join(stale)}; run `python utils/generate_remote_code.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
