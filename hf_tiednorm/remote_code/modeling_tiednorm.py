@@ -1530,7 +1530,7 @@ class TiedEmbeddingsMixin:
     def post_init(self) -> None:
         # A tie flag set on the config after it was built (config.tie_word_embeddings = False) that contradicts its
         # tie_topology is refused here, before a model is built tied while its config says untied.
-        validate = getattr(self.config, "validate_tie_topology", None)
+        validate = getattr(self.config, "check_tie_flags", None)
         if validate is not None:
             validate()
         tie = embedding_tie(self.config)
@@ -1901,6 +1901,10 @@ class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
 class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
     """Llama's decoder stack with an embedding that can look up l2-normalized rows."""
 
+    # Tensor parallelism keeps the embedding whole (transformers would shard it on the vocabulary): it is the tied
+    # head's matrix, which scores with per-row norms and per-token terms, and a tie is sharded both sides or neither.
+    _tp_plan = {"embed_tokens": "replicate"}
+
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)
         self.embed_tokens = build_embedding(config, config.vocab_size, config.hidden_size)
@@ -1910,6 +1914,7 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
 class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
     # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading is
     # checked by WeightChecksMixin (finite weights, head tensors), resizing by head_host.py (special tokens kept).
+    _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)
@@ -2190,6 +2195,11 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         (keys ``model.<its prefix>.*``), not registered a second time. An architecture whose own ``base_model`` is
         itself (T5) gives the wrapped model, as transformers does for it."""
         return self.model.base_model
+
+    @property
+    def vocab_size(self) -> int:
+        """The wrapped model's vocabulary size (``config.text_config.vocab_size``, kept by a resize)."""
+        return self.config.get_text_config().vocab_size
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.get_input_embeddings()
