@@ -2,8 +2,9 @@
 
 Importing the package registers every row of the family table (families.py: our families and the wrapper around any
 tied transformers LM) with the Auto classes, and marks them for ``register_for_auto_class`` so ``save_pretrained``
-writes ``auto_map`` and the code files: a saved folder then loads with ``trust_remote_code=True`` where this package
-is not installed. The config and model classes are the package's public names, taken from the same table.
+writes ``auto_map`` and the two generated code files (remote_code_map.py): a saved folder then loads with
+``trust_remote_code=True`` where this package is not installed. The config and model classes are the package's
+public names, taken from the same table.
 """
 
 from transformers import AutoModelForSeq2SeqLM

@@ -184,7 +184,7 @@ def register_family(family: ModelFamily) -> ModelFamily:
 
 def register_with_auto_classes(family: ModelFamily) -> None:
     """Register ``family``'s classes with transformers' Auto classes and mark them for ``register_for_auto_class``
-    (``save_pretrained`` then writes ``auto_map`` and copies the code files)."""
+    (``save_pretrained`` then writes ``auto_map`` and the two generated code files: remote_code_map.py)."""
     from transformers import AutoConfig, AutoModel
 
     AutoConfig.register(family.model_type, family.config_class, exist_ok=True)

@@ -14,8 +14,8 @@ scale only and computes both gradients from them:
 
 The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
 matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
-per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² as fp32
-dot products a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
+accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
 fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
 """
 
@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import torch
 
-# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is.
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
+# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
 _BLOCK_ELEMENTS = 1 << 22
+_MIN_BLOCKS = 8
 
 
 def _row_blocks(rows: int, width: int) -> tuple[range, int]:
     """The first row of each block of rows, and the block's height."""
-    step = max(1, _BLOCK_ELEMENTS // max(1, width))
+    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
     return range(0, rows, step), step
 
 
 def _scaled_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """diag(scale)·weight in weight's dtype, each product in (at least) fp32."""
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
+
+    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
+    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
     compute = torch.promote_types(weight.dtype, torch.float32)
     if weight.dtype == compute:
         return weight * scale.to(compute).unsqueeze(-1)
@@ -42,7 +47,7 @@ def _scaled_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     starts, step = _row_blocks(*weight.shape)
     for start in starts:
         block = slice(start, start + step)
-        torch.mul(weight[block].to(compute), scale[block].to(compute).unsqueeze(-1), out=out[block])
+        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
     return out
 
 
@@ -53,8 +58,7 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     starts, step = _row_blocks(*a.shape)
     for start in starts:
         block = slice(start, start + step)
-        rows = a[block].to(dtype)
-        out[block] = torch.linalg.vecdot(rows, rows if b is a else b[block].to(dtype))
+        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
     return out
 
 
@@ -64,7 +68,14 @@ class SquaredRowNorms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        return _row_dots(weight, weight, torch.promote_types(weight.dtype, torch.float32))
+        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
+        starts, step = _row_blocks(*weight.shape)
+        for start in starts:
+            block = slice(start, start + step)
+            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
+        return out.square()
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -5,8 +5,10 @@ A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) need
 ``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
 with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
 vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
-naming the matrices whose rows are the output embedding. Two hooks say where a model keeps its head and how it
-generates and resizes: ``_place_output_head``, ``_generate_with_frozen_head`` and ``_resize_embeddings``.
+naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
+generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
+``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
+plain linear layer it computes, or refused by name (scoring_guard.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .lossless_start import start_resized_tokens
 from .normalized_head import TiedNormHead
 from .peft_guard import check_head_once
 from .pipeline_translation import add_translation_pipeline
+from .scoring_guard import FoldedLinear, install_scoring_guard, is_serving_folded_head, serve_replaced_forward
 from .weight_checks import check_resize_keeps_special_tokens
 
 
@@ -67,6 +70,11 @@ class TiedNormHeadHostMixin:
         # which is TiedEmbeddingsMixin's alone.
         register_with_liger(self.config.model_type)
 
+    def __setattr__(self, name: str, value) -> None:
+        if name == "forward":  # TRL's add_fused_lm_head served exactly, any other one judged (scoring_guard.py)
+            value = serve_replaced_forward(self, value)
+        super().__setattr__(name, value)
+
     def post_init(self) -> None:
         super().post_init()
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
@@ -75,10 +83,23 @@ class TiedNormHeadHostMixin:
             name for name in self._keep_in_fp32_modules_strict
             if name not in TiedNormHeadHostMixin._keep_in_fp32_modules_strict or getattr(head, name, None) is not None
         }
+        install_scoring_guard(self)  # on the backbone every forward runs (the last post_init call sees the built one)
+
+    def _output_head(self) -> nn.Module:
+        """The model's output layer (our families keep it as ``lm_head``)."""
+        return self.lm_head
 
     def _place_output_head(self, head: nn.Module) -> None:
         """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""
         self.lm_head = head
+
+    def get_output_embeddings(self) -> nn.Module:
+        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it
+        computes (``FoldedLinear``: W_s = diag(scale)·W (·P) and the bias), which TRL's kernel scores exactly."""
+        head = self._output_head()
+        if is_serving_folded_head(self):
+            return FoldedLinear(head, getattr(self, "output_projection", None))
+        return head
 
     def _generate_with_frozen_head(self, *args, **kwargs):
         """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
@@ -131,8 +152,8 @@ class TiedNormHeadHostMixin:
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, and pipeline_translation.py is copied with the model
-        # code, which imports it.
+        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
+        # defines (remote_code_map.py).
         if self.config.is_encoder_decoder:
             add_translation_pipeline(self.config)
         extra = self._extra_auto_map()

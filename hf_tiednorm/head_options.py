@@ -14,7 +14,7 @@ import keyword
 import math
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -85,7 +85,7 @@ def register_head_option(option: HeadOption) -> HeadOption:
 
     Its name becomes a parameter of the head (``lm_head.<name>``), a key of the state dict and a converter flag, so
     it must be a Python identifier (no dash, dot or empty name) not starting with ``_``, and must not shadow
-    anything the head already holds (``head_attribute_names``: ``norm_eps``, ``weight``, ``options``, ...): a
+    anything the head already holds (``HEAD_NAME_SOURCES``: ``norm_eps``, ``weight``, ``options``, ...): a
     parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
     """
     if not isinstance(option, HeadOption):
@@ -99,7 +99,7 @@ def register_head_option(option: HeadOption) -> HeadOption:
         )
     if name in HEAD_OPTIONS or name in LEARNED_TERMS:
         raise ValueError(f"a head option {name!r} is registered already")
-    if name in head_attribute_names():
+    if name in taken_head_names():
         raise ValueError(
             f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
             "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
@@ -108,14 +108,18 @@ def register_head_option(option: HeadOption) -> HeadOption:
     return option
 
 
-def head_attribute_names() -> frozenset[str]:
-    """Every name a ``TiedNormHead`` holds, with every setting on (its attributes, methods, parameters and the
-    ``HeadOptions`` fields): what a registered option's parameter must not replace."""
-    from .normalized_head import TiedNormHead  # the head imports this module
+# Callables giving every name a head holds (its attributes, methods and parameters): normalized_head.py adds
+# TiedNormHead's where it defines the head, which imports this module (so this module cannot import it).
+HEAD_NAME_SOURCES: list[Callable[[], Iterable[str]]] = []
 
-    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+
+def taken_head_names() -> frozenset[str]:
+    """What a registered option's parameter must not replace: every name the head holds (``HEAD_NAME_SOURCES``) and
+    every ``HeadOptions`` field, the renamed ones' old names included."""
+    if not HEAD_NAME_SOURCES:
+        raise RuntimeError("no head has declared its names (normalized_head.py is not loaded): cannot check a name")
     fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
-    return frozenset({*dir(head), *vars(head), *fields})
+    return frozenset(fields.union(*(source() for source in HEAD_NAME_SOURCES)))
 
 
 def learned_terms() -> tuple[str, ...]:
@@ -241,6 +245,6 @@ class HeadOptions:
 
 __all__ = [
     "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "RENAMED_CONFIG_FIELDS", "TERM_CONFIG_FIELDS", "HeadOption",
-    "HeadOptions", "LogitScale", "head_attribute_names", "learned_terms", "register_head_option",
+    "HEAD_NAME_SOURCES", "HeadOptions", "LogitScale", "learned_terms", "register_head_option", "taken_head_names",
     "renamed_field_value",
 ]  # fmt: skip

@@ -19,6 +19,7 @@ from .configuration_tiednorm import TiedNormCausalConfig
 from .embeddings import build_embedding
 from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
+from .scoring_guard import own_scoring
 from .weight_checks import WeightChecksMixin
 
 
@@ -53,6 +54,7 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
         self.post_init()
 
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,

@@ -29,6 +29,7 @@ from .embeddings import build_embedding
 from .lossless_start import start_resized_tokens
 from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
 from .outputs import CACHE_FIELD, TiedNormSeq2SeqLMOutput
+from .scoring_guard import own_scoring
 from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
 from .weight_checks import WeightChecksMixin, check_resize_keeps_special_tokens
 
@@ -118,6 +119,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
             self.config.decoder_vocab_size = embeddings.num_embeddings
         return self.get_input_embeddings()
 
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,

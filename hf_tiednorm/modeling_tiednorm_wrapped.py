@@ -33,6 +33,7 @@ from .head_host import TiedNormHeadHostMixin
 from .head_options import HeadOptions
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .peft_guard import check_head_once
+from .scoring_guard import own_scoring
 from .weight_checks import WeightChecksMixin
 from .wrapped_fused_loss import fused_causal_lm_loss, refuse_patched_forward
 
@@ -189,7 +190,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
     def set_input_embeddings(self, value: nn.Module) -> None:
         self.model.set_input_embeddings(value)
 
-    def get_output_embeddings(self) -> nn.Module:
+    def _output_head(self) -> nn.Module:
         return self.model.get_output_embeddings()
 
     def _place_output_head(self, head: nn.Module) -> None:
@@ -212,6 +213,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         head.weight = embeddings.weight
         return embeddings
 
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,

@@ -49,7 +49,7 @@ from torch import nn
 
 from .folded_weight import fold_scale
 from .head_modes import HeadMode, unit_rows
-from .head_options import HEAD_OPTIONS, HeadOptions
+from .head_options import HEAD_NAME_SOURCES, HEAD_OPTIONS, HeadOptions
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
@@ -215,6 +215,16 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         return logits
 
 
+def head_attribute_names() -> frozenset[str]:
+    """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
+    option may take none of them (head_options.register_head_option), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    return frozenset({*dir(head), *vars(head)})
+
+
+HEAD_NAME_SOURCES.append(head_attribute_names)
+
+
 def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
     """``values`` (V,) cut or extended to (size,), new entries set to ``fill``."""
     new = torch.full((size,), fill, dtype=values.dtype, device=values.device)
@@ -276,5 +286,6 @@ __all__ = [
     "TiedNormEmbedding",
     "TiedNormHead",
     "default_logit_scale",
+    "head_attribute_names",
     "out_of_vocabulary_message",
 ]

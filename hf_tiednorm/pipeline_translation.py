@@ -2,9 +2,9 @@
 
 Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
 the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this file: ``pipe.save_pretrained(folder)`` does both, and so
-does ``save_pretrained`` of a model whose code imports this module and calls ``add_translation_pipeline`` on its
-config (the wrapped encoder-decoders, modeling_tiednorm_wrapped.py).
+the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
+``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
+``add_translation_pipeline`` on its config (head_host.py).
 
 The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
 ``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs

@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
 # The package modules a folder saved before the two generated files names in its auto_map (the flat
@@ -47,8 +50,8 @@ LEGACY_MODULES = frozenset({
     "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
     "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
     "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
-    "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
-})  # fmt: skip
+    "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
+})  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
 _HERE = Path(__file__).resolve().parent
 # The generated files, beside this module in the package (absent where this module is itself generated code).
 GENERATED_DIR = _HERE / "remote_code"
@@ -120,10 +123,16 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
         return
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
-    for module in LEGACY_MODULES:  # the copies a model's save_pretrained just made (custom_object_save)
+    left = []
+    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
         copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
         if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
-            copy.unlink()
+            copy.unlink()  # a copy a model's save_pretrained just made (custom_object_save)
+        elif copy.is_file():
+            left.append(copy.name)
+    if left:  # not ours to delete: an earlier save's code, or the user's
+        logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
+                       "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
     auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
     config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
     pipelines = getattr(config, "custom_pipelines", None) or {}

@@ -175,15 +175,16 @@ class DataArguments(DataArgumentsBase):
     keep_empty_lines: bool = field(
         default=False,
         metadata={
-            "help": "keep the pairs with an empty or whitespace-only side (by default they are dropped, with a "
-            "warning naming how many and the first line)"
+            "help": "keep the training pairs with an empty or whitespace-only side (by default they are dropped, "
+            "with a warning naming how many and the first line; the validation and test splits keep every pair)"
         },
     )
     keep_copied_pairs: bool = field(
         default=False,
         metadata={
-            "help": "keep the pairs whose target equals the source up to whitespace (names, numbers; by default they "
-            "are dropped, with a warning naming how many and the first line; a split of copies only is refused)"
+            "help": "keep the training pairs whose target equals the source up to whitespace (names, numbers; by "
+            "default they are dropped, with a warning naming how many and the first line; the validation and test "
+            "splits keep every pair; a split of copies only is refused)"
         },
     )
 

@@ -5,8 +5,9 @@ parameters, buffers and gradients and the batch (``put``), then every result com
 factory call and every ``.to(...)`` given the accelerator's device. The tensors really are on the CPU, so the
 accelerator's device is told apart from the host's by *object*: ``ACCELERATOR`` (the test's ``torch.device("cuda")``),
 a ``torch.device`` handed to ``put`` (the Trainer's ``args.device``), and every ``.device`` read from a tagged tensor
-(``device=weight.device``); a ``device="cpu"`` / ``torch.device("cpu")`` written in the code, or a factory call
-without ``device=``, makes a host tensor, as on a CUDA machine. It raises ``DeviceMismatch`` where CUDA would:
+(``device=weight.device``, also through ``torch.device(...)`` and ``nn.Module.to``, whose C++ argument parsing
+makes a new object); a ``device="cpu"`` / ``torch.device("cpu")`` written in the code, or a factory call without
+``device=``, makes a host tensor, as on a CUDA machine. It raises ``DeviceMismatch`` where CUDA would:
 
 - an op that mixes a tagged tensor with a host tensor of dim > 0 (0-dim host scalars are legal on CUDA, and so are
   host index tensors in ``[]``);
@@ -20,7 +21,8 @@ so that a test can assert that hf_tiednorm's own code adds none to a training st
 
 What it cannot see: the backward formulas of built-in ops (they run in C++; a custom ``autograd.Function``'s Python
 forward/backward are seen), and code that branches on ``tensor.device.type`` (the tensors really are on the CPU):
-``DEVICE_AWARE`` lists the libraries that move a tensor to the host themselves before ``.numpy()``.
+``DEVICE_AWARE`` lists the libraries that move a tensor to the host themselves before ``.numpy()``; and a device
+object a library builds itself from a string (accelerate's ``Accelerator.device``) names the host until it is ``put``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ keep the head's learned logit scale in fp32; the run's model is saved in bf16 an
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from huggingface_hub import ModelCard
@@ -48,16 +50,20 @@ def test_run_clm_trains_bf16_weights_with_dtype(tmp_path, monkeypatch):
 
 
 def test_run_translation_trains_bf16_weights_with_the_alias_torch_dtype(tmp_path, monkeypatch):
-    model = tiny_model("seq2seq", logit_scale="scalar")
+    model = tiny_model("seq2seq", logit_scale_kind="scalar")
     model.save_pretrained(tmp_path / "model")
     tiny_tokenizer().save_pretrained(tmp_path / "model")
     data = tmp_path / "data"
     data.mkdir()
     run_script("run_translation", [
         "--model_name_or_path", tmp_path / "model", "--output_dir", tmp_path / "out", "--torch_dtype", "bfloat16",
-        *write_tiny_parallel(data), "--max_source_length", "32", "--max_target_length", "32", *COMMON,
+        *write_tiny_parallel(data), "--max_source_length", "32", "--max_target_length", "32", "--max_eval_samples",
+        "3", *COMMON,
     ], monkeypatch)  # fmt: skip
     _trained_in(tmp_path, "BF16")
+    # The scored subset is saved with the split's metrics, for every later card (tests/test_card_keeps_the_run.py).
+    saved = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert (saved["eval_rows_scored"], saved["eval_rows_in_split"]) == (3, 6)
 
 
 def test_dtype_for_a_new_model_is_refused_by_name(tmp_path, monkeypatch):

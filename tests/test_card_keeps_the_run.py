@@ -71,9 +71,9 @@ def test_every_card_write_keeps_the_subset_the_split_and_the_source(run, tmp_pat
         splits = {result.dataset_split for result in card.data.eval_results}
         assert "test[:6]" in splits and "test" not in splits, what  # 7bdafef: split: test after a re-render
         assert SOURCE in card.text, what  # 7bdafef: "a local model", "Based on Smollm2 ...", nothing (export)
+        assert f"Fine-tuned from {SOURCE}" in card.text, what
         if what != "export":
             assert "Scored on a subset only: the first 6 of 12 rows of the test split" in card.text, what
-            assert f"Fine-tuned from {SOURCE}" in card.text, what
             evaluation = _evaluation(card)
             assert "minutes" not in evaluation and "runtime" not in evaluation, what  # 7bdafef: train_minutes
             assert "_first_step" not in card.text and "_rows_" not in card.text, what  # 7bdafef: | ..._first_step | 1

@@ -159,9 +159,10 @@ def test_a_directory_given_as_a_data_file_is_named_as_one(tmp_path):
         read_text_lines(str(tmp_path / "data.de"), "test")
 
 
-def test_the_test_split_keeps_every_pair_train_and_validation_drop_copies_and_empty_pairs(tmp_path, caplog):
+def test_the_scored_splits_keep_every_pair_training_drops_copies_and_empty_pairs(tmp_path, caplog):
     """Issue 48 (9): copy pairs (and empty ones) were dropped from the test split too, so test BLEU and
-    test_predictions.txt covered a subset and line i no longer answered source line i; only a log line said so."""
+    test_predictions.txt covered a subset and line i no longer answered source line i; only a log line said so. The
+    validation score covers its whole file too; only training data is filtered."""
     source = ["eins", "Berlin", "", "drei", "ok"]
     target = ["one", " Berlin ", "two", "three", "ok"]
     files = {split: write_pair(tmp_path, "\n".join(source) + "\n", "\n".join(target) + "\n", name=split)
@@ -171,8 +172,8 @@ def test_the_test_split_keeps_every_pair_train_and_validation_drop_copies_and_em
     with caplog.at_level(logging.WARNING):
         pairs = load_parallel(files, "de", "en")
         tables = load_parallel({"train": files["train"], "test": str(table)}, "de", "en")
-    for split in ("train", "validation"):
-        assert pairs[split]["de"] == ["eins", "drei"] and pairs[split]["en"] == ["one", "three"]
-    for kept in (pairs["test"], tables["test"]):
+    assert pairs["train"]["de"] == ["eins", "drei"] and pairs["train"]["en"] == ["one", "three"]
+    for kept in (pairs["validation"], pairs["test"], tables["test"]):
         assert kept["de"] == source and kept["en"] == target  # line i is source line i
     assert "test files" in caplog.text and "kept (every test pair is scored" in caplog.text
+    assert "kept (every validation pair is scored" in caplog.text

@@ -100,6 +100,10 @@ FLAGS = {
                       "--num_hidden_layers", "1", "--num_attention_heads", "2"],
         "if given": ["--adaptive_cutoffs", "20", "40"],  # cutoffs below the tiny vocabulary (79 tokens trained)
     },
+    "scripts/run_trl.py": {
+        "always": ["--train_file", "{data}/train.{{lang}}", "--max_steps", "2", "--max_samples", "8",
+                   "--per_device_train_batch_size", "2", "--max_length", "24", "--max_completion_length", "4"],
+    },
     "scripts/run_translation.py": {
         "always": ["--train_file", "{data}/train.{{lang}}", "--validation_file", "{data}/val.{{lang}}", "--test_file",
                    "{data}/test.{{lang}}", *TINY_TRANSLATION_FLAGS, "--max_steps", "2",
@@ -126,6 +130,8 @@ PLACEHOLDERS = {
     "/tmp/heavy.lock": "heavy.lock",
     "tiednorm-export runs/cosine": "tiednorm-export runs/multi30k_de_en",  # docs/training.md's cosine run, tiny
     "tiednorm-push runs/cosine": "tiednorm-push runs/multi30k_de_en",
+    "benchmark_trl_sft.py --steps 8 --reps 3 --output results/benchmark_trl_sft.json":
+        "benchmark_trl_sft.py --tiny --output trl_sft.json",
     "benchmark_peft_guard.py --reps 3 --new-tokens 8 --output results/benchmark_peft_guard.json":
         "benchmark_peft_guard.py --tiny --reps 1 --new-tokens 2 --output peft_guard.json",
     "--results results/converted_recovery.json": "--results converted_recovery.json --source {models}/llama "

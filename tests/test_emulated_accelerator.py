@@ -18,6 +18,7 @@ from testing_utils import FAMILIES, model_inputs, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
 
+from hf_tiednorm.bridges import export as export_module
 from hf_tiednorm.bridges.export import export_plain
 from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.training.arguments import RunArguments
@@ -114,6 +115,8 @@ def test_emulation_tells_the_host_device_from_the_accelerators_like_cuda():
         # What names the accelerator: a tagged tensor's .device (also wrapped in torch.device), put() and ACCELERATOR.
         for device in (weight.device, torch.device(weight.device), DEVICE):
             assert accelerator.is_on(torch.ones(4, 1, device=device)) and accelerator.is_on(torch.ones(2).to(device))
+        layer = torch.nn.Linear(3, 2).to(weight.device)  # nn.Module.to parses the device into a new object
+        assert accelerator.is_on(layer.weight) and not accelerator.is_on(torch.nn.Linear(3, 2).to("cpu").weight)
         trainer_device = torch.device("cpu")
         assert not accelerator.is_on(torch.ones(2).to(trainer_device))
         accelerator.put(trainer_device)
@@ -205,9 +208,18 @@ def test_conversion_of_a_model_on_the_device(source, head_mode, lossless, generi
 
 
 @pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
-def test_in_memory_export_plain_of_a_model_on_the_device(family):
+def test_in_memory_export_plain_of_a_model_on_the_device(family, monkeypatch):
     """export_plain built the parent on the host and fed it the source's device inputs, and wrote its zero bias on
-    the host (issue 38)."""
+    the host (issue 38). The parent is loaded by from_pretrained, with device_map={"": device} off the CPU: a branch
+    on device.type, which the emulation cannot take (its tensors are on the CPU); the stand-in checks that the parent
+    is asked for on the source's device and puts it there, as that branch does on CUDA."""
+    original = export_module._parent_as_loaded
+
+    def built_on_the_device(parent_class, config, state, dtype, device):
+        assert accelerator.names_device(device), f"the parent is built on {device}, not on the source's device"
+        return accelerator.put(original(parent_class, config, state, dtype, device))
+
+    monkeypatch.setattr(export_module, "_parent_as_loaded", built_on_the_device)
     if family == "wrapped":
         model = normalize_tied_head(source_model("llama"), "cosine", generic=True)
     elif tiny_model(family).config.is_encoder_decoder:  # Marian / BART: a bias slot after the output layer

@@ -20,11 +20,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _own(family):
-    return tiny_model(family, head_mode="cosine", logit_scale="vector")
+    return tiny_model(family, head_mode="cosine", logit_scale_kind="vector")
 
 
 def _wrapped(architecture):
-    return normalize_tied_head(source_model(architecture), "cosine", generic=True, logit_scale="scalar").eval()
+    return normalize_tied_head(source_model(architecture), "cosine", generic=True, logit_scale_kind="scalar").eval()
 
 
 SOURCES = {

@@ -26,7 +26,7 @@ from testing_utils import (
     run_without_package,
     tiny_model,
 )
-from tiny_architectures import source_model
+from tiny_architectures import inputs_for, source_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import hf_tiednorm
@@ -123,8 +123,15 @@ def test_the_generator_stops_naming_the_module_it_cannot_inline(tmp_path, files,
         generate_remote_code.render("modeling_pkg", order, modules, set())
 
 
+# The wrapper's two classes: around a causal LM and around an encoder-decoder.
+WRAPPED_SOURCES = {"wrapped": "gpt2", "wrapped_seq2seq": "m2m_100"}
+
+
 def _save(family: str, folder: Path):
-    model = normalize_tied_head(source_model("gpt2"), "cosine") if family == "wrapped" else tiny_model(family)
+    if family in WRAPPED_SOURCES:
+        model = normalize_tied_head(source_model(WRAPPED_SOURCES[family]), "cosine")
+    else:
+        model = tiny_model(family)
     model.eval().save_pretrained(folder)
     return model
 
@@ -191,11 +198,11 @@ def old_folders(tmp_path_factory):
 
 def test_every_family_and_the_wrapper_save_two_files_and_load_from_them_without_the_package(old_folders, tmp_path):
     """One isolated process (no hf_tiednorm importable) loads, with trust_remote_code=True: each family's and the
-    wrapper's new folder (two files; logits equal to the package's) and each folder of the earlier version (its
-    own copies of the package's modules)."""
+    wrapper's new folder (around a causal LM and around an encoder-decoder; two files; logits equal to the
+    package's) and each folder of the earlier version (its own copies of the package's modules)."""
     old, families = old_folders
     code = "import torch\nfrom transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM\n"
-    for family in families:
+    for family in [*families, "wrapped_seq2seq"]:
         model = _save(family, tmp_path / family)
         assert sorted(path.name for path in (tmp_path / family).glob("*.py")) == CODE_FILES
         config = json.loads((tmp_path / family / "config.json").read_text())
@@ -204,13 +211,15 @@ def test_every_family_and_the_wrapper_save_two_files_and_load_from_them_without_
         assert f"modeling_tiednorm.{type(model).__name__}" in config["auto_map"].values()
         for entry in (config.get("custom_pipelines") or {}).values():
             assert entry["impl"] == "modeling_tiednorm.TiedNormTranslationPipeline"
-        inputs = model_inputs(model)
+        inputs = inputs_for(model) if family in WRAPPED_SOURCES else model_inputs(model)
         with torch.no_grad():
             torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / f"{family}.pt")
         auto = "AutoModelForSeq2SeqLM" if model.config.is_encoder_decoder else "AutoModelForCausalLM"
         code += _load_and_compare(tmp_path / family, tmp_path / f"{family}.pt", auto, f"new-{family}")
-        code += _load_and_compare(old / family, old / f"{family}.pt", auto, f"old-{family}")
+        if family in families:
+            code += _load_and_compare(old / family, old / f"{family}.pt", auto, f"old-{family}")
     lines = run_without_package(code, cwd=tmp_path).strip().splitlines()
+    assert "new-wrapped_seq2seq modeling_tiednorm True" in lines, lines
     for family in families:
         assert f"new-{family} modeling_tiednorm True" in lines, lines
         assert any(line.startswith(f"old-{family} modeling_tiednorm_") and line.endswith(" True") for line in lines)
@@ -245,3 +254,19 @@ def test_the_readme_says_how_many_lines_a_reviewer_reads():
     stated = int(re.search(r"about\s+([\d,]+)\s+lines together", readme).group(1).replace(",", ""))
     lines = sum(len((GENERATED_DIR / name).read_text().splitlines()) for name in CODE_FILES)
     assert abs(lines - stated) <= 0.1 * lines, f"README.md says about {stated} lines; the two files have {lines}"
+
+
+def test_saving_over_an_earlier_folder_keeps_and_names_the_code_it_no_longer_uses(tmp_path):
+    """Only a byte-identical copy of a package module (transformers' own copy, just made) is deleted; an earlier
+    save's file of such a name that the model's save did not overwrite (here: the wrapper's, beside a causal model)
+    is kept and named in a warning."""
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_tiednorm import remote_code_map
+
+    (tmp_path / "modeling_tiednorm_wrapped.py").write_text("# an earlier version's copy\n")
+    with CaptureLogger(remote_code_map.logger) as captured:
+        tiny_model("causal").save_pretrained(tmp_path)
+    assert (tmp_path / "modeling_tiednorm_wrapped.py").read_text() == "# an earlier version's copy\n"
+    assert "['modeling_tiednorm_wrapped.py'], which the saved model does not use" in captured.out
+    assert not (tmp_path / "normalized_head.py").exists()  # transformers' copies are gone

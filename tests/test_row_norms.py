@@ -47,10 +47,10 @@ def _plain_loss(head, hidden, labels):
 
 @pytest.mark.parametrize("tokens", [24, 96])  # tokens ≤ d: the logits are scaled; tokens > d: W's rows are
 @pytest.mark.parametrize("head_mode", MODES)
-def test_the_plain_path_of_a_bf16_head_makes_no_fp32_copy_of_w(head_mode, tokens, monkeypatch):
+def test_the_plain_path_of_a_bf16_head_makes_no_fp32_copy_of_w(head_mode, tokens):
     vocab, dim = 256, 32
-    # Blocks of 32 rows, so that "at most one block in fp32" is tested at a toy size (real ones: 16 MiB of rows).
-    monkeypatch.setattr(folded_weight, "_BLOCK_ELEMENTS", 32 * dim)
+    # The blocks of the fp32 products are 1/8 of the rows at most (and 16 MiB of fp32 at most at real sizes).
+    assert folded_weight._row_blocks(vocab, dim)[1] == vocab // folded_weight._MIN_BLOCKS == 32
     head = variant_head(head_mode, "vector", True, vocab=vocab, dim=dim, dtype=torch.bfloat16)
     hidden, labels = _batch(tokens, dim, vocab)
     with WideFp32Tensors(width=dim, max_rows=32) as mode:

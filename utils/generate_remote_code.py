@@ -276,7 +276,11 @@ class Inliner:
                     self.edits.append((start, end, replacement))
 
     def _stringify_annotations(self) -> None:
-        """``from __future__ import annotations`` kept by hand: every annotation becomes a string literal."""
+        """``from __future__ import annotations`` kept by hand: every annotation that Python evaluates becomes a
+        string literal (a local variable's, inside a function, is never evaluated)."""
+        local = {id(inner) for function in ast.walk(self.module.tree)
+                 if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for inner in ast.walk(function) if isinstance(inner, ast.AnnAssign)}  # fmt: skip
         for node in ast.walk(self.module.tree):
             annotations = []
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -285,7 +289,7 @@ class Inliner:
                          arguments.kwarg]  # fmt: skip
                 annotations = [a.annotation for a in every if a is not None and a.annotation is not None]
                 annotations += [node.returns] if node.returns is not None else []
-            elif isinstance(node, ast.AnnAssign):
+            elif isinstance(node, ast.AnnAssign) and id(node) not in local:
                 annotations = [node.annotation]
             for annotation in annotations:
                 if not (isinstance(annotation, ast.Constant) and isinstance(annotation.value, str)):

@@ -27,8 +27,10 @@ architecture and is refused. The untied output layer adds a V×d matrix: the siz
 
 Every export is checked before anything is written: a baked tensor that is not finite is refused by name, and the
 export's logits must equal the model's on random token ids within ``logit_tolerance`` (``check=False`` skips only
-the logit comparison; export_checks.py). The output folder is staged beside its target and renamed into place
-(``staged_folder``).
+the logit comparison; export_checks.py), compared with the parent as ``from_pretrained`` builds it from the written
+folder (``_parent_as_loaded``), so a bf16/fp16 checkpoint is checked as it will be served; a refusal names the tensor
+or buffer that differs between the two (``differing_tensors``). The output folder is staged beside its target and
+renamed into place (``staged_folder``).
 
 CLI (``tiednorm-export``; ``python -m hf_tiednorm.export`` is the same)::
 
@@ -281,8 +283,9 @@ def export_plain(
         write_card: write the model card README.md into ``output_dir``.
 
     Returns:
-        ``PlainExport``, whose ``model`` is the parent model (eval mode, the source's dtype). A model passed in keeps
-        its training mode.
+        ``PlainExport``, whose ``model`` is the parent model as ``from_pretrained`` loads the written folder (eval
+        mode, the source's dtype; buffers such as RoPE's ``inv_freq`` in the dtype their module computes them in).
+        A model passed in keeps its training mode.
     """
     folder = None
     if isinstance(model_or_folder, PreTrainedModel):

@@ -147,8 +147,12 @@ def export_card(result, repo_id: str | None = None, source: str | Path | None = 
         )
     else:
         checked = "the logits were not compared with the normalized model's at export time"
-    origin = source_text(_provenance(result, Path(source) if source is not None else None), data.base_model)
-    origin = f"Its weights come from {origin}." if origin else "Where its weights came from is not recorded."
+    # Where the weights came from, in the words of every other card (source_provenance.source_text): "Fine-tuned
+    # from" where a run trained the folder exported (its trainer_state.json), else "Based on".
+    folder = Path(source) if source is not None else None
+    origin = source_text(_provenance(result, folder), data.base_model if isinstance(data.base_model, str) else None)
+    trained = folder is not None and (folder / "trainer_state.json").is_file()
+    origin = f"{'Fine-tuned from' if trained else 'Based on'} {origin}." if origin else "Its source is not recorded."
     text = f"""---
 {data.to_yaml()}
 ---

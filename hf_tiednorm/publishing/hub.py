@@ -1,8 +1,8 @@
 """Publish a trained hf_tiednorm checkpoint on the Hugging Face Hub.
 
 ``push_to_hub`` stages, in a separate folder, exactly what gets uploaded: the weights re-saved as safetensors
-together with the modeling code (``save_pretrained`` of a registered model writes ``auto_map`` and copies the code
-files, so the repository loads with ``trust_remote_code=True`` without hf_tiednorm installed), the tokenizer, the
+together with the modeling code (``save_pretrained`` of a registered model writes ``auto_map`` and the two generated
+code files, so the repository loads with ``trust_remote_code=True`` without hf_tiednorm installed), the tokenizer, the
 model card (README.md; the checkpoint's own card is kept with its loading snippets and title naming ``repo_id``,
 not the local folder) and the plots a run writes there (``RUN_PLOTS``; any other image is left out, with a log
 line). It then creates the repository and uploads the staged folder in one commit with ``huggingface_hub``. With

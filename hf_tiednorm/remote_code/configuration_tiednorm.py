@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
 from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
+from transformers.utils import logging
 from transformers.utils.type_validators import interval, positive_int_field
 
 
@@ -291,24 +292,29 @@ scale only and computes both gradients from them:
 
 The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
 matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
-per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² as fp32
-dot products a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
+accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
 fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
 """
 
 
-# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is.
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
+# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
 _BLOCK_ELEMENTS = 1 << 22
+_MIN_BLOCKS = 8
 
 
 def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
     """The first row of each block of rows, and the block's height."""
-    step = max(1, _BLOCK_ELEMENTS // max(1, width))
+    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
     return range(0, rows, step), step
 
 
 def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
-    """diag(scale)·weight in weight's dtype, each product in (at least) fp32."""
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
+
+    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
+    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
     compute = torch.promote_types(weight.dtype, torch.float32)
     if weight.dtype == compute:
         return weight * scale.to(compute).unsqueeze(-1)
@@ -316,7 +322,7 @@ def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor
     starts, step = _row_blocks(*weight.shape)
     for start in starts:
         block = slice(start, start + step)
-        torch.mul(weight[block].to(compute), scale[block].to(compute).unsqueeze(-1), out=out[block])
+        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
     return out
 
 
@@ -327,8 +333,7 @@ def _row_dots(a: "torch.Tensor", b: "torch.Tensor", dtype: "torch.dtype") -> "to
     starts, step = _row_blocks(*a.shape)
     for start in starts:
         block = slice(start, start + step)
-        rows = a[block].to(dtype)
-        out[block] = torch.linalg.vecdot(rows, rows if b is a else b[block].to(dtype))
+        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
     return out
 
 
@@ -338,7 +343,14 @@ class SquaredRowNorms(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight: "torch.Tensor") -> "torch.Tensor":
         ctx.save_for_backward(weight)
-        return _row_dots(weight, weight, torch.promote_types(weight.dtype, torch.float32))
+        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
+        starts, step = _row_blocks(*weight.shape)
+        for start in starts:
+            block = slice(start, start + step)
+            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
+        return out.square()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -914,7 +926,7 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
 
     Its name becomes a parameter of the head (``lm_head.<name>``), a key of the state dict and a converter flag, so
     it must be a Python identifier (no dash, dot or empty name) not starting with ``_``, and must not shadow
-    anything the head already holds (``head_attribute_names``: ``norm_eps``, ``weight``, ``options``, ...): a
+    anything the head already holds (``HEAD_NAME_SOURCES``: ``norm_eps``, ``weight``, ``options``, ...): a
     parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
     """
     if not isinstance(option, HeadOption):
@@ -928,7 +940,7 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
         )
     if name in HEAD_OPTIONS or name in LEARNED_TERMS:
         raise ValueError(f"a head option {name!r} is registered already")
-    if name in head_attribute_names():
+    if name in taken_head_names():
         raise ValueError(
             f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
             "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
@@ -937,13 +949,18 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
     return option
 
 
-def head_attribute_names() -> "frozenset[str]":
-    """Every name a ``TiedNormHead`` holds, with every setting on (its attributes, methods, parameters and the
-    ``HeadOptions`` fields): what a registered option's parameter must not replace."""
+# Callables giving every name a head holds (its attributes, methods and parameters): normalized_head.py adds
+# TiedNormHead's where it defines the head, which imports this module (so this module cannot import it).
+HEAD_NAME_SOURCES: "list[Callable[[], Iterable[str]]]" = []
 
-    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+
+def taken_head_names() -> "frozenset[str]":
+    """What a registered option's parameter must not replace: every name the head holds (``HEAD_NAME_SOURCES``) and
+    every ``HeadOptions`` field, the renamed ones' old names included."""
+    if not HEAD_NAME_SOURCES:
+        raise RuntimeError("no head has declared its names (normalized_head.py is not loaded): cannot check a name")
     fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
-    return frozenset({*dir(head), *vars(head), *fields})
+    return frozenset(fields.union(*(source() for source in HEAD_NAME_SOURCES)))
 
 
 def learned_terms() -> "tuple[str, ...]":
@@ -1126,7 +1143,7 @@ class NormalizedScoresMixin:
         """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
         self.options = options
         self.head_mode = options.head_mode
-        self.mode: "HeadMode" = options.mode  # everything the mode is (head_modes.py)
+        self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
         logit_scale = self.logit_scale_kind = options.logit_scale_kind
         init_value = options.logit_scale_init
         default = default_logit_scale(logit_scale, hidden_size)
@@ -1269,6 +1286,16 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         if bias is not None:
             logits = logits + bias
         return logits
+
+
+def head_attribute_names() -> "frozenset[str]":
+    """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
+    option may take none of them (head_options.register_head_option), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    return frozenset({*dir(head), *vars(head)})
+
+
+HEAD_NAME_SOURCES.append(head_attribute_names)
 
 
 def _resized(values: "torch.Tensor", size: "int", fill: "float") -> "torch.Tensor":
@@ -1789,6 +1816,8 @@ the training layer to drop and for staging to refuse.
 """
 
 
+logger = logging.get_logger(__name__)
+
 REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
 # The package modules a folder saved before the two generated files names in its auto_map (the flat
 # hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
@@ -1798,8 +1827,8 @@ LEGACY_MODULES = frozenset({
     "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
     "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
     "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
-    "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
-})  # fmt: skip
+    "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
+})  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
 _HERE = Path(__file__).resolve().parent
 # The generated files, beside this module in the package (absent where this module is itself generated code).
 GENERATED_DIR = _HERE / "remote_code"
@@ -1871,10 +1900,16 @@ def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.P
         return
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
-    for module in LEGACY_MODULES:  # the copies a model's save_pretrained just made (custom_object_save)
+    left = []
+    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
         copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
         if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
-            copy.unlink()
+            copy.unlink()  # a copy a model's save_pretrained just made (custom_object_save)
+        elif copy.is_file():
+            left.append(copy.name)
+    if left:  # not ours to delete: an earlier save's code, or the user's
+        logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
+                       "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
     auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
     config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
     pipelines = getattr(config, "custom_pipelines", None) or {}
@@ -2199,13 +2234,18 @@ class TieTopologyConfigMixin:
             self.decoder_vocab_size = self.vocab_size
         super().__post_init__(**kwargs)
 
-    def validate_tie_topology(self) -> None:
+    def check_tie_flags(self) -> None:
+        """``ValueError`` when ``tie_word_embeddings`` / ``share_encoder_decoder_embeddings`` contradict
+        ``tie_topology`` (also set on the config after it was built; models check it when they are built)."""
         for name, value in self._implied_tie_flags().items():
             if getattr(self, name) != value:
                 raise ValueError(
                     f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
                     f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
                 )
+
+    def validate_tie_topology(self) -> None:
+        self.check_tie_flags()
         if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
                 f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="

