@@ -12,7 +12,11 @@ from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import AutoConfig, PreTrainedConfig
-from transformers.configuration_utils import SubConfigSpec
+
+try:  # transformers >= 5.20 declares a composite config's parts with SubConfigSpec
+    from transformers.configuration_utils import SubConfigSpec
+except ImportError:  # 5.17-5.19 (the lowest setup.cfg declares): a plain {name: config class} dict, `sub_configs`
+    SubConfigSpec = None
 
 from .configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from .remote_code_map import drop_source_auto_map
@@ -56,7 +60,10 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     # attention implementation chosen for the wrapper is set on it too (PreTrainedConfig's own propagation). Its class
     # follows text_config's model_type (AutoConfig); "llama" is only the spec's nominal default, never built: a
     # text_config without model_type is refused below.
-    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
+    if SubConfigSpec is not None:
+        sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
+    else:
+        sub_configs = {"text_config": AutoConfig}
 
     text_config: dict | PreTrainedConfig | None = None
 

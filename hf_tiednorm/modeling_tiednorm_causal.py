@@ -67,12 +67,14 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         logits_to_keep: int | torch.Tensor = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
-        shift_labels: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> TiedNormCausalLMOutput:
         """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
         ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
-        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them)."""
+        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
+        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
+        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        shift_labels = kwargs.pop("shift_labels", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

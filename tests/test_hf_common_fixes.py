@@ -33,6 +33,21 @@ def test_the_causal_loss_reads_shift_labels():
     torch.testing.assert_close(given, expected)
 
 
+@pytest.mark.parametrize("family", (*FAMILIES, "wrapped_causal", "wrapped_seq2seq"))
+def test_the_trainer_finds_labels_as_its_only_label_column(family):
+    """The Trainer reads its label columns from the forward's signature (``find_labels``: every parameter naming a
+    label) and computes an evaluation loss only for batches that hold all of them. ``shift_labels`` therefore
+    comes through ``**kwargs``, as in HF's LMs: a named parameter cost ``run_clm --do_eval`` its ``eval_loss``."""
+    from transformers.utils import find_labels
+
+    import hf_tiednorm
+
+    wrapped = {"wrapped_causal": hf_tiednorm.TiedNormWrappedForCausalLM,
+               "wrapped_seq2seq": hf_tiednorm.TiedNormWrappedForSeq2SeqLM}
+    model_class = wrapped[family] if family in wrapped else hf_tiednorm.FAMILIES[family].lm_class
+    assert find_labels(model_class) == ["labels"]
+
+
 @pytest.mark.parametrize(("fields", "kept"), [
     ({}, set()),
     ({"logit_scale_kind": "vector"}, {"logit_scale"}),

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from huggingface_hub.dataclasses import as_validated_field, strict
 from torch import nn
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
-from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.utils import logging
 from transformers.utils.type_validators import interval, positive_int_field
@@ -2342,6 +2341,12 @@ wrapped architecture reads the wrapper's config unchanged.
 """
 
 
+try:  # transformers >= 5.20 declares a composite config's parts with SubConfigSpec
+    from transformers.configuration_utils import SubConfigSpec
+except ImportError:  # 5.17-5.19 (the lowest setup.cfg declares): a plain {name: config class} dict, `sub_configs`
+    SubConfigSpec = None
+
+
 # Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
 # loss and head, so accepting them would silently ignore them. Refused by name however they arrive: in config.json,
 # as from_pretrained keyword arguments, or set as attributes.
@@ -2381,7 +2386,10 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     # attention implementation chosen for the wrapper is set on it too (PreTrainedConfig's own propagation). Its class
     # follows text_config's model_type (AutoConfig); "llama" is only the spec's nominal default, never built: a
     # text_config without model_type is refused below.
-    sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
+    if SubConfigSpec is not None:
+        sub_configs_defaults = {"text_config": SubConfigSpec(config_class=AutoConfig, model_type="llama")}
+    else:
+        sub_configs = {"text_config": AutoConfig}
 
     text_config: dict | PreTrainedConfig | None = None
 
