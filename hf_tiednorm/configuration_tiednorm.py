@@ -303,18 +303,13 @@ class TieTopologyConfigMixin:
             self.decoder_vocab_size = self.vocab_size
         super().__post_init__(**kwargs)
 
-    def check_tie_flags(self) -> None:
-        """``ValueError`` when ``tie_word_embeddings`` / ``share_encoder_decoder_embeddings`` contradict
-        ``tie_topology`` (also set on the config after it was built; models check it when they are built)."""
+    def validate_tie_topology(self) -> None:
         for name, value in self._implied_tie_flags().items():
             if getattr(self, name) != value:
                 raise ValueError(
                     f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
                     f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
                 )
-
-    def validate_tie_topology(self) -> None:
-        self.check_tie_flags()
         if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
                 f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="

@@ -122,10 +122,11 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
     def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
         """``body``: an already loaded model of ``config.text_config`` to adopt with its weights (the in-memory
         conversion); None builds one (random weights, or on the meta device under ``from_pretrained``)."""
-        super().__init__(config)
+        # Checked first: building reads the wrapped class's attention support (_body_class).
         if config.is_encoder_decoder != (self.body_auto_class is AutoModelForSeq2SeqLM):
             other = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
             raise ValueError(f"{type(self).__name__} cannot wrap a {config.text_config.model_type} model; use {other}")
+        super().__init__(config)
         if body is None:
             # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
             body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
@@ -149,7 +150,13 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
 
     def _body_class(self) -> type[PreTrainedModel]:
         """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
-        return _get_model_class(self.config.text_config, self.body_auto_class._model_mapping)
+        try:
+            return _get_model_class(self.config.text_config, self.body_auto_class._model_mapping)
+        except KeyError:
+            raise ValueError(
+                f"{self.body_auto_class.__name__} has no class for a {self.config.text_config.model_type!r} model: "
+                f"{type(self).__name__} cannot wrap it"
+            ) from None
 
     # The attention implementations the wrapper supports are its wrapped model's: transformers checks them on the
     # wrapper when it is built or loaded (attn_implementation=...), and the choice reaches the wrapped model through

@@ -92,9 +92,9 @@ class TiedEmbeddingsMixin:
     def post_init(self) -> None:
         # A tie flag set on the config after it was built (config.tie_word_embeddings = False) that contradicts its
         # tie_topology is refused here, before a model is built tied while its config says untied.
-        validate = getattr(self.config, "check_tie_flags", None)
-        if validate is not None:
-            validate()
+        implied = getattr(self.config, "_implied_tie_flags", dict)()
+        if any(getattr(self.config, name) != value for name, value in implied.items()):
+            self.config.validate_tie_topology()  # raises, naming the flag and tie_topology
         tie = embedding_tie(self.config)
         prefix = _prefix_of(self)
         # The HF parent's __init__ (MarianModel, BartModel) calls post_init before the family has built its own

@@ -35,8 +35,8 @@ def test_the_causal_loss_reads_shift_labels():
 
 @pytest.mark.parametrize(("fields", "kept"), [
     ({}, set()),
-    ({"logit_scale": "vector"}, {"logit_scale"}),
-    ({"logit_scale": "scalar", "logit_bias": True}, {"logit_scale", "logit_bias"}),
+    ({"logit_scale_kind": "vector"}, {"logit_scale"}),
+    ({"logit_scale_kind": "scalar", "logit_bias": True}, {"logit_scale", "logit_bias"}),
 ])
 def test_keep_in_fp32_names_only_the_head_terms_the_model_has(fields, kept):
     model = tiny_model("causal", **fields)

@@ -43,9 +43,6 @@ EXPERIMENTS = ("experiments", "paper_grid")
 KNOWN_CYCLES = {
     ("hf_tiednorm.chunked_loss", "hf_tiednorm.fused_loss", "hf_tiednorm.wrapped_fused_loss"),
     ("hf_tiednorm.head_mode_checks", "hf_tiednorm.head_modes"),
-    # New with issue 48 (f8f40cf): head_options.head_attribute_names builds a TiedNormHead (a lazy import) to
-    # refuse an option named like a head attribute.
-    ("hf_tiednorm.head_options", "hf_tiednorm.normalized_head"),
 }
 
 
