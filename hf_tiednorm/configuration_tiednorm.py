@@ -18,7 +18,7 @@ from transformers.utils.type_validators import interval, positive_int_field
 
 from .fused_loss import check_loss_chunk_size_read
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
-from .head_options import RENAMED_CONFIG_FIELDS, HeadOptions, LogitScale, renamed_field_value
+from .head_options import HeadOptions, LogitScale, renamed_fields_set
 from .lossless_start import lossless_head_options
 from .regularizers import LOSS_TERMS
 from .remote_code_map import TwoFileRemoteCodeMixin
@@ -78,11 +78,8 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
             choices=HEAD_MODES,
         ),
     )
-    logit_scale_kind: LogitScale = field(
-        default="none",
-        metadata=script_flag("multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g "
-                             "per token, the head's logit_scale parameter)"),
-    )
+    logit_scale_kind: LogitScale = field(default="none", metadata=script_flag(
+        "multiplier g on the logits: none, fixed (a constant), scalar or vector (learned, one g per token)"))
     logit_scale_init: float | int | None = positive_finite_field(
         default=None,
         metadata=script_flag(
@@ -118,10 +115,7 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     lossless_start: bool = False
 
     def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
-        for old, new in RENAMED_CONFIG_FIELDS.items():
-            if old in kwargs:
-                setattr(self, new, renamed_field_value(old, new, kwargs.pop(old), getattr(self, new)))
-        super().__post_init__(**kwargs)
+        super().__post_init__(**renamed_fields_set(self, kwargs))
 
     def validate_lossless_start(self) -> None:
         needed = (self.logit_scale_kind, self.logit_bias)

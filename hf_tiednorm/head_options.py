@@ -62,6 +62,16 @@ def renamed_field_value(old: str, new: str, value, current):
     return value
 
 
+def renamed_fields_set(config, kwargs: dict) -> dict:
+    """Set on ``config`` each field that ``kwargs`` (a config's extra keywords: config.json, from_pretrained) gives
+    under its old name (``RENAMED_CONFIG_FIELDS``, with a FutureWarning); returns the other keywords."""
+    for old, new in RENAMED_CONFIG_FIELDS.items():
+        if old in kwargs:
+            kwargs = dict(kwargs)
+            setattr(config, new, renamed_field_value(old, new, kwargs.pop(old), getattr(config, new)))
+    return kwargs
+
+
 @dataclass(frozen=True)
 class HeadOption:
     """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
@@ -246,5 +256,5 @@ class HeadOptions:
 __all__ = [
     "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "RENAMED_CONFIG_FIELDS", "TERM_CONFIG_FIELDS", "HeadOption",
     "HEAD_NAME_SOURCES", "HeadOptions", "LogitScale", "learned_terms", "register_head_option", "taken_head_names",
-    "renamed_field_value",
+    "renamed_field_value", "renamed_fields_set",
 ]  # fmt: skip

@@ -185,13 +185,27 @@ class FoldedLinear(nn.Module):
         return logits if self.bias is None else logits + self.bias
 
 
+def _defined_in_its_class(cls: type, function) -> bool:
+    """Whether ``function``, ``cls.forward``, is written in the body of the class that holds it (a family registered
+    from outside the package, with a forward of its own), possibly under transformers' decorators (can_return_tuple),
+    rather than set on a class afterwards (liger-kernel's ``LlamaForCausalLM.forward = lce_forward``)."""
+    owner = next((klass for klass in cls.__mro__ if "forward" in vars(klass)), None)
+    if owner is None:
+        return False
+    while _code_origin(function)[0].startswith("transformers.") and hasattr(function, "__wrapped__"):
+        function = function.__wrapped__
+    code = getattr(function, "__code__", None)
+    return (code is not None and getattr(code, "co_qualname", None) == f"{owner.__qualname__}.forward"
+            and _code_origin(function)[0] == owner.__module__)
+
+
 def _scoring_verdict(model: nn.Module, forward=None) -> str | None:
     """Why ``model``'s forward (``forward`` when given: one about to be installed on the instance) does not score with
     its own head (a sentence naming it), or None."""
     forward = model.__dict__.get("forward") if forward is None else forward
     if forward is None:
         function = type(model).forward
-        if function in _OWN_FORWARDS:
+        if function in _OWN_FORWARDS or _defined_in_its_class(type(model), function):
             return None
         return f"{type(model).__name__}.forward was replaced at class level by {_describe_code(function)}"
     for _ in range(32):  # a chain of wrappers; deeper is no wrapper we know

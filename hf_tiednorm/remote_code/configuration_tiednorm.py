@@ -902,6 +902,16 @@ def renamed_field_value(old: "str", new: "str", value, current):
     return value
 
 
+def renamed_fields_set(config, kwargs: "dict") -> "dict":
+    """Set on ``config`` each field that ``kwargs`` (a config's extra keywords: config.json, from_pretrained) gives
+    under its old name (``RENAMED_CONFIG_FIELDS``, with a FutureWarning); returns the other keywords."""
+    for old, new in RENAMED_CONFIG_FIELDS.items():
+        if old in kwargs:
+            kwargs = dict(kwargs)
+            setattr(config, new, renamed_field_value(old, new, kwargs.pop(old), getattr(config, new)))
+    return kwargs
+
+
 @dataclass(frozen=True)
 class HeadOption:
     """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
@@ -2002,11 +2012,8 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
             choices=HEAD_MODES,
         ),
     )
-    logit_scale_kind: LogitScale = field(
-        default="none",
-        metadata=script_flag("multiplier g on the logits: none, fixed (a constant), scalar or vector (learned; one g "
-                             "per token, the head's logit_scale parameter)"),
-    )
+    logit_scale_kind: LogitScale = field(default="none", metadata=script_flag(
+        "multiplier g on the logits: none, fixed (a constant), scalar or vector (learned, one g per token)"))
     logit_scale_init: float | int | None = positive_finite_field(
         default=None,
         metadata=script_flag(
@@ -2042,10 +2049,7 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     lossless_start: bool = False
 
     def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
-        for old, new in RENAMED_CONFIG_FIELDS.items():
-            if old in kwargs:
-                setattr(self, new, renamed_field_value(old, new, kwargs.pop(old), getattr(self, new)))
-        super().__post_init__(**kwargs)
+        super().__post_init__(**renamed_fields_set(self, kwargs))
 
     def validate_lossless_start(self) -> None:
         needed = (self.logit_scale_kind, self.logit_bias)
