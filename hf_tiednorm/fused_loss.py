@@ -87,9 +87,9 @@ def check_loss_chunk_size_read(chunk_size: int | None, requested: str, adaptive_
     if chunk_size is not None and (requested == "plain" or adaptive_cutoffs):
         reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
         raise ValueError(
-            f"loss_chunk_size={chunk_size} sets the chunks of the chunked loss of the plain head, but {reader} "
-            "materializes the logits and never chunks: it would be ignored; leave loss_chunk_size unset (null), or "
-            "use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
+            f"loss_chunk_size={chunk_size} (the chunks of the chunked loss of the plain head) does not apply to "
+            f"{reader}, which materializes the logits and never chunks: it would be ignored; leave loss_chunk_size "
+            "unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
         )
 
 

@@ -75,8 +75,9 @@ class TiedNormHeadHostMixin:
             value = serve_replaced_forward(self, value)
         super().__setattr__(name, value)
 
-    def post_init(self) -> None:
-        super().post_init()
+    def finish_head_hosting(self) -> None:
+        """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
+        ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
         self._keep_in_fp32_modules_strict = {

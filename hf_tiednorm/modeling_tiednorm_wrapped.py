@@ -148,6 +148,10 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
                 module._is_hf_initialized = True
         self.post_init()
 
+    def post_init(self) -> None:
+        super().post_init()  # the wrapped model declared its own tie when it was built
+        self.finish_head_hosting()
+
     def _body_class(self) -> type[PreTrainedModel]:
         """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
         try:

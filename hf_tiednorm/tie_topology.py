@@ -104,6 +104,10 @@ class TiedEmbeddingsMixin:
         )
         self._tied_weights_keys = tie.tied_weights_keys(prefix) if built else None
         super().post_init()
+        self.finish_head_hosting()
+
+    def finish_head_hosting(self) -> None:
+        """Nothing for a bare body; ``TiedNormHeadHostMixin`` (before this class in an LM's bases) hosts the head."""
 
 
 def alias_tied_modules(body: nn.Module) -> None:

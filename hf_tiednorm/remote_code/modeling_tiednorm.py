@@ -1215,8 +1215,9 @@ class TiedNormHeadHostMixin:
             value = serve_replaced_forward(self, value)
         super().__setattr__(name, value)
 
-    def post_init(self) -> None:
-        super().post_init()
+    def finish_head_hosting(self) -> None:
+        """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
+        ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
         self._keep_in_fp32_modules_strict = {
@@ -1556,6 +1557,10 @@ class TiedEmbeddingsMixin:
         )
         self._tied_weights_keys = tie.tied_weights_keys(prefix) if built else None
         super().post_init()
+        self.finish_head_hosting()
+
+    def finish_head_hosting(self) -> None:
+        """Nothing for a bare body; ``TiedNormHeadHostMixin`` (before this class in an LM's bases) hosts the head."""
 
 
 def alias_tied_modules(body: nn.Module) -> None:
@@ -2180,6 +2185,10 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
             for module in body.modules():
                 module._is_hf_initialized = True
         self.post_init()
+
+    def post_init(self) -> None:
+        super().post_init()  # the wrapped model declared its own tie when it was built
+        self.finish_head_hosting()
 
     def _body_class(self) -> type[PreTrainedModel]:
         """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
