@@ -96,7 +96,7 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     )
     norm_eps: float = positive_finite_field(
         default=1e-6,
-        metadata=script_flag("floor on the row norms: a row with norm <= norm_eps is dead (score 0, no gradient "
+        metadata=script_flag("lower bound on the row norms: a row with norm <= norm_eps is dead (score 0, no gradient "
                              "through its norm), so zero rows never divide by zero"),
     )
     loss_implementation: LossImplementation = field(

@@ -88,7 +88,7 @@ def check_loss_chunk_size_read(chunk_size: int | None, requested: str, adaptive_
         reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
         raise ValueError(
             f"loss_chunk_size={chunk_size} (the chunks of the chunked loss of the plain head) does not apply to "
-            f"{reader}, which materializes the logits and never chunks: it would be ignored; leave loss_chunk_size "
+            f"{reader} (which materializes the logits and never chunks): it would be ignored; leave loss_chunk_size "
             "unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
         )
 

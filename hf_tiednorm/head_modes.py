@@ -186,7 +186,7 @@ class Distance(HeadMode):
     lossless_start = ("logit_bias",)
 
     def column_terms(self, weight, eps):
-        # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
+        # No norm is divided by, so no lower bound is needed: a zero row has zero bias and a bounded gradient.
         return None, -0.5 * squared_row_norms(weight).float()
 
     def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels

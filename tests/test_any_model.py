@@ -61,7 +61,7 @@ def reference_logits(source, inputs, head_mode: str) -> torch.Tensor:
             return unit(**inputs).logits
     h, weight = head_input_and_weight(source, inputs)
     scores = h @ weight.T  # (batch, length, V)
-    norms = torch.linalg.vector_norm(weight, dim=-1).clamp_min(1e-6)  # the norm_eps floor (a padding row is zero)
+    norms = torch.linalg.vector_norm(weight, dim=-1).clamp_min(1e-6)  # the norm_eps lower bound (a padding row is zero)
     scores = {"square": scores / norms**2, "distance": scores - 0.5 * norms**2, "cosine": scores / norms}[head_mode]
     # After the head, as the architecture does: Gemma's soft-cap bounds the normalized score; BART adds its bias.
     cap = getattr(source.config, "final_logit_softcapping", None)

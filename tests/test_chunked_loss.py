@@ -23,7 +23,7 @@ def _head(mode, logit_scale, dtype):
     head = TiedNormHead(DIM, VOCAB, options=HeadOptions(head_mode=mode, logit_scale_kind=logit_scale)).to(dtype)
     with torch.no_grad():
         head.weight.normal_()
-        head.weight[5].zero_()  # a zero row: the eps floor must behave the same on both paths
+        head.weight[5].zero_()  # a zero row: the eps lower bound must behave the same on both paths
         if head.logit_scale is not None:
             head.logit_scale.uniform_(0.5, 3.0)  # distinct per-token values for "vector"
     return head

@@ -732,7 +732,7 @@ class Distance(HeadMode):
     lossless_start = ("logit_bias",)
 
     def column_terms(self, weight, eps):
-        # No norm is divided by, so no floor is needed: a zero row has zero bias and a bounded gradient.
+        # No norm is divided by, so no lower bound is needed: a zero row has zero bias and a bounded gradient.
         return None, -0.5 * squared_row_norms(weight).float()
 
     def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
@@ -1443,7 +1443,7 @@ def check_loss_chunk_size_read(chunk_size: "int | None", requested: "str", adapt
         reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
         raise ValueError(
             f"loss_chunk_size={chunk_size} (the chunks of the chunked loss of the plain head) does not apply to "
-            f"{reader}, which materializes the logits and never chunks: it would be ignored; leave loss_chunk_size "
+            f"{reader} (which materializes the logits and never chunks): it would be ignored; leave loss_chunk_size "
             "unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
         )
 
@@ -2030,7 +2030,7 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     )
     norm_eps: float = positive_finite_field(
         default=1e-6,
-        metadata=script_flag("floor on the row norms: a row with norm <= norm_eps is dead (score 0, no gradient "
+        metadata=script_flag("lower bound on the row norms: a row with norm <= norm_eps is dead (score 0, no gradient "
                              "through its norm), so zero rows never divide by zero"),
     )
     loss_implementation: LossImplementation = field(

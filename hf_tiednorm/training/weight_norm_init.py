@@ -8,8 +8,8 @@ A tied softmax favours long rows, so starting the norms at log-frequency starts 
 distribution instead of the uniform one.
 
 Rare tokens: log(0) is undefined and log(1) = 0 would zero the row (a zero row has no direction left to learn
-from and, in the normalized modes, divides by the norm floor). Counts are therefore floored at ``min_count`` = 2
-before the log: tokens never seen in training (special tokens included) and singletons all get the norm
+from and, in the normalized modes, divides by the norm's lower bound). Counts are therefore raised to ``min_count``
+= 2 before the log: tokens never seen in training (special tokens included) and singletons all get the norm
 σ·log 2, the smallest norm the formula gives a repeated token. Rows that are exactly zero (the padding row, which
 HF initializes to zero) have no direction to rescale and are left at zero.
 """
