@@ -10,7 +10,9 @@ family and the wrapper around Llama, cosine); the whole matrix is marked slow.
 from __future__ import annotations
 
 import json
+import re
 import unittest
+from pathlib import Path
 
 import hf_common_suite
 import pytest
@@ -67,13 +69,15 @@ CONTROLS = {
        for name, (config_class, fields, lm) in WRAPPED.items() if name != "llama"},
 }
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # Deliberate differences of ours from HF's classes (at most five): test name -> (the kinds of ours it applies to,
 # the docs line that explains it). "strict load": HF's tests load folders lacking weights and expect a report of
 # missing keys; ours refuse such a folder by name. "tied": HF's tests untie a model by config.tie_word_embeddings.
-STRICT_LOAD = ("docs/run_safety.md line 76: from_pretrained (our families and the wrapper) loads a folder as trained "
-               "or not at all; a tensor missing from the weights is refused by name, not reported and initialized")
-TIED = ("docs/techniques.md line 22: tie_topology is the encoder-decoders' one tie setting (tie_word_embeddings set "
-        "against it is refused where the model is built), and the wrapper is tied by definition")
+STRICT_LOAD = ("docs/run_safety.md «loads a folder as trained or not at all»: from_pretrained (our families and the "
+               "wrapper) refuses a tensor missing from the weights by name; it does not report and initialize it")
+TIED = ("docs/techniques.md «is the encoder-decoders' one tie setting»: tie_word_embeddings set against tie_topology "
+        "is refused where the model is built, and the wrapper is tied by definition")
 OWN_KINDS, TIE_KINDS = {"causal", "seq2seq", "bart", "wrapped"}, {"seq2seq", "bart", "wrapped"}
 DELIBERATE: dict[str, tuple[set[str], str]] = {
     "test_model_weights_reload_no_missing_tied_weights": (OWN_KINDS, STRICT_LOAD),
@@ -142,3 +146,12 @@ for _name, (_config, _fields, _control) in WRAPPED.items():
             slow=(f"wrapped_{_name}", _mode) not in FAST)
 for _name, (_config, _fields, _classes, _encdec) in CONTROLS.items():
     globals()[f"Test_control_{_name}"] = case(_config, _fields, _classes, _encdec)
+
+
+@pytest.mark.parametrize("reason", sorted({reason for _, reason in DELIBERATE.values()}))
+def test_each_deliberate_difference_quotes_the_docs_that_explain_it(reason):
+    """A skip's reason names a docs page and quotes its words (no line number, which every edit of the page moves):
+    the quoted words stand on that page, and the differences are at most five."""
+    page, quoted = re.fullmatch(r"(docs/[\w.]+) «([^»]+)»: .*", reason, flags=re.S).groups()
+    assert quoted in (ROOT / page).read_text(encoding="utf-8"), (page, quoted)
+    assert len(DELIBERATE) <= 5
