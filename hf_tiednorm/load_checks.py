@@ -140,6 +140,14 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     _refuse(model, errors)
 
 
+def check_loaded_body(model: nn.Module, loading_info) -> None:
+    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
+    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
+    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
+    missing = set(loading_info.missing_keys)
+    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+
+
 def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
     """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
     ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
@@ -157,6 +165,7 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
 
 __all__ = [
     "HEAD_TERMS",
+    "check_loaded_body",
     "check_loaded_head",
     "check_source_loaded",
     "embedding_errors",

@@ -26,6 +26,7 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from .configuration_tiednorm import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .embeddings import build_embedding
+from .load_checks import check_loaded_body
 from .lossless_start import start_resized_tokens
 from .modeling_common import TiedNormLMMixin, build_head, build_output_projection
 from .outputs import CACHE_FIELD, TiedNormSeq2SeqLMOutput
@@ -56,6 +57,12 @@ class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
     def lookup_scale(self, config: TieTopologyConfigMixin) -> float | None:
         """Factor the embedding module multiplies its lookups by; None where the body scales them itself (Marian)."""
         return None
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        # transformers' hook on the loading report: a tensor missing from the weights (the shared embedding, which
+        # transformers' tie logic would leave on the meta device unreported) is refused by name (load_checks.py).
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        check_loaded_body(self, loading_info)
 
     def get_input_embeddings(self):
         return self.encoder.embed_tokens  # the shared embedding when three-way tied
@@ -181,6 +188,10 @@ class TiedNormSeq2SeqPreTrainedModel(MarianPreTrainedModel):
 
 class TiedNormSeq2SeqModel(TiedNormSeq2SeqModelMixin, TiedNormSeq2SeqPreTrainedModel, MarianModel):
     """Marian's encoder-decoder body with embeddings that can look up l2-normalized rows."""
+
+    # Marian's sinusoidal position tables are computed, not stored (the LM's list, without its "model." prefix).
+    _keys_to_ignore_on_load_missing = ["encoder.embed_positions.weight", "decoder.embed_positions.weight"]
+    _keys_to_ignore_on_save = ["encoder.embed_positions.weight", "decoder.embed_positions.weight"]
 
 
 class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPreTrainedModel, GenerationMixin):

@@ -56,3 +56,25 @@ def test_the_trainer_finds_labels_as_its_only_label_column(family):
 def test_keep_in_fp32_names_only_the_head_terms_the_model_has(fields, kept):
     model = tiny_model("causal", **fields)
     assert set(model._keep_in_fp32_modules_strict) == kept
+
+
+@pytest.mark.parametrize("family", ("seq2seq", "bart"))
+def test_a_bare_encoder_decoder_body_refuses_a_folder_without_its_shared_embedding(family, tmp_path):
+    """HF's ``test_model_weights_reload_no_missing_tied_weights`` found the bodies loading such a folder with
+    ``shared.weight`` left on the meta device and nothing reported; they refuse it by name as the LMs do, and still
+    load their own folders and an LM's (transformers strips the ``model.`` prefix)."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model(family)
+    body_class = type(model.model)
+    model.model.save_pretrained(tmp_path / "body")
+    weights = tmp_path / "body" / "model.safetensors"
+    tensors = load_file(weights)
+    del tensors["shared.weight"]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="'shared.weight' was not in the weights"):
+        body_class.from_pretrained(tmp_path / "body")
+    model.save_pretrained(tmp_path / "lm")
+    loaded, info = body_class.from_pretrained(tmp_path / "lm", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    torch.testing.assert_close(loaded.shared.weight, model.model.shared.weight, rtol=0, atol=0)
