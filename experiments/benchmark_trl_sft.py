@@ -25,6 +25,7 @@ import gzip
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     step_seconds = statistics.median(t for rep in timers["normalized"] for t in rep)
     result = {
         "benchmark": "TRL SFTTrainer step time, normalized head vs plain Llama, one process",
-        "command": "python experiments/benchmark_trl_sft.py " + " ".join(argv or []),
+        "command": "python experiments/benchmark_trl_sft.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "cpu": cpu_description(), "threads": args.threads, "platform": platform.platform(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
         "sizes": {"vocab_size": len(tokenizer), "hidden_size": args.hidden_size, "layers": args.num_hidden_layers,
