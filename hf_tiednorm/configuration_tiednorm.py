@@ -16,7 +16,6 @@ from huggingface_hub.dataclasses import as_validated_field, strict
 from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
-from .fused_loss import check_loss_chunk_size_read
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
 from .head_options import HeadOptions, LogitScale, renamed_fields_set
 from .lossless_start import lossless_head_options
@@ -219,7 +218,14 @@ class TiedNormTechniquesConfigMixin:
     )
 
     def validate_loss_chunk_size(self) -> None:
-        check_loss_chunk_size_read(self.loss_chunk_size, self.loss_implementation, self.adaptive_cutoffs)
+        # Refused, not ignored (issue 48): the plain path and the adaptive softmax materialize the logits, never chunk.
+        if self.loss_chunk_size is not None and (self.loss_implementation == "plain" or self.adaptive_cutoffs):
+            reader = "the adaptive softmax" if self.adaptive_cutoffs else "loss_implementation='plain'"
+            raise ValueError(
+                f"loss_chunk_size={self.loss_chunk_size} (the chunks of the chunked loss of the plain head) does not "
+                f"apply to {reader} (which materializes the logits and never chunks): it would be ignored; leave "
+                "loss_chunk_size unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
+            )
 
     def validate_row_norm_techniques(self) -> None:
         uses_row_norms = self.weight_norm_regularization > 0 or self.weight_norm_init_sigma is not None

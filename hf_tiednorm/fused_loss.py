@@ -25,7 +25,7 @@ so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused ke
 * ``"fused"``: always a fused path (the same order), whatever the size.
 * ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
 * ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
-  (``check_loss_chunk_size_read``), as with the adaptive softmax, whose loss never chunks either.
+  (the config's ``validate_loss_chunk_size``), as with the adaptive softmax, whose loss never chunks either.
 
 A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
 training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
@@ -79,18 +79,6 @@ def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothin
         return "torch"
     # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
     return "chunked"
-
-
-def check_loss_chunk_size_read(chunk_size: int | None, requested: str, adaptive_cutoffs) -> None:
-    """``ValueError`` where ``config.loss_chunk_size`` is set but no loss would read it (decided in issue 48: refused,
-    not ignored): ``loss_implementation="plain"`` and the adaptive softmax materialize the logits and never chunk."""
-    if chunk_size is not None and (requested == "plain" or adaptive_cutoffs):
-        reader = "the adaptive softmax" if adaptive_cutoffs else "loss_implementation='plain'"
-        raise ValueError(
-            f"loss_chunk_size={chunk_size} (the chunks of the chunked loss of the plain head) does not apply to "
-            f"{reader} (which materializes the logits and never chunks): it would be ignored; leave loss_chunk_size "
-            "unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
-        )
 
 
 def choose_loss_path(
@@ -234,7 +222,6 @@ __all__ = [
     "AUTO_MIN_LOGITS",
     "LIGER_NEEDS_CUDA",
     "LOSS_IMPLEMENTATIONS",
-    "check_loss_chunk_size_read",
     "choose_loss_path",
     "fused_kernel",
     "head_linear_cross_entropy",

@@ -2,12 +2,14 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 17 package modules, in dependency order, each under a rule naming its file.
+# 23 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import inspect
 import math
 import os
 import sys
@@ -34,7 +36,7 @@ from transformers import (
     PretrainedConfig,
     initialization as init,
 )
-from transformers.modeling_outputs import BaseModelOutput
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.models.auto.auto_factory import _get_model_class
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
@@ -49,37 +51,296 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
-    CACHE_FIELD,
+    HEAD_NAME_SOURCES,
+    HEAD_OPTIONS,
+    HeadMode,
     HeadOptions,
     LEARNED_TERMS,
-    NormalizedScoresMixin,
+    LossTerms,
     OutputProjection,
     TERM_CONFIG_FIELDS,
     TieTopologyConfigMixin,
     TiedNormBartConfig,
     TiedNormCausalConfig,
-    TiedNormCausalLMOutput,
-    TiedNormEmbedding,
-    TiedNormHead,
     TiedNormSeq2SeqConfig,
-    TiedNormSeq2SeqLMOutput,
     TiedNormWrappedConfig,
-    choose_loss_path,
     fold_scale,
-    fused_causal_lm_loss,
     get_head_mode,
-    head_linear_cross_entropy,
-    out_of_vocabulary_message,
     projection_penalty,
-    refuse_fused_loss_scored_outside,
-    refuse_patched_forward,
-    register_with_liger,
     start_resized_tokens,
-    token_count,
-    token_cross_entropy,
     unit_rows,
     weight_norm_penalty,
 )
+
+
+# ------------------------------ hf_tiednorm/normalized_head.py --------------------------------------------------
+"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head_modes.py``.
+
+With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
+its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
+cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
+options every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
+O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
+the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
+
+What the head guarantees where real training puts it:
+
+* **Dead rows.** A row with ‖w_i‖ ≤ ``norm_eps`` (HF initialization zeroes the padding row; released checkpoints
+  keep it zero) counts as the zero vector in the normalized modes: it scores 0 (as ``baseline`` and ``distance``
+  score w_i = 0), l2 lookups return 0, and the normalization passes it **no gradient**. The direction
+  w/‖w‖ of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm (1/eps ≈ 1e6) made the
+  padding row's gradient dominate the whole model's (max/median row gradient 5e4–4e9 at step 0, i.e. gradient
+  clipping shrank every other update ~1000×). A dead row stays dead: the padding token is never a target.
+* **Dtypes.** Norms, scales and biases are computed in fp32; the scale is folded into W in fp32 and only the unit
+  rows are cast back, so fp16/bf16 weights never overflow (1/eps would). Logits are fp32 (fp64 for fp64 weights)
+  in every mode, also under autocast.
+* **No stale norms.** The (scale, bias) vectors are recomputed at every forward (O(V·d), small beside the
+  (tokens × V × d) matmul), except inside ``frozen_column_terms()`` — which ``generate()`` enters — where the
+  weights cannot change and the first step's vectors are reused. Nothing is keyed on storage pointers or version
+  counters, which ``.data`` writes, PEFT merges and FSDP/ZeRO-3 refills do not bump; and the forward has no
+  data-dependent Python branch, so ``torch.compile(fullgraph=True)`` traces it.
+
+An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
+``fixed`` (FixNorm's r²), ``scalar`` (one learned g, as in Transformers without Tears) or ``vector``
+(one learned g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise: these heads normalize the
+rows of W but keep the norm of h, so their scores already have the scale of plain ones; a start at √d (the g a
+score with *both* sides unit-norm needs) makes a new model's step-0 logits √d× too sharp (docs/evidence.md).
+
+An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
+``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
+2023), which a normalized head deletes, and b is where a model can keep it (HF Marian's ``final_logits_bias`` is a
+buffer, not a parameter). Being one more (V,) bias of the affine map, it costs O(V) and reaches the chunked loss
+through ``column_terms()`` like the mode's own bias.
+"""
+
+
+def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
+    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
+    ``fixed`` model's function depends on it, so it keeps its meaning)."""
+    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
+
+
+class NormalizedScoresMixin:
+    """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
+    learned logit-scale parameter, and column terms that are held fixed during one generation.
+
+    A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
+    """
+
+    def init_normalized_scores(self, options: HeadOptions, hidden_size: int, vocab_size: int, device=None) -> None:
+        """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
+        self.options = options
+        self.head_mode = options.head_mode
+        self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
+        logit_scale = self.logit_scale_kind = options.logit_scale_kind
+        init_value = options.logit_scale_init
+        default = default_logit_scale(logit_scale, hidden_size)
+        self.logit_scale_init = float(init_value) if init_value is not None else default
+        self.norm_eps = options.norm_eps
+        if logit_scale == "scalar":
+            self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
+        elif logit_scale == "vector":
+            self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init, device=device))
+        else:  # "fixed" is a constant, not a parameter; "none" has no scale
+            self.logit_scale = None
+        # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
+        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
+        for name in options.extra_terms:  # registered head options (head_options.register_head_option)
+            # register_parameter, not setattr: a name the head holds already is refused, never replaced
+            self.register_parameter(name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init,
+                                                                  device=device)))
+        self._frozen_depth = 0
+        self._frozen_terms = None
+
+    def add_logit_bias(self, bias: torch.Tensor | None, lo: int = 0, hi: int | None = None) -> torch.Tensor | None:
+        """``bias`` (fp32, (n,) or None) plus the learned logit bias of tokens [lo, hi), if the head has one."""
+        if self.logit_bias is None:
+            return bias
+        learned = self.logit_bias[lo:hi].float()
+        return learned if bias is None else bias + learned
+
+    def logit_scale_values(self, device: torch.device) -> torch.Tensor | None:
+        """g as an fp32 tensor: 0-dim ("fixed", "scalar") or (V,) ("vector"); None for "none"."""
+        if self.logit_scale_kind == "none":
+            return None
+        if self.logit_scale is not None:
+            return self.logit_scale.float()
+        return torch.tensor(self.logit_scale_init, device=device)
+
+    @contextmanager
+    def frozen_column_terms(self) -> Iterator[None]:
+        """Inside this block (and without gradients) the column terms are computed once and reused.
+
+        For decoding, where the weights cannot change between steps; leaving the outermost block drops them.
+        """
+        self._frozen_depth += 1
+        try:
+            yield
+        finally:
+            self._frozen_depth -= 1
+            if self._frozen_depth == 0:
+                self._frozen_terms = None
+
+    def column_terms(self):
+        """The mode's fp32 (scale, bias) vectors — for ``TiedNormHead`` (V,) each, with logits = (W·h) * scale + bias
+        — recomputed at every call except inside ``frozen_column_terms`` without gradients."""
+        if self._frozen_depth == 0 or torch.is_grad_enabled():
+            return self._compute_column_terms()
+        if self._frozen_terms is None:
+            self._frozen_terms = self._compute_column_terms()
+        return self._frozen_terms
+
+
+class TiedNormHead(NormalizedScoresMixin, nn.Linear):
+    """Output layer scoring hidden states against a (tied) embedding matrix in one of ``HEAD_MODES``.
+
+    It is an ``nn.Linear`` without bias whose ``weight`` (V, d) is the shared embedding matrix when the model
+    ties it, so HF's tying, resizing and ``get_output_embeddings()`` treat it like any LM head.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        *,
+        options: HeadOptions | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); None: the
+        defaults (``HeadOptions()``)."""
+        super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}, "
+            f"logit_bias={self.logit_bias is not None}"
+        )
+
+    def match_vocab_size(self) -> None:
+        """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
+        zero logit bias."""
+        vocab_size = self.weight.shape[0]
+        self.out_features = vocab_size
+        if self.logit_scale_kind == "vector" and self.logit_scale.shape[0] != vocab_size:
+            self.logit_scale = nn.Parameter(_resized(self.logit_scale.data, vocab_size, self.logit_scale_init))
+        if self.logit_bias is not None and self.logit_bias.shape[0] != vocab_size:
+            self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
+        for name in self.options.extra_terms:  # registered head options: new tokens start at the option's init
+            term = getattr(self, name)
+            if term.shape[0] != vocab_size:
+                setattr(self, name, nn.Parameter(_resized(term.data, vocab_size, HEAD_OPTIONS[name].init)))
+
+    def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
+        g = self.logit_scale_values(self.weight.device)
+        if g is not None:
+            # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
+            scale = g if scale is None else scale * g
+            if scale.dim() == 0:  # a single g for every token
+                scale = scale.expand(self.weight.shape[0])
+            bias = None if bias is None else bias * g
+        scale, bias = scale, self.add_logit_bias(bias)
+        for name in self.options.extra_terms:  # registered head options fold their learned term in
+            scale, bias = HEAD_OPTIONS[name].fold(getattr(self, name).float(), scale, bias)
+        return scale, bias
+
+    @torch.no_grad()
+    def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
+        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
+        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
+        scale, bias = self._compute_column_terms()
+        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
+        return weight, bias
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
+        scale, bias = self.column_terms()
+        logits_dtype = torch.promote_types(self.weight.dtype, torch.float32)
+        tokens = hidden_states.numel() // hidden_states.shape[-1]
+        if scale is not None and tokens > hidden_states.shape[-1]:
+            # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
+            # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
+            # (training batches, wide beam search) scale the rows. Each product in fp32 (s reaches 1/eps, the scaled
+            # rows don't), a block of rows at a time, saving W and s only: no fp32 copy of W (folded_weight.py).
+            weight = fold_scale(self.weight, scale)
+            logits = F.linear(hidden_states, weight).to(logits_dtype)
+        else:
+            logits = F.linear(hidden_states, self.weight).to(logits_dtype)
+            if scale is not None:
+                logits = logits * scale
+        if bias is not None:
+            logits = logits + bias
+        return logits
+
+
+def head_attribute_names() -> frozenset[str]:
+    """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
+    option may take none of them (head_options.register_head_option), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    return frozenset({*dir(head), *vars(head)})
+
+
+HEAD_NAME_SOURCES.append(head_attribute_names)
+
+
+def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
+    """``values`` (V,) cut or extended to (size,), new entries set to ``fill``."""
+    new = torch.full((size,), fill, dtype=values.dtype, device=values.device)
+    kept = min(size, values.shape[0])
+    new[:kept] = values[:kept]
+    return new
+
+
+def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
+    """What is wrong when a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside
+    [0, vocab_size), where it is, and how many there are."""
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    where = bad.nonzero()[0].tolist() if bad.any() else []
+    first = int(input_ids[tuple(where)]) if where else None
+    return (
+        f"token id {first} (at position {tuple(where)} of the input ids, {int(bad.sum())} out of range in all) is "
+        f"outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}): the tokenizer or the data does "
+        "not match the model (len(tokenizer) must not exceed config.vocab_size)"
+    )
+
+
+class TiedNormEmbedding(nn.Embedding):
+    """Token embedding that, with ``normalize`` (a mode whose ``normalizes_input_lookups``: l2, Liu et al. eq. 19),
+    looks up unit-normalized rows ŵ_i; otherwise a plain ``nn.Embedding``."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        normalize: bool = False,
+        norm_eps: float = 1e-6,
+        **kwargs,
+    ) -> None:
+        super().__init__(num_embeddings, embedding_dim, padding_idx, **kwargs)
+        self.normalize = normalize
+        self.norm_eps = norm_eps
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, normalize={self.normalize}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            embeddings = super().forward(input_ids)  # (..., d)
+        else:
+            try:
+                embeddings = super().forward(input_ids)
+            except IndexError as error:  # nothing is checked unless the lookup failed (CPU; CUDA asserts on device)
+                raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
+        if not self.normalize:
+            return embeddings
+        # ŵ_i from the looked-up rows themselves: O(tokens·d) instead of normalizing all V rows, with the same
+        # value and gradient, and nothing to cache.
+        return unit_rows(embeddings, self.norm_eps)
 
 
 # ------------------------------ hf_tiednorm/adaptive.py ---------------------------------------------------------
@@ -491,6 +752,485 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
+
+
+# ------------------------------ hf_tiednorm/token_loss.py -------------------------------------------------------
+"""The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
+
+
+def token_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
+    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
+
+    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
+    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
+    """
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
+    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
+    try:
+        total = F.cross_entropy(
+            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
+        )
+    except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
+        raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
+    return total / token_count(labels, num_items_in_batch, ignore_index)
+
+
+def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
+    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
+    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    first = int(labels[bad][0]) if bool(bad.any()) else None
+    return (
+        f"label {first} ({int(bad.sum())} out of range in all) is outside the vocabulary of {vocab_size} tokens "
+        f"(ids 0..{vocab_size - 1}; {ignore_index} marks no target): the labels were made with another tokenizer"
+    )
+
+
+def token_count(
+    labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None, ignore_index: int = -100
+) -> torch.Tensor:
+    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
+    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
+    if num_items_in_batch is None:
+        count = (labels != ignore_index).sum()
+    else:
+        count = torch.as_tensor(num_items_in_batch, device=labels.device)
+    return count.clamp_min(1)
+
+
+# ------------------------------ hf_tiednorm/chunked_loss.py -----------------------------------------------------
+"""Cross-entropy of a linear layer (the head's folded weight) computed in chunks of tokens: the fallback fused loss
+of ``fused_loss.py`` (every device, every dtype, label smoothing), and the path ``config.loss_chunk_size`` picks.
+
+The plain loss path materializes the (tokens × V) fp32 logits, then ``log_softmax`` and its gradient, each as
+large again: at 8k tokens and a 32k vocabulary that is 1 GiB per buffer. Every head mode is ``s = W_s·h + bias``
+with the folded weight ``W_s = diag(scale)·W`` (``folded_weight.py``), so the loss and its gradients are computed
+``chunk_size`` tokens at a time, holding one (chunk × V) block at once:
+
+* a chunk's logits ``z = h_c W_sᵀ + bias``, ``lse = logsumexp(z)``, loss ``= lse − (1−ε) z_y − ε/V Σ_j z_j``;
+* d loss / d z ``= softmax(z) − (1−ε) onehot(y) − ε/V`` (0 on ignored tokens), from which ``grad_h = dz W_s``,
+  ``grad_W_s += dzᵀ h_c`` and ``grad_bias += Σ_rows dz``.
+
+The loss is a scalar, so each chunk's gradients are computed right after its loss, in the forward pass (only those
+of the inputs that need one; none without gradients), and ``backward`` only multiplies them by the incoming scalar
+gradient: 3 matmuls in all, as in the plain path, and about half its passes over (tokens × V) memory. No double
+backward.
+
+Precision and memory. The three matmuls run in the weight's dtype (autocast's under autocast), as the plain path's
+``F.linear`` and its backward do; logits, softmax, loss and the accumulated weight gradient are fp32 (fp64 for fp64
+weights). Every buffer is allocated once per call, not per chunk: the (chunk × V) logits in fp32 (and in the matmul
+dtype), the (V, d) fp32 gradient accumulator, and for a bf16/fp16 matmul one (V, d) product buffer that each chunk's
+``dzᵀ h_c`` is written into (``out=``) and added from (torch has no mixed-dtype ``addmm`` on the CPU).
+
+No host synchronization: ignored tokens are masked, not dropped (no ``nonzero``), the loss and the gradients stay on
+the device, and out-of-vocabulary labels are checked with ``torch._assert_async`` off the CPU (the error names them
+on the CPU).
+"""
+
+
+# Default tokens per chunk: a (chunk × V) fp32 block of about 2**23 elements (32 MiB), at least 16 tokens.
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Tokens per chunk when none is configured: a (chunk × V) fp32 logits block of about 32 MiB."""
+    return max(16, _CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def check_labels_in_vocabulary(labels: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
+    """Refuse a label outside [0, V) that is not ``ignore_index``: by name on the CPU, by a device-side assert
+    elsewhere (no host synchronization in a training step)."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    if labels.device.type == "cpu":
+        if bool(bad.any()):
+            raise IndexError(out_of_vocabulary_labels(labels, vocab_size, ignore_index))
+    elif not torch.compiler.is_compiling():
+        torch._assert_async(~bad.any(), f"a label is outside the vocabulary of {vocab_size} tokens")
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Sum over non-ignored tokens of the (label-smoothed) cross-entropy of ``hidden Wᵀ + bias``.
+
+    Inputs: hidden (N, d), weight (V, d) (the head's folded weight), bias (V,) or None, labels (N,) int64, then
+    chunk_size, label_smoothing, ignore_index. Returns a 0-dim fp32 tensor (fp64 for fp64 weights): the sum; divide
+    it by the token count yourself.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index):
+        device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
+        with torch.autocast(device_type, enabled=False):
+            return ChunkedLinearCrossEntropy._forward(
+                ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype
+            )
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype):
+        needs = ctx.needs_input_grad
+        need_h, need_w, need_b = needs[0], needs[1], needs[2] and bias is not None
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        n, vocab = hidden.shape[0], weight.shape[0]
+        check_labels_in_vocabulary(labels, vocab, ignore_index)
+        w = weight.to(matmul_dtype)  # no copy without autocast
+        h = hidden.to(matmul_dtype)
+        bias_c = None if bias is None else bias.to(compute)
+        valid = labels != ignore_index  # (N,)
+        targets = torch.where(valid, labels, torch.zeros_like(labels))  # gather-safe
+        valid_c = valid.to(compute)
+        chunk = min(chunk_size, max(n, 1))
+        z_buf = torch.empty((chunk, vocab), dtype=compute, device=h.device)  # logits, then softmax, then dz
+        mm_buf = z_buf if matmul_dtype == compute else torch.empty((chunk, vocab), dtype=matmul_dtype, device=h.device)
+        acc_w = torch.zeros(weight.shape, dtype=compute, device=h.device) if need_w else None
+        product = None if not need_w or matmul_dtype == compute else torch.empty_like(w)
+        acc_b = torch.zeros(vocab, dtype=compute, device=h.device) if need_b else None
+        grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=h.device) if need_h else None
+        losses = torch.empty(n, dtype=compute, device=h.device)
+        fused = need_h or need_w or need_b
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            rows = stop - start
+            h_c, y_c, v_c = h[start:stop], targets[start:stop], valid_c[start:stop]
+            z, z_mm = z_buf[:rows], mm_buf[:rows]
+            if matmul_dtype == compute:
+                if bias_c is None:
+                    torch.mm(h_c, w.t(), out=z)
+                else:
+                    torch.addmm(bias_c, h_c, w.t(), out=z)
+            else:
+                torch.mm(h_c, w.t(), out=z_mm)
+                z.copy_(z_mm)
+                if bias_c is not None:
+                    z.add_(bias_c)
+            z_y = z.gather(1, y_c[:, None]).squeeze(1)
+            z_sum = z.sum(dim=1) if label_smoothing else None
+            z_max = z.amax(dim=1, keepdim=True)
+            p = z.sub_(z_max).exp_()  # one exp pass serves logsumexp and softmax
+            total = p.sum(dim=1, keepdim=True)
+            loss = (z_max + total.log()).squeeze(1) - (1.0 - label_smoothing) * z_y
+            if label_smoothing:
+                loss -= (label_smoothing / vocab) * z_sum
+            losses[start:stop] = loss * v_c
+            if not fused:
+                continue
+            dz = p.div_(total)  # softmax
+            dz.scatter_add_(1, y_c[:, None], ((label_smoothing - 1.0) * v_c)[:, None])
+            if label_smoothing:
+                dz.sub_(label_smoothing / vocab)
+            dz.mul_(v_c[:, None])  # ignored tokens: no gradient
+            if need_b:
+                acc_b += dz.sum(dim=0)
+            if matmul_dtype != compute:
+                z_mm.copy_(dz)  # one cast for both matmuls
+                dz = z_mm
+            if need_w:  # (V, d): Σ_i dz_ij h_i, accumulated in fp32
+                if product is None:
+                    acc_w.addmm_(dz.t(), h_c)
+                else:
+                    torch.mm(dz.t(), h_c, out=product)
+                    acc_w += product
+            if need_h:
+                if grad_h.dtype == dz.dtype:
+                    torch.mm(dz, w, out=grad_h[start:stop])
+                else:
+                    grad_h[start:stop] = dz @ w
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.weight_dtype = weight.dtype
+        ctx.grads = (grad_h, acc_w, acc_b)
+        return losses.sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        grad_h, acc_w, acc_b = ctx.grads  # computed with the loss, in the forward
+        del ctx.grads
+        go = grad_output.float() if grad_output.dtype != torch.float64 else grad_output
+        out_h = None if grad_h is None else grad_h.mul_(go.to(grad_h.dtype))
+        out_w = None if acc_w is None else acc_w.mul_(go).to(ctx.weight_dtype)
+        out_b = None if acc_b is None else acc_b.mul_(go).to(ctx.bias_dtype)
+        return out_h, out_w, out_b, None, None, None, None
+
+
+def chunked_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    chunk_size: int | None = None,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The summed token cross-entropy of ``hidden Wᵀ + bias`` (hidden (N, d), labels (N,)), chunk by chunk."""
+    if chunk_size is None:
+        chunk_size = default_chunk_size(weight.shape[0])
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    return ChunkedLinearCrossEntropy.apply(
+        hidden, weight, bias, labels, chunk_size, float(label_smoothing), ignore_index
+    )
+
+
+def chunked_head_cross_entropy(
+    head,
+    hidden_states: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int | None = None,
+    label_smoothing: float = 0.0,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
+    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
+
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
+    labels = labels.reshape(-1).to(hidden.device)  # (N,)
+    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
+    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
+
+
+# ------------------------------ hf_tiednorm/fused_loss.py -------------------------------------------------------
+"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
+
+Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``folded_weight.py``),
+so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
+(tokens × V) logits computes it:
+
+* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
+  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
+  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
+  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
+  (``liger_drops_head_gradients``).
+* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
+  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
+  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
+  without label smoothing.
+* ``"chunked"``: the chunked loop of ``chunked_loss.py``: every device, dtype and option.
+* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
+
+``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
+
+* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
+  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
+  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
+  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
+* ``"fused"``: always a fused path (the same order), whatever the size.
+* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
+* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
+  (the config's ``validate_loss_chunk_size``), as with the adaptive softmax, whose loss never chunks either.
+
+A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
+training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
+``prediction_loss_only``).
+"""
+
+
+LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
+# "auto" takes a fused path from this many logits on (tokens × V: 64M, 256 MiB of fp32 logits, about 0.75 GiB with
+# their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
+# model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
+AUTO_MIN_LOGITS = 1 << 26
+
+
+# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
+LIGER_NEEDS_CUDA = (
+    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
+    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
+    "(loss_implementation='fused': the chunked loop)"
+)
+
+
+def liger_installed() -> bool:
+    """liger-kernel (the ``gpu`` extra) can be imported."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def torch_linear_cross_entropy_available() -> bool:
+    """torch has ``F.linear_cross_entropy`` with chunking options (torch ≥ 2.13)."""
+    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+
+
+def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothing: float) -> str:
+    """The fused kernel for this device, matmul dtype and label smoothing: ``"liger"``, ``"torch"`` or
+    ``"chunked"`` (see the module docstring)."""
+    if device.type == "cuda" and liger_installed():
+        return "liger"
+    exact_in_torch = matmul_dtype in (torch.float32, torch.float64) and not label_smoothing
+    if device.type == "cuda" and exact_in_torch and torch_linear_cross_entropy_available():
+        return "torch"
+    # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
+    return "chunked"
+
+
+def choose_loss_path(
+    requested: str,
+    head: torch.nn.Module,
+    tokens: int,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+) -> str:
+    """``"liger"``, ``"torch"``, ``"chunked"`` or ``"plain"``: what computes the loss of ``head`` over ``tokens``
+    scored tokens (hidden states on the head's device) for ``config.loss_implementation = requested``. A head
+    without a single weight matrix (the adaptive softmax) has the plain path only."""
+    if requested not in LOSS_IMPLEMENTATIONS:
+        raise ValueError(f"loss_implementation must be one of {LOSS_IMPLEMENTATIONS}, got {requested!r}")
+    if requested == "plain" or not isinstance(head, TiedNormHead):
+        return "plain"
+    if requested == "chunked" or (requested == "auto" and chunk_size is not None):
+        return "chunked"
+    weight = head.weight
+    if requested == "auto" and (tokens * weight.shape[0] < AUTO_MIN_LOGITS or tokens <= weight.shape[1]):
+        return "plain"
+    device = weight.device
+    autocast = torch.is_autocast_enabled(device.type)
+    matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
+    return fused_kernel(device, matmul_dtype, label_smoothing)
+
+
+def liger_drops_head_gradients(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether liger-kernel's fused linear cross-entropy would silently give the head no gradient: it computes the
+    weight and bias gradients only when the hidden states require grad (liger-kernel 0.8.5,
+    ``ops/fused_linear_cross_entropy.py``), so head-only training with a frozen body got ∇W = ∇g = 0 and ∇b = None
+    where the plain and chunked paths give the true ones. ``head_linear_cross_entropy`` runs the chunked loop then."""
+    head_trains = weight.requires_grad or (bias is not None and bias.requires_grad)
+    return torch.is_grad_enabled() and head_trains and not hidden.requires_grad
+
+
+def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
+    try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError as error:
+        raise ImportError(
+            'the liger path needs liger-kernel: python -m pip install liger-kernel (or the gpu extra, -e ".[gpu]")'
+        ) from error
+
+    options = {"ignore_index": ignore_index, "label_smoothing": label_smoothing, "reduction": "sum"}
+    if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:
+        options["accum_dtype"] = torch.float32  # the weight gradient accumulated in fp32
+    if bias is not None and not torch.is_autocast_enabled(hidden.device.type):
+        bias = bias.to(weight.dtype)  # liger adds the bias in the weight's dtype
+    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        hidden = hidden.to(weight.dtype)
+    loss = LigerFusedLinearCrossEntropyLoss(**options)(weight, hidden, labels, bias)
+    return loss.float() if loss.dtype != torch.float64 else loss
+
+
+def _torch_loss(hidden, weight, bias, labels, ignore_index):
+    options = torch.nn.LinearCrossEntropyOptions(acc_policy="accurate")
+    if bias is not None:
+        bias = bias.to(weight.dtype)
+    return F.linear_cross_entropy(
+        hidden.to(weight.dtype), weight, labels, linear_bias=bias, reduction="sum", ignore_index=ignore_index,
+        options=options,
+    )
+
+
+def head_linear_cross_entropy(
+    head,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    path: str,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
+    fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
+    the learned logit scale g and bias b through the head's column terms and the fold."""
+    scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
+    weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
+    if path == "chunked":
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
+    if path == "liger":
+        return _liger_loss(hidden, weight, bias, labels, float(label_smoothing), ignore_index)
+    if path == "torch":
+        if label_smoothing:
+            raise ValueError("torch's F.linear_cross_entropy is exact only without label smoothing")
+        return _torch_loss(hidden, weight, bias, labels, ignore_index)
+    raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
+
+
+def refuse_fused_loss_scored_outside(config) -> None:
+    """Raise ``ValueError`` naming ``label_smoothing_factor`` when a training step's logits are scored outside the
+    model (the Trainer's label smoother or a ``compute_loss_func`` pass no labels) while ``config`` asks for a fused
+    loss by name: the model would have to return the (tokens × V) logits the fused path exists to avoid."""
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("fused", "chunked"):
+        raise ValueError(
+            f"loss_implementation={implementation!r}: the Trainer scores this training step's logits itself "
+            "(TrainingArguments(label_smoothing_factor=...) or compute_loss_func), so the model would have to return "
+            "the (tokens × V) logits its fused loss never materializes. Set label_smoothing_factor=0 and smooth with "
+            "the model config's own label_smoothing field (config.label_smoothing=0.1, which the fused path "
+            "computes), or set loss_implementation='auto' / 'plain' to let the Trainer score the logits"
+        )
+
+
+def serve_liger_request(model=None, **_kernel_options) -> None:
+    """What ``TrainingArguments(use_liger_kernel=True)`` does to an hf_tiednorm model through liger-kernel's own
+    dispatch (``_apply_liger_kernel_to_instance`` looks the model type up in its table): train with liger-kernel's
+    fused linear cross-entropy on the normalized head (``auto`` becomes ``fused``), or raise ``ValueError`` naming
+    why it cannot. Liger's per-module kernels (RMSNorm, RoPE, SwiGLU) are not applied."""
+    reason = liger_refusal(model)
+    if reason is not None:
+        raise ValueError(f"use_liger_kernel=True cannot run liger-kernel on this {type(model).__name__}: {reason}")
+    if model.config.loss_implementation == "auto":
+        model.config.loss_implementation = "fused"
+
+
+def register_with_liger(model_type: str, table: dict | None = None) -> bool:
+    """Enter ``model_type`` (an hf_tiednorm model's own, when one is built: head_host.py) in liger-kernel's
+    model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
+    ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
+    liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
+    then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
+    on a CPU then refuses at ``train()``, naming CUDA (``serve_liger_request``), where the Trainer would train with
+    nothing applied and no message (issue 51). Returns whether the type is registered."""
+    if table is None:
+        if not liger_installed():
+            return False
+        try:  # an optional extra: in a try block so that remote code does not require it
+            from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
+        except ImportError:
+            return False
+    table.setdefault(model_type, serve_liger_request)
+    return True
+
+
+def liger_refusal(model) -> str | None:
+    """Why ``TrainingArguments(use_liger_kernel=True)`` cannot be served by hf_tiednorm's fused path (liger-kernel's
+    fused linear cross-entropy on the normalized head) for ``model``; None when it can. transformers' own Liger
+    patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
+    config = model.config
+    head = model.get_output_embeddings()
+    if not torch.cuda.is_available():  # asked first: on a CPU no install can help (issue 51)
+        return LIGER_NEEDS_CUDA
+    if not liger_installed():
+        return 'liger-kernel is not installed (python -m pip install liger-kernel, or the gpu extra: -e ".[gpu]")'
+    if not isinstance(head, TiedNormHead):
+        return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("plain", "chunked"):
+        return f"config.loss_implementation={implementation!r} asks for another loss path; set 'auto' or 'fused'"
+    if getattr(model, "body_auto_class", None) is not None:  # the wrapper (modeling_tiednorm_wrapped.py)
+
+        body = config.text_config.model_type  # the wrapped transformers architecture, not a row of the family table
+        if config.is_encoder_decoder or body not in FUSED_CAUSAL_BODIES:
+            return (
+                f"the wrapped {body!r} model has no fused loss in hf_tiednorm (it serves the causal LMs "
+                f"{sorted(FUSED_CAUSAL_BODIES)})"
+            )
+    return None
 
 
 # ------------------------------ hf_tiednorm/peft_guard.py -------------------------------------------------------
@@ -1685,6 +2425,28 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
         return {"AutoModel": f"{base_model.__module__.rsplit('.', 1)[-1]}.{base_model.__name__}"}
 
 
+# ------------------------------ hf_tiednorm/outputs.py ----------------------------------------------------------
+"""The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
+KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
+
+
+# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
+@dataclass
+class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+@dataclass
+class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
+    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+# The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
+# ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
+# and return it under the installed version's name, so either version's generate() finds it, without a warning.
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
 # ------------------------------ hf_tiednorm/modeling_tiednorm_seq2seq.py ----------------------------------------
 """Encoder-decoders whose output layer is the normalized tied head: what both encoder-decoder families share
 (``TiedNormSeq2SeqModelMixin``, ``TiedNormSeq2SeqLMMixin``), and the Marian-based family.
@@ -2071,6 +2833,110 @@ def share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted: boo
         return (loss, *outputs[1:])
     outputs.loss = loss
     return outputs
+
+
+# ------------------------------ hf_tiednorm/wrapped_fused_loss.py -----------------------------------------------
+"""The fused training loss of a wrapped causal LM, and the guard that no patched ``forward`` bypasses its head.
+
+A wrapped causal LM (``modeling_tiednorm_wrapped``) runs its architecture's own forward, which computes the
+(tokens × V) logits with the head and then transformers' ``ForCausalLMLoss``. For the architectures whose forward is
+exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``, read from transformers'
+code: no logit soft-capping, scaling or bias around the head), the wrapper computes the same loss from the body's
+base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``fused_loss.py``),
+never materializing the logits. Other architectures keep their own forward (``loss_implementation="auto"``) or are
+refused by name (``"fused"`` / ``"chunked"``).
+
+liger-kernel's class-level patches (``apply_liger_kernel_to_llama()``, ``AutoLigerKernelForCausalLM``) replace
+``LlamaForCausalLM.forward`` by one that computes the training loss from ``lm_head.weight`` directly: with the
+normalized head installed, training would skip the normalization and the logit scale g, while evaluation and
+generation still use them. ``refuse_patched_forward`` finds such a forward (a ``forward`` defined outside the module
+of the class that holds it, or set on the instance) at the first training step and refuses it by name.
+"""
+
+
+# Causal LMs of transformers whose forward is lm_head(hidden_states) + ForCausalLMLoss and nothing else (Gemma 2/3
+# soft-cap the logits, Granite and Cohere scale them: not listed).
+FUSED_CAUSAL_BODIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "gemma", "smollm3", "olmo2"})
+_CHECKED = "_tiednorm_forward_checked"
+
+
+def _defining_class(cls: type, name: str) -> type | None:
+    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
+def patched_forward(body: nn.Module) -> str | None:
+    """Where ``body``'s ``forward`` was replaced (a description naming the function), or None when it is the one its
+    class's own module defines."""
+    if "forward" in vars(body):
+        function = getattr(vars(body)["forward"], "__func__", vars(body)["forward"])
+        return f"the instance's forward was set to {getattr(function, '__module__', '?')}.{function.__qualname__}"
+    owner = _defining_class(type(body), "forward")
+    if owner is None:
+        return None
+    function = inspect.unwrap(vars(owner)["forward"])
+    module = getattr(function, "__module__", None)
+    if module != owner.__module__:
+        return f"{owner.__name__}.forward is {module}.{function.__qualname__}, not the one of {owner.__module__}"
+    return None
+
+
+def refuse_patched_forward(model: nn.Module, body: nn.Module) -> None:
+    """Raise ``ValueError`` when ``body``'s ``forward`` was patched (liger-kernel's class-level patches compute the
+    training loss from ``lm_head.weight`` directly, bypassing the normalized head); checked once per forward
+    function, so a training step costs an attribute comparison."""
+    current = vars(body).get("forward") or getattr(type(body), "forward", None)
+    if model.__dict__.get(_CHECKED) is current:
+        return
+    where = patched_forward(body)
+    if where is not None:
+        raise ValueError(
+            f"the wrapped {type(body).__name__}'s forward was patched ({where}): a patched forward such as "
+            "liger-kernel's apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes the training loss from "
+            "lm_head.weight directly, bypassing the normalized head (its normalization and logit scale), while "
+            "evaluation and generation still use the head. Load the model without the patch (in a fresh process, "
+            "without apply_liger_kernel_to_* or AutoLigerKernelForCausalLM) and use the fused loss of hf_tiednorm "
+            "instead (config.loss_implementation='auto' or 'fused': liger-kernel's kernel on the normalized head)"
+        )
+    model.__dict__[_CHECKED] = current  # not a module attribute: no registration, no state dict entry
+
+
+def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs):
+    """The wrapped causal LM's output with the loss from a fused path and ``logits=None``, or None when the
+    architecture's own forward computes it (evaluation, small logits under ``auto``, ``plain``)."""
+    implementation = model.config.loss_implementation
+    if not (model.training if skip_logits is None else bool(skip_logits)) or implementation == "plain":
+        return None
+    model_type = body.config.model_type
+    if model_type not in FUSED_CAUSAL_BODIES:
+        if implementation == "auto":
+            return None
+        kind = "encoder-decoder" if body.config.is_encoder_decoder else "causal LM"
+        raise ValueError(
+            f"loss_implementation={implementation!r}: the wrapped {model_type!r} {kind}'s forward does more around "
+            "its head than lm_head + cross-entropy, or is not checked for it; the wrapper's fused loss serves the "
+            f"causal LMs {sorted(FUSED_CAUSAL_BODIES)}. Set loss_implementation='auto' or 'plain'"
+        )
+    shift_labels = kwargs.pop("shift_labels", None)
+    targets = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
+    head = model.get_output_embeddings()
+    path = choose_loss_path(implementation, head, targets.numel())
+    if path == "plain":
+        if shift_labels is not None:
+            kwargs["shift_labels"] = shift_labels
+        return None
+    kwargs.pop("logits_to_keep", None)  # every position is scored for the loss
+    outputs = body.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs | {"return_dict": True})
+    hidden = outputs.last_hidden_state
+    flat_targets = targets.reshape(-1).to(hidden.device)
+    total = head_linear_cross_entropy(head, hidden.reshape(-1, hidden.shape[-1]), flat_targets, path)
+    loss = total / token_count(flat_targets, num_items_in_batch).to(total.device)
+    return CausalLMOutputWithPast(
+        loss=loss.to(torch.float32) if loss.dtype != torch.float64 else loss,
+        logits=None,
+        **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
+        hidden_states=getattr(outputs, "hidden_states", None),
+        attentions=getattr(outputs, "attentions", None),
+    )
 
 
 # ------------------------------ hf_tiednorm/modeling_tiednorm_wrapped.py ----------------------------------------
