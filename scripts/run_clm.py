@@ -49,6 +49,7 @@ from hf_tiednorm.training.arguments import (
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
+    command_line,
 )
 from hf_tiednorm.training.callbacks import run_callbacks
 from hf_tiednorm.training.data import group_texts, load_monolingual, token_counts, training_texts
@@ -111,7 +112,13 @@ class DataArguments(DataArgumentsBase):
             raise ValueError(f"--block_size must be >= 2, got {self.block_size}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the script on ``argv`` (None: the command line's arguments); a test calls ``main(argv)`` in-process."""
+    with command_line(argv):
+        train()
+
+
+def train() -> None:
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help

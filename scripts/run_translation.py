@@ -67,6 +67,7 @@ from hf_tiednorm.training.arguments import (
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
+    command_line,
 )
 from hf_tiednorm.training.callbacks import run_callbacks
 from hf_tiednorm.training.data import load_parallel, token_counts, tokenize_parallel, training_texts
@@ -226,7 +227,13 @@ def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], spl
     return {"bleu": result["score"], "gen_len": float(np.mean(lengths)), "bleu_signature": result["signature"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the script on ``argv`` (None: the command line's arguments); a test calls ``main(argv)`` in-process."""
+    with command_line(argv):
+        train()
+
+
+def train() -> None:
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help

@@ -29,8 +29,22 @@ def multi30k_dir() -> Path:
     return MULTI30K
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data_flags(tmp_path_factory) -> list[str]:
-    """Tiny de-en train/val/test files written in code, as script flags (script_helpers.write_tiny_parallel)."""
+    """Tiny de-en train/val/test files written in code, as script flags (script_helpers.write_tiny_parallel); shared
+    by the session, so no test writes into them."""
     return script_helpers.write_tiny_parallel(tmp_path_factory.mktemp("data"))
 
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> script_helpers.RunFactory:
+    """The session's run factory (script_helpers.RunFactory): ``runs(script, *flags)`` or
+    ``runs.translation(data_flags, *flags)``, one in-process run per distinct arguments, shared by the tests."""
+    return script_helpers.RunFactory(tmp_path_factory.mktemp("runs"))
+
+
+
+@pytest.fixture(scope="session")
+def finished_run(runs, data_flags) -> Path:
+    """The session's tiny finished translation run (script_helpers.FINISHED_RUN_FLAGS), shared: copy it to change it."""
+    return runs.translation(data_flags, *script_helpers.FINISHED_RUN_FLAGS, files=script_helpers.FINISHED_RUN_FILES)

@@ -3,10 +3,17 @@ subprocesses, on a few Multi30k sentences."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import importlib.util
+import inspect
+import logging
 import os
+import random
+import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -24,6 +31,13 @@ TINY_TRANSLATION_FLAGS = [
     "--max_source_length", "32", "--max_target_length", "32", "--generation_max_length", "24",
     "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false", "--bf16", "false",
 ]
+
+
+# The tiny finished run that most end-to-end tests start from (``finished_run`` in conftest.py; the run factory trains
+# it once a session): checkpoints 1 and 2, test predictions and BLEU, model card and norm plot. Its folder already held
+# the launcher's run.log (as experiments/reproduce_paper.py writes it), which does not make it another run's folder.
+FINISHED_RUN_FLAGS = ("--do_train", "--do_predict", "--predict_with_generate", "--max_steps", "2", "--save_steps", "1")
+FINISHED_RUN_FILES = {"run.log": "launcher log\n"}
 
 
 def write_tiny_parallel(folder: Path, n_train: int = 48, n_eval: int = 6) -> list[str]:
@@ -67,15 +81,111 @@ def load_script(name: str):
     return module
 
 
-def run_script(name: str, args: list[str], monkeypatch) -> None:
-    """Run scripts/<name>.py's main() in this process with ``args`` as its command line."""
-    module = load_script(name)
-    monkeypatch.setattr(sys, "argv", [f"{name}.py", *map(str, args)])
-    threads = torch.get_num_threads()
+@contextlib.contextmanager
+def isolated_process_state() -> Iterator[dict[str, str | None]]:
+    """What a training script's ``main()`` changes in this process, restored when the block ends, so that an
+    in-process run leaves the next test the process it found: environment variables (a run sets HF_TOKEN, accelerate
+    its own), the working folder, ``sys.argv``, torch's CPU threads and default dtype, the random generators (the
+    Trainer seeds them), the root logger (``logging.basicConfig``) and transformers' / datasets' verbosity, and the
+    attention functions registered with transformers (the bf16 CPU attention). Yields a dict that holds, once the
+    block has ended, the environment variables it changed ({name: new value, None where removed})."""
+    import datasets
+    import numpy as np
+    import transformers
+    from transformers import AttentionInterface
+
+    environ, cwd, argv = dict(os.environ), os.getcwd(), list(sys.argv)
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    verbosity = (transformers.utils.logging.get_verbosity(), datasets.utils.logging.get_verbosity())
+    attention = dict(AttentionInterface._global_mapping)
+    changed: dict[str, str | None] = {}
     try:
-        module.main()
+        yield changed
     finally:
-        torch.set_num_threads(threads)  # the script sets it for the whole process
+        changed.update({name: os.environ.get(name) for name in {*environ, *os.environ}
+                        if os.environ.get(name) != environ.get(name)})
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        sys.argv[:] = argv
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+        transformers.utils.logging.set_verbosity(verbosity[0])
+        datasets.utils.logging.set_verbosity(verbosity[1])
+        AttentionInterface._global_mapping.clear()
+        AttentionInterface._global_mapping.update(attention)
+
+
+def run_script(name: str, args: list, monkeypatch=None) -> dict[str, str | None]:
+    """Run scripts/<name>.py's ``main(args)`` in this process (``isolated_process_state``); returns the environment
+    variables the run set (restored since). ``monkeypatch``: unused, kept for the callers that pass one."""
+    module = load_script(name)
+    with isolated_process_state() as changed_environ:
+        if "argv" in inspect.signature(module.main).parameters:
+            module.main([str(arg) for arg in args])
+        else:  # an experiment script that reads sys.argv itself
+            sys.argv = [f"{name}.py", *map(str, args)]
+            module.main()
+    return changed_environ
+
+
+class RunFactory:
+    """The session's run factory: ``runs(script, *flags)`` is the output folder of one in-process run of
+    scripts/<script>.py with ``flags`` (the factory adds ``--output_dir``), made the first time any test asks for
+    those arguments and shared by every later one, so that the tests needing "a tiny finished run" train it once.
+    ``files`` ({name: text}) are written into the folder before the run (a launcher's run.log). The folder is shared:
+    a test that changes it works on a copy (``copy``). A run that failed fails every test asking for it, with its
+    error. The run's lock on its folder is released, as the end of its process would."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._runs: dict[tuple, Path | BaseException] = {}
+
+    def __call__(self, script: str, *flags, files: dict[str, str] | None = None) -> Path:
+        key = (script, tuple(map(str, flags)), tuple(sorted((files or {}).items())))
+        if key not in self._runs:
+            output_dir = self.root / f"{script}_{len(self._runs)}"
+            output_dir.mkdir(parents=True)
+            for name, text in (files or {}).items():
+                (output_dir / name).write_text(text)
+            from hf_tiednorm.training.run_directory import _HELD_LOCKS, lock_path
+
+            try:
+                run_script(script, [*flags, "--output_dir", output_dir])
+                self._runs[key] = output_dir
+            except Exception as error:  # noqa: BLE001  (re-raised for every test that asks for this run)
+                self._runs[key] = error
+            finally:
+                fd = _HELD_LOCKS.pop(lock_path(output_dir), None)
+                if fd is not None:  # as release_output_dir_locks at the end of the run's process
+                    lock_path(output_dir).unlink(missing_ok=True)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+        result = self._runs[key]
+        if isinstance(result, BaseException):
+            raise RuntimeError(f"the shared run {script} {' '.join(key[1])} failed: {result!r}") from result
+        return result
+
+    def translation(self, data_flags: list[str], *extra, files: dict[str, str] | None = None) -> Path:
+        """A tiny run_translation.py run on ``data_flags`` (``tiny_translation_flags``) with ``extra`` flags."""
+        flags = tiny_translation_flags(data_flags, None, *extra)
+        del flags[flags.index("--output_dir") : flags.index("--output_dir") + 2]  # the factory names the folder
+        return self("run_translation", *flags, files=files)
+
+    @staticmethod
+    def copy(run: Path, destination: Path) -> Path:
+        """A private copy of a shared run's folder, for a test that changes it."""
+        shutil.copytree(run, destination)
+        return destination
 
 
 def subprocess_env() -> dict[str, str]:

@@ -23,30 +23,17 @@ from hf_tiednorm.training.run_directory import (
 )
 
 
-@pytest.fixture(scope="module")
-def two_checkpoints(data_flags, tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp("two_checkpoints")
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        run_script("run_translation", tiny_translation_flags(
-            data_flags, output_dir, "--do_train", "--max_steps", "2", "--save_steps", "1",
-        ), monkeypatch)
-    finally:
-        monkeypatch.undo()
-    return output_dir
-
-
 def truncate(path, keep=0.5):
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
 
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth"])
-def test_a_truncated_archive_is_refused_by_name_and_last_falls_back(two_checkpoints, data_flags, tmp_path,
+def test_a_truncated_archive_is_refused_by_name_and_last_falls_back(finished_run, data_flags, tmp_path,
                                                                     monkeypatch, caplog, name):
     """It passed as complete; `last` picked it and the run died after data preparation naming no file."""
     output_dir = tmp_path / "run"
-    shutil.copytree(two_checkpoints, output_dir)
+    shutil.copytree(finished_run, output_dir)
     truncate(output_dir / "checkpoint-2" / name)
     assert name in archive_problem(output_dir / "checkpoint-2" / name)
     module = load_script("run_translation")
@@ -66,10 +53,10 @@ def test_a_truncated_archive_is_refused_by_name_and_last_falls_back(two_checkpoi
     assert json.loads((output_dir / "all_results.json").read_text())["train_resumed_from_step"] == 1
 
 
-def test_weights_lacking_a_model_tensor_are_refused_by_name(two_checkpoints, data_flags, tmp_path, monkeypatch):
+def test_weights_lacking_a_model_tensor_are_refused_by_name(finished_run, data_flags, tmp_path, monkeypatch):
     """A checkpoint without the shared embedding counted as complete and resumed with a fresh embedding."""
     output_dir = tmp_path / "run"
-    shutil.copytree(two_checkpoints, output_dir)
+    shutil.copytree(finished_run, output_dir)
     path = output_dir / "checkpoint-2" / "model.safetensors"
     weights = load_file(path)
     shared = next(name for name in weights if "shared" in name or "embed_tokens" in name)
@@ -84,16 +71,16 @@ def test_weights_lacking_a_model_tensor_are_refused_by_name(two_checkpoints, dat
         ), monkeypatch)
 
 
-def test_an_intact_checkpoint_has_no_missing_names(two_checkpoints):
-    assert missing_weight_names(two_checkpoints / "checkpoint-2") == []
-    assert archive_problem(two_checkpoints / "checkpoint-2" / "optimizer.pt") is None
+def test_an_intact_checkpoint_has_no_missing_names(finished_run):
+    assert missing_weight_names(finished_run / "checkpoint-2") == []
+    assert archive_problem(finished_run / "checkpoint-2" / "optimizer.pt") is None
 
 
 # --- issue 40 U2-U5: a checkpoint whose files exist but cannot serve is named, and `last` skips it ---------------
 
-def broken_copy(two_checkpoints, tmp_path):
+def broken_copy(finished_run, tmp_path):
     output_dir = tmp_path / "run"
-    shutil.copytree(two_checkpoints, output_dir)
+    shutil.copytree(finished_run, output_dir)
     return output_dir, output_dir / "checkpoint-2"
 
 
@@ -101,10 +88,10 @@ def broken_copy(two_checkpoints, tmp_path):
     ("{}", r"trainer_state\.json has no global_step"), ("[]", r"trainer_state\.json holds list"),
     ("null", r"trainer_state\.json holds null"), ('{"global_step": "2"}', r"trainer_state\.json has no global_step"),
 ])
-def test_a_trainer_state_without_a_step_is_named(two_checkpoints, tmp_path, caplog, state, named):
+def test_a_trainer_state_without_a_step_is_named(finished_run, tmp_path, caplog, state, named):
     """U2: `{}`, `[]`, `null` counted as complete; the resume failed with KeyError/TypeError, and `{}` recorded a
     change "at step None"."""
-    output_dir, checkpoint = broken_copy(two_checkpoints, tmp_path)
+    output_dir, checkpoint = broken_copy(finished_run, tmp_path)
     (checkpoint / "trainer_state.json").write_text(state)
     assert any(re.search(named, problem) for problem in checkpoint_problems(checkpoint))
     with pytest.raises(ValueError, match=rf"checkpoint-2 is incomplete \(.*{named}"):
@@ -116,10 +103,10 @@ def test_a_trainer_state_without_a_step_is_named(two_checkpoints, tmp_path, capl
     assert "skipping" in caplog.text and "checkpoint-2" in caplog.text
 
 
-def test_a_truncated_torch_weights_file_is_not_complete(two_checkpoints, tmp_path):
+def test_a_truncated_torch_weights_file_is_not_complete(finished_run, tmp_path):
     """U3: a truncated pytorch_model.bin counted as complete and failed late with `OSError 22`; a truncated shard
     of a sharded safetensors save was not read either."""
-    output_dir, checkpoint = broken_copy(two_checkpoints, tmp_path)
+    output_dir, checkpoint = broken_copy(finished_run, tmp_path)
     weights = load_file(checkpoint / "model.safetensors")
     (checkpoint / "model.safetensors").unlink()
     torch.save(weights, checkpoint / "pytorch_model.bin")
@@ -135,9 +122,9 @@ def test_a_truncated_torch_weights_file_is_not_complete(two_checkpoints, tmp_pat
     assert any("model-00001-of-00002.safetensors is truncated" in p for p in checkpoint_problems(checkpoint))
 
 
-def test_a_zip_without_torch_records_is_named(two_checkpoints, tmp_path):
+def test_a_zip_without_torch_records_is_named(finished_run, tmp_path):
     """U4: a scheduler.pt that is a zip archive but not torch's passed and failed late inside torch."""
-    output_dir, checkpoint = broken_copy(two_checkpoints, tmp_path)
+    output_dir, checkpoint = broken_copy(finished_run, tmp_path)
     with zipfile.ZipFile(checkpoint / "scheduler.pt", "w") as archive:
         archive.writestr("notes.txt", "not a scheduler")
     assert re.search(r"scheduler\.pt is a zip archive but not one torch\.save wrote .*notes\.txt",
@@ -146,9 +133,9 @@ def test_a_zip_without_torch_records_is_named(two_checkpoints, tmp_path):
         resolve_resume_checkpoint(SimpleNamespace(output_dir=str(output_dir), resume_from_checkpoint=str(checkpoint)))
 
 
-def test_a_checkpoint_without_config_is_named_and_skipped(two_checkpoints, tmp_path, caplog):
+def test_a_checkpoint_without_config_is_named_and_skipped(finished_run, tmp_path, caplog):
     """U5: it gave transformers' "Unrecognized model", and `last` did not skip it."""
-    output_dir, checkpoint = broken_copy(two_checkpoints, tmp_path)
+    output_dir, checkpoint = broken_copy(finished_run, tmp_path)
     (checkpoint / "config.json").unlink()
     assert "no config.json (the model's architecture)" in checkpoint_problems(checkpoint)
     with caplog.at_level("WARNING"):

@@ -22,20 +22,6 @@ from hf_tiednorm.remote_code_map import foreign_auto_map
 EVIL = {"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"}
 
 
-@pytest.fixture(scope="module")
-def base_run(data_flags, tmp_path_factory):
-    """A finished tiny translation run (the base model of the fine-tuning tests)."""
-    output_dir = tmp_path_factory.mktemp("base")
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        run_script("run_translation", tiny_translation_flags(
-            data_flags, output_dir, "--do_train", "--max_steps", "1", "--save_strategy", "no",
-        ), monkeypatch)
-    finally:
-        monkeypatch.undo()
-    return output_dir
-
-
 def with_foreign_auto_map(folder, tmp_path):
     copy = tmp_path / "evil_base"
     shutil.copytree(folder, copy)
@@ -45,9 +31,9 @@ def with_foreign_auto_map(folder, tmp_path):
     return copy
 
 
-def test_fine_tuning_drops_a_base_models_foreign_auto_map(base_run, data_flags, tmp_path, monkeypatch):
+def test_fine_tuning_drops_a_base_models_foreign_auto_map(finished_run, data_flags, tmp_path, monkeypatch):
     """A foreign auto_map entry of the base model survived fine-tuning into the final model and every checkpoint."""
-    base = with_foreign_auto_map(base_run, tmp_path)
+    base = with_foreign_auto_map(finished_run, tmp_path)
     output_dir = tmp_path / "tuned"
     run_script("run_translation", [
         *data_flags, "--output_dir", output_dir, "--model_name_or_path", base, "--do_train", "--max_steps", "1",
@@ -60,15 +46,15 @@ def test_fine_tuning_drops_a_base_models_foreign_auto_map(base_run, data_flags, 
         assert auto_map["AutoModelForSeq2SeqLM"].startswith("modeling_tiednorm.")
 
 
-def test_push_refuses_to_stage_a_foreign_auto_map(base_run, tmp_path):
-    base = with_foreign_auto_map(base_run, tmp_path)
+def test_push_refuses_to_stage_a_foreign_auto_map(finished_run, tmp_path):
+    base = with_foreign_auto_map(finished_run, tmp_path)
     with pytest.raises(ValueError, match=r"config\.json maps Auto classes to remote code .*attacker/repo--evil"):
         hub.push_to_hub(base, "me/model", dry_run_dir=tmp_path / "staged")
     assert not (tmp_path / "staged").exists()
 
 
-def fine_tune(base, data_flags, output_dir, monkeypatch, *extra):
-    run_script("run_translation", [
+def fine_tune(base, data_flags, output_dir, monkeypatch, *extra) -> dict:
+    return run_script("run_translation", [
         *data_flags, "--output_dir", output_dir, "--model_name_or_path", base, "--do_train", "--max_steps", "1",
         "--report_to", "none", "--num_threads", "1", "--bf16", "false", "--max_source_length", "32",
         "--max_target_length", "32", *extra,
@@ -86,36 +72,36 @@ def machine_paths(folder):
     return hits
 
 
-def test_fine_tuned_card_and_staged_files_name_no_local_path(base_run, data_flags, tmp_path, monkeypatch):
+def test_fine_tuned_card_and_staged_files_name_no_local_path(finished_run, data_flags, tmp_path, monkeypatch):
     """Fine-tuning from an absolute --model_name_or_path wrote `base_model: /abs/path` and "Fine-tuned from `/abs/…`"
     into the card, and tiednorm-push --dry-run staged it."""
     output_dir = tmp_path / "tuned"
-    fine_tune(base_run, data_flags, output_dir, monkeypatch, "--save_strategy", "no")
+    fine_tune(finished_run, data_flags, output_dir, monkeypatch, "--save_strategy", "no")
     card = ModelCard.load(output_dir / "README.md")
     assert card.data.base_model is None and "Fine-tuned from a local model" in card.text
-    assert str(base_run) not in card.text
+    assert str(finished_run) not in card.text
     assert card.data.license == "unknown"  # the base model's card states none: never a default (issue 43)
     staged = hub.push_to_hub(output_dir, "me/tuned", dry_run_dir=tmp_path / "staged")
     assert machine_paths(staged) == []
 
 
-def test_a_base_models_hub_id_and_license_are_published(base_run, tmp_path):
+def test_a_base_models_hub_id_and_license_are_published(finished_run, tmp_path):
     """A local snapshot of a Hub model (the cache layout) is published by its id, with its card's license."""
     snapshot = tmp_path / "hub" / "models--someone--tiny-base" / "snapshots" / "abc123"
-    shutil.copytree(base_run, snapshot)
+    shutil.copytree(finished_run, snapshot)
     (snapshot / "README.md").write_text("---\nlicense: mit\n---\n# tiny-base\n")
     assert base_model_provenance(snapshot) == ("someone/tiny-base", "mit")
-    card = render_model_card(base_run, base_model=str(snapshot))
+    card = render_model_card(finished_run, base_model=str(snapshot))
     assert (card.data.base_model, card.data.license) == ("someone/tiny-base", "mit")
     assert "Fine-tuned from `someone/tiny-base`" in card.text and str(tmp_path) not in card.text
-    assert render_model_card(base_run).data.license == "unknown"  # nobody stated one: never a default (issue 43)
+    assert render_model_card(finished_run).data.license == "unknown"  # nobody stated one: never a default (issue 43)
     (snapshot / "README.md").unlink()
-    assert render_model_card(base_run, base_model=str(snapshot)).data.license == "unknown"  # not claimed
+    assert render_model_card(finished_run, base_model=str(snapshot)).data.license == "unknown"  # not claimed
 
 
-def test_push_rewrites_an_old_cards_local_base_model(base_run, tmp_path):
+def test_push_rewrites_an_old_cards_local_base_model(finished_run, tmp_path):
     folder = tmp_path / "old"
-    shutil.copytree(base_run, folder)
+    shutil.copytree(finished_run, folder)
     card = ModelCard.load(folder / "README.md")
     card.data.base_model = str(tmp_path / "somewhere")
     card.text += f"\nFine-tuned from `{tmp_path / 'somewhere'}`.\n"
@@ -125,13 +111,13 @@ def test_push_rewrites_an_old_cards_local_base_model(base_run, tmp_path):
     assert "Fine-tuned from a local model" in (staged / "README.md").read_text()
 
 
-def test_hub_token_is_never_saved_and_a_token_folder_is_not_staged(base_run, data_flags, tmp_path, monkeypatch):
+def test_hub_token_is_never_saved_and_a_token_folder_is_not_staged(finished_run, data_flags, tmp_path, monkeypatch):
     """--hub_token was pickled in clear into training_args.bin of every checkpoint and the final folder."""
-    monkeypatch.setenv("HF_TOKEN", "unset")  # recorded, so that the HF_TOKEN the script sets is undone after
-    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
     output_dir = tmp_path / "tuned"
-    fine_tune(base_run, data_flags, output_dir, monkeypatch, "--save_steps", "1", "--hub_token", "hf_SECRETTOKEN")
-    assert os.environ["HF_TOKEN"] == "hf_SECRETTOKEN"  # where the Trainer's push finds it
+    environ = fine_tune(finished_run, data_flags, output_dir, monkeypatch, "--save_steps", "1", "--hub_token",
+                        "hf_SECRETTOKEN")
+    assert environ["HF_TOKEN"] == "hf_SECRETTOKEN"  # where the Trainer's push finds it (undone after the run)
     for path in (output_dir / "training_args.bin", output_dir / "checkpoint-1" / "training_args.bin"):
         assert b"hf_SECRETTOKEN" not in path.read_bytes() and not training_args_token(path)
     args = torch.load(output_dir / "training_args.bin", weights_only=False)
@@ -143,16 +129,16 @@ def test_hub_token_is_never_saved_and_a_token_folder_is_not_staged(base_run, dat
     assert not (tmp_path / "staged").exists()
 
 
-def test_push_names_a_corrupt_tokenizer_and_leaves_no_half_staged_folder(base_run, tmp_path):
+def test_push_names_a_corrupt_tokenizer_and_leaves_no_half_staged_folder(finished_run, tmp_path):
     """A corrupt tokenizer.json: bare JSONDecodeError and a half-written staging folder ("not empty" on rerun)."""
     folder = tmp_path / "corrupt"
-    shutil.copytree(base_run, folder)
+    shutil.copytree(finished_run, folder)
     (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {')
     staged = tmp_path / "staged"
     with pytest.raises(ValueError, match=r"corrupt/tokenizer\.json is not valid JSON"):
         hub.push_to_hub(folder, "me/corrupt", dry_run_dir=staged)
     assert not staged.exists() and not list(tmp_path.glob(".staged*"))
-    shutil.copy2(base_run / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copy2(finished_run / "tokenizer.json", folder / "tokenizer.json")
     assert (hub.push_to_hub(folder, "me/corrupt", dry_run_dir=staged) / "config.json").is_file()
 
 

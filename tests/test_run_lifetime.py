@@ -31,22 +31,6 @@ from hf_tiednorm.training.run_directory import (
 )
 
 
-@pytest.fixture(scope="module")
-def finished_run(data_flags, tmp_path_factory):
-    """A finished run: checkpoints 1 and 2, test BLEU, model card and norm plot."""
-    output_dir = tmp_path_factory.mktemp("finished") / "run"
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        run_script("run_translation", tiny_translation_flags(
-            data_flags, output_dir, "--do_train", "--do_predict", "--predict_with_generate", "--max_steps", "2",
-            "--save_steps", "1",
-        ), monkeypatch)
-    finally:
-        monkeypatch.undo()
-    release_output_dir_locks()  # as the end of the process would
-    return output_dir
-
-
 def copy_run(finished_run, tmp_path):
     output_dir = tmp_path / "run"
     shutil.copytree(finished_run, output_dir)

@@ -22,23 +22,6 @@ from hf_tiednorm.publishing import hub
 from hf_tiednorm.training.run_directory import resolve_resume_checkpoint, save_final_model
 
 
-@pytest.fixture(scope="module")
-def finished_run(data_flags, tmp_path_factory):
-    """A finished cosine run with checkpoints 1 and 2, test predictions and BLEU. Its folder already held the
-    launcher's run.log (as experiments/reproduce_paper.py writes it), which does not make it another run's folder."""
-    output_dir = tmp_path_factory.mktemp("finished")
-    (output_dir / "run.log").write_text("launcher log\n")
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        run_script("run_translation", tiny_translation_flags(
-            data_flags, output_dir, "--do_train", "--do_predict", "--predict_with_generate", "--max_steps", "2",
-            "--save_steps", "1",
-        ), monkeypatch)
-    finally:
-        monkeypatch.undo()
-    return output_dir
-
-
 def test_reused_output_dir_is_refused(finished_run, data_flags, monkeypatch):
     before = (finished_run / "config.json").read_text()
     with pytest.raises(FileExistsError, match=r"already holds another run's outputs .*--overwrite_output_dir"):

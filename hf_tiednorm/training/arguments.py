@@ -1,6 +1,7 @@
 """The flags both training scripts share, read by ``HfArgumentParser``.
 
-* ``parse_arguments``: flags, or a .json/.yaml config file followed by flags that override it.
+* ``parse_arguments``: flags, or a .json/.yaml config file followed by flags that override it; ``command_line``: the
+  arguments of a script's ``main(argv)`` called in-process, in place of the process's.
 * ``TiedNormModelArguments``: the model flags (checkpoint, tokenizer, the tied output layer and the technique flags of
   its loss) with their checks and the fine-tuning rules; each script subclasses it with the architecture flags of its
   model family. Its config-field flags are derived from the config mixins' field metadata (``model_arguments_class``):
@@ -14,11 +15,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
@@ -55,6 +58,21 @@ def argument_parser(dataclass_types: tuple[type, ...], description: str | None =
     """The parser of a training script: its dataclasses' flags, the config-file usage and ``description``."""
     text = CONFIG_FILE_NOTE if description is None else f"{description.strip()}\n\n{CONFIG_FILE_NOTE}"
     return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
+
+
+@contextlib.contextmanager
+def command_line(argv: Sequence[object] | None) -> Iterator[None]:
+    """A script's ``main(argv)`` called in-process (tests): ``sys.argv[1:]`` reads ``argv`` (as strings) inside the
+    block, where the flags and the config file are read, and the process's own afterwards. None: the process's own."""
+    if argv is None:
+        yield
+        return
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "", *map(str, argv)]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def config_file_argument() -> str | None:
