@@ -129,6 +129,9 @@ def test_every_loss_path_gives_the_reference_scores_loss_and_gradients(name, hea
         assert (out.logits is None) == (path != "plain"), f"{path}: a fused path returns no logits in training"
         results[path] = out.loss.detach().double(), parameter_grads(model, out.loss)
     assert bool(kernel_calls) == ("torch" in PATHS), "the torch path ran torch's F.linear_cross_entropy"
+    model.eval()  # evaluation: logits again, whatever computes the training loss
+    with torch.no_grad():
+        assert model(**inputs, labels=labels).logits is not None
 
     plain_loss, plain_grads = results["plain"]
     for path, (loss, grads) in results.items():

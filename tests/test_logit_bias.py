@@ -146,22 +146,6 @@ def test_every_family_starts_at_zero_trains_and_reloads_the_bias(family, head_mo
         torch.testing.assert_close(loaded.eval()(**inputs).logits, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_chunked_model_loss_trains_the_bias_as_the_plain_one(family):
-    torch.manual_seed(0)
-    plain = tiny_model(family, head_mode="cosine", logit_bias=True).train()
-    chunked = tiny_model(family, head_mode="cosine", logit_bias=True, loss_chunk_size=5).train()
-    chunked.load_state_dict(plain.state_dict())
-    inputs = model_inputs(plain)
-    labels = inputs["decoder_input_ids"] if plain.config.is_encoder_decoder else inputs["input_ids"]
-    with torch.no_grad():
-        for model in (plain, chunked):
-            model.lm_head.logit_bias.uniform_(-1, 1, generator=torch.Generator().manual_seed(3))
-    for model in (plain, chunked):
-        model(**inputs, labels=labels).loss.backward()
-    torch.testing.assert_close(chunked.lm_head.logit_bias.grad, plain.lm_head.logit_bias.grad, rtol=1e-5, atol=1e-7)
-
-
 def test_the_config_field_is_a_checked_bool():
     assert tiny_config("causal").logit_bias is False
     with pytest.raises(StrictDataclassError, match="logit_bias"):

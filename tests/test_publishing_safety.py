@@ -4,7 +4,6 @@ code in auto_map, no local path of the machine, no token. Tiny data made in code
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
