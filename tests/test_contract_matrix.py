@@ -18,9 +18,10 @@ from testing_utils import FAMILIES, model_inputs, reference_scores, tiny_model
 from tiny_architectures import inputs_for, source_model
 
 import hf_tiednorm
-from hf_tiednorm import HEAD_MODES, fused_loss
+from hf_tiednorm import HEAD_MODES
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.fused_loss import torch_linear_cross_entropy_available
+from hf_tiednorm.modeling.loss import policy
+from hf_tiednorm.modeling.loss.policy import torch_linear_cross_entropy_available
 
 FIXED_SCALE = 3.0
 # The learned terms of the head: config fields of each column of the matrix.
@@ -95,7 +96,7 @@ def test_every_loss_path_gives_the_reference_scores_loss_and_gradients(name, hea
     terms = TERMS[terms]
     kernel_calls = []
     if "torch" in PATHS:
-        monkeypatch.setattr(fused_loss, "fused_kernel", lambda *args: "torch")
+        monkeypatch.setattr(policy, "fused_kernel", lambda *args: "torch")
         torch_kernel = F.linear_cross_entropy
         monkeypatch.setattr(F, "linear_cross_entropy", lambda *a, **k: kernel_calls.append(1) or torch_kernel(*a, **k))
     model = contract_model(name, head_mode, terms)
