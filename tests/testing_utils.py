@@ -4,6 +4,7 @@ independent reference scores. Every test module imports from here; ``conftest.py
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -134,15 +135,97 @@ else:
 """
 
 
+# The loop of the session's process without the package (``run_without_package``): it reads one request a line on
+# stdin (JSON: code, working folder) and answers on the pipe ``fd`` (JSON: ok, stdout, error), running each code in a
+# fresh namespace as a script, its prints captured, and the remote-code modules of earlier requests forgotten.
+_WORKER_LOOP = """
+import contextlib, io, json, os, sys, traceback
+answers = os.fdopen(int(sys.argv[1]), "w")
+for request in sys.stdin:
+    request = json.loads(request)
+    for name in [name for name in sys.modules if name.startswith("transformers_modules")]:
+        del sys.modules[name]
+    out, err, ok = io.StringIO(), io.StringIO(), True
+    os.chdir(request["cwd"])
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(request["code"], "<run_without_package>", "exec"), {"__name__": "__main__"})
+    except SystemExit as exit:
+        ok = exit.code in (None, 0)
+    except BaseException:
+        ok = False
+        err.write(traceback.format_exc())
+    answers.write(json.dumps({"ok": ok, "stdout": out.getvalue(), "stderr": err.getvalue()}) + "\\n")
+    answers.flush()
+"""
+
+
+class _PackagelessWorker:
+    """One Python process where `hf_tiednorm` cannot be imported, started at the first request and kept for the
+    session: the remote-code tests share it instead of each starting (and importing torch and transformers in) one
+    of their own. A request that fails or times out is reported as before; one that times out ends the process (the
+    next request starts another)."""
+
+    def __init__(self):
+        self.process = None
+
+    def start(self) -> None:
+        import subprocess
+        import sys
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.answers_fd, write_fd = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _BLOCK_PACKAGE + _WORKER_LOOP, str(write_fd)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT.parent, text=True,
+            pass_fds=(write_fd,),
+        )
+        os.close(write_fd)
+        self.answers = os.fdopen(self.answers_fd, "r")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.answers.close()
+            self.process = None
+
+    def run(self, code: str, cwd: Path, timeout: float) -> dict:
+        import json
+        import selectors
+
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        self.process.stdin.write(json.dumps({"code": code, "cwd": str(cwd)}) + "\n")
+        self.process.stdin.flush()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.answers, selectors.EVENT_READ)
+            ready = selector.select(timeout)
+        line = self.answers.readline() if ready else ""
+        if not line:
+            self.stop()
+            raise AssertionError(f"isolated process {f'timed out after {timeout} s' if not ready else 'died'}")
+        return json.loads(line)
+
+
+_WORKER = _PackagelessWorker()
+atexit.register(_WORKER.stop)
+
+
 def run_without_package(code: str, cwd: Path, timeout: int = 300, python: str | None = None) -> str:
-    """Run `code` in a fresh Python process (``python``, by default this one's interpreter) where `hf_tiednorm`
-    cannot be imported; return its stdout."""
+    """Run `code` as a script where `hf_tiednorm` cannot be imported; return what it printed. By default in the
+    session's shared process (``_PackagelessWorker``: a fresh namespace each time, no remote-code module of an earlier
+    call left); with ``python`` (another interpreter) in a fresh process of its own."""
+    if python is None:
+        result = _WORKER.run(code, cwd, timeout)
+        if not result["ok"]:
+            raise AssertionError(f"isolated process failed:\n{result['stdout']}\n{result['stderr']}")
+        return result["stdout"]
     import subprocess
-    import sys
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
-        [python or sys.executable, "-c", _BLOCK_PACKAGE + code],
+        [python, "-c", _BLOCK_PACKAGE + code],
         cwd=cwd,
         env=env,
         capture_output=True,
