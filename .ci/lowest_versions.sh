@@ -2,7 +2,7 @@
 # The lowest torch and transformers versions setup.cfg declares, tested: a venv with exactly those two (the rest as
 # pip resolves them) runs a representative slice of the suite on the CPU: a training step of every family and of
 # the wrapper on every loss path in fp32 and bf16, generation, conversion, in-memory export and the Trainer loop
-# (tests/test_emulated_accelerator.py), the fused and chunked losses, the head's row norms, the export and the
+# (tests/modeling/test_emulated_accelerator.py), the fused and chunked losses, the head's row norms, the export and the
 # converter. tests/test_lowest_versions.py (slow) runs this script.
 #   bash .ci/lowest_versions.sh                 # venv in ${TMPDIR:-/tmp}/hf_tiednorm_lowest_venv, kept for reruns
 #   LOWEST_VENV=/path bash .ci/lowest_versions.sh [pytest args]   # other venv; args replace the slice
@@ -43,7 +43,7 @@ if ! "$py" -c "import torch" 2>/dev/null; then
 fi
 "$py" -c "import torch, transformers; print('lowest versions: torch', torch.__version__, 'transformers', transformers.__version__)"
 if [[ $# -eq 0 ]]; then
-  set -- tests/test_emulated_accelerator.py tests/test_fused_loss.py tests/test_row_norms.py tests/test_export.py \
-    tests/test_convert.py
+  set -- tests/modeling/test_emulated_accelerator.py tests/modeling/loss/test_fused_loss.py tests/modeling/head/test_row_norms.py tests/conversion/test_export.py \
+    tests/conversion/test_convert.py
 fi
 exec "$py" -m pytest -q -p no:cacheprovider "$@"

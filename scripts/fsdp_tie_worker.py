@@ -1,5 +1,5 @@
-"""One rank of scripts/verify_fsdp_tie.py (and tests/test_distributed.py): shard a tiny model of every family,
-train it and measure it against the same model trained unsharded in this process on the whole global batch.
+"""One rank of scripts/verify_fsdp_tie.py (and tests/end_to_end/test_distributed.py): shard a tiny model of every
+family, train it and measure it against the same model trained unsharded in this process on the whole global batch.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/fsdp_tie_worker.py ROUTE OUT_JSON \
         [FAMILY ...] [--device {auto,cpu,cuda}]
@@ -12,9 +12,9 @@ Every rank gets 2 examples of a global batch of 2 x world size, so the sharded r
 examples; the optimizer is SGD because Adam's update is blind to a gradient scaled by the world size (FSDP2 over
 gloo summing instead of averaging, torch issue 162338) and SGD's is not.
 
-Device: ``--device cpu`` runs CPU processes over gloo (what tests/test_distributed.py launches); ``cuda`` puts rank
-``LOCAL_RANK`` on GPU ``LOCAL_RANK`` over nccl (one process per GPU); ``auto`` (default) is ``cuda`` when a GPU is
-visible. ``use_device`` is the only place that differs between the two: the models, the batches and the reference
+Device: ``--device cpu`` runs CPU processes over gloo (what tests/end_to_end/test_distributed.py launches); ``cuda``
+puts rank ``LOCAL_RANK`` on GPU ``LOCAL_RANK`` over nccl (one process per GPU); ``auto`` (default) is ``cuda`` when a
+GPU is visible. ``use_device`` is the only place that differs between the two: the models, the batches and the reference
 run live on the rank's device, the rest of the worker is the same code.
 
 Self-contained (the tiny models are built here, not imported from the repository's tests/), so a user's checkout

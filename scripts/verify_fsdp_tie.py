@@ -13,7 +13,7 @@ losses, every gradient and the regularizers' terms equal to one process trained 
 evaluation between steps; the gathered state dict saved with save_pretrained reloading tied with the same logits;
 Seq2SeqTrainer predict_with_generate (accelerate route). Exits 1 on any failure. A route whose library is not
 installed (zero3 without DeepSpeed: ``pip install -e ".[deepspeed]"``) is skipped and says so: it is no failure.
-tests/test_distributed.py asserts the same numbers on 2 CPU processes.
+tests/end_to_end/test_distributed.py asserts the same numbers on 2 CPU processes.
 
 Where CUDA is available (and --device cpu is not given) one process per GPU (--nproc, default: all visible GPUs)
 runs on its own GPU over nccl; otherwise CPU processes over gloo (--nproc default 2). Each process trains on 2

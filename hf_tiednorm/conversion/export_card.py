@@ -20,7 +20,7 @@ from .source_provenance import PROVENANCE, folder_provenance, source_text
 from .staging_checks import unshipped_head_mode
 
 # Where the card's commands name the export: a placeholder the user replaces (a local card cannot know where the
-# folder will be; tests/test_export.py substitutes it), or, on a Hub card, the folder `hf download` writes.
+# folder will be; tests/conversion/test_export.py substitutes it), or, on a Hub card, the folder `hf download` writes.
 THIS_FOLDER = "<this folder>"
 
 
@@ -59,7 +59,7 @@ def _untied_refusal(model) -> str | None:
 def convert_back(result, folder: str = THIS_FOLDER) -> tuple[list[str] | None, str]:
     """The ``tiednorm-convert`` arguments that give the normalized head back to the export ``result`` (an
     ``export.PlainExport``) with its logits, reading ``folder``, and a note saying why this mode and flags; or
-    (None, why it cannot). tests/test_export.py runs the command for every case it gives one."""
+    (None, why it cannot). tests/conversion/test_export.py runs the command for every case it gives one."""
     model, mode = result.model, get_head_mode(result.head["head_mode"])
     if not result.tied:
         refusal = _untied_refusal(model)

@@ -39,7 +39,8 @@ HASH_LIMIT = 256 * 2**20
 # The TrainingArguments fields that cannot change the trained weights: every other field of the run's
 # TrainingArguments (HF's and the scripts' subclass; a field a newer transformers adds included) is recorded, since a
 # flag we did not think of (--train_sampling_strategy, --lr_scheduler_kwargs, --neftune_noise_alpha,
-# --dataloader_drop_last) changed the run unrecorded. tests/test_run_record.py checks that each name is a field.
+# --dataloader_drop_last) changed the run unrecorded. tests/training/test_run_record.py checks that each name is a
+# field.
 TRAINING_FIELDS_NOT_RECORDED = (
     # where the outputs go and what the run is called
     "output_dir", "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",

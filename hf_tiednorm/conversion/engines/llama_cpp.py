@@ -1,7 +1,7 @@
 """llama.cpp serves a plain export: ``convert_to_gguf`` writes it as GGUF with the converter llama.cpp ships,
 ``llama_greedy`` continues token-id prompts greedily in llama-cpp-python, ``transformers_greedy`` does the same in
 transformers (the reference). experiments/engines/llama_cpp_check.py runs them on the SmolLM2-135M export
-(docs/deploy.md); tests/test_export_llama_cpp.py (``slow``) checks the continuations agree.
+(docs/deploy.md); tests/conversion/test_export_llama_cpp.py (``slow``) checks the continuations agree.
 """
 
 from __future__ import annotations

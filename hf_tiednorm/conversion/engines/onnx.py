@@ -6,8 +6,8 @@
   step ``(decoder_input_ids, encoder_hidden_states, attention_mask) -> logits`` of the whole decoder prefix (no KV
   cache), the split ``generate`` itself uses: encode once, decode step by step.
 
-Needs the ``onnx`` extra (``python -m pip install -e ".[onnx]"``); tests/test_export_engines.py runs it on tiny
-models and experiments/engines/onnx_export.py measures it on SmolLM2-135M and a Multi30k-sized Marian model
+Needs the ``onnx`` extra (``python -m pip install -e ".[onnx]"``); tests/conversion/test_export_engines.py runs it on
+tiny models and experiments/engines/onnx_export.py measures it on SmolLM2-135M and a Multi30k-sized Marian model
 (docs/deploy.md).
 """
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 from testing_utils import TINY_VOCAB
-from tiny_architectures import auto_class, inputs_for, source_model
+from tiny_architectures import ENCODER_DECODER, auto_class, inputs_for, source_model
+from transformers import MarianConfig, MarianMTModel
 
 import hf_tiednorm
-from hf_tiednorm.convert import main, normalize_tied_head
+from hf_tiednorm.convert import convert_checkpoint, main, normalize_tied_head
 
 MODES = ("cosine", "square", "distance")
 NEW = 10
@@ -70,3 +71,38 @@ def test_a_plain_conversion_keeps_the_head_rule_for_new_tokens():
 def test_a_config_claiming_a_lossless_start_its_head_cannot_have_is_refused(fields, message):
     with pytest.raises(Exception, match=message):
         hf_tiednorm.TiedNormCausalConfig(lossless_start=True, **fields)
+
+
+# test_lossless_resize.py merged here ---------------------------------------------------------------------
+# Tokens that ``resize_decoder_token_embeddings`` adds to a lossless-started encoder-decoder with its own decoder
+# vocabulary (tie topology "decoder") start by the lossless map from their initial rows, as
+# ``resize_token_embeddings`` starts them (test_lossless_resize.py): the resized model computes what the source
+# computes after the same resize.
+
+
+NEW_DECODER = 6
+
+
+def decoder_resized_logits(model, inputs) -> torch.Tensor:
+    torch.manual_seed(1)  # the new rows' draw: the same for the source and the conversion
+    model.resize_decoder_token_embeddings(TINY_VOCAB + NEW_DECODER)
+    with torch.no_grad():
+        return model(**inputs).logits.float()
+
+
+@pytest.mark.parametrize("head_mode", ["cosine", "square", "distance"])
+def test_decoder_resize_after_a_lossless_start_adds_tokens_as_the_source_does(head_mode, tmp_path):
+    torch.manual_seed(0)
+    config = MarianConfig(share_encoder_decoder_embeddings=False, **ENCODER_DECODER)  # two vocabularies
+    MarianMTModel(config).eval().save_pretrained(tmp_path / "source")
+    model = convert_checkpoint(tmp_path / "source", head_mode=head_mode, lossless_start=True)
+    assert isinstance(model, hf_tiednorm.TiedNormForConditionalGeneration)
+    assert model.config.tie_topology == "decoder" and model.config.lossless_start
+    source = MarianMTModel.from_pretrained(tmp_path / "source").eval()
+    inputs = inputs_for(source)
+    expected = decoder_resized_logits(source, inputs)
+    logits = decoder_resized_logits(model, inputs)
+    assert logits.shape[-1] == TINY_VOCAB + NEW_DECODER
+    new_mass = logits.softmax(-1)[..., TINY_VOCAB:].sum(-1)
+    torch.testing.assert_close(new_mass, expected.softmax(-1)[..., TINY_VOCAB:].sum(-1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from testing_utils import tiny_model, tiny_tokenizer
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "rare_words.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "rare_words.py"
 _spec = importlib.util.spec_from_file_location("rare_words", SCRIPT)
 rare_words = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rare_words)

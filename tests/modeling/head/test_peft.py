@@ -17,6 +17,7 @@ from hf_tiednorm.modeling.head.peft_guard import check_head_not_bypassed
 
 peft = pytest.importorskip("peft")
 
+
 ATTENTION = {"qwen3": ["q_proj", "v_proj"], "t5": ["q", "v"]}
 CASES = [(name, mode) for name in ATTENTION for mode in ("cosine", "l2")]
 
@@ -136,3 +137,23 @@ def test_our_own_families_refuse_the_same_cases(case):
     with pytest.raises(ValueError, match=message):
         refused.generate(**inputs, max_new_tokens=2)
     check_head_not_bypassed(allowed)  # callable on any model too
+
+
+# test_peft.py merged here ----------------------------------------------------------------------------------
+# ``normalize_tied_head`` after ``get_peft_model``: refused, saying to normalize first (it was accepted with LoRA on
+# attention layers, whose saved keys then reloaded re-initialized; with LoRA on lm_head it failed with "got Linear"
+# and no word of PEFT).
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], ["lm_head"]])
+@pytest.mark.parametrize("give", ["base model", "PeftModel"])
+def test_normalizing_a_peft_wrapped_model_says_normalize_first(targets, give):
+    base = source_model("llama")
+    wrapped = peft.get_peft_model(base, peft.LoraConfig(target_modules=targets))
+    with pytest.raises(ValueError, match=r"PEFT has wrapped already .*normalize first, then add adapters"):
+        normalize_tied_head(base if give == "base model" else wrapped, "cosine")
+
+
+def test_the_right_order_works():
+    model = normalize_tied_head(source_model("llama"), "cosine")
+    peft.get_peft_model(model, peft.LoraConfig(target_modules=["q_proj", "v_proj"]))

@@ -69,7 +69,7 @@ CONTROLS = {
        for name, (config_class, fields, lm) in WRAPPED.items() if name != "llama"},
 }
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 # Deliberate differences of ours from HF's classes (at most five): test name -> (the kinds of ours it applies to,
 # the docs line that explains it). "strict load": HF's tests load folders lacking weights and expect a report of

@@ -61,7 +61,8 @@ def test_run_translation_trains_bf16_weights_with_the_alias_torch_dtype(tmp_path
         "3", *COMMON,
     ], monkeypatch)  # fmt: skip
     _trained_in(tmp_path, "BF16")
-    # The scored subset is saved with the split's metrics, for every later card (tests/test_card_keeps_the_run.py).
+    # The scored subset is saved with the split's metrics, for every later card
+    # (tests/publishing/test_card_keeps_the_run.py).
     saved = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert (saved["eval_rows_scored"], saved["eval_rows_in_split"]) == (3, 6)
 

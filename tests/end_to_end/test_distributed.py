@@ -19,7 +19,7 @@ import pytest
 from script_helpers import subprocess_env
 from testing_utils import FAMILIES, tiny_config
 
-WORKER = Path(__file__).resolve().parents[1] / "scripts" / "fsdp_tie_worker.py"
+WORKER = Path(__file__).resolve().parents[2] / "scripts" / "fsdp_tie_worker.py"
 FSDP2_ROUTES = ("fsdp2", "accelerate")
 # Measured: losses and gradients within 1e-6 of one process, logits within 3e-6 (float32 sums in another order).
 # A gradient summed over the 2 ranks instead of averaged is off by its own size (about 2 here).
