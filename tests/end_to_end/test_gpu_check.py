@@ -66,11 +66,15 @@ def test_main_job_results_need_bleu_card_and_both_plots(tmp_path):
     assert found["complete"] and found["test_bleu"] == 12.5 and found["precision"] == "fp32"
 
 
-def _fake_check(monkeypatch, tmp_path, steps):
+def _fake_check(monkeypatch, tmp_path, steps, real_preflight=False):
     """scripts/gpu_check.py with ``steps`` ((name, python code, output name or None, optional script or None)) as
-    its plan: each step a short Python process."""
+    its plan: each step a short Python process. The preflight (one more process importing the steps' modules) passes
+    without running unless ``real_preflight``: the preflight's own test runs it."""
     check = load_script("gpu_check")
     monkeypatch.setattr(check, "COMMON_NEEDS", ("json",))  # the preflight's own cost is tested below
+    if not real_preflight:
+        monkeypatch.setattr(check, "preflight", lambda steps, env, timeout_s=0: {
+            "ok": True, "seconds": 0.0, "modules": ["json"], "missing": [], "carried": [], "lines": []})
 
     def plan(args):
         work = check.Path(args.work_dir)
@@ -150,7 +154,8 @@ def test_the_preflight_names_every_missing_module_and_its_wheel_before_any_step(
     (tmp_path / "lib" / "uses_missing_dep.py").write_text("import missing_dep_of_issue_49\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "lib"))
     marker = tmp_path / "ran"
-    check = _fake_check(monkeypatch, tmp_path, [("step", f"open({str(marker)!r}, 'w')", None, None)])
+    check = _fake_check(monkeypatch, tmp_path, [("step", f"open({str(marker)!r}, 'w')", None, None)],
+                        real_preflight=True)
     original = check.plan
 
     def plan(args):

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
-import sys
 
 import pytest
 import sacrebleu
@@ -16,12 +14,10 @@ import yaml
 from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
 from script_helpers import (
-    EXPERIMENTS,
     TINY_TRANSLATION_FLAGS,
     load_script,
     read_lines,
     run_script,
-    subprocess_env,
 )
 from testing_utils import interrupted_run
 from transformers import AutoTokenizer
@@ -160,12 +156,7 @@ def test_clm_perplexity(multi30k_dir, tmp_path, monkeypatch, caplog):
 
 
 def test_plot_embedding_norms(trained_de_en, tmp_path):
-    completed = subprocess.run(
-        [sys.executable, EXPERIMENTS / "plot_embedding_norms.py", "--model_folder", trained_de_en, "--output_dir",
-         tmp_path],
-        env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
+    run_script("plot_embedding_norms", ["--model_folder", trained_de_en, "--output_dir", tmp_path])  # in-process
     for name in ("embedding_norms.png", "embedding_norms_vs_frequency.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
