@@ -137,14 +137,25 @@ else:
 
 # The loop of the session's process without the package (``run_without_package``): it reads one request a line on
 # stdin (JSON: code, working folder) and answers on the pipe ``fd`` (JSON: ok, stdout, error), running each code in a
-# fresh namespace as a script, its prints captured, and the remote-code modules of earlier requests forgotten.
+# fresh namespace as a script, its prints captured, the remote-code modules of earlier requests forgotten and what a
+# script may have changed (torch's threads, default dtype, grad mode and seed; registered attention) reset.
 _WORKER_LOOP = """
 import contextlib, io, json, os, sys, traceback
+import torch, transformers
 answers = os.fdopen(int(sys.argv[1]), "w")
+# What a script may change in the process, restored before the next one as a fresh process would have it.
+threads, dtype, seed = torch.get_num_threads(), torch.get_default_dtype(), torch.initial_seed()
+attention = dict(transformers.AttentionInterface._global_mapping)
 for request in sys.stdin:
     request = json.loads(request)
     for name in [name for name in sys.modules if name.startswith("transformers_modules")]:
         del sys.modules[name]
+    torch.set_num_threads(threads)
+    torch.set_default_dtype(dtype)
+    torch.set_grad_enabled(True)
+    torch.manual_seed(seed)
+    transformers.AttentionInterface._global_mapping.clear()
+    transformers.AttentionInterface._global_mapping.update(attention)
     out, err, ok = io.StringIO(), io.StringIO(), True
     os.chdir(request["cwd"])
     try:
