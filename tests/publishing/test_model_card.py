@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from huggingface_hub import ModelCard
 from testing_utils import FAMILIES, tiny_model
 from tiny_architectures import CONFIGS, source_model
@@ -18,6 +19,7 @@ from hf_tiednorm.publishing.model_card import (
     TIE_TOPOLOGY_TEXT,
     WRAPPED_TIE_TEXT,
     main,
+    render_model_card,
     write_model_card,
 )
 
@@ -139,3 +141,29 @@ def test_regularizer_table_lists_only_what_describes_the_model(family, tmp_path)
     ):  # fmt: skip
         assert row in text, row
     assert "custom_pipelines" not in text and "decoder_vocab_size" not in text and "loss_chunk_size" not in text
+
+
+# Formerly test_card_truth.py ---------------------------------------------------------------------------------------
+# The card describes the head as the weights hold it and lists only hf_tiednorm's settings (issue 35 item 4).
+
+
+def learned_scale(model):
+    return next(p for name, p in model.named_parameters() if name.endswith("logit_scale"))
+
+
+def test_a_lossless_start_scale_is_described_by_its_values(tmp_path):
+    """A lossless start sets g_i = ‖w_i‖ (1.79-7.49 on SmolLM2); the card said "initialized to 1"."""
+    model = tiny_model("causal", head_mode="cosine", logit_scale_kind="vector")
+    with torch.no_grad():
+        learned_scale(model).copy_(torch.linspace(1.79, 7.49, learned_scale(model).numel()))
+    model.save_pretrained(tmp_path)
+    text = render_model_card(tmp_path).text
+    assert "g_i in 1.79–7.49 in these weights" in text and "initialized to 1" not in text
+
+
+def test_unk_token_id_is_not_listed_as_an_hf_tiednorm_setting(tmp_path):
+    model = tiny_model("causal")
+    model.config.unk_token_id = 3
+    model.save_pretrained(tmp_path)
+    text = render_model_card(tmp_path).text
+    assert "`unk_token_id`" not in text

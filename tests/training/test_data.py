@@ -90,7 +90,7 @@ def test_monolingual_text_keeps_lone_carriage_returns_and_names_empty_files(tmp_
         load_monolingual({"validation": str(tmp_path / "val.txt")})
 
 
-# test_data.py merged here --------------------------------------------------------------------------------
+# Formerly test_data_reading.py -------------------------------------------------------------------------------------
 # Data read as written (issue 34 §4): old-Mac line endings, empty pairs, literal special-token strings, a card label
 # that names other data, a header-only csv and a split of empty lines, each named.
 

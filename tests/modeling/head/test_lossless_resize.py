@@ -73,7 +73,7 @@ def test_a_config_claiming_a_lossless_start_its_head_cannot_have_is_refused(fiel
         hf_tiednorm.TiedNormCausalConfig(lossless_start=True, **fields)
 
 
-# test_lossless_resize.py merged here ---------------------------------------------------------------------
+# Formerly test_lossless_decoder_resize.py --------------------------------------------------------------------------
 # Tokens that ``resize_decoder_token_embeddings`` adds to a lossless-started encoder-decoder with its own decoder
 # vocabulary (tie topology "decoder") start by the lossless map from their initial rows, as
 # ``resize_token_embeddings`` starts them (test_lossless_resize.py): the resized model computes what the source

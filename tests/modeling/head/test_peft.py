@@ -139,7 +139,7 @@ def test_our_own_families_refuse_the_same_cases(case):
     check_head_not_bypassed(allowed)  # callable on any model too
 
 
-# test_peft.py merged here ----------------------------------------------------------------------------------
+# Formerly test_peft_order.py ---------------------------------------------------------------------------------------
 # ``normalize_tied_head`` after ``get_peft_model``: refused, saying to normalize first (it was accepted with LoRA on
 # attention layers, whose saved keys then reloaded re-initialized; with LoRA on lm_head it failed with "got Linear"
 # and no word of PEFT).
