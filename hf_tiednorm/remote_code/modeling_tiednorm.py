@@ -64,6 +64,7 @@ from .configuration_tiednorm import (
     TiedNormCausalConfig,
     TiedNormSeq2SeqConfig,
     TiedNormWrappedConfig,
+    TwoFileModelCodeMixin,
     code_reference,
     fold_scale,
     get_head_mode,
@@ -2561,7 +2562,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
-class TiedNormSeq2SeqPreTrainedModel(MarianPreTrainedModel):
+class TiedNormSeq2SeqPreTrainedModel(TwoFileModelCodeMixin, MarianPreTrainedModel):
     config_class = TiedNormSeq2SeqConfig
     config: TiedNormSeq2SeqConfig
     # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.
@@ -2597,7 +2598,7 @@ Learned positions, ``layernorm_embedding``, attention, KV cache and generation a
 """
 
 
-class TiedNormBartPreTrainedModel(BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(TwoFileModelCodeMixin, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 
@@ -2648,7 +2649,7 @@ in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and th
 """
 
 
-class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(TwoFileModelCodeMixin, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 

@@ -14,6 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrained
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
+from ..auto_map import TwoFileModelCodeMixin
 from ..head.scoring_guard import own_scoring
 from ..weight_checks import WeightChecksMixin
 from .causal_lm_names import recognise_as_causal_lm
@@ -23,7 +24,7 @@ from .embeddings import build_embedding
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
 
 
-class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(TwoFileModelCodeMixin, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 
