@@ -1,24 +1,23 @@
 """hf_tiednorm: normalized input-output shared embeddings for HF Transformers text-generation models.
 
 Importing the package registers every row of the family table (families.py: our families and the wrapper around any
-tied transformers LM) with the Auto classes, and marks them for ``register_for_auto_class`` so ``save_pretrained``
-writes ``auto_map`` and the two generated code files (remote_code_map.py): a saved folder then loads with
-``trust_remote_code=True`` where this package is not installed. The config and model classes are the package's
-public names, taken from the same table.
+tied transformers LM; ``register_family`` does it for each row) with the Auto classes, and marks them for
+``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` and the two generated code files
+(remote_code_map.py): a saved folder then loads with ``trust_remote_code=True`` where this package is not installed.
+The config and model classes are the package's public names, taken from the same table.
 """
 
 from transformers import AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .configuration_tiednorm import TIE_TOPOLOGIES
-from .families import FAMILIES, ROWS, public_classes, register_family, register_with_auto_classes
-from .head_modes import HEAD_MODES, HeadMode, register_head_mode
-from .head_options import LOGIT_SCALES, HeadOptions
+from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .families import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
+from .head_modes import HEAD_MODES, HeadMode, register_head_mode, unregister_head_mode
+from .head_options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, register_head_option
+from .modeling_common import TiedNormCausalLMMixin, TiedNormLMMixin
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .pipeline_translation import TiedNormTranslationPipeline
 
-for _row in ROWS.values():
-    register_with_auto_classes(_row)
 globals().update(public_classes())  # TiedNormSeq2SeqConfig, TiedNormForCausalLM, TiedNormWrappedForCausalLM, ...
 
 PIPELINE_REGISTRY.register_pipeline(
@@ -26,18 +25,31 @@ PIPELINE_REGISTRY.register_pipeline(
 )
 
 __version__ = "0.1.0"
+# The public names. A new family subclasses TiedNormHeadConfigMixin + TiedNormTechniquesConfigMixin (its config)
+# and TiedNormCausalLMMixin (its LM) with an HF parent, and is one keyword ModelFamily row given to register_family;
+# a head mode is a HeadMode given to register_head_mode, a head term a HeadOption given to register_head_option.
 __all__ = [
     "FAMILIES",
     "HEAD_MODES",
+    "HEAD_OPTIONS",
     "HeadMode",
+    "HeadOption",
     "HeadOptions",
     "LOGIT_SCALES",
+    "ModelFamily",
     "ROWS",
     "TIE_TOPOLOGIES",
+    "TiedNormCausalLMMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
+    "TiedNormHeadConfigMixin",
+    "TiedNormLMMixin",
+    "TiedNormTechniquesConfigMixin",
     "TiedNormTranslationPipeline",
     "register_family",
     "register_head_mode",
+    "register_head_option",
+    "unregister_family",
+    "unregister_head_mode",
     *sorted(public_classes()),
 ]

@@ -2207,6 +2207,28 @@ class TiedNormLossMixin:
         return terms
 
 
+# ------------------------------ hf_tiednorm/outputs.py ----------------------------------------------------------
+"""The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
+KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
+
+
+# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
+@dataclass
+class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+@dataclass
+class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
+    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+# The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
+# ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
+# and return it under the installed version's name, so either version's generate() finds it, without a warning.
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
 # ------------------------------ hf_tiednorm/tie_topology.py -----------------------------------------------------
 """Which modules hold the tied embedding matrix: declared once here, used by every model family.
 
@@ -2264,7 +2286,13 @@ def embedding_tie(config) -> EmbeddingTie | None:
     """
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
-        owner = config.input_embedding_path
+        owner = getattr(type(config), "input_embedding_path", None)
+        if not isinstance(owner, str):
+            raise AttributeError(
+                f"{type(config).__name__} declares no input_embedding_path: a causal family's config class names its "
+                "token embedding's module path from the LM (input_embedding_path = 'model.embed_tokens', GPT-2's "
+                "'transformer.wte'), the matrix the head ties to"
+            )
     elif config.share_encoder_decoder_embeddings:
         owner, aliases = config.shared_embedding_path, tuple(config.stack_embedding_paths)
     else:
@@ -2368,8 +2396,9 @@ def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
 # ------------------------------ hf_tiednorm/modeling_common.py --------------------------------------------------
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
 Wolf's projection P), on top of the head's host (``head_host.py``), the loss (``loss.py``) and the tie
-(``tie_topology.py``). The head math itself lives in ``normalized_head.py``, the embeddings in ``embeddings.py``, the
-outputs in ``outputs.py``."""
+(``tie_topology.py``); and ``TiedNormCausalLMMixin``, the public base of a causal family's LM (the package's own
+causal family is one). The head math itself lives in ``normalized_head.py``, the embeddings in ``embeddings.py``,
+the outputs in ``outputs.py``."""
 
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
@@ -2420,31 +2449,87 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
     def _extra_auto_map(self) -> dict[str, str]:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
-        base_model = type(self.model)
-        return {"AutoModel": f"{base_model.__module__.rsplit('.', 1)[-1]}.{base_model.__name__}"}
+        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. A body that is
+        # transformers' own class (a family built on GPT2Model, say) is no remote code: AutoModel gets no entry.
+        body = self.base_model
+        if body is self or type(body).__module__.startswith("transformers."):
+            return {}
+        return {"AutoModel": f"{type(body).__module__.rsplit('.', 1)[-1]}.{type(body).__name__}"}
+
+    def add_tied_norm_head(self, hidden_size: int) -> None:
+        """Give the model the normalized tied head (``lm_head``), Press & Wolf's projection P where the config asks
+        for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
+        the tie) unless it is one already. Call it in ``__init__`` after building the body, before ``post_init``."""
+        config = self.config
+        if not isinstance(self.get_input_embeddings(), (TiedNormEmbedding, AdaptiveInput)):
+            self.set_input_embeddings(build_embedding(config, config.vocab_size, hidden_size))
+        self.output_projection = build_output_projection(config, hidden_size)  # Press & Wolf's P, or None
+        self.lm_head = build_head(config, hidden_size, config.vocab_size)
 
 
-# ------------------------------ hf_tiednorm/outputs.py ----------------------------------------------------------
-"""The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
-KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
+class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
+    """The public base of a causal family's LM: list it before the HF parent's ``PreTrainedModel`` and
+    ``GenerationMixin``. It brings the normalized tied head, the label shift, the loss (every loss path, the
+    regularizers), the tie, loading checks, saving, resizing and generation; no hidden hook to override.
 
+    What the family supplies: ``config_class`` (a config listing ``TiedNormHeadConfigMixin`` and
+    ``TiedNormTechniquesConfigMixin`` before its HF parent config, with the class attribute ``input_embedding_path``,
+    the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
+    ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
+    ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
 
-# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
-@dataclass
-class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
-    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
-@dataclass
-class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
-# The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
-# ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
-# and return it under the installed version's name, so either version's generate() finds it, without a warning.
-CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> TiedNormCausalLMOutput:
+        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
+        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
+        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
+        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
+        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        body = self.base_model
+        if body is self:
+            raise TypeError(
+                f"{type(self).__name__} has no body under base_model_prefix={self.base_model_prefix!r}: build the HF "
+                "body there in __init__ (TiedNormCausalLMMixin calls it)"
+            )
+        outputs = body(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
+        )
+        # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
+        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
+        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
+        if shift_labels is not None:
+            next_tokens = shift_labels
+        # (b, kept, V); None when a fused loss computed the loss
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
+        return TiedNormCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
+            hidden_states=getattr(outputs, "hidden_states", None),
+            attentions=getattr(outputs, "attentions", None),
+            **loss_terms,
+        )
 
 
 # ------------------------------ hf_tiednorm/modeling_tiednorm_seq2seq.py ----------------------------------------
@@ -2710,65 +2795,18 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
         self.post_init()
 
 
-class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
+class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
     # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading is
-    # checked by WeightChecksMixin (finite weights, head tensors), resizing by head_host.py (special tokens kept).
+    # checked by WeightChecksMixin (finite weights, head tensors), resizing by head_host.py (special tokens kept);
+    # the forward (label shift, loss) is TiedNormCausalLMMixin's, the base a causal family subclasses.
     _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)
         self.model = TiedNormCausalModel(config)
         self.vocab_size = config.vocab_size
-        self.output_projection = build_output_projection(config, config.hidden_size)  # Press & Wolf's P, or None
-        self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
+        self.add_tied_norm_head(config.hidden_size)  # lm_head, and Press & Wolf's P where the config asks for it
         self.post_init()
-
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
-    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> TiedNormCausalLMOutput:
-        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
-        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
-        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
-        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
-        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
-        shift_labels = kwargs.pop("shift_labels", None)
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
-        )
-        # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
-        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
-        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
-        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
-        if shift_labels is not None:
-            next_tokens = shift_labels
-        # (b, kept, V); None when a fused loss computed the loss
-        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
-        return TiedNormCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **loss_terms,
-        )
 
 
 # The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).

@@ -198,6 +198,9 @@ class ModelSourceArguments:
         return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
 
 
+EXTRA_TERMS = "extra_terms"  # the config's list of registered head options (head_options.HeadOptions)
+
+
 def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
     """The model flags of both training scripts: ``ModelSourceArguments`` plus one flag per field of
     ``config_mixins`` that carries ``script_flag`` metadata (``configuration_tiednorm.py``), with its help text, its
@@ -217,11 +220,16 @@ def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArgume
         )
         for config_field in flags
     ]
+    # The head options registered from outside the package (register_head_option), by name: a new model's head
+    # learns them (the config's extra_terms); the names are checked when the config is built.
+    fields.append((EXTRA_TERMS, list[str] | None, field(default=None, metadata={
+        "help": "head options registered with hf_tiednorm.register_head_option that a new model's head learns "
+                "(per-token terms folded into the scores), by name"})))  # fmt: skip
     new_model = tuple(f.name for f in flags if f.metadata.get("new_model_only"))
     namespace = {
         "__module__": __name__,
         "__doc__": ModelSourceArguments.__doc__,
-        "config_fields": tuple(f.name for f in flags if f.name not in new_model),
+        "config_fields": (*(f.name for f in flags if f.name not in new_model), EXTRA_TERMS),
         "finetune_fields": tuple(f.name for f in flags if f.metadata.get("finetune")),
         "new_model_fields": new_model,
     }
