@@ -122,10 +122,13 @@ class DataArguments(DataArgumentsBase):
             raise ValueError(f"--block_size must be >= 2, got {self.block_size}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The run; ``argv``: its flags (default: the command line), so that a caller in this process, with the head
+    modes, head options and families it registered, can run it."""
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help
+        argv=argv,
         eval_splits=("validation", "test"),  # --do_eval scores both
     )
 

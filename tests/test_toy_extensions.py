@@ -18,7 +18,7 @@ import pytest
 import torch
 from huggingface_hub.dataclasses import strict
 from huggingface_hub.errors import StrictDataclassError
-from script_helpers import run_script, tiny_translation_flags, write_tiny_parallel
+from script_helpers import load_script, tiny_translation_flags, write_tiny_parallel
 from testing_utils import run_without_package
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, GPT2Config, GPT2LMHeadModel
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
@@ -117,6 +117,15 @@ def expected_logits(model, ids) -> torch.Tensor:
         return hidden @ (weight / root[:, None]).T / getattr(head, TERM).double()
 
 
+def run_main(script: str, flags: list) -> None:
+    """scripts/<script>.py's main(argv), called in this process: the registrations above reach the run."""
+    threads = torch.get_num_threads()
+    try:
+        load_script(script).main([str(flag) for flag in flags])
+    finally:
+        torch.set_num_threads(threads)  # --num_threads sets it for the whole process
+
+
 def set_temperatures(model) -> None:
     with torch.no_grad():
         getattr(model.get_output_embeddings(), TERM).uniform_(0.5, 2.0)
@@ -136,8 +145,7 @@ def clm_run(toys, tmp_path_factory):
         "--learning_rate", "1e-2", "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false",
         "--bf16", "false", "--seed", "0",
     ]  # fmt: skip
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        run_script("run_clm", flags, monkeypatch)
+    run_main("run_clm", flags)
     return out
 
 
@@ -209,8 +217,7 @@ def test_run_translation_trains_a_built_in_family_with_the_toy_mode_and_term(toy
     out = tmp_path / "mt"
     flags = tiny_translation_flags(data_flags, out, "--head_mode", MODE, "--extra_terms", TERM, "--do_train",
                                    "--max_steps", "2", "--learning_rate", "1e-2")  # fmt: skip
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        run_script("run_translation", flags, monkeypatch)
+    run_main("run_translation", flags)
     model = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     head = model.get_output_embeddings()
     assert isinstance(head.mode, RootNorm) and not torch.all(getattr(head, TERM) == 1)

@@ -57,16 +57,25 @@ def argument_parser(dataclass_types: tuple[type, ...], description: str | None =
     return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
 
 
+# The flags of the script's main(argv) when it was given them (a caller in this process); None: the command line.
+_MAIN_ARGV: list[str] | None = None
+
+
 def config_file_argument() -> str | None:
     """The .json/.yaml config file the script was started from (its first argument), or None."""
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] if _MAIN_ARGV is None else _MAIN_ARGV
     return argv[0] if argv and argv[0].endswith((".json", ".yaml", ".yml")) else None
 
 
-def parse_arguments(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
-    """Flags, or a .json/.yaml config file as first argument followed by flags that override it."""
+def parse_arguments(
+    dataclass_types: tuple[type, ...], description: str | None = None, argv: list[str] | None = None
+) -> tuple:
+    """Flags, or a .json/.yaml config file as first argument followed by flags that override it: ``argv`` (a
+    script's ``main(argv)``, called in-process), else the command line."""
+    global _MAIN_ARGV
     parser = argument_parser(dataclass_types, description)
-    argv = sys.argv[1:]
+    _MAIN_ARGV = None if argv is None else [str(arg) for arg in argv]
+    argv = sys.argv[1:] if _MAIN_ARGV is None else _MAIN_ARGV
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         if not Path(argv[0]).is_file():
             raise FileNotFoundError(f"config file not found: {argv[0]}")
