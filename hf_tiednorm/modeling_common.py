@@ -42,6 +42,19 @@ def build_output_projection(config, hidden_size: int) -> OutputProjection | None
     return None if config.projection_regularization is None else OutputProjection(hidden_size)
 
 
+def body_of(model: nn.Module) -> nn.Module:
+    """The HF body of a family's LM (``model.base_model``); ``TypeError`` naming the attribute it must be built under
+    when the LM has none."""
+    body = model.base_model
+    if body is model:
+        raise TypeError(
+            f"{type(model).__name__} has no body under base_model_prefix={model.base_model_prefix!r}: build the HF "
+            f"body there in __init__ (self.{model.base_model_prefix} = ...) before add_tied_norm_head; the forward "
+            "of TiedNormCausalLMMixin calls it"
+        )
+    return body
+
+
 class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMixin):
     """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``: hosting the head
     (``head_host.py``, shared with the wrapper), the loss (``loss.py``) and the tie, declared by
@@ -87,6 +100,7 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
         for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
         the tie) unless it is one already. Call it in ``__init__`` after building the body, before ``post_init``."""
         config = self.config
+        body_of(self)  # refuses a model without its body, by name
         if not isinstance(self.get_input_embeddings(), (TiedNormEmbedding, AdaptiveInput)):
             self.set_input_embeddings(build_embedding(config, config.vocab_size, hidden_size))
         self.output_projection = build_output_projection(config, hidden_size)  # Press & Wolf's P, or None
@@ -125,13 +139,7 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
         ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
         column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
         shift_labels = kwargs.pop("shift_labels", None)
-        body = self.base_model
-        if body is self:
-            raise TypeError(
-                f"{type(self).__name__} has no body under base_model_prefix={self.base_model_prefix!r}: build the HF "
-                "body there in __init__ (TiedNormCausalLMMixin calls it)"
-            )
-        outputs = body(
+        outputs = body_of(self)(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,

@@ -97,6 +97,17 @@ def test_a_family_without_its_embedding_path_is_refused_by_name():
         NoPathLM(NoPathConfig(**TINY))
 
 
+def test_a_family_that_builds_no_body_is_refused_by_name():
+    class NoBodyLM(ToyGPT2ForCausalLM):
+        def __init__(self, config):
+            GPT2PreTrainedModel.__init__(self, config)
+            self.body = GPT2Model(config)  # not under GPT-2's base_model_prefix ("transformer")
+            self.add_tied_norm_head(config.n_embd)
+
+    with pytest.raises(TypeError, match="no body under base_model_prefix='transformer'"):
+        NoBodyLM(ToyGPT2Config(**TINY))
+
+
 def test_a_family_registered_in_a_test_trains_saves_converts_exports_and_names_itself(toy_family, tmp_path):
     torch.manual_seed(0)
     model = ToyGPT2ForCausalLM(ToyGPT2Config(**TINY, head_mode="cosine", logit_scale_kind="vector")).train()
