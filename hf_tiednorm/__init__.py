@@ -1,23 +1,27 @@
 """hf_tiednorm: normalized input-output shared embeddings for HF Transformers text-generation models.
 
-Importing the package registers every row of the family table (families.py: our families and the wrapper around any
-tied transformers LM; ``register_family`` does it for each row) with the Auto classes, and marks them for
-``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` and the two generated code files
-(remote_code_map.py): a saved folder then loads with ``trust_remote_code=True`` where this package is not installed.
-The config and model classes are the package's public names, taken from the same table.
+Importing the package registers every row of the family table (modeling/families/table.py: our families and the
+wrapper around any tied transformers LM; ``register_family`` does it for each row) with the Auto classes, and marks
+them for ``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` and the two generated code files
+(modeling/auto_map.py): a saved folder then loads with ``trust_remote_code=True`` where this package is not
+installed. The config and model classes are the package's public names, taken from the same table.
 """
 
 from transformers import AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .configuration_tiednorm import TIE_TOPOLOGIES, TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
-from .families import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
-from .head_modes import HEAD_MODES, HeadMode, register_head_mode, unregister_head_mode
-from .head_options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, register_head_option
-from .modeling_common import TiedNormCausalLMMixin, TiedNormLMMixin
-from .normalized_head import TiedNormEmbedding, TiedNormHead
-from .pipeline_translation import TiedNormTranslationPipeline
+from .modeling.families.common import TiedNormCausalLMMixin, TiedNormLMMixin
+from .modeling.families.config_fields import TIE_TOPOLOGIES
+from .modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .modeling.families.table import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
+from .modeling.head.layer import TiedNormEmbedding, TiedNormHead
+from .modeling.head.modes import HEAD_MODES, HeadMode, register_head_mode, unregister_head_mode
+from .modeling.head.options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, register_head_option
+from .modeling.translation_pipeline import TiedNormTranslationPipeline
+from .training.liger import register_families_with_liger
 
+# use_liger_kernel=True with a plain transformers.Trainer reaches the head's fused loss (training/liger.py).
+register_families_with_liger()
 globals().update(public_classes())  # TiedNormSeq2SeqConfig, TiedNormForCausalLM, TiedNormWrappedForCausalLM, ...
 
 PIPELINE_REGISTRY.register_pipeline(

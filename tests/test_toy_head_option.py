@@ -10,9 +10,9 @@ import torch
 from testing_utils import model_inputs, run_without_package, tiny_model
 from tiny_architectures import source_model
 
-from hf_tiednorm.bridges.convert import build_parser, convert_checkpoint
-from hf_tiednorm.bridges.export import export_plain
-from hf_tiednorm.head_options import HEAD_OPTIONS, HeadOption, HeadOptions, register_head_option
+from hf_tiednorm.conversion.convert import build_parser, convert_checkpoint
+from hf_tiednorm.conversion.export import export_plain
+from hf_tiednorm.modeling.head.options import HEAD_OPTIONS, HeadOption, HeadOptions, register_head_option
 from hf_tiednorm.publishing.model_card import render_model_card
 
 NAME = "logit_temperature"
