@@ -2415,10 +2415,11 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
     def _extra_auto_map(self) -> dict[str, str]:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. A body that is
-        # transformers' own class (a family built on GPT2Model, say) is no remote code: AutoModel gets no entry.
+        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. Only a body whose
+        # class is defined beside the LM's is in the code the folder carries (the generated file, or the module
+        # transformers copies for a family from outside the package); another (GPT2Model, say) gets no entry.
         body = self.base_model
-        if body is self or type(body).__module__.startswith("transformers."):
+        if body is self or type(body).__module__ != type(self).__module__:
             return {}
         return {"AutoModel": code_reference(type(body))}
 
