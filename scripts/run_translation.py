@@ -67,7 +67,6 @@ from hf_tiednorm.training.arguments import (
     OutputDirArguments,
     RunArguments,
     TiedNormModelArguments,
-    command_line,
 )
 from hf_tiednorm.training.callbacks import run_callbacks
 from hf_tiednorm.training.data import load_parallel, token_counts, tokenize_parallel, training_texts
@@ -230,15 +229,12 @@ def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], spl
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the script on ``argv`` (None: the command line's arguments); a test calls ``main(argv)`` in-process."""
-    with command_line(argv):
-        train()
-
-
-def train() -> None:
+    """The run; ``argv``: its flags (default: the command line), so that a caller in this process, with the head
+    modes, head options and families it registered, can run it."""
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help
+        argv=argv,
     )
     marian = model_args.model_family == MARIAN
     output_dir = Path(training_args.output_dir)

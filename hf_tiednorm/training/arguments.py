@@ -1,7 +1,6 @@
 """The flags both training scripts share, read by ``HfArgumentParser``.
 
-* ``parse_arguments``: flags, or a .json/.yaml config file followed by flags that override it; ``command_line``: the
-  arguments of a script's ``main(argv)`` called in-process, in place of the process's.
+* ``parse_arguments``: flags, or a .json/.yaml config file followed by flags that override it.
 * ``TiedNormModelArguments``: the model flags (checkpoint, tokenizer, the tied output layer and the technique flags of
   its loss) with their checks and the fine-tuning rules; each script subclasses it with the architecture flags of its
   model family. Its config-field flags are derived from the config mixins' field metadata (``model_arguments_class``):
@@ -15,13 +14,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
@@ -60,31 +57,25 @@ def argument_parser(dataclass_types: tuple[type, ...], description: str | None =
     return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
 
 
-@contextlib.contextmanager
-def command_line(argv: Sequence[object] | None) -> Iterator[None]:
-    """A script's ``main(argv)`` called in-process (tests): ``sys.argv[1:]`` reads ``argv`` (as strings) inside the
-    block, where the flags and the config file are read, and the process's own afterwards. None: the process's own."""
-    if argv is None:
-        yield
-        return
-    saved = sys.argv
-    sys.argv = [saved[0] if saved else "", *map(str, argv)]
-    try:
-        yield
-    finally:
-        sys.argv = saved
+# The flags of the script's main(argv) when it was given them (a caller in this process); None: the command line.
+_MAIN_ARGV: list[str] | None = None
 
 
 def config_file_argument() -> str | None:
     """The .json/.yaml config file the script was started from (its first argument), or None."""
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] if _MAIN_ARGV is None else _MAIN_ARGV
     return argv[0] if argv and argv[0].endswith((".json", ".yaml", ".yml")) else None
 
 
-def parse_arguments(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
-    """Flags, or a .json/.yaml config file as first argument followed by flags that override it."""
+def parse_arguments(
+    dataclass_types: tuple[type, ...], description: str | None = None, argv: list[str] | None = None
+) -> tuple:
+    """Flags, or a .json/.yaml config file as first argument followed by flags that override it: ``argv`` (a
+    script's ``main(argv)``, called in-process), else the command line."""
+    global _MAIN_ARGV
     parser = argument_parser(dataclass_types, description)
-    argv = sys.argv[1:]
+    _MAIN_ARGV = None if argv is None else [str(arg) for arg in argv]
+    argv = sys.argv[1:] if _MAIN_ARGV is None else _MAIN_ARGV
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         if not Path(argv[0]).is_file():
             raise FileNotFoundError(f"config file not found: {argv[0]}")
@@ -216,6 +207,9 @@ class ModelSourceArguments:
         return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
 
 
+EXTRA_TERMS = "extra_terms"  # the config's list of registered head options (head_options.HeadOptions)
+
+
 def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
     """The model flags of both training scripts: ``ModelSourceArguments`` plus one flag per field of
     ``config_mixins`` that carries ``script_flag`` metadata (``configuration_tiednorm.py``), with its help text, its
@@ -235,11 +229,16 @@ def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArgume
         )
         for config_field in flags
     ]
+    # The head options registered from outside the package (register_head_option), by name: a new model's head
+    # learns them (the config's extra_terms); the names are checked when the config is built.
+    fields.append((EXTRA_TERMS, list[str] | None, field(default=None, metadata={
+        "help": "head options registered with hf_tiednorm.register_head_option that a new model's head learns "
+                "(per-token terms folded into the scores), by name"})))  # fmt: skip
     new_model = tuple(f.name for f in flags if f.metadata.get("new_model_only"))
     namespace = {
         "__module__": __name__,
         "__doc__": ModelSourceArguments.__doc__,
-        "config_fields": tuple(f.name for f in flags if f.name not in new_model),
+        "config_fields": (*(f.name for f in flags if f.name not in new_model), EXTRA_TERMS),
         "finetune_fields": tuple(f.name for f in flags if f.metadata.get("finetune")),
         "new_model_fields": new_model,
     }
