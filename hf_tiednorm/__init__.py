@@ -13,7 +13,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from .configuration_tiednorm import TIE_TOPOLOGIES
 from .families import FAMILIES, ROWS, public_classes, register_family, register_with_auto_classes
 from .head_modes import HEAD_MODES, HeadMode, register_head_mode
-from .head_options import LOGIT_SCALES, HeadOptions
+from .head_options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, HeadTerm, register_head_option
 from .normalized_head import TiedNormEmbedding, TiedNormHead
 from .pipeline_translation import TiedNormTranslationPipeline
 
@@ -29,8 +29,11 @@ __version__ = "0.1.0"
 __all__ = [
     "FAMILIES",
     "HEAD_MODES",
+    "HEAD_OPTIONS",
     "HeadMode",
+    "HeadOption",
     "HeadOptions",
+    "HeadTerm",
     "LOGIT_SCALES",
     "ROWS",
     "TIE_TOPOLOGIES",
@@ -39,5 +42,6 @@ __all__ = [
     "TiedNormTranslationPipeline",
     "register_family",
     "register_head_mode",
+    "register_head_option",
     *sorted(public_classes()),
 ]

@@ -18,7 +18,7 @@ from transformers.utils.type_validators import interval, positive_int_field
 
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
 from .head_options import HeadOptions, LogitScale, renamed_fields_set
-from .lossless_start import lossless_head_options
+from .lossless_start import check_lossless_settings
 from .regularizers import LOSS_TERMS
 from .remote_code_map import TwoFileRemoteCodeMixin
 
@@ -117,14 +117,8 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
         super().__post_init__(**renamed_fields_set(self, kwargs))
 
     def validate_lossless_start(self) -> None:
-        needed = (self.logit_scale_kind, self.logit_bias)
         if self.lossless_start:
-            needed = lossless_head_options(self.head_mode, *needed)  # raises for l2
-        if needed != (self.logit_scale_kind, self.logit_bias):
-            raise ValueError(
-                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale_kind, logit_bias) = "
-                f"{needed}, got ({self.logit_scale_kind!r}, {self.logit_bias}); set them so, or lossless_start=False"
-            )
+            check_lossless_settings(self)  # the head terms a lossless start of head_mode sets (lossless_start.py)
 
     @property
     def head_options(self) -> HeadOptions:

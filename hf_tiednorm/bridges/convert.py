@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 from ..families import WRAPPED, family_of_source
 from ..head_host import keep_head_terms_fp32
 from ..head_modes import DEFAULT_HEAD_MODE
-from ..head_options import HeadOptions, learned_terms
+from ..head_options import HeadOptions, learned_terms, takes_row_scales
 from ..load_checks import check_source_loaded
 from ..lossless_start import start_lossless, take_row_scales
 from ..modeling_tiednorm_wrapped import (
@@ -62,8 +62,8 @@ _DROPPED_CONFIG_KEYS = (
     "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
     "tie_word_embeddings", "share_encoder_decoder_embeddings",
 )  # fmt: skip
-# Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale
-# and bias that only the options logit_scale_kind="scalar"/"vector" and logit_bias add (initialized by the model).
+# Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the head's learned
+# terms (head_options.HeadTerm) that only its options add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 def _target_only_keys() -> set[str]:
     return {f"lm_head.{term}" for term in learned_terms()}
@@ -294,7 +294,7 @@ def convert_checkpoint(
     # An untied source whose output rows are positive multiples c_i of its input rows (a plain export with a trained
     # logit scale) converts with a lossless start that sets a logit scale: c_i goes into g_i. Others are refused.
     parallel = (
-        lossless_start and "logit_scale" in options.mode.lossless_start
+        lossless_start and takes_row_scales(options.mode)
         and not getattr(source_config, "tie_word_embeddings", False)
     )  # fmt: skip
     auto = check_convertible(tied_copy(source_config) if parallel else source_config)  # before loading any weight

@@ -58,7 +58,7 @@ from transformers import (
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..families import family_of_config
 from ..head_modes import get_head_mode
-from ..head_options import LEARNED_TERMS, TERM_CONFIG_FIELDS, learned_terms
+from ..head_options import HeadOptions, head_terms, learned_terms
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
 from .convert import copy_tokenizer
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
@@ -141,9 +141,21 @@ def _bias_reason(model: PreTrainedModel) -> str:
     _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
     if mode_bias is not None and mode_bias.count_nonzero():
         reasons.append(f"head_mode {head.mode.name!r} (its score {head.mode.equation}, times g)")
-    if head.logit_bias is not None and head.logit_bias.count_nonzero():
-        reasons.append("logit_bias=True (the learned per-token b)")
+    rows = slice(0, head.weight.shape[0])
+    for term in head.options.active_terms():  # a learned term that shifts the scores (b, or a registered one)
+        _, shift = term.fold_into(head, None, None, rows, head.weight.device)
+        if shift is not None and shift.count_nonzero():
+            reasons.append(term.bias_text())
     return " and ".join(reasons) or "the model's final_logits_bias"
+
+
+def head_record(config) -> dict:
+    """The head's settings an export records: ``head_mode`` and each head term's switch (its first config field;
+    ``extra_terms``, the registered ones on)."""
+    options = HeadOptions.from_config(config)
+    switches = [term.config_fields[0] for term in head_terms() if term.config_fields]
+    return {"head_mode": options.head_mode, **{name: getattr(options, name) for name in switches},
+            "extra_terms": options.extra_terms}
 
 
 def _parent_config(model: PreTrainedModel, tie: bool):
@@ -355,7 +367,7 @@ def export_plain(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={k: getattr(model.config, k) for k in ("head_mode", *(TERM_CONFIG_FIELDS[t] for t in LEARNED_TERMS))},
+        head=head_record(model.config),
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),
