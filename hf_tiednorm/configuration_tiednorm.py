@@ -18,6 +18,7 @@ from transformers.utils.type_validators import interval, positive_int_field
 
 from .head_modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
 from .head_options import HeadOptions, LogitScale, renamed_fields_set
+from .head_terms import BUILTIN_TERMS  # noqa: F401 (the built-in head terms every HeadOptions check asks)
 from .lossless_start import check_lossless_settings
 from .regularizers import LOSS_TERMS
 from .remote_code_map import TwoFileRemoteCodeMixin

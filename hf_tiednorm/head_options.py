@@ -302,6 +302,11 @@ class HeadOptions:
         built_in = (term for term in head_terms() if term.config_fields and term.is_on(self))
         return (*built_in, *map(HEAD_OPTIONS.get, self.extra_terms))
 
+    def term_switches(self) -> dict:
+        """Each built-in term's switch (its first config field) and its value: {"logit_scale_kind": ..., ...}."""
+        switches = [term.config_fields[0] for term in head_terms() if term.config_fields]
+        return {name: getattr(self, name) for name in switches}
+
     def term_settings(self) -> str:
         """The terms' settings as config.json states them (a head's repr): "logit_scale_kind='none', ..."."""
         settings = (term.setting(self) for term in head_terms() if term.config_fields or term.is_on(self))

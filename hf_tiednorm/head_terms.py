@@ -32,7 +32,7 @@ def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
     return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
 
 
-class LogitScale(HeadTerm):
+class LogitScaleTerm(HeadTerm):
     """g: multiplies the mode's (scale, bias); a parameter for ``scalar`` (0-dim) and ``vector`` (V,)."""
 
     name = "logit_scale"
@@ -130,7 +130,7 @@ class LogitScale(HeadTerm):
         }[kind]
 
 
-class LogitBias(HeadTerm):
+class LogitBiasTerm(HeadTerm):
     """b: a learned (V,) bias added to the scores after the scale, zero at first."""
 
     name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
@@ -168,6 +168,6 @@ class LogitBias(HeadTerm):
         return "logit_bias=True (the learned per-token b)"
 
 
-BUILTIN_TERMS: tuple[HeadTerm, ...] = (add_head_term(LogitScale()), add_head_term(LogitBias()))
+BUILTIN_TERMS: tuple[HeadTerm, ...] = (add_head_term(LogitScaleTerm()), add_head_term(LogitBiasTerm()))
 
-__all__ = ["BUILTIN_TERMS", "MODE_LOSSLESS_TERMS", "LogitBias", "LogitScale", "default_logit_scale"]
+__all__ = ["BUILTIN_TERMS", "MODE_LOSSLESS_TERMS", "LogitBiasTerm", "LogitScaleTerm", "default_logit_scale"]

@@ -46,10 +46,10 @@ def check_lossless_settings(config) -> None:
     """``ValueError`` unless ``config``'s head terms are switched as a lossless start of its ``head_mode`` needs
     (``HeadOptions.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
     the switches (each term's first config field) and their needed values."""
-    switches = tuple(term.config_fields[0] for term in head_terms() if term.config_fields)
+    switches = tuple(HeadOptions().term_switches())
     options = HeadOptions(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
     needed = options.with_lossless_start()  # raises for l2
-    want, have = (tuple(getattr(o, name) for name in switches) for o in (needed, options))
+    want, have = (tuple(o.term_switches().values()) for o in (needed, options))
     if want != have:
         raise ValueError(
             f"lossless_start=True with head_mode={config.head_mode!r} needs ({', '.join(switches)}) = {want}, got "

@@ -49,7 +49,6 @@ from torch import nn
 from .folded_weight import fold_scale
 from .head_modes import HeadMode, unit_rows
 from .head_options import HEAD_NAME_SOURCES, HeadOptions, head_terms
-from .head_terms import BUILTIN_TERMS  # noqa: F401 (registers the built-in terms, before any head is made)
 
 
 class NormalizedScoresMixin:

@@ -124,7 +124,8 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
     left = []
-    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
+    # transformers copies every module a saved class reaches by relative imports: the legacy ones and any newer one
+    for module in (LEGACY_MODULES | {path.stem for path in _HERE.glob("*.py")}) - set(REMOTE_CODE_MODULES):
         copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
         if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
             copy.unlink()  # a copy a model's save_pretrained just made (custom_object_save)

@@ -58,7 +58,7 @@ from transformers import (
 from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..families import family_of_config
 from ..head_modes import get_head_mode
-from ..head_options import HeadOptions, head_terms, learned_terms
+from ..head_options import HeadOptions, learned_terms
 from ..normalized_head import TiedNormEmbedding, TiedNormHead
 from .convert import copy_tokenizer
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
@@ -147,15 +147,6 @@ def _bias_reason(model: PreTrainedModel) -> str:
         if shift is not None and shift.count_nonzero():
             reasons.append(term.bias_text())
     return " and ".join(reasons) or "the model's final_logits_bias"
-
-
-def head_record(config) -> dict:
-    """The head's settings an export records: ``head_mode`` and each head term's switch (its first config field;
-    ``extra_terms``, the registered ones on)."""
-    options = HeadOptions.from_config(config)
-    switches = [term.config_fields[0] for term in head_terms() if term.config_fields]
-    return {"head_mode": options.head_mode, **{name: getattr(options, name) for name in switches},
-            "extra_terms": options.extra_terms}
 
 
 def _parent_config(model: PreTrainedModel, tie: bool):
@@ -363,11 +354,12 @@ def export_plain(
         finally:
             for module, mode in training.items():
                 module.training = mode
+    options = HeadOptions.from_config(model.config)  # the head's settings, recorded (the card shows them)
     result = PlainExport(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head=head_record(model.config),
+        head={"head_mode": options.head_mode, **options.term_switches(), "extra_terms": options.extra_terms},
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),

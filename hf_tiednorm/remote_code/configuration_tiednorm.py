@@ -2,7 +2,7 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 9 package modules, in dependency order, each under a rule naming its file.
+# 10 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
@@ -608,8 +608,9 @@ def head_mode_summaries() -> "str":
 A head is built from a config (``HeadOptions.from_config``), from the converter's arguments or CLI, or directly; each
 path builds one ``HeadOptions``, which checks every setting once when it is made, and passes it whole to the head
 (``TiedNormHead(..., options=...)``), the wrapper's config (``as_config_fields``) and the lossless start
-(``with_lossless_start``). A new head option is one field here plus its config field (configuration_tiednorm.py)
-and the head code that reads it.
+(``with_lossless_start``). The head's learned terms (its logit scale g and bias b, and any added from outside) are
+``HeadTerm`` objects in one registry (``HEAD_OPTIONS``; the built-ins in head_terms.py): a new term is a
+``HeadTerm`` registered with ``register_head_option`` and nothing else.
 """
 
 
@@ -618,12 +619,6 @@ LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: "tuple[str, ...]" = get_args(LogitScale)
 
 
-# The head's learned per-token terms, named as the head's parameters (state-dict keys such as
-# 'lm_head.logit_scale'): what the load checks, the lossless start, the converter, the export and the card read.
-LEARNED_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
-# The config field that switches each learned term on. The scale's is not called ``logit_scale``: TRL, vLLM and
-# transformers' Cohere models read ``config.logit_scale`` as a float multiplier of the logits.
-TERM_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind", "logit_bias": "logit_bias"}
 # Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
 # under the old name still load, with a FutureWarning (configuration_tiednorm.py).
 RENAMED_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind"}
@@ -665,22 +660,121 @@ def renamed_fields_set(config, kwargs: "dict") -> "dict":
     return kwargs
 
 
+class HeadTerm:
+    """A learned term of the head, folded into its (scale, bias): the one protocol of the built-in terms (the logit
+    scale g and bias b, head_terms.py) and of a term added from outside (``HeadOption``). The head, the fold, a
+    resize, fp32 handling, a lossless start, the load checks, the flags, the export and the card ask a term only
+    these; none of them names one. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+
+    Attributes:
+        name: the head's parameter (``lm_head.<name>``, a state-dict key), a Python identifier.
+        help: the help of its flag (converter, training scripts).
+        config_fields: the ``HeadOptions``/config fields that set it (their flags are the term's flags); () for a
+            term switched on by naming it in ``extra_terms`` (its flag is the switch ``--<name>``).
+        keep_fp32: kept fp32 under a bf16/fp16 load or cast (a step of a small learning rate rounds away in bf16).
+        row_scaled: multiplied by c_i where a source's output rows were c_i·w_i (``take_row_scales``), because it
+            multiplies or shifts the whole logit (g and b).
+        takes_row_scales: a lossless start that sets it can absorb those c_i (a per-token scale of the logit).
+    """
+
+    name: "str"
+    help: "str"
+    config_fields: "tuple[str, ...]" = ()
+    keep_fp32: "bool" = True
+    row_scaled: "bool" = False
+    takes_row_scales: "bool" = False
+
+    def is_on(self, options) -> "bool":
+        """Whether a head with ``options`` holds (or applies) this term."""
+        return self.name in options.extra_terms
+
+    def setting(self, options) -> "str":
+        """The config setting that switches it, as config.json states it (load checks' messages)."""
+        return f"extra_terms={list(options.extra_terms)!r}"
+
+    def check(self, options) -> "None":
+        """``ValueError`` naming the field for a bad setting of ``options`` (a ``HeadOptions`` being made)."""
+
+    def start_value(self, options, hidden_size: "int") -> "float":
+        """The value the parameter starts at (and a resized vocabulary's new tokens get)."""
+        return float(self.init)
+
+    def shape(self, options, vocab_size: "int") -> "tuple[int, ...] | None":
+        """The parameter's shape for ``options``; None: the head holds no parameter for it."""
+        return (vocab_size,) if self.is_on(options) else None
+
+    def fold_into(self, head, scale, bias, rows: "slice", device):
+        """(scale, bias) of the tokens ``rows`` (a slice with both ends; fp32, (n,) or None) with this term folded
+        in; ``device``: the head's."""
+        return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
+
+    def lossless_options(self, options, mode) -> "dict":
+        """The ``HeadOptions`` fields a lossless start of ``mode`` sets for this term, or ``ValueError`` naming the
+        setting that makes the start impossible."""
+        return {}
+
+    def lossless_value(self, head, rows, mode_terms: "dict"):
+        """The value a lossless start gives this term for the rows ``rows`` (``mode_terms``: the mode's
+        ``lossless_terms`` by name); None: left as it is (then checked to change no score)."""
+        value = getattr(self, "lossless", None)
+        return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
+
+    def card_row(self, config, stored, hidden_size: "int") -> "str | None":
+        """The model card's text for it (``stored(name)``: the (min, max) of a saved tensor, or None); None where
+        ``config`` does not switch it on."""
+        return self.card if self.is_on(HeadOptions.from_config(config)) else None
+
+    def bias_text(self) -> "str":
+        """What a plain export's refusal of a bias says this term is."""
+        return f"the registered head term {self.name!r}"
+
+
 @dataclass(frozen=True)
-class HeadOption:
+class HeadOption(HeadTerm):
     """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
     a parameter of the head named ``name``, started at ``init`` and folded into the column terms by ``fold(t, scale,
     bias) -> (scale, bias)`` (so the plain export bakes it like g and b). A model switches it on with
     ``HeadOptions(extra_terms=(name,))``; its config records the names (``extra_terms``), and a process where the
-    option is not registered refuses the model by name, as it refuses an unknown head mode."""
+    option is not registered refuses the model by name, as it refuses an unknown head mode. ``lossless``: the value
+    a lossless start sets it to (None: left at ``init``); ``keep_fp32``: kept fp32 under a bf16/fp16 load."""
 
     name: "str"
     help: "str"
     init: "float"
     fold: "Callable"
     card: "str"  # the model card's line for it
+    keep_fp32: "bool" = True
+    lossless: "float | None" = None
 
 
-HEAD_OPTIONS: "dict[str, HeadOption]" = {}
+# Every head term, in the order they fold: the built-ins first (head_terms.py registers them at import), then those
+# registered from outside (``register_head_option``).
+HEAD_OPTIONS: "dict[str, HeadTerm]" = {}
+HEAD_TERMS = HEAD_OPTIONS
+
+
+def head_terms() -> "tuple[HeadTerm, ...]":
+    """Every registered head term, built-in and added, in folding order."""
+    return tuple(HEAD_OPTIONS.values())
+
+
+def add_head_term(term: "HeadTerm") -> "HeadTerm":
+    """Put ``term`` in the registry (a built-in's way in, at import; ``register_head_option`` checks more)."""
+    if term.name in HEAD_OPTIONS:
+        raise ValueError(f"a head option {term.name!r} is registered already")
+    HEAD_OPTIONS[term.name] = term
+    return term
+
+
+def takes_row_scales(mode) -> "bool":
+    """Whether ``mode``'s lossless start sets a term that can absorb a source's output row scales c_i (a per-token
+    scale of the logit, ``HeadTerm.takes_row_scales``): an untied source with rows c_i·w_i converts losslessly."""
+    return any(HEAD_OPTIONS[name].takes_row_scales for name in mode.lossless_start or () if name in HEAD_OPTIONS)
+
+
+def switched_terms() -> "tuple[str, ...]":
+    """The names of the terms a model switches on by naming them in ``extra_terms``."""
+    return tuple(term.name for term in HEAD_OPTIONS.values() if not term.config_fields)
 
 
 def register_head_option(option: "HeadOption") -> "HeadOption":
@@ -691,8 +785,8 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
     anything the head already holds (``HEAD_NAME_SOURCES``: ``norm_eps``, ``weight``, ``options``, ...): a
     parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
     """
-    if not isinstance(option, HeadOption):
-        raise TypeError(f"register_head_option takes a HeadOption, got {type(option).__name__}")
+    if not isinstance(option, HeadTerm):
+        raise TypeError(f"register_head_option takes a HeadOption (a HeadTerm), got {type(option).__name__}")
     name = option.name
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
         raise ValueError(
@@ -700,15 +794,14 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
             "(letters, digits and underscores: it becomes the head's parameter lm_head.<name> and the converter's "
             "flag --<name with dashes>), e.g. 'logit_temperature'"
         )
-    if name in HEAD_OPTIONS or name in LEARNED_TERMS:
+    if name in HEAD_OPTIONS:
         raise ValueError(f"a head option {name!r} is registered already")
     if name in taken_head_names():
         raise ValueError(
             f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
             "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
         )
-    HEAD_OPTIONS[name] = option
-    return option
+    return add_head_term(option)
 
 
 # Callables giving every name a head holds (its attributes, methods and parameters): normalized_head.py adds
@@ -726,8 +819,8 @@ def taken_head_names() -> "frozenset[str]":
 
 
 def learned_terms() -> "tuple[str, ...]":
-    """Every learned per-token term a head may hold: ``LEARNED_TERMS`` and the registered options'."""
-    return (*LEARNED_TERMS, *HEAD_OPTIONS)
+    """Every learned term a head may hold, named as its parameter (state-dict keys such as 'lm_head.<name>')."""
+    return tuple(HEAD_OPTIONS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -763,27 +856,17 @@ class HeadOptions:
         if len(set(extra)) != len(extra):
             raise ValueError(f"extra_terms names a head option twice: {list(extra)}")
         object.__setattr__(self, "extra_terms", tuple(extra))  # a config.json's list, as the hashable tuple
-        unknown = [name for name in self.extra_terms if name not in HEAD_OPTIONS]
+        switched = switched_terms()
+        unknown = [name for name in self.extra_terms if name not in switched]
         if unknown:
             raise ValueError(
-                f"head option(s) {unknown} are not registered in this process (registered: {sorted(HEAD_OPTIONS)}): "
+                f"head option(s) {unknown} are not registered in this process (registered: {sorted(switched)}): "
                 "the model was trained with a head option registered at runtime (register_head_option); register it "
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
-        if self.logit_scale_kind not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
-        if self.logit_scale_init is not None:
-            if not 0 < self.logit_scale_init < math.inf:
-                raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
-            if self.logit_scale_kind == "none":
-                raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
-                    "logit_scale_kind "
-                    "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-                )
-        if not isinstance(self.logit_bias, bool):
-            raise ValueError(f"logit_bias must be True or False, got {self.logit_bias!r}")
+        for term in head_terms():  # each term checks its own fields (head_terms.py)
+            term.check(self)
         if not 0 < self.norm_eps < math.inf:
             raise ValueError(f"norm_eps must be > 0 and finite, got {self.norm_eps}")
 
@@ -804,6 +887,22 @@ class HeadOptions:
         """The options that are config fields of the package (``TiedNormHeadConfigMixin``)."""
         return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("registry"))
 
+    def active_terms(self) -> "tuple[HeadTerm, ...]":
+        """The head terms these options switch on, in the order they fold: the built-ins' (set by their config
+        fields) in registry order, then ``extra_terms`` in their order."""
+        built_in = (term for term in head_terms() if term.config_fields and term.is_on(self))
+        return (*built_in, *map(HEAD_OPTIONS.get, self.extra_terms))
+
+    def term_switches(self) -> "dict":
+        """Each built-in term's switch (its first config field) and its value: {"logit_scale_kind": ..., ...}."""
+        switches = [term.config_fields[0] for term in head_terms() if term.config_fields]
+        return {name: getattr(self, name) for name in switches}
+
+    def term_settings(self) -> "str":
+        """The terms' settings as config.json states them (a head's repr): "logit_scale_kind='none', ..."."""
+        settings = (term.setting(self) for term in head_terms() if term.config_fields or term.is_on(self))
+        return ", ".join(dict.fromkeys(settings))
+
     def as_config_fields(self) -> "dict":
         """The config fields (``head_mode=...``, ...) of these options; ``extra_terms`` only when one is on."""
         fields = dataclasses.asdict(self)
@@ -817,33 +916,177 @@ class HeadOptions:
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
-        logit_scale = self.logit_scale_kind
-        if "logit_scale" in mode.lossless_start:
-            if logit_scale not in ("none", "vector"):
+        changes = {}
+        for term in head_terms():
+            changes.update(term.lossless_options(self, mode))
+        return dataclasses.replace(self, **changes)
+
+
+# ------------------------------ hf_tiednorm/head_terms.py -------------------------------------------------------
+"""The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
+(head_options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
+
+* ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
+  FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
+  g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise, ``fixed`` at √d (normalized_head.py).
+* ``logit_bias`` (config field ``logit_bias``): a learned b_i per token, zero at first, added after the scale: where
+  a model can keep the unigram prior that a normalized head deletes.
+
+Everything the package does with them (the head's parameters and fold, a resize's new tokens, fp32, a lossless
+start, the load checks, the flags, the export and the card) asks these objects, through the ``HeadTerm`` hooks.
+Their config fields and state-dict keys (``lm_head.logit_scale``, ``lm_head.logit_bias``) are those of every saved
+model.
+"""
+
+
+# The order of a mode's ``lossless_terms`` (head_modes.py): the values it gives the scale and the bias.
+MODE_LOSSLESS_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
+
+
+def default_logit_scale(logit_scale: "str", hidden_size: "int") -> "float":
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
+    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
+    ``fixed`` model's function depends on it, so it keeps its meaning)."""
+    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
+
+
+class LogitScaleTerm(HeadTerm):
+    """g: multiplies the mode's (scale, bias); a parameter for ``scalar`` (0-dim) and ``vector`` (V,)."""
+
+    name = "logit_scale"
+    help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
+    config_fields = ("logit_scale_kind", "logit_scale_init")
+    row_scaled = takes_row_scales = True
+
+    def is_on(self, options) -> "bool":
+        return options.logit_scale_kind != "none"
+
+    def setting(self, options) -> "str":
+        return f"logit_scale_kind={options.logit_scale_kind!r}"
+
+    def check(self, options) -> "None":
+        if options.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {options.logit_scale_kind!r}")
+        if options.logit_scale_init is not None:
+            if not 0 < options.logit_scale_init < math.inf:
+                raise ValueError(f"logit_scale_init must be > 0 and finite, got {options.logit_scale_init}")
+            if options.logit_scale_kind == "none":
                 raise ValueError(
-                    f"lossless_start for head_mode {self.head_mode!r} sets a per-token logit scale "
-                    f"(logit_scale_kind='vector'); logit_scale_kind={logit_scale!r} cannot give back the source's "
+                    f"logit_scale_init={options.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    "logit_scale_kind "
+                    "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
+                )
+
+    def start_value(self, options, hidden_size: "int") -> "float":
+        init = options.logit_scale_init
+        return float(init) if init is not None else default_logit_scale(options.logit_scale_kind, hidden_size)
+
+    def shape(self, options, vocab_size: "int") -> "tuple[int, ...] | None":
+        return {"scalar": (), "vector": (vocab_size,)}.get(options.logit_scale_kind)
+
+    def fold_into(self, head, scale, bias, rows: "slice", device):
+        # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias; "fixed" is a constant, not a parameter
+        if head.options.logit_scale_kind == "none":
+            return scale, bias
+        g = head.logit_scale
+        g = g.float() if g is not None else torch.tensor(head.term_starts[self.name], device=device)
+        g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
+        return (g if scale is None else scale * g), (None if bias is None else bias * g)
+
+    def lossless_options(self, options, mode) -> "dict":
+        kind = options.logit_scale_kind
+        if "logit_scale" in mode.lossless_start:
+            if kind not in ("none", "vector"):
+                raise ValueError(
+                    f"lossless_start for head_mode {options.head_mode!r} sets a per-token logit scale "
+                    f"(logit_scale_kind='vector'); logit_scale_kind={kind!r} cannot give back the source's "
                     "logits: leave logit_scale_kind unset or 'vector'"
                 )
-            if self.logit_scale_init is not None:
+            if options.logit_scale_init is not None:
                 # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
                 # dropped while config.json recorded it.
                 raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} (--logit-scale-init) cannot be combined with "
-                    f"lossless_start (--lossless-start): for head_mode {self.head_mode!r} the lossless start sets "
+                    f"logit_scale_init={options.logit_scale_init} (--logit-scale-init) cannot be combined with "
+                    f"lossless_start (--lossless-start): for head_mode {options.head_mode!r} the lossless start sets "
                     "every per-token logit scale g_i itself, to the value that gives back the source's logits "
                     f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
                     "lossless_start"
                 )
-            logit_scale = "vector"
-        elif logit_scale != "none":
+            return {"logit_scale_kind": "vector"}
+        if kind != "none":
             raise ValueError(
-                f"lossless_start for head_mode {self.head_mode!r} needs no logit scale ({mode.equation}; its start "
-                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={logit_scale!r} would "
+                f"lossless_start for head_mode {options.head_mode!r} needs no logit scale ({mode.equation}; its start "
+                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={kind!r} would "
                 "multiply the scores: leave logit_scale_kind='none'"
             )
-        logit_bias = self.logit_bias or "logit_bias" in mode.lossless_start
-        return dataclasses.replace(self, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+        return {}
+
+    def lossless_value(self, head, rows, mode_terms: "dict"):
+        return mode_terms.get(self.name)
+
+    def card_row(self, config, stored, hidden_size: "int") -> "str":
+        """The logit scale as the weights hold it: a learned scale is described by its saved values (``stored(name)``:
+        their (min, max); a lossless start sets g_i = ‖w_i‖, not the configured initial value), the initial value
+        only when no weights are saved."""
+        kind = config.logit_scale_kind
+        if kind == "none":
+            return "none"
+        saved = stored(self.name) if kind != "fixed" else None
+        if saved is not None:
+            low, high = saved
+            if kind == "scalar":
+                return f"one learned g (g = {low:.4g} in these weights)"
+            return (
+                f"a learned g_i per token (g_i in {low:.4g}–{high:.4g} in these weights; a lossless start sets "
+                "g_i = ‖w_i‖ of the source)"
+            )
+        g = self.start_value(config, hidden_size)
+        return {
+            "fixed": f"fixed g = {g:.4g}",
+            "scalar": f"one learned g (initialized to {g:.4g})",
+            "vector": f"a learned g_i per token (initialized to {g:.4g})",
+        }[kind]
+
+
+class LogitBiasTerm(HeadTerm):
+    """b: a learned (V,) bias added to the scores after the scale, zero at first."""
+
+    name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
+    config_fields = ("logit_bias",)
+    row_scaled = True
+
+    def is_on(self, options) -> "bool":
+        return options.logit_bias
+
+    def setting(self, options) -> "str":
+        return f"logit_bias={options.logit_bias!r}"
+
+    def check(self, options) -> "None":
+        if not isinstance(options.logit_bias, bool):
+            raise ValueError(f"logit_bias must be True or False, got {options.logit_bias!r}")
+
+    def fold_into(self, head, scale, bias, rows: "slice", device):
+        if head.logit_bias is None:
+            return scale, bias
+        learned = head.logit_bias[rows].float()
+        return scale, (learned if bias is None else bias + learned)
+
+    def lossless_options(self, options, mode) -> "dict":
+        return {"logit_bias": options.logit_bias or "logit_bias" in mode.lossless_start}
+
+    def lossless_value(self, head, rows, mode_terms: "dict"):
+        return mode_terms.get(self.name)
+
+    def card_row(self, config, stored, hidden_size: "int") -> "str":
+        if getattr(config, "logit_bias", False):
+            return "a learned b_i per token, added to the scores (zero at initialization)"
+        return "none"
+
+    def bias_text(self) -> "str":
+        return "logit_bias=True (the learned per-token b)"
+
+
+BUILTIN_TERMS: "tuple[HeadTerm, ...]" = (add_head_term(LogitScaleTerm()), add_head_term(LogitBiasTerm()))
 
 
 # ------------------------------ hf_tiednorm/lossless_start.py ---------------------------------------------------
@@ -882,12 +1125,19 @@ refused.
 """
 
 
-def lossless_head_options(head_mode: "str", logit_scale: "str", logit_bias: "bool") -> "tuple[str, bool]":
-    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
-    or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    options = HeadOptions(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
-    options = options.with_lossless_start()
-    return options.logit_scale_kind, options.logit_bias
+def check_lossless_settings(config) -> "None":
+    """``ValueError`` unless ``config``'s head terms are switched as a lossless start of its ``head_mode`` needs
+    (``HeadOptions.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
+    the switches (each term's first config field) and their needed values."""
+    switches = tuple(HeadOptions().term_switches())
+    options = HeadOptions(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
+    needed = options.with_lossless_start()  # raises for l2
+    want, have = (tuple(o.term_switches().values()) for o in (needed, options))
+    if want != have:
+        raise ValueError(
+            f"lossless_start=True with head_mode={config.head_mode!r} needs ({', '.join(switches)}) = {want}, got "
+            f"{have}; set them so, or lossless_start=False"
+        )
 
 
 @torch.no_grad()
@@ -895,14 +1145,11 @@ def start_lossless(model: "PreTrainedModel") -> "None":
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
     ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``lossless_head_options``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    ``HeadOptions.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
     g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
-    # lossless_terms returns the values of LEARNED_TERMS (g, b) in their order; None: the mode leaves it alone.
-    for term, value in zip(LEARNED_TERMS, head.mode.lossless_terms(head.weight, head.norm_eps), strict=True):
-        if value is not None:
-            getattr(head, term).copy_(value)
+    _set_lossless_terms(head, 0)
     check_registered_options_neutral(head)
     model.config.lossless_start = True
 
@@ -920,7 +1167,8 @@ def check_registered_options_neutral(head) -> "None":
     norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)
     gain = torch.ones_like(norms) if scale is None else scale
     offset = torch.zeros_like(norms) if bias is None else bias
-    learned_bias = 0 if head.logit_bias is None else head.logit_bias.float().abs()
+    _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
+    learned_bias = 0 if mode_bias is None else mode_bias.abs()  # what a lossless start's bias cancels
     error = (gain - 1).abs() * norms + offset.abs()  # the most a logit is off, for a unit-norm h
     excess = (error - LOSSLESS_RTOL * (norms + learned_bias) - head.norm_eps).nan_to_num(nan=torch.inf)
     row = int(excess.argmax())
@@ -935,6 +1183,17 @@ def check_registered_options_neutral(head) -> "None":
         )
 
 
+def _set_lossless_terms(head, first: "int") -> "None":
+    """Set every learned term of ``head`` that a lossless start sets (``HeadTerm.lossless_value``: the built-ins
+    from their mode's ``lossless_terms``, a registered one to its ``lossless`` value) for tokens ``first`` and up."""
+    rows = head.weight[first:]
+    mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
+    for term in head.options.active_terms():
+        value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
+        if value is not None:
+            getattr(head, term.name)[first:] = value
+
+
 @torch.no_grad()
 def start_resized_tokens(model: "PreTrainedModel", first_new: "int") -> "None":
     """After ``resize_token_embeddings`` of a lossless-started ``model`` (``config.lossless_start``), start the new
@@ -943,10 +1202,7 @@ def start_resized_tokens(model: "PreTrainedModel", first_new: "int") -> "None":
     head = model.get_output_embeddings()
     if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
         return
-    terms = head.mode.lossless_terms(head.weight[first_new:], head.norm_eps)  # (new,) each, or None
-    for term, value in zip(LEARNED_TERMS, terms, strict=True):
-        if value is not None:
-            getattr(head, term)[first_new:] = value
+    _set_lossless_terms(head, first_new)
 
 
 @torch.no_grad()
@@ -954,9 +1210,9 @@ def take_row_scales(model: "PreTrainedModel", row_scales: "torch.Tensor") -> "No
     """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
     c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
     head = model.get_output_embeddings()
-    for term in LEARNED_TERMS:  # both scale the logit: c_i times each
-        learned = getattr(head, term)
-        if learned is not None:
+    for term in head_terms():  # those that scale or shift the whole logit (g, b): c_i times each
+        learned = getattr(head, term.name, None)
+        if term.row_scaled and learned is not None:
             learned.mul_(row_scales.to(learned))
 
 
@@ -1145,7 +1401,8 @@ def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.P
     folder = Path(save_directory)
     folder.mkdir(parents=True, exist_ok=True)
     left = []
-    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
+    # transformers copies every module a saved class reaches by relative imports: the legacy ones and any newer one
+    for module in (LEGACY_MODULES | {path.stem for path in _HERE.glob("*.py")}) - set(REMOTE_CODE_MODULES):
         copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
         if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
             copy.unlink()  # a copy a model's save_pretrained just made (custom_object_save)
@@ -1287,14 +1544,8 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
         super().__post_init__(**renamed_fields_set(self, kwargs))
 
     def validate_lossless_start(self) -> None:
-        needed = (self.logit_scale_kind, self.logit_bias)
         if self.lossless_start:
-            needed = lossless_head_options(self.head_mode, *needed)  # raises for l2
-        if needed != (self.logit_scale_kind, self.logit_bias):
-            raise ValueError(
-                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale_kind, logit_bias) = "
-                f"{needed}, got ({self.logit_scale_kind!r}, {self.logit_bias}); set them so, or lossless_start=False"
-            )
+            check_lossless_settings(self)  # the head terms a lossless start of head_mode sets (lossless_start.py)
 
     @property
     def head_options(self) -> HeadOptions:
