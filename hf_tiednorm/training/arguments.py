@@ -116,6 +116,13 @@ class ModelSourceArguments:
             "aliases": ["--torch_dtype"],
         },
     )
+    extra_terms: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "head terms registered from outside (hf_tiednorm.register_head_option, e.g. in a plugin the run "
+            "imports) to switch on in a new model, by name; a saved model keeps its own (its config's extra_terms)"
+        },
+    )
     vocab_size: int = field(default=8000, metadata={"help": "size of the subword vocabulary trained if none is given"})
     tokenizer_model: str = field(default="bpe", metadata={"help": f"its subword model, one of {TOKENIZER_MODELS}"})
 
@@ -132,7 +139,7 @@ class ModelSourceArguments:
         if self.model_name_or_path is not None:
             if not Path(self.model_name_or_path, "config.json").is_file():
                 raise FileNotFoundError(f"--model_name_or_path {self.model_name_or_path} holds no config.json")
-            fixed = [name for name in self.architecture_fields() if getattr(self, name) is not None]
+            fixed = [name for name in (*self.architecture_fields(), "extra_terms") if getattr(self, name) is not None]
             if fixed:
                 raise ValueError(f"--{' --'.join(fixed)} cannot change a saved model (--model_name_or_path); drop them")
             saved = json.loads(Path(self.model_name_or_path, "config.json").read_text())
@@ -162,7 +169,8 @@ class ModelSourceArguments:
 
     def config_overrides(self) -> dict[str, Any]:
         """The config fields given as flags; for a saved model (checked above) only fine-tunable ones."""
-        return {name: getattr(self, name) for name in self.config_fields if getattr(self, name) is not None}
+        given = {name: getattr(self, name) for name in self.config_fields if getattr(self, name) is not None}
+        return given | ({"extra_terms": tuple(self.extra_terms)} if self.extra_terms else {})
 
     def finetune_config(self) -> PretrainedConfig:
         """The saved model's config with the fine-tunable flags given (``__post_init__`` refuses the others);
