@@ -69,6 +69,17 @@ def _target_only_keys() -> set[str]:
     return {f"lm_head.{term}" for term in learned_terms()}
 
 
+def head_options_of(options: HeadOptions | None, head_mode: str | None, settings: dict, lossless: bool) -> HeadOptions:
+    """The head's settings given as ``options`` or as keywords (``head_mode`` and any other ``HeadOptions`` field:
+    each head term's config fields, ``extra_terms``, ``norm_eps``), not both; with a lossless start's terms on."""
+    if options is None:
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, **settings)  # an unknown keyword: TypeError
+    elif head_mode is not None or settings:
+        given = ", ".join(f"{name}=..." for name in ([] if head_mode is None else ["head_mode"]) + list(settings))
+        raise ValueError(f"pass the head's settings either as options or as {given}, not both")
+    return options.with_lossless_start() if lossless else options
+
+
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
     """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
     and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
@@ -86,15 +97,12 @@ def normalize_tied_head(
     model: PreTrainedModel,
     head_mode: str | None = None,
     *,
-    logit_scale_kind: str = "none",
-    logit_scale_init: float | None = None,
-    logit_bias: bool = False,
-    norm_eps: float = 1e-6,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
     generic: bool = False,
     base_model: str | None = None,
     license: str | None = None,
+    **head_settings,
 ) -> PreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
@@ -112,9 +120,10 @@ def normalize_tied_head(
     Args:
         model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
             works too).
-        head_mode, logit_scale_kind, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
-            ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
-        lossless_start: start at the source's logits (module docstring); chooses ``logit_scale_kind`` / ``logit_bias``.
+        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``options`` holding them all (then leave these unset); ``head_mode``
+            None: the default mode.
+        lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
         generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
             them (the CLI's ``--generic``). Other architectures are wrapped either way.
         base_model, license: the source's Hub id and license, recorded in the config (``provenance``, read by every
@@ -128,13 +137,7 @@ def normalize_tied_head(
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (peft_guard.py)
     check_base_model_id(base_model)
-    if options is None:
-        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale_kind=logit_scale_kind,
-                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
-    elif head_mode is not None:
-        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
-    if lossless_start:
-        options = options.with_lossless_start()
+    options = head_options_of(options, head_mode, head_settings, lossless_start)
     drop_quantization_state(model)
     name_or_path = model.name_or_path
     own_family = not generic and family_of_source(model.config.model_type) is not None
@@ -227,16 +230,13 @@ def convert_checkpoint(
     output_dir: str | os.PathLike | None = None,
     *,
     head_mode: str | None = None,
-    logit_scale_kind: str = "none",
-    logit_scale_init: float | None = None,
-    logit_bias: bool = False,
-    norm_eps: float = 1e-6,
     generic: bool = False,
     gguf_file: str | None = None,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
     base_model: str | None = None,
     license: str | None = None,
+    **head_settings,
 ) -> PreTrainedModel:
     """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
@@ -250,9 +250,10 @@ def convert_checkpoint(
             the path of a ``.gguf`` file itself.
         gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs the gguf extra:
             ``python -m pip install -e ".[gguf]"``).
-        lossless_start: start at the source's logits (module docstring); sets ``logit_scale_kind`` / ``logit_bias``.
-        head_mode, logit_scale_kind, logit_scale_init, logit_bias, norm_eps: the head's settings (head_options.py), or
-            ``options`` holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
+        lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
+        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``options`` holding them all; ``head_mode`` None: the default mode
+            (head_modes.DEFAULT_HEAD_MODE).
         base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
             saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
             ``general.license`` (source_provenance.py). None: what the source states, else unknown.
@@ -269,13 +270,7 @@ def convert_checkpoint(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
         )
     check_base_model_id(base_model)
-    if options is None:
-        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale_kind=logit_scale_kind,
-                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
-    elif head_mode is not None:
-        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
-    if lossless_start:
-        options = options.with_lossless_start()
+    options = head_options_of(options, head_mode, head_settings, lossless_start)
     if output_dir is not None:
         output_dir = Path(output_dir)
         existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
