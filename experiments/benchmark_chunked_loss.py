@@ -1,4 +1,5 @@
-"""Peak memory and time of the normalized head's loss + backward: plain path vs chunked (hf_tiednorm/chunked_loss.py).
+"""Peak memory and time of the normalized head's loss + backward: plain path vs chunked
+(hf_tiednorm/modeling/loss/chunked.py).
 
 Memory method (CPU, no allocator statistics exist there): every repetition of every contender runs in a fresh
 subprocess, interleaved (plain, chunked, plain, chunked, ...) so both see the same machine load. In the child the
@@ -59,8 +60,8 @@ def run_child(args: Args) -> dict:
     import torch
 
     from hf_tiednorm import HeadOptions, TiedNormHead
-    from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
-    from hf_tiednorm.token_loss import token_cross_entropy
+    from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
+    from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -107,8 +107,9 @@ def contenders(args: Args, dtype, tokens: int):
     import torch.nn.functional as F
 
     from hf_tiednorm import HeadOptions, TiedNormHead
-    from hf_tiednorm.fused_loss import choose_loss_path, head_linear_cross_entropy
-    from hf_tiednorm.token_loss import token_cross_entropy
+    from hf_tiednorm.modeling.loss.head_loss import head_linear_cross_entropy
+    from hf_tiednorm.modeling.loss.policy import choose_loss_path
+    from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
     device = torch.device(args.device)
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
 """What the PEFT guard costs per decoding step: a converted model's greedy decoding time over its source's.
 
-The guard (hf_tiednorm/peft_guard.py) runs before every forward of a model with the normalized head, so before
+The guard (hf_tiednorm/modeling/head/peft_guard.py) runs before every forward of a model with the normalized head, so
+before
 every decoding step of ``generate``. Contenders, in one process, round-robin (start rotated each repetition), each
 decoding the same prompt greedily for exactly ``--new-tokens`` tokens:
 
@@ -34,8 +35,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from hf_tiednorm import peft_guard
 from hf_tiednorm.convert import convert_checkpoint
+from hf_tiednorm.modeling.head import peft_guard
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -40,7 +40,8 @@ from transformers import HfArgumentParser
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB_CONFIG = ROOT / "scripts" / "configs" / "multi30k_de_en.yaml"
-# name -> (model family, head_mode, loss_chunk_size). "-chunked": the fused chunked loss (hf_tiednorm/chunked_loss.py),
+# name -> (model family, head_mode, loss_chunk_size). "-chunked": the fused chunked loss
+# (hf_tiednorm/modeling/loss/chunked.py),
 # which drops the padding positions before the head and never materializes the (tokens × V) logits.
 MODELS = {
     "ours-baseline": ("tiednorm", "baseline", None),

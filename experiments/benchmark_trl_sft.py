@@ -6,7 +6,7 @@ Contenders, in one process, trained round-robin (the order rotated each repetiti
 * ``plain_llama``: transformers' ``LlamaForCausalLM``, tied embeddings;
 * ``normalized``: hf_tiednorm's ``TiedNormForCausalLM`` of the same sizes (a Llama body) with the normalized head
   (``--head_mode``, a learned per-token ``vector`` logit scale and a logit bias), which TRL's fused LM head scores
-  through the folded linear layer (hf_tiednorm/scoring_guard.py);
+  through the folded linear layer (hf_tiednorm/modeling/head/scoring_guard.py);
 * ``normalized_unguarded``: the same normalized model with the scoring guard's pre-hook removed from its backbone,
   for the guard's own cost per step.
 
@@ -35,7 +35,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback
 
 import hf_tiednorm
-from hf_tiednorm.scoring_guard import check_scoring
+from hf_tiednorm.modeling.head.scoring_guard import check_scoring
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 TINY_SENTENCES = ["a dog runs on the grass .", "two men play music in the street .", "a woman reads a book ."]

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 
 # name -> tiednorm-convert flags. The lossless starts compute the source's logits at step 0
-# (hf_tiednorm/bridges/convert.py).
+# (hf_tiednorm/conversion/convert.py).
 VARIANTS = {
     "baseline": ["--head-mode", "baseline"],
     "cosine": ["--head-mode", "cosine"],

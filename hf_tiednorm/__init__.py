@@ -1,8 +1,9 @@
 """hf_tiednorm: normalized input-output shared embeddings for HF Transformers text-generation models.
 
-Importing the package registers every row of the family table (families.py: our families and the wrapper around any
+Importing the package registers every row of the family table (families/table.py: our families and the wrapper around
+any
 tied transformers LM) with the Auto classes, and marks them for ``register_for_auto_class`` so ``save_pretrained``
-writes ``auto_map`` and the two generated code files (remote_code_map.py): a saved folder then loads with
+writes ``auto_map`` and the two generated code files (modeling/auto_map.py): a saved folder then loads with
 ``trust_remote_code=True`` where this package is not installed. The config and model classes are the package's
 public names, taken from the same table.
 """
@@ -10,15 +11,18 @@ public names, taken from the same table.
 from transformers import AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .configuration_tiednorm import TIE_TOPOLOGIES
-from .families import FAMILIES, ROWS, public_classes, register_family, register_with_auto_classes
-from .head_modes import HEAD_MODES, HeadMode, register_head_mode
-from .head_options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, HeadTerm, register_head_option
-from .normalized_head import TiedNormEmbedding, TiedNormHead
-from .pipeline_translation import TiedNormTranslationPipeline
+from .modeling.families.config_fields import TIE_TOPOLOGIES
+from .modeling.families.table import FAMILIES, ROWS, public_classes, register_family, register_with_auto_classes
+from .modeling.head.layer import TiedNormEmbedding, TiedNormHead
+from .modeling.head.modes import HEAD_MODES, HeadMode, register_head_mode
+from .modeling.head.options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, HeadTerm, register_head_option
+from .modeling.translation_pipeline import TiedNormTranslationPipeline
+from .training.liger import register_families_with_liger
 
 for _row in ROWS.values():
     register_with_auto_classes(_row)
+# use_liger_kernel=True with a plain transformers.Trainer reaches the head's fused loss (training/liger.py).
+register_families_with_liger()
 globals().update(public_classes())  # TiedNormSeq2SeqConfig, TiedNormForCausalLM, TiedNormWrappedForCausalLM, ...
 
 PIPELINE_REGISTRY.register_pipeline(

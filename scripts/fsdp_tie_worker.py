@@ -4,7 +4,8 @@ train it and measure it against the same model trained unsharded in this process
     python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/fsdp_tie_worker.py ROUTE OUT_JSON \
         [FAMILY ...] [--device {auto,cpu,cuda}]
 
-ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.tie_topology.fully_shard_tied``), "accelerate"
+ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.modeling.families.tie_topology.fully_shard_tied``),
+"accelerate"
 (accelerate's own FSDP2 preparation, ``fsdp_version=2`` + transformer-based wrapping) or "zero3" (DeepSpeed ZeRO-3
 through accelerate). Rank 0 writes {family: {measurement: value}} to OUT_JSON; the test asserts on the numbers.
 Every rank gets 2 examples of a global batch of 2 x world size, so the sharded run and the reference see the same
@@ -35,13 +36,14 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 import hf_tiednorm
-from hf_tiednorm.tie_topology import embedding_tie, fully_shard_tied, untied_pairs
+from hf_tiednorm.modeling.families.tie_topology import embedding_tie, fully_shard_tied, untied_pairs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the models are built in code
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# The tiny model of each family of the table (hf_tiednorm/families.py; the sizes of tests/testing_utils.py's tiny
+# The tiny model of each family of the table (hf_tiednorm/modeling/families/table.py; the sizes of
+# tests/testing_utils.py's tiny
 # models): a new family needs no entry here. BART's scale_embedding=True covers its in-module sqrt(d) scaling.
 _ENCODER_DECODER = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0)

@@ -124,7 +124,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
     return [
         Step("head_loss", [py, HEAD_LOSS_BENCHMARK, *head, "--output", str(out / "head_loss.json")], 60,
              "LM-head loss + backward at LLM scale, every mode and path (issue 39)", out / "head_loss.json",
-             optional_script=HEAD_LOSS_BENCHMARK, needs=("hf_tiednorm.fused_loss",)),
+             optional_script=HEAD_LOSS_BENCHMARK, needs=("hf_tiednorm.modeling.loss.policy",)),
         Step("trainer_loop", [py, "experiments/benchmark_trainer_loop.py", *loop, *data,
                               "--output", str(out / "trainer_loop.json"), "--note", "scripts/gpu_check.py"],
              150, "trainer loop tokens/s: ours vs HF Marian, fp32 vs bf16, padding multiple 0 vs 8",

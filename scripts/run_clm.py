@@ -41,7 +41,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, default_data_collator
 
-from hf_tiednorm.families import FAMILIES, families
+from hf_tiednorm.modeling.families.table import FAMILIES, families
 from hf_tiednorm.publishing.card_metrics import subset_metrics
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
@@ -56,7 +56,7 @@ from hf_tiednorm.training.precision import TiedNormTrainingArguments
 from hf_tiednorm.training.trainers import TiedNormTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
-# The causal family a new model is built from (hf_tiednorm/families.py).
+# The causal family a new model is built from (hf_tiednorm/modeling/families/table.py).
 CAUSAL = FAMILIES[families(encoder_decoder=False)[0]]
 # The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
 # library's: hf_tiednorm assumes no checkout).

@@ -58,8 +58,8 @@ from transformers import (
 )
 
 import hf_tiednorm
-from hf_tiednorm.families import FAMILIES, families, family_named
 from hf_tiednorm.metrics import SACREBLEU_LOCAL
+from hf_tiednorm.modeling.families.table import FAMILIES, families, family_named
 from hf_tiednorm.publishing.card_metrics import subset_metrics
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
@@ -74,7 +74,8 @@ from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, pad
 from hf_tiednorm.training.trainers import TiedNormSeq2SeqTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
-# --model_family: every encoder-decoder family of hf_tiednorm under the name the recipes use (hf_tiednorm/families.py:
+# --model_family: every encoder-decoder family of hf_tiednorm under the name the recipes use
+# (hf_tiednorm/modeling/families/table.py:
 # its first alias, else its name; the table resolves either), and transformers' MarianMTModel as the HF contender.
 OWN_FAMILIES = {(FAMILIES[name].aliases or (name,))[0]: FAMILIES[name] for name in families(encoder_decoder=True)}
 DEFAULT_FAMILY = next(iter(OWN_FAMILIES))
@@ -204,7 +205,8 @@ def marian_config(config: PretrainedConfig) -> MarianConfig:
 
 @torch.no_grad()
 def init_shared_embedding(model: MarianMTModel, std: float) -> None:
-    """Our embedding_init_std on a MarianMTModel (hf_tiednorm/modeling_common.py): N(0, std), padding row zero."""
+    """Our embedding_init_std on a MarianMTModel (hf_tiednorm/modeling/families/common.py): N(0, std), padding row
+    zero."""
     weight = model.get_input_embeddings().weight
     weight.normal_(0.0, std)
     weight[model.config.pad_token_id].zero_()

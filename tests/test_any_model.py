@@ -21,8 +21,8 @@ from transformers import AutoModel, AutoModelForCausalLM, GPT2Config, GPT2LMHead
 
 import hf_tiednorm
 from hf_tiednorm.convert import convert_checkpoint, main, normalize_tied_head
-from hf_tiednorm.head_modes import unit_rows
-from hf_tiednorm.normalized_head import TiedNormHead
+from hf_tiednorm.modeling.head.layer import TiedNormHead
+from hf_tiednorm.modeling.head.modes import unit_rows
 
 NORMALIZED_MODES = ("l2", "square", "distance", "cosine")
 

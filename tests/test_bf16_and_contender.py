@@ -15,8 +15,8 @@ from transformers import AutoConfig, HfArgumentParser, MarianMTModel
 from transformers.trainer_pt_utils import LabelSmoother
 
 import hf_tiednorm
-from hf_tiednorm.normalized_head import TiedNormHead
-from hf_tiednorm.token_loss import token_cross_entropy
+from hf_tiednorm.modeling.head.layer import TiedNormHead
+from hf_tiednorm.modeling.loss.token import token_cross_entropy
 from hf_tiednorm.training.precision import (
     CPU_BF16_ATTENTION,
     TiedNormSeq2SeqTrainingArguments,

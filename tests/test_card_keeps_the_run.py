@@ -15,8 +15,8 @@ from testing_utils import tiny_tokenizer
 from tiny_architectures import source_model
 from transformers import AutoModelForCausalLM
 
-from hf_tiednorm.bridges.export import export_plain
-from hf_tiednorm.bridges.source_provenance import folder_provenance, gguf_provenance
+from hf_tiednorm.conversion.export import export_plain
+from hf_tiednorm.conversion.source_provenance import folder_provenance, gguf_provenance
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.convert import main as convert_main
 from hf_tiednorm.publishing import hub, model_card

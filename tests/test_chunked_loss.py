@@ -1,4 +1,4 @@
-"""The chunked head cross-entropy (hf_tiednorm/chunked_loss.py) equals the plain path: value and gradients."""
+"""The chunked head cross-entropy (hf_tiednorm/modeling/loss/chunked.py) equals the plain path: value and gradients."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
-from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
-from hf_tiednorm.head_options import HeadOptions
-from hf_tiednorm.token_loss import token_cross_entropy
+from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
+from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
 VOCAB, DIM = 37, 8
 

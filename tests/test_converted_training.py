@@ -15,7 +15,7 @@ from testing_utils import tiny_tokenizer
 from tiny_architectures import auto_class, source_model
 
 from hf_tiednorm.convert import convert_checkpoint
-from hf_tiednorm.normalized_head import TiedNormHead
+from hf_tiednorm.modeling.head.layer import TiedNormHead
 
 COMMON = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--do_train",
           "--do_eval", "--report_to", "none", "--num_threads", "1", "--dataloader_pin_memory", "false"]  # fmt: skip

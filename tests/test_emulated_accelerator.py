@@ -18,8 +18,8 @@ from testing_utils import FAMILIES, model_inputs, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import DataCollatorForSeq2Seq, TrainerControl, TrainerState
 
-from hf_tiednorm.bridges import export as export_module
-from hf_tiednorm.bridges.export import export_plain
+from hf_tiednorm.conversion import export as export_module
+from hf_tiednorm.conversion.export import export_plain
 from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.training.arguments import RunArguments
 from hf_tiednorm.training.callbacks import TimeBudgetCallback, run_callbacks

@@ -1,4 +1,4 @@
-"""The plain export (hf_tiednorm/bridges/export.py, issue 32): every family, the wrapper, every head mode, logit
+"""The plain export (hf_tiednorm/conversion/export.py, issue 32): every family, the wrapper, every head mode, logit
 scale, logit bias, tie topology and the lossless start become a checkpoint of the parent architecture that stock
 transformers loads in a process where hf_tiednorm cannot be imported, with the source's logits (fp32, 1e-4) and its
 greedy and beam generations; the models that no parent can hold are refused by name."""
@@ -19,7 +19,7 @@ from tiny_architectures import inputs_for, source_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES
-from hf_tiednorm.bridges.export import export_plain
+from hf_tiednorm.conversion.export import export_plain
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 
 TOLERANCE = 1e-4

@@ -13,7 +13,7 @@ from testing_utils import tiny_model, tiny_tokenizer
 from tiny_architectures import source_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaConfig, LlamaForCausalLM
 
-from hf_tiednorm.bridges.export import export_plain
+from hf_tiednorm.conversion.export import export_plain
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

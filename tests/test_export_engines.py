@@ -10,11 +10,11 @@ import pytest
 import torch
 from testing_utils import tiny_model
 
-from hf_tiednorm.bridges.export import export_plain
+from hf_tiednorm.conversion.export import export_plain
 
 pytest.importorskip("onnxruntime", reason="ONNX Runtime serves the export: pip install onnxruntime onnxscript")
 pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
-from hf_tiednorm.bridges.engines.onnx import (  # noqa: E402  (needs onnxruntime and onnxscript)
+from hf_tiednorm.conversion.engines.onnx import (  # noqa: E402  (needs onnxruntime and onnxscript)
     export_causal,
     export_seq2seq,
     greedy_causal_eager,

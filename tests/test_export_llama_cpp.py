@@ -26,7 +26,7 @@ def test_smollm2_export_runs_in_llama_cpp_with_the_same_greedy_continuation(tmp_
     from engines.onnx_export import _sentences, smollm2_export
     from transformers import AutoTokenizer
 
-    from hf_tiednorm.bridges.engines.llama_cpp import convert_to_gguf, llama_greedy, transformers_greedy
+    from hf_tiednorm.conversion.engines.llama_cpp import convert_to_gguf, llama_greedy, transformers_greedy
 
     model, result, _, moved = smollm2_export(tmp_path, steps=2)
     assert moved > 0  # the head is truly normalized: g_i no longer equals ‖w_i‖

@@ -1,4 +1,5 @@
-"""The plain export asks the head-mode registry (hf_tiednorm/head_modes.py) what a mode is — its column terms, its
+"""The plain export asks the head-mode registry (hf_tiednorm/modeling/head/modes.py) what a mode is — its column terms,
+its
 input lookups, its equation for the card — and compares no mode name: a toy sixth mode, registered in this test
 alone, with unit-row input lookups and a bias term of its own, exports with the source's logits."""
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 from testing_utils import model_inputs, tiny_model
 
-from hf_tiednorm.bridges.export import export_plain
-from hf_tiednorm.head_modes import HeadMode, inverse_row_norms, register_head_mode, unregister_head_mode
+from hf_tiednorm.conversion.export import export_plain
+from hf_tiednorm.modeling.head.modes import HeadMode, inverse_row_norms, register_head_mode, unregister_head_mode
 
 TOY = "root_shift"
 TOY_EQUATION = "s_i = ŵ_i·h·‖w_i‖^½ − ‖w_i‖/10 (toy), with unit-row input lookups"

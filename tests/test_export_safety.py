@@ -19,14 +19,14 @@ from testing_utils import model_inputs, tiny_model, tiny_tokenizer
 from tiny_architectures import inputs_for, source_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaConfig, LlamaForCausalLM
 
-from hf_tiednorm import head_modes
-from hf_tiednorm.bridges import export as export_module
-from hf_tiednorm.bridges.export import export_plain
-from hf_tiednorm.bridges.export import main as export_main
-from hf_tiednorm.bridges.export_card import THIS_FOLDER
+from hf_tiednorm.conversion import export as export_module
+from hf_tiednorm.conversion.export import export_plain
+from hf_tiednorm.conversion.export import main as export_main
+from hf_tiednorm.conversion.export_card import THIS_FOLDER
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.convert import main as convert_main
-from hf_tiednorm.head_modes import Cosine, HeadMode, register_head_mode, unregister_head_mode
+from hf_tiednorm.modeling.head import modes as head_modes
+from hf_tiednorm.modeling.head.modes import Cosine, HeadMode, register_head_mode, unregister_head_mode
 from hf_tiednorm.publishing.hub import push_to_hub
 
 TOLERANCE = 1e-4
@@ -263,7 +263,7 @@ def test_a_failure_late_in_the_export_leaves_no_folder(tmp_path, monkeypatch):
     def broken_card(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("hf_tiednorm.bridges.export_card.write_export_card", broken_card)
+    monkeypatch.setattr("hf_tiednorm.conversion.export_card.write_export_card", broken_card)
     with pytest.raises(RuntimeError, match="disk full"):
         export_plain(model, tmp_path / "out")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]

@@ -12,8 +12,8 @@ from testing_utils import FAMILIES, tiny_config, tiny_model
 from tiny_architectures import source_model
 
 import hf_tiednorm
-from hf_tiednorm.bridges.convert import build_parser
-from hf_tiednorm.bridges.field_flags import head_options_from_flags
+from hf_tiednorm.conversion.convert import build_parser
+from hf_tiednorm.conversion.field_flags import head_options_from_flags
 from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser
 

@@ -17,11 +17,11 @@ from tiny_architectures import CONFIGS, auto_class, inputs_for, source_model
 from transformers import AutoConfig, AutoModelForCausalLM, HfArgumentParser
 
 from hf_tiednorm import convert
-from hf_tiednorm.bridges import export
-from hf_tiednorm.bridges.source_provenance import gguf_provenance
-from hf_tiednorm.configuration_tiednorm_wrapped import OWN_FAMILY_FIELDS
+from hf_tiednorm.conversion import export
+from hf_tiednorm.conversion.source_provenance import gguf_provenance
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
-from hf_tiednorm.head_host import TiedNormHeadHostMixin
+from hf_tiednorm.modeling.families.configuration_wrapped import OWN_FAMILY_FIELDS
+from hf_tiednorm.modeling.families.head_host import TiedNormHeadHostMixin
 from hf_tiednorm.publishing import hub, model_card
 from hf_tiednorm.publishing.card_metrics import parse_metrics
 from hf_tiednorm.publishing.provenance import UNKNOWN_LICENSE

@@ -20,16 +20,16 @@ from testing_utils import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_tiednorm import fused_loss
-from hf_tiednorm.chunked_loss import chunked_linear_cross_entropy
-from hf_tiednorm.folded_weight import FoldScale, fold_scale
-from hf_tiednorm.fused_loss import (
+from hf_tiednorm.modeling.head.folded_weight import FoldScale, fold_scale
+from hf_tiednorm.modeling.loss import head_loss, policy
+from hf_tiednorm.modeling.loss.chunked import chunked_linear_cross_entropy
+from hf_tiednorm.modeling.loss.head_loss import head_linear_cross_entropy
+from hf_tiednorm.modeling.loss.policy import (
     AUTO_MIN_LOGITS,
     choose_loss_path,
-    head_linear_cross_entropy,
     torch_linear_cross_entropy_available,
 )
-from hf_tiednorm.token_loss import token_cross_entropy
+from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
 
 def _labels(n=29, vocab=37, seed=1):
@@ -124,7 +124,7 @@ def test_liger_with_a_frozen_body_still_trains_the_head(monkeypatch):
             weight, bias = weight.detach(), None if bias is None else bias.detach()
         return chunked_linear_cross_entropy(hidden, weight, bias, labels, None, smoothing, ignore_index)
 
-    monkeypatch.setattr(fused_loss, "_liger_loss", liger_like)
+    monkeypatch.setattr(head_loss, "_liger_loss", liger_like)
     head = variant_head("cosine", "vector", True)
     hidden, labels = _hidden(), _labels()
     expected = head_loss_and_grads(head, hidden, labels, _plain(0.1))
@@ -139,7 +139,7 @@ def test_liger_with_a_frozen_body_still_trains_the_head(monkeypatch):
 
 
 @pytest.mark.slow  # liger-kernel under Triton's interpreter on a CPU (TRITON_INTERPRET=1), or on CUDA
-@pytest.mark.skipif(not fused_loss.liger_installed() or not (torch.cuda.is_available()
+@pytest.mark.skipif(not policy.liger_installed() or not (torch.cuda.is_available()
                                                            or os.environ.get("TRITON_INTERPRET") == "1"),
                     reason="needs liger-kernel, and CUDA or TRITON_INTERPRET=1")
 def test_real_liger_with_a_frozen_body_trains_the_head():

@@ -16,7 +16,7 @@ from tiny_architectures import source_model
 from transformers import TrainingArguments
 
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.fused_loss import choose_loss_path
+from hf_tiednorm.modeling.loss.policy import choose_loss_path
 from hf_tiednorm.training.trainers import TiedNormTrainer
 
 

@@ -12,8 +12,8 @@ from testing_utils import tiny_model
 from tiny_architectures import inputs_for, source_model
 from transformers import LlamaForCausalLM, TrainingArguments
 
-from hf_tiednorm import fused_loss
 from hf_tiednorm.convert import normalize_tied_head
+from hf_tiednorm.modeling.loss import policy
 from hf_tiednorm.training import liger
 from hf_tiednorm.training.trainers import TiedNormTrainer
 
@@ -96,7 +96,7 @@ def _args(tmp_path, **kwargs):
 
 
 def test_use_liger_kernel_without_liger_is_refused_when_the_trainer_is_built(tmp_path, monkeypatch):
-    monkeypatch.setattr(fused_loss, "liger_installed", lambda: False)
+    monkeypatch.setattr(policy, "liger_installed", lambda: False)
     monkeypatch.setattr(liger, "liger_installed", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA machine without liger-kernel
     args = _args(tmp_path)
@@ -111,12 +111,12 @@ def test_use_liger_kernel_without_liger_is_refused_when_the_trainer_is_built(tmp
 def test_use_liger_kernel_on_a_cpu_says_liger_needs_cuda_and_recommends_no_install(tmp_path, monkeypatch, installed):
     # 7bdafef: without liger-kernel, "pip install -e '.[gpu]'" (which cannot run on a CPU); with it, the refusal came
     # only from the model check, and a plain Trainer trained with nothing applied (test below).
-    monkeypatch.setattr(fused_loss, "liger_installed", lambda: installed)
+    monkeypatch.setattr(policy, "liger_installed", lambda: installed)
     monkeypatch.setattr(liger, "liger_installed", lambda: installed)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for check in (lambda: liger.check_liger_installed(_args(tmp_path)),
                   lambda: TiedNormTrainer(model=tiny_model("causal"), args=_args(tmp_path)),
-                  lambda: fused_loss.serve_liger_request(model=tiny_model("causal"))):  # fmt: skip
+                  lambda: liger.serve_liger_request(model=tiny_model("causal"))):  # fmt: skip
         with pytest.raises(ValueError, match="need CUDA") as refusal:
             check()
         assert "pip install" not in str(refusal.value) and "cannot help" in str(refusal.value)
@@ -131,16 +131,16 @@ def test_liger_installed_without_cuda_registers_the_types_so_a_plain_trainer_ref
     for name in ("liger_kernel", "liger_kernel.transformers"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", stand_in)
-    monkeypatch.setattr(fused_loss, "liger_installed", lambda: True)
+    monkeypatch.setattr(liger, "liger_installed", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     model = tiny_model("causal")
-    assert fused_loss.register_with_liger(model.config.model_type)
+    assert liger.register_with_liger(model.config.model_type)
     with pytest.raises(ValueError, match="cannot run liger-kernel on this TiedNormForCausalLM: .*need CUDA"):
         table[model.config.model_type](model=model)  # what _apply_liger_kernel_to_instance calls at train()
 
 
 def test_use_liger_kernel_names_why_it_cannot_run_or_takes_the_fused_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(fused_loss, "liger_installed", lambda: True)
+    monkeypatch.setattr(policy, "liger_installed", lambda: True)
     monkeypatch.setattr(liger, "liger_installed", lambda: True)
     model, args = tiny_model("causal"), _args(tmp_path)  # args first: they read the real device
     if not torch.cuda.is_available():
@@ -165,9 +165,9 @@ def test_liger_kernels_own_dispatch_reaches_the_fused_loss_with_a_plain_trainer(
     # model type up in MODEL_TYPE_TO_APPLY_LIGER_FN; hf_tiednorm enters its types there (a stand-in table here).
     table = {"llama": object()}
     model = tiny_model("causal")
-    assert fused_loss.register_with_liger(model.config.model_type, table)  # as each model does when it is built
+    assert liger.register_with_liger(model.config.model_type, table)  # as the package's import does for each row
     assert set(table) == {"llama", model.config.model_type}
-    monkeypatch.setattr(fused_loss, "liger_installed", lambda: True)
+    monkeypatch.setattr(liger, "liger_installed", lambda: True)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="cannot run liger-kernel on this TiedNormForCausalLM: .*need CUDA"):
             table[model.config.model_type](model=model)

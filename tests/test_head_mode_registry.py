@@ -1,4 +1,5 @@
-"""A head mode is described once (hf_tiednorm/head_modes.py): a sixth mode defined and registered in this test alone,
+"""A head mode is described once (hf_tiednorm/modeling/head/modes.py): a sixth mode defined and registered in this test
+alone,
 with no edit to the package, trains in every family, saves and reloads, writes its card, is a choice of both training
 scripts and converts with the lossless start it declares; a saved folder's remote code, which does not define it,
 refuses it by name."""
@@ -16,7 +17,13 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from hf_tiednorm import HEAD_MODES
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
-from hf_tiednorm.head_modes import HeadMode, get_head_mode, inverse_row_norms, register_head_mode, unregister_head_mode
+from hf_tiednorm.modeling.head.modes import (
+    HeadMode,
+    get_head_mode,
+    inverse_row_norms,
+    register_head_mode,
+    unregister_head_mode,
+)
 from hf_tiednorm.publishing.model_card import write_model_card
 from hf_tiednorm.training.arguments import argument_parser
 

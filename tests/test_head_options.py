@@ -1,4 +1,5 @@
-"""The head's settings are one value (hf_tiednorm/head_options.py), checked once and passed whole; a conversion checks
+"""The head's settings are one value (hf_tiednorm/modeling/head/options.py), checked once and passed whole; a
+conversion checks
 its source once."""
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ import pytest
 from testing_utils import tiny_config
 from tiny_architectures import source_model
 
-import hf_tiednorm.bridges.convert as convert
-from hf_tiednorm.head_modes import HEAD_MODES, get_head_mode
-from hf_tiednorm.head_options import HeadOptions
-from hf_tiednorm.normalized_head import TiedNormHead
+import hf_tiednorm.conversion.convert as convert
+from hf_tiednorm.modeling.head.layer import TiedNormHead
+from hf_tiednorm.modeling.head.modes import HEAD_MODES, get_head_mode
+from hf_tiednorm.modeling.head.options import HeadOptions
 
 
 @pytest.mark.parametrize(

@@ -95,7 +95,8 @@ def test_ci_runs_in_a_clone_named_as_readme_clones_it():
 
 
 def test_the_gpu_extra_brings_liger_kernel_for_the_fused_loss():
-    """The fused loss's CUDA kernel (hf_tiednorm/fused_loss.py) and use_liger_kernel come from the gpu extra."""
+    """The fused loss's CUDA kernel (hf_tiednorm/modeling/loss/policy.py) and use_liger_kernel come from the gpu
+    extra."""
     assert requirement_names(extras()["gpu"]) == {"liger-kernel"}
 
 

@@ -59,7 +59,7 @@ def test_isolation_still_blocks_the_package_reachable_from_that_clone(clone_venv
     out = run_without_package(
         "import importlib.util\n"
         "try:\n"
-        "    import hf_tiednorm.head_modes\n"
+        "    import hf_tiednorm.modeling.head.modes\n"
         "except ImportError as error:\n"
         "    print('blocked:', error)\n",
         cwd=clone,

@@ -1,11 +1,11 @@
-"""The package's layers and their dependency rules (docs/layout.md, issues 23, 41 and 50).
+"""The package's layers and their dependency rules (docs/layout.md, issues 23, 41 and 50), checked as contracts.
 
-The flat ``hf_tiednorm/*.py`` is the model layer: what a saved model's code is generated from
-(utils/generate_remote_code.py writes ``hf_tiednorm/remote_code/``, the two files a saved folder carries). Above it,
-in order: conversion and export (``bridges/``, with their public names ``convert/`` and ``export/``), publishing and
-training; the experiments live outside the package. The rules are read with a resolver over the AST
-(utils/import_graph.py): every form of import counts (relative or absolute, ``from . import x``, ``import a.b as c``,
-inside a function, ``importlib.import_module("...")``), not a substring of an import line."""
+The package is laid out by concern: ``modeling/`` (the model layer, from which a saved model's two code files are
+generated: ``head/`` < ``loss/`` < the shared checks < ``families/``), ``conversion/`` (with its public names
+``convert/`` and ``export/``), ``publishing/``, ``training/``; the experiments live outside the package. The rules
+are read with a resolver over the AST (utils/import_graph.py): every form of import counts (relative or absolute,
+``from . import x``, ``import a.b as c``, inside a function, ``importlib.import_module("...")``), not a substring of an
+import line, and a module's layer is the longest sub-package prefix of its dotted name, never its position."""
 
 from __future__ import annotations
 
@@ -24,26 +24,35 @@ from tiny_architectures import source_model
 from hf_tiednorm.convert import normalize_tied_head
 
 sys.path.insert(0, str(REPO_ROOT / "utils"))
-from import_graph import cycles, internal_graph, package_imports  # noqa: E402
+from import_graph import cycles, internal_graph, longest_chain, package_imports  # noqa: E402
 
 PACKAGE = REPO_ROOT / "hf_tiednorm"
-GENERATED = PACKAGE / "remote_code"  # generated copies of model-layer modules: checked in their sources
-MODEL_LAYER = sorted(path.name for path in PACKAGE.glob("*.py"))
-HIGHER_LAYERS = ("hf_tiednorm.bridges", "hf_tiednorm.convert", "hf_tiednorm.export", "hf_tiednorm.training",
-                 "hf_tiednorm.publishing")  # fmt: skip
-# The flat modules that are not inlined into a saved model's code: the package's ``__init__`` (the family table's
-# Auto registration; the public names) and the family table. A saved model never imports them.
-PACKAGE_ENTRY = {"__init__.py", "families.py"}
-# The layers, bottom up: a module may import its own layer and those below, never one above (the dependency rule).
-LAYERS = {"model": 0, "metrics": 0, "remote_code": 0, "bridges": 1, "convert": 1, "export": 1, "publishing": 2,
-          "training": 3}  # fmt: skip
+GENERATED = PACKAGE / "remote_code"  # generated from the model layer's modules: checked in their sources
+# The layers contract (import-linter's "layers", read from the AST): top to bottom, each layer a tuple of
+# sub-packages or modules. A module imports modules of its own layer or of a lower one, never of a higher one.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("training",),
+    ("publishing",),
+    ("conversion", "convert", "export"),
+    ("modeling.families",),
+    ("modeling.load_checks", "modeling.weight_checks", "modeling.auto_map", "modeling.translation_pipeline"),
+    ("modeling.loss",),
+    ("modeling.head",),
+    ("metrics", "remote_code"),
+)
+# The package's own __init__ is its front door, above every layer: it registers the family table with the Auto
+# classes and liger-kernel's table, so it may import these and nothing else of the higher layers.
+FRONT_DOOR_IMPORTS = {"hf_tiednorm.training.liger"}
+# Sub-packages that hold only their own concern and import no sibling of their layer (import-linter's
+# "independence"): conversion's public names import conversion, not each other.
+INDEPENDENT = (("hf_tiednorm.convert", "hf_tiednorm.export"),)
+MODEL_LAYER = "hf_tiednorm.modeling"
+# Packages whose __init__ is a docstring only (checked below): they import nothing, so they sit in the lowest layer.
+DOCSTRING_PACKAGES = ("modeling", "modeling.head", "modeling.loss", "modeling.families")
+# The model-layer modules a saved model's code does not inline: the family table (the package's Auto registration
+# and the tools' questions; a saved model never asks them) and the sub-packages' docstring-only __init__ files.
+NOT_INLINED = {"hf_tiednorm.modeling.families.table"}
 EXPERIMENTS = ("experiments", "paper_grid")
-# The import cycles of today, allowed by name: the restructure of issue 50 (the loss as one package; one head-mode
-# module) removes them. A new cycle fails below.
-KNOWN_CYCLES = {
-    ("hf_tiednorm.chunked_loss", "hf_tiednorm.fused_loss", "hf_tiednorm.wrapped_fused_loss"),
-    ("hf_tiednorm.head_mode_checks", "hf_tiednorm.head_modes"),
-}
 
 
 @functools.cache
@@ -57,35 +66,61 @@ def package_files(root: Path = PACKAGE) -> list[Path]:
     return [path for path in sorted(root.rglob("*.py")) if GENERATED not in path.parents]
 
 
-def layer_of(module: str, root: Path = PACKAGE) -> str:
-    """The layer of ``module`` (a dotted name in the package at ``root``): its sub-package's, or ``model`` for the
-    package itself and its flat modules. A sub-package without a layer is an error, not a default."""
-    parts = module.split(".")
-    if len(parts) == 1 or not (root / parts[1]).is_dir():
-        return "model"
-    if parts[1] not in LAYERS:
-        raise KeyError(f"{root / parts[1]} has no layer: add it to LAYERS in tests/test_layout.py and docs/layout.md")
-    return parts[1]
+def layer_of(module: str, root: Path = PACKAGE) -> int:
+    """The layer of ``module`` (a dotted name in the package at ``root``), 0 the highest: the layer of the longest
+    entry of ``LAYERS`` its name starts with. The package itself is -1 (the front door). A module or sub-package in
+    no layer is an error, not a default."""
+    package, _, rest = module.partition(".")
+    if not rest:
+        return -1
+    if rest in DOCSTRING_PACKAGES:
+        return len(LAYERS) - 1
+    best = max(((len(entry), level) for level, entries in enumerate(LAYERS) for entry in entries
+                if rest == entry or rest.startswith(f"{entry}.")), default=None)  # fmt: skip
+    if best is None:
+        first = rest.split(".")[0]
+        raise KeyError(f"{root / first} has no layer: add it to LAYERS in tests/test_layout.py and docs/layout.md")
+    return best[1]
 
 
 def upward_imports(root: Path = PACKAGE) -> list[str]:
-    """Every import in the package at ``root`` of a module of a higher layer than the importer's."""
+    """Every import in the package at ``root`` of a module of a higher layer than the importer's (the front door's
+    registrations excepted)."""
     package = root.name
     found = []
     for item in all_imports() if root == PACKAGE else package_imports(root):
         if item.target == package or item.target.startswith(f"{package}."):
-            if LAYERS[layer_of(item.target, root)] > LAYERS[layer_of(item.importer, root)]:
+            if item.importer == package and item.target in FRONT_DOOR_IMPORTS:
+                continue
+            if layer_of(item.target, root) < layer_of(item.importer, root):
                 found.append(f"{item.importer}:{item.line} imports {item.target}")
     return found
 
 
-def test_the_model_layer_imports_no_higher_layer_nor_the_experiments():
-    assert {"normalized_head.py", "modeling_common.py", "families.py"} <= set(MODEL_LAYER)
+def test_every_module_of_the_package_has_a_layer():
+    for path in package_files():
+        parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        layer_of(".".join(parts))  # raises naming the module
+
+
+def test_the_model_layers_packages_import_nothing():
+    """A sub-package's ``__init__`` names its modules; importing one module never loads its siblings."""
+    for name in DOCSTRING_PACKAGES:
+        path = PACKAGE.joinpath(*name.split("."), "__init__.py")
+        body = ast.parse(path.read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{path} holds more than its docstring"
+
+
+def test_the_model_layer_imports_the_package_only_relatively_and_never_the_experiments():
+    """The generator inlines relative imports (utils/generate_remote_code.py); an absolute ``hf_tiednorm`` import
+    would make a saved model's code need the package."""
     for item in all_imports():
-        if layer_of(item.importer) == "model":
-            assert not item.target.startswith(HIGHER_LAYERS + EXPERIMENTS), f"{item.importer}:{item.line}"
-            # The generator inlines `from .module import name` (utils/generate_remote_code.py).
-            assert item.level <= 1, f"{item.importer}:{item.line}: a relative import above the package"
+        if item.importer.startswith(f"{MODEL_LAYER}."):
+            assert not item.target.startswith(EXPERIMENTS), f"{item.importer}:{item.line}"
+            if item.target.startswith("hf_tiednorm"):
+                assert item.level > 0 or item.dynamic, f"{item.importer}:{item.line} imports {item.target}"
 
 
 def test_the_library_never_imports_the_experiments():
@@ -93,14 +128,23 @@ def test_the_library_never_imports_the_experiments():
     assert not found, found
 
 
-def test_importing_the_package_loads_the_model_layer_only():
-    """``import hf_tiednorm`` (what remote code and users do) loads no training or publishing module, and so none of
-    their side effects."""
+def test_conversions_public_names_are_independent():
+    for group in INDEPENDENT:
+        found = [f"{i.importer}:{i.line}" for i in all_imports() for a in group for b in group
+                 if a != b and i.importer.startswith(a) and i.target.startswith(b)]  # fmt: skip
+        assert not found, found
+
+
+def test_importing_the_package_loads_the_model_layer_and_the_liger_registration_only():
+    """``import hf_tiednorm`` (what remote code and users do) loads the model layer and the liger-kernel
+    registration (training/liger.py), and no conversion, publishing or other training module, so none of their side
+    effects."""
     code = "import sys, hf_tiednorm; print(sorted(m for m in sys.modules if m.startswith('hf_tiednorm')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
-    loaded = eval(out.stdout.strip().splitlines()[-1])
-    assert "hf_tiednorm.modeling_common" in loaded
-    assert not [module for module in loaded if module.startswith(HIGHER_LAYERS)], loaded
+    loaded = set(eval(out.stdout.strip().splitlines()[-1]))
+    assert "hf_tiednorm.modeling.families.common" in loaded
+    others = {m for m in loaded if not m.startswith(MODEL_LAYER) and m != "hf_tiednorm"}
+    assert others == {"hf_tiednorm.training", *FRONT_DOOR_IMPORTS}, sorted(others)
 
 
 def test_importing_precision_registers_no_attention_until_a_run_chooses_it():
@@ -137,7 +181,7 @@ LEGACY_AUTO_MAPS = {
 
 @pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
 def test_a_saved_model_carries_the_two_generated_files_and_auto_map_names_them(family, tmp_path):
-    from hf_tiednorm.remote_code_map import foreign_auto_map
+    from hf_tiednorm.modeling.auto_map import foreign_auto_map
 
     model = normalize_tied_head(source_model("gpt2"), "cosine") if family == "wrapped" else tiny_model(family)
     model.save_pretrained(tmp_path)
@@ -171,7 +215,7 @@ def test_one_host_for_the_head_in_our_families_and_the_wrapper():
     output embedding's matrices) is written once, in head_host.py, for the families and the wrapper alike (the
     encoder-decoder family's generate only wraps it to keep an FSDP2 root gathered)."""
     import hf_tiednorm
-    from hf_tiednorm.head_host import TiedNormHeadHostMixin
+    from hf_tiednorm.modeling.families.head_host import TiedNormHeadHostMixin
 
     models = (
         hf_tiednorm.TiedNormForConditionalGeneration, hf_tiednorm.TiedNormBartForConditionalGeneration,
@@ -180,7 +224,8 @@ def test_one_host_for_the_head_in_our_families_and_the_wrapper():
     )
     for method in ("set_output_embeddings", "generate", "resize_token_embeddings", "save_pretrained",
                    "output_embedding_weights"):
-        host = f"hf_tiednorm/head_host.py:{getattr(TiedNormHeadHostMixin, method).__code__.co_firstlineno}"
+        line = getattr(TiedNormHeadHostMixin, method).__code__.co_firstlineno
+        host = f"hf_tiednorm/modeling/families/head_host.py:{line}"
         assert host in defined_functions(method), method
         assert set(defined_functions(method, delegating=False)) <= {host}, method  # others only add to it
         for model in models:
@@ -192,7 +237,7 @@ def test_one_loss_module_and_one_penalty_terms():
     ``penalty_values``), one ``compose_loss``, one ``score_and_loss``."""
     for name in ("penalty_terms", "compose_loss", "score_and_loss", "head_cross_entropy"):
         (where,) = defined_functions(name)
-        assert where.startswith("hf_tiednorm/loss.py:"), (name, where)
+        assert where.startswith("hf_tiednorm/modeling/loss/model_loss.py:"), (name, where)
 
 
 def test_callers_do_not_probe_the_model_with_hasattr():
@@ -211,14 +256,15 @@ def test_no_module_of_the_package_is_much_longer_than_400_lines():
 
 
 # The family table and the families' own files: the only places a model_type or a family class is compared.
-FAMILY_FILES = ("families.py", "configuration_tiednorm.py", "configuration_tiednorm_wrapped.py")
+FAMILY_FILES = tuple(PACKAGE / "modeling" / "families" / f"{name}.py" for name in (
+    "table", "configuration", "configuration_wrapped", "seq2seq", "bart", "causal", "wrapped"))  # fmt: skip
 
 
 def family_comparisons(path: Path) -> list[str]:
     """Where ``path`` compares a ``model_type`` or a class of the family table (a row's config/model class, a source or
     parent class): ``x.model_type == ...``/``in``/``startswith``, a row's ``model_type`` string, ``is``/``in``/
     ``isinstance`` against such a class."""
-    import hf_tiednorm.families as table
+    import hf_tiednorm.modeling.families.table as table
 
     model_types = set(table.ROWS)
     classes = set(table.public_classes()) | {
@@ -250,11 +296,11 @@ def family_comparisons(path: Path) -> list[str]:
 
 
 def test_no_model_type_or_family_class_is_compared_outside_the_family_table():
-    """Every per-family question is the table's (families.py: our families and the wrapper's row); the rest of the
-    library, the scripts and the experiments ask it (issue 41), so a new family needs no branch anywhere else."""
+    """Every per-family question is the table's (modeling/families/table.py: our families and the wrapper's row);
+    the rest of the library, the scripts and the experiments ask it (issue 41), so a new family needs no branch
+    anywhere else."""
     paths = [
-        *(p for p in package_files()
-          if p.name not in FAMILY_FILES and not p.name.startswith("modeling_tiednorm_")),
+        *(p for p in package_files() if p not in FAMILY_FILES),
         *(REPO_ROOT / "scripts").glob("*.py"),
         *(REPO_ROOT / "experiments").rglob("*.py"),
     ]
@@ -265,7 +311,7 @@ def test_no_model_type_or_family_class_is_compared_outside_the_family_table():
 def test_the_scripts_take_every_family_class_from_the_table():
     """The training scripts and the multi-GPU worker build and load models through the family table (no tiny-family
     table or hard-coded causal classes of their own), so a new family reaches them without an edit."""
-    import hf_tiednorm.families as table
+    import hf_tiednorm.modeling.families.table as table
 
     classes = set(table.public_classes())
     for path in (REPO_ROOT / "scripts").glob("*.py"):
@@ -274,36 +320,45 @@ def test_the_scripts_take_every_family_class_from_the_table():
         assert not named & classes, (path.name, sorted(named & classes))
 
 
-def test_the_flat_modules_are_exactly_what_a_saved_models_code_inlines():
-    """The flat hf_tiednorm/*.py are the modules the two generated files inline (the closure of every row's
-    configuration and model classes over relative imports: utils/generate_remote_code.py) plus the package's entry;
-    everything else (conversion, export, training, publishing) lives in a sub-package."""
+def test_the_model_layer_is_exactly_what_a_saved_models_code_inlines():
+    """The modules of ``hf_tiednorm/modeling/`` are the modules the two generated files inline (the closure of every
+    row's configuration and model classes over relative imports: utils/generate_remote_code.py), the family table
+    excepted; everything else (conversion, export, training, publishing) lives in another sub-package."""
     import generate_remote_code
 
     modules = generate_remote_code.read_modules()
     config_roots, model_roots = generate_remote_code.family_roots()
     inlined = {*generate_remote_code.closure(config_roots, modules),
                *generate_remote_code.closure(model_roots, modules)}
-    assert set(MODEL_LAYER) - PACKAGE_ENTRY == {f"{name.split('.')[-1]}.py" for name in inlined}
+    assert set(modules) - NOT_INLINED == inlined
 
 
 def test_no_module_imports_a_higher_layer():
-    """model < bridges (and the public names convert/, export/) < publishing < training: a module imports its own
-    layer and those below (the training layer writes cards, the card does not read the training layer)."""
+    """head < loss < the shared checks < families < conversion (and its public names convert/, export/) <
+    publishing < training: a module imports its own layer and those below (the training layer writes cards, the card
+    does not read the training layer)."""
     found = upward_imports(PACKAGE)
     assert not found, found
 
 
-def test_no_import_cycle_but_the_known_ones():
-    found = set(cycles(internal_graph(all_imports())))
-    assert found <= KNOWN_CYCLES, sorted(found - KNOWN_CYCLES)
+def test_no_import_cycle():
+    """Not even one under ``TYPE_CHECKING`` or inside a function: a cycle means two modules are one concept."""
+    assert not cycles(internal_graph(all_imports()))
 
 
-# Seven ways a model-layer module can import the training layer; the former text reader caught only the first.
+def test_the_longest_import_chain():
+    """How many modules one import sets loading in a row (issue 50: 16 before the split by concern). A deeper chain
+    is a module importing across its concern; raise the bound only with a reason."""
+    chain = longest_chain(internal_graph(all_imports()))
+    assert len(chain) <= 16, chain
+
+
+# Seven ways a model-layer module (here in modeling/head/) can import the training layer; a text reader of import
+# lines (this file before issue 50) caught only the first.
 UPWARD_FORMS = {
     "dotted_from": "from hf_tiednorm.training.steps import run\n",
-    "relative_package": "from .training import steps\n",
-    "relative_name": "from . import training\n",
+    "relative_package": "from ...training import steps\n",
+    "relative_name": "from ... import training\n",
     "absolute_package": "from hf_tiednorm import training\n",
     "import_as": "import hf_tiednorm.training as t\n",
     "lazy": "def later():\n    import hf_tiednorm.training\n",
@@ -311,40 +366,30 @@ UPWARD_FORMS = {
 }
 
 
-def _former_text_reader(root: Path) -> list[str]:
-    """tests/test_layout.py before issue 50: the imported names' text, a module's layer by position in the name."""
-    found = []
-    for path in root.rglob("*.py"):
-        package = ".".join(path.relative_to(root.parent).parent.parts)
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                names = [node.module] if node.level == 0 else [
-                    ".".join([*base, n]) for n in ([node.module] if node.module else [a.name for a in node.names])]
-            for module in names:
-                parts = module.split(".")
-                layer = parts[1] if len(parts) > 2 and parts[1] in LAYERS else "model"
-                if module.startswith("hf_tiednorm.") and LAYERS[layer] > 0:
-                    found.append(path.stem)
-    return found
-
-
 def test_every_form_of_an_upward_import_is_caught(tmp_path):
-    """A synthetic package: one model-layer module per form. The resolver catches all seven; the former text
-    reader missed six (so it could not fail on them)."""
+    """A synthetic package: one model-layer module per form, each caught by the resolver and the layers contract."""
     root = tmp_path / "hf_tiednorm"
-    (root / "training").mkdir(parents=True)
+    for folder in ("training", "modeling", "modeling/head"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "__init__.py").write_text("")
     (root / "__init__.py").write_text("")
-    (root / "training" / "__init__.py").write_text("")
-    (root / "training" / "steps.py").write_text("from .. import dotted_from\n\n\ndef run():\n    pass\n")
+    (root / "training" / "steps.py").write_text("def run():\n    pass\n")
     for name, source in UPWARD_FORMS.items():
-        (root / f"{name}.py").write_text(source)
+        (root / "modeling" / "head" / f"{name}.py").write_text(source)
     caught = {line.split(":")[0].split(".")[-1] for line in upward_imports(root)}
     assert caught == set(UPWARD_FORMS), sorted(set(UPWARD_FORMS) - caught)
-    assert set(_former_text_reader(root)) == {"dotted_from"}
+
+
+def test_a_lower_layer_importing_a_higher_one_inside_the_model_is_caught(tmp_path):
+    """The head imports nothing of the loss (the loss takes a head), so a head module importing the loss fails."""
+    root = tmp_path / "hf_tiednorm"
+    for folder in ("modeling", "modeling/head", "modeling/loss"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "modeling" / "loss" / "token.py").write_text("from ..head.layer import Head\n")
+    (root / "modeling" / "head" / "layer.py").write_text("Head = object\n\n\ndef f():\n    from ..loss import token\n")
+    assert upward_imports(root) == ["hf_tiednorm.modeling.head.layer:5 imports hf_tiednorm.modeling.loss.token"]
 
 
 def test_the_resolver_reads_relative_lazy_type_checking_and_dynamic_imports(tmp_path):
@@ -392,8 +437,8 @@ def test_the_layout_page_names_every_module():
 def test_each_name_is_imported_from_the_module_that_defines_it():
     """No module re-exports another's names for others to import (normalized_head.py once re-exported the mode
     registry and the options): an import of a head_modes / head_options name goes to head_modes / head_options."""
-    import hf_tiednorm.head_modes as head_modes
-    import hf_tiednorm.head_options as head_options
+    import hf_tiednorm.modeling.head.modes as head_modes
+    import hf_tiednorm.modeling.head.options as head_options
 
     homes = {name: "head_modes" for name in head_modes.__all__} | {name: "head_options" for name in
                                                                        head_options.__all__}  # fmt: skip
@@ -405,4 +450,4 @@ def test_each_name_is_imported_from_the_module_that_defines_it():
                 found += [f"{path.relative_to(REPO_ROOT)}: {a.name}" for a in node.names if a.name in homes]
     assert not found, found
     dead = {"check_head_mode", "mode_column_terms"}  # unused helpers removed (issue 41)
-    assert not dead & set(dir(importlib.import_module("hf_tiednorm.normalized_head")))
+    assert not dead & set(dir(importlib.import_module("hf_tiednorm.modeling.head.layer")))

@@ -14,10 +14,10 @@ from tiny_architectures import source_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormHead
-from hf_tiednorm.adaptive import AdaptiveSoftmaxHead
-from hf_tiednorm.chunked_loss import chunked_head_cross_entropy
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
-from hf_tiednorm.head_options import HeadOptions
+from hf_tiednorm.modeling.head.adaptive import AdaptiveSoftmaxHead
+from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
 from hf_tiednorm.publishing.model_card import write_model_card
 
 VOCAB, DIM = 37, 8

@@ -23,7 +23,7 @@ from transformers.models.bart.modeling_bart import BartScaledWordEmbedding
 
 import hf_tiednorm
 from hf_tiednorm import HEAD_MODES, TiedNormHead
-from hf_tiednorm.outputs import CACHE_FIELD
+from hf_tiednorm.modeling.families.outputs import CACHE_FIELD
 
 # (family, extra config) pairs: the causal LM tied and untied, both encoder-decoders in their three topologies.
 TOPOLOGIES = [

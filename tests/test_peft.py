@@ -12,8 +12,8 @@ from testing_utils import tiny_model
 from tiny_architectures import auto_class, inputs_for, source_model
 
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.normalized_head import TiedNormHead
-from hf_tiednorm.peft_guard import check_head_not_bypassed
+from hf_tiednorm.modeling.head.layer import TiedNormHead
+from hf_tiednorm.modeling.head.peft_guard import check_head_not_bypassed
 
 peft = pytest.importorskip("peft")
 

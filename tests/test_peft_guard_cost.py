@@ -1,5 +1,5 @@
 """The PEFT guard walks the modules once per structural change, not at every forward (every decoding step), and still
-refuses a bypass made after a check (hf_tiednorm/peft_guard.py)."""
+refuses a bypass made after a check (hf_tiednorm/modeling/head/peft_guard.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from testing_utils import model_inputs, tiny_model
 from torch import nn
 
-from hf_tiednorm import peft_guard
+from hf_tiednorm.modeling.head import peft_guard
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from tiny_architectures import source_model
 from transformers import pipeline
 from transformers.testing_utils import CaptureLogger
 
-from hf_tiednorm import pipeline_translation
 from hf_tiednorm.convert import convert_checkpoint
+from hf_tiednorm.modeling import translation_pipeline as pipeline_translation
 from hf_tiednorm.publishing.model_card import write_model_card
 
 

@@ -11,11 +11,17 @@ from huggingface_hub.errors import StrictDataclassError
 from testing_utils import model_inputs, tiny_model
 from tiny_architectures import source_model
 
-from hf_tiednorm.bridges.convert import build_parser
-from hf_tiednorm.bridges.field_flags import head_options_from_flags
+from hf_tiednorm.conversion.convert import build_parser
+from hf_tiednorm.conversion.field_flags import head_options_from_flags
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.head_modes import Cosine, get_head_mode, inverse_row_norms, register_head_mode, unregister_head_mode
-from hf_tiednorm.head_options import HEAD_OPTIONS, HeadOption, HeadOptions, register_head_option
+from hf_tiednorm.modeling.head.modes import (
+    Cosine,
+    get_head_mode,
+    inverse_row_norms,
+    register_head_mode,
+    unregister_head_mode,
+)
+from hf_tiednorm.modeling.head.options import HEAD_OPTIONS, HeadOption, HeadOptions, register_head_option
 
 
 class SharpCosine(Cosine):

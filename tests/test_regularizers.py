@@ -14,9 +14,9 @@ from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 from transformers import Trainer, TrainingArguments
 
 import hf_tiednorm
-from hf_tiednorm.outputs import TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput
-from hf_tiednorm.regularizers import LOSS_TERMS
-from hf_tiednorm.token_loss import token_cross_entropy
+from hf_tiednorm.modeling.families.outputs import TiedNormCausalLMOutput, TiedNormSeq2SeqLMOutput
+from hf_tiednorm.modeling.loss.regularizers import LOSS_TERMS
+from hf_tiednorm.modeling.loss.token import token_cross_entropy
 from hf_tiednorm.training.trainers import LossTermsLoggingMixin, penalty_values
 
 
@@ -241,7 +241,7 @@ def test_logging_state_exists_from_construction(tmp_path):
 def test_the_loss_counts_the_target_tokens_once_per_step(family, chunk_size, monkeypatch):
     """One count of the target tokens per forward (issue 23): the cross-entropy divides by it and, under gradient
     accumulation, the penalties take this micro-batch's share of it; the plain and the chunked path alike."""
-    import hf_tiednorm.loss
+    import hf_tiednorm.modeling.loss.model_loss
 
     model = tiny_model(family, projection_regularization=0.15, loss_chunk_size=chunk_size).train()
     inputs = model_inputs(model)
@@ -249,13 +249,13 @@ def test_the_loss_counts_the_target_tokens_once_per_step(family, chunk_size, mon
     counts = []
 
     def counting(*args, **kwargs):
-        counts.append(hf_tiednorm.token_loss.token_count(*args, **kwargs))
+        counts.append(hf_tiednorm.modeling.loss.token.token_count(*args, **kwargs))
         return counts[-1]
 
-    monkeypatch.setattr(hf_tiednorm.loss, "token_count", counting)
+    monkeypatch.setattr(hf_tiednorm.modeling.loss.model_loss, "token_count", counting)
     targets = (_targets(model, labels) != -100).sum()
     out = model(**inputs, labels=labels, num_items_in_batch=2 * targets)
     assert [int(count) for count in counts] == [2 * targets]
-    torch.testing.assert_close(out.projection_penalty, 0.5 * hf_tiednorm.regularizers.projection_penalty(
+    torch.testing.assert_close(out.projection_penalty, 0.5 * hf_tiednorm.modeling.loss.regularizers.projection_penalty(
         model.output_projection.weight, 0.15))
     assert torch.allclose(out.loss, out.cross_entropy + out.projection_penalty)

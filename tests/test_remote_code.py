@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import hf_tiednorm
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.remote_code_map import GENERATED_DIR, REMOTE_CODE_MODULES, foreign_auto_map
+from hf_tiednorm.modeling.auto_map import GENERATED_DIR, REMOTE_CODE_MODULES, foreign_auto_map
 
 sys.path.insert(0, str(REPO_ROOT / "utils"))
 import generate_remote_code  # noqa: E402
@@ -57,12 +57,13 @@ def test_the_check_fails_naming_a_stale_file(tmp_path, monkeypatch, capsys):
 
 
 def test_the_generated_files_hold_the_model_layer_only_as_readable_code():
-    """Only flat package modules are inlined (no conversion, export, card or training sub-package), each under a
-    rule naming its file, with its docstring and comments."""
+    """Only the model layer's modules are inlined (no conversion, export, card, liger-kernel or training module), each
+    under a rule naming its file, with its docstring and comments."""
     text = "".join((GENERATED_DIR / name).read_text() for name in CODE_FILES)
     inlined = re.findall(r"^# -{30} (\S+) -+$", text, flags=re.MULTILINE)
-    assert "hf_tiednorm/normalized_head.py" in inlined and "hf_tiednorm/modeling_tiednorm_wrapped.py" in inlined
-    assert all(re.fullmatch(r"hf_tiednorm/[a-z_0-9]+\.py", label) for label in inlined), inlined
+    assert "hf_tiednorm/modeling/head/layer.py" in inlined and "hf_tiednorm/modeling/families/wrapped.py" in inlined
+    assert all(re.fullmatch(r"hf_tiednorm/modeling/([a-z_]+/)?[a-z_0-9]+\.py", label) for label in inlined), inlined
+    assert "register_with_liger" not in text and "serve_liger_request" not in text  # training/liger.py's wiring
     assert len(set(inlined)) == len(inlined)
     assert hf_tiednorm.TiedNormHead.__doc__.splitlines()[0] in text  # docstrings kept
     assert "# the tied weight was resized in place" in text  # comments kept
@@ -73,7 +74,7 @@ def _synthetic_package(tmp_path: Path, files: dict[str, str]) -> dict:
     root.mkdir()
     for name, text in {"__init__.py": "", **files}.items():
         (root / name).write_text(text)
-    return generate_remote_code.read_modules(root)
+    return generate_remote_code.read_modules(root, layer="pkg")
 
 
 BASE = '''"""Base: the scale."""
@@ -262,7 +263,7 @@ def test_saving_over_an_earlier_folder_keeps_and_names_the_code_it_no_longer_use
     is kept and named in a warning."""
     from transformers.testing_utils import CaptureLogger
 
-    from hf_tiednorm import remote_code_map
+    from hf_tiednorm.modeling import auto_map as remote_code_map
 
     (tmp_path / "modeling_tiednorm_wrapped.py").write_text("# an earlier version's copy\n")
     with CaptureLogger(remote_code_map.logger) as captured:

@@ -10,9 +10,9 @@ import torch
 from testing_utils import head_loss_and_grads, variant_head
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import hf_tiednorm.folded_weight as folded_weight
-from hf_tiednorm.folded_weight import SquaredRowNorms, squared_row_norms
-from hf_tiednorm.token_loss import token_cross_entropy
+import hf_tiednorm.modeling.head.folded_weight as folded_weight
+from hf_tiednorm.modeling.head.folded_weight import SquaredRowNorms, squared_row_norms
+from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
 MODES = ("baseline", "l2", "square", "distance", "cosine")
 

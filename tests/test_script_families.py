@@ -1,4 +1,5 @@
-"""The training scripts take every model family of hf_tiednorm (hf_tiednorm/families.py): run_translation.py every
+"""The training scripts take every model family of hf_tiednorm (hf_tiednorm/modeling/families/table.py):
+run_translation.py every
 encoder-decoder one (BART trains from scratch with the main recipe's flags), run_clm.py the causal ones."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import json
 import pytest
 from script_helpers import load_script, run_script, tiny_translation_flags
 
-from hf_tiednorm.families import FAMILIES, families
+from hf_tiednorm.modeling.families.table import FAMILIES, families
 
 
 def test_run_translation_offers_every_encoder_decoder_family():

@@ -18,7 +18,7 @@ from testing_utils import interrupted_run
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_tiednorm
-from hf_tiednorm.regularizers import projection_penalty, weight_norm_penalty
+from hf_tiednorm.modeling.loss.regularizers import projection_penalty, weight_norm_penalty
 from hf_tiednorm.training.data import group_texts, token_counts
 from hf_tiednorm.training.weight_norm_init import weight_norm_targets
 
@@ -158,7 +158,7 @@ def test_clm_adaptive_trains_saves_and_reports_perplexity(adaptive_clm):
         assert results[f"{prefix}_perplexity"] == pytest.approx(math.exp(results[f"{prefix}_loss"]))
         assert 1 < results[f"{prefix}_perplexity"] < 10 * 300
     model = AutoModelForCausalLM.from_pretrained(adaptive_clm)
-    assert isinstance(model.lm_head, hf_tiednorm.adaptive.AdaptiveSoftmaxHead)
+    assert isinstance(model.lm_head, hf_tiednorm.modeling.head.adaptive.AdaptiveSoftmaxHead)
     assert_terms_sum_to_loss(train_logs(adaptive_clm), {"cross_entropy"})
 
 

@@ -15,15 +15,15 @@ from huggingface_hub.dataclasses import strict
 from transformers import AutoModelForCausalLM, GenerationMixin, GPT2Config, GPT2LMHeadModel, GPT2Model
 from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
 
-from hf_tiednorm import families
-from hf_tiednorm.bridges.convert import convert_checkpoint
-from hf_tiednorm.bridges.export import export_plain
-from hf_tiednorm.configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
-from hf_tiednorm.embeddings import build_embedding
-from hf_tiednorm.modeling_common import TiedNormLMMixin, build_head, build_output_projection
-from hf_tiednorm.outputs import TiedNormCausalLMOutput
+from hf_tiednorm.conversion.convert import convert_checkpoint
+from hf_tiednorm.conversion.export import export_plain
+from hf_tiednorm.modeling.families import table as families
+from hf_tiednorm.modeling.families.common import TiedNormLMMixin, build_head, build_output_projection
+from hf_tiednorm.modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from hf_tiednorm.modeling.families.embeddings import build_embedding
+from hf_tiednorm.modeling.families.outputs import TiedNormCausalLMOutput
+from hf_tiednorm.modeling.weight_checks import WeightChecksMixin
 from hf_tiednorm.publishing.model_card import render_model_card
-from hf_tiednorm.weight_checks import WeightChecksMixin
 
 TINY = dict(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2)
 

@@ -20,9 +20,9 @@ from tiny_architectures import source_model
 from transformers import HfArgumentParser
 
 from hf_tiednorm import HEAD_OPTIONS, HeadOption, HeadOptions, HeadTerm, register_head_option
-from hf_tiednorm.bridges.convert import build_parser, convert_checkpoint, normalize_tied_head
-from hf_tiednorm.bridges.export import export_plain
-from hf_tiednorm.head_host import keep_head_terms_fp32
+from hf_tiednorm.conversion.convert import build_parser, convert_checkpoint, normalize_tied_head
+from hf_tiednorm.conversion.export import export_plain
+from hf_tiednorm.modeling.families.head_host import keep_head_terms_fp32
 from hf_tiednorm.publishing.model_card import render_model_card
 from hf_tiednorm.training.arguments import TiedNormModelArguments
 

@@ -2,7 +2,8 @@
 
 TRL's ``add_fused_lm_head`` (installed by SFT, DPO, GRPO, ...) scores ``base_model``'s last hidden state with
 ``get_output_embeddings().weight`` / ``.bias``; the model serves it the head as the plain linear layer it computes
-(hf_tiednorm/scoring_guard.py), so TRL's log-probabilities are the normalized head's. Every other replacement of the
+(hf_tiednorm/modeling/head/scoring_guard.py), so TRL's log-probabilities are the normalized head's. Every other
+replacement of the
 forward is refused by name. The training runs of every trainer, data kind, family and loss implementation are
 ``slow``; the exactness and the guards run by default.
 """
@@ -19,9 +20,9 @@ from tiny_architectures import source_model
 
 import hf_tiednorm
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.head_modes import HEAD_MODES
-from hf_tiednorm.head_options import LOGIT_SCALES
-from hf_tiednorm.scoring_guard import check_scoring, own_scoring
+from hf_tiednorm.modeling.head.modes import HEAD_MODES
+from hf_tiednorm.modeling.head.options import LOGIT_SCALES
+from hf_tiednorm.modeling.head.scoring_guard import check_scoring, own_scoring
 
 trl = pytest.importorskip("trl")
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
@@ -78,7 +79,7 @@ def test_trls_fused_lm_head_gives_the_normalized_heads_log_probs_in_fp64(head_mo
 
 @pytest.mark.parametrize("head_mode", BUILT_IN_MODES)
 def test_the_served_linear_layer_is_the_head_exactly_in_fp64(head_mode):
-    from hf_tiednorm.scoring_guard import serving_folded_head
+    from hf_tiednorm.modeling.head.scoring_guard import serving_folded_head
 
     model = causal_model(head_mode=head_mode, logit_scale_kind="vector", logit_bias=True,
                          projection_regularization=0.0)  # Press & Wolf's P folds in too

@@ -18,7 +18,8 @@ import hf_tiednorm
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 TINY_VOCAB = 61
-# Every model family of the package (hf_tiednorm/families.py); the family-level checks run over all of them.
+# Every model family of the package (hf_tiednorm/modeling/families/table.py); the family-level checks run over all of
+# them.
 FAMILIES = tuple(hf_tiednorm.FAMILIES)
 
 

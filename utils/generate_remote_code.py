@@ -3,13 +3,14 @@
 
 Why: ``from_pretrained(folder, trust_remote_code=True)`` runs the Python files a folder holds, and whoever loads a
 model that way is asked to review them first. transformers' own copy (``custom_object_save``) takes the module that
-defines the class and every module it reaches through ``from .x import`` -- for hf_tiednorm, the whole flat package.
+defines the class and every module it reaches through ``from .x import`` (single dots only).
 A Hub repository of remote code holds one configuration and one modeling file; so does ours, built here the way
 transformers' ``utils/modular_model_converter.py`` builds its single-file models from modular sources.
 
 How (nothing here knows a module by name, so the output follows the package as it changes):
 
-1. The roots are the modules of the classes in the family table (``hf_tiednorm.families.ROWS``): configuration
+1. The roots are the modules of the classes in the family table (``hf_tiednorm.modeling.families.table.ROWS``):
+configuration
    classes for the configuration file, model classes for the modeling file.
 2. Each file holds the closure of its roots over the package's relative imports (utils/import_graph.py reads them
    with ``ast``: top-level, inside functions, under ``TYPE_CHECKING``), the configuration file's modules excepted
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from import_graph import Import, imports_of, module_names  # noqa: E402
 
 PACKAGE = "hf_tiednorm"
+MODEL_LAYER = f"{PACKAGE}.modeling"  # the sub-package a saved model's code is generated from
 OUTPUT = REPO_ROOT / PACKAGE / "remote_code"
 CONFIG_FILE, MODELING_FILE = "configuration_tiednorm", "modeling_tiednorm"
 FUTURE = "from __future__ import annotations"
@@ -47,7 +49,7 @@ FUTURE = "from __future__ import annotations"
 def family_roots() -> tuple[list[str], list[str]]:
     """(configuration modules, modeling modules) of every row of the family table, in table order."""
     sys.path.insert(0, str(REPO_ROOT))
-    import hf_tiednorm.families as table
+    import hf_tiednorm.modeling.families.table as table
 
     config_roots, model_roots = [], []
     for row in table.ROWS.values():
@@ -61,7 +63,7 @@ class Module:
     """One package module read for inlining."""
 
     name: str
-    label: str  # its path from the package's parent folder: hf_tiednorm/normalized_head.py
+    label: str  # its path from the package's parent folder: hf_tiednorm/modeling/head/layer.py
     source: str
     tree: ast.Module
     imports: list[Import]
@@ -71,12 +73,13 @@ class Module:
         return any(isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in self.tree.body)
 
 
-def read_modules(root: Path = REPO_ROOT / PACKAGE) -> dict[str, Module]:
-    """The flat modules of the package at ``root`` (the sub-packages never travel), by dotted name."""
+def read_modules(root: Path = REPO_ROOT / PACKAGE, layer: str = MODEL_LAYER) -> dict[str, Module]:
+    """The modules of ``layer`` (a dotted package name, the model layer by default) in the package at ``root``, by
+    dotted name; no other sub-package travels, and the packages' ``__init__`` files hold docstrings only."""
     modules = module_names(root)
     found = {}
     for name, path in modules.items():
-        if name.count(".") == 1:
+        if name.startswith(f"{layer}.") and path.name != "__init__.py":
             source, label = path.read_text(), str(path.relative_to(root.parent))
             found[name] = Module(name, label, source, ast.parse(source), imports_of(path, name, modules))
     return found
@@ -96,7 +99,7 @@ def internal_targets(module: Module, modules: dict[str, Module], eager_only: boo
                 continue  # importlib.import_module("hf_tiednorm...."): runs only where the package is installed
             if found.target not in modules:
                 raise SystemExit(f"{module.label}:{found.line}: imports {found.target}, which a saved model's code "
-                                 "cannot carry (only the flat package's modules are inlined); make the import lazy "
+                                 "cannot carry (only the model layer's modules are inlined); make the import lazy "
                                  "through importlib in the training path, or move the code out of the model's "
                                  "modules")  # fmt: skip
             if eager_only and (found.lazy or not found.runtime):
@@ -183,10 +186,14 @@ class Inliner:
         return f"{self.module.label}:{node.lineno}"
 
     def _relative_target(self, node: ast.ImportFrom) -> str:
-        if node.level != 1 or not node.module:
-            raise SystemExit(f"{self._where(node)}: only `from .module import name` is inlined (remote code follows "
-                             "single-dot imports of modules)")  # fmt: skip
-        return f"{self.module.name.split('.')[0]}.{node.module}"
+        """The module a relative import names (``from ..loss.token import x`` in ``hf_tiednorm.modeling.head.layer``
+        -> ``hf_tiednorm.modeling.loss.token``); a module's names only, never a package's."""
+        package = self.module.name.split(".")[: -node.level]
+        target = ".".join(package + ([node.module] if node.module else []))
+        if not node.module or target not in self.modules:
+            raise SystemExit(f"{self._where(node)}: only `from .module import name` (any number of dots) of a "
+                             f"module of {MODEL_LAYER} is inlined, not {target}")  # fmt: skip
+        return target
 
     def _replacement_for_relative(self, node: ast.ImportFrom, indent: str, nested: bool) -> str:
         """What a relative import becomes: nothing (same file), aliases, or an import from the configuration file."""

@@ -23,9 +23,9 @@ class Import:
     """One import found in ``importer``'s source.
 
     Attributes:
-        importer: the dotted name of the module holding the import (``hf_tiednorm.bridges.export``).
+        importer: the dotted name of the module holding the import (``hf_tiednorm.conversion.export``).
         target: the dotted name of the module it imports, absolute (``from .. import training`` in a module of
-            ``hf_tiednorm.bridges`` -> ``hf_tiednorm.training``; ``torch.nn`` as written).
+            ``hf_tiednorm.conversion`` -> ``hf_tiednorm.training``; ``torch.nn`` as written).
         names: the names taken from ``target`` (``from x import a, b``: ``("a", "b")``); empty for ``import x``.
         line: the line of the statement in the importer's file.
         level: how many leading dots a relative import has (0: absolute).

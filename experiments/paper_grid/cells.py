@@ -20,10 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from hf_tiednorm.head_modes import HEAD_MODES
+from hf_tiednorm.modeling.head.modes import HEAD_MODES
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/, results/
-MODES = HEAD_MODES  # the translation grid runs every head mode (hf_tiednorm.normalized_head, the one list)
+MODES = HEAD_MODES  # the translation grid runs every head mode (hf_tiednorm.modeling.head.layer, the one list)
 # The HF contender of the translation grid: transformers' MarianMTModel (run_translation.py --model_family marian).
 MARIAN = "marian"
 TRANSLATION_VARIANTS = (*MODES, MARIAN)

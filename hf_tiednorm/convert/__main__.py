@@ -1,3 +1,3 @@
-from ..bridges.convert import main
+from ..conversion.convert import main
 
 main()

@@ -1,3 +1,3 @@
-from ..bridges.export import main
+from ..conversion.export import main
 
 main()

@@ -36,10 +36,10 @@ except ImportError:
     from httpx import TransportError
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from ..bridges.convert import copy_tokenizer
-from ..bridges.export import export_plain
-from ..bridges.export_card import write_export_card
-from ..bridges.staging_checks import (
+from ..conversion.convert import copy_tokenizer
+from ..conversion.export import export_plain
+from ..conversion.export_card import write_export_card
+from ..conversion.staging_checks import (
     check_new_folder,
     check_no_token,
     check_staged_files,
@@ -49,7 +49,7 @@ from ..bridges.staging_checks import (
     staged_folder,
     unshipped_head_mode,
 )
-from ..remote_code_map import foreign_auto_map
+from ..modeling.auto_map import foreign_auto_map
 from .model_card import (
     EMBEDDING_NORM_PLOT,
     NORM_VS_FREQUENCY_PLOT,
@@ -118,7 +118,7 @@ def prepare_upload_folder(
         raise ValueError(
             f"{checkpoint}: {unshipped}. Publish the plain export instead (tiednorm-push --plain, "
             "push_to_hub(plain=True): the head baked into its parent architecture, no remote code), or add the mode "
-            "to hf_tiednorm/head_modes.py"
+            "to hf_tiednorm/modeling/head/modes.py"
         )
 
     foreign = foreign_auto_map(getattr(config, "auto_map", None))

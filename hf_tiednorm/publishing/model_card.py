@@ -30,11 +30,11 @@ from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedConfig
 
-from ..bridges.source_provenance import PROVENANCE
-from ..configuration_tiednorm import TiedNormHeadConfigMixin, TieTopologyConfigMixin
-from ..families import ROWS, family_of_config
-from ..head_modes import get_head_mode
-from ..head_options import HeadOptions, head_terms
+from ..conversion.source_provenance import PROVENANCE
+from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
+from ..modeling.families.table import ROWS, family_of_config
+from ..modeling.head.modes import get_head_mode
+from ..modeling.head.options import HeadOptions, head_terms
 from .card_metrics import eval_results, metric_subsets, parse_metrics, training_settings
 from .provenance import (
     add_provenance_arguments,
@@ -50,7 +50,7 @@ TEMPLATE_NAME = "tiednorm_model_card.md"
 # histogram, tiednorm-push uploads both).
 EMBEDDING_NORM_PLOT = "embedding_norms.png"
 NORM_VS_FREQUENCY_PLOT = "embedding_norms_vs_frequency.png"
-# Any config of the family table (families.py): our families' and the wrapper's (a converted model of any tied
+# Any config of the family table (families/table.py): our families' and the wrapper's (a converted model of any tied
 # architecture, whose wrapped config is its text_config). Every per-family answer of the card is the table's.
 TiedNormConfig = PreTrainedConfig
 # Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
@@ -266,7 +266,7 @@ def render_model_card(
     repo_id = repo_id or folder.resolve().name
     model_name = repo_id.split("/")[-1]
     is_encoder_decoder = config.is_encoder_decoder
-    mode = get_head_mode(config.head_mode)  # its equation and paper (head_modes.py)
+    mode = get_head_mode(config.head_mode)  # its equation and paper (head/modes.py)
     tags = ["tiednorm", config.head_mode, "translation" if is_encoder_decoder else "text-generation"]
     tags += family_of_config(config).card_tags(config)
     tied = config.tie_word_embeddings

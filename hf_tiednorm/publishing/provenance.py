@@ -21,7 +21,7 @@ from huggingface_hub import ModelCard
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from ..bridges.source_provenance import (
+from ..conversion.source_provenance import (
     PROVENANCE,
     check_base_model_id,
     check_license,

@@ -2,7 +2,7 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 10 package modules, in dependency order, each under a rule naming its file.
+# 11 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, TYPE_CHECKING, get_args
+from typing import Any, Literal, get_args
 
 import torch
 from huggingface_hub.dataclasses import as_validated_field, strict
@@ -27,14 +27,347 @@ from transformers.utils import logging
 from transformers.utils.type_validators import interval, positive_int_field
 
 
-# ------------------------------ hf_tiednorm/folded_weight.py ----------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/auto_map.py ------------------------------------------------
+"""Every ``auto_map`` rule in one place: a wrapped model's saved folder has the wrapper's own, never the source's
+(``drop_source_auto_map``); and which entries of a config are ours (``foreign_auto_map``).
+
+A Hub config often carries an ``auto_map`` under a built-in ``model_type`` (remote code of its own, or stale
+entries). Kept inside the wrapper's ``text_config``, it (a) took the wrapper's own entries: ``register_for_auto_class``
+reads and writes ``config.auto_map``, which the wrapper config delegates to ``text_config``, so the saved folder had
+no top-level ``auto_map`` and did not load with ``trust_remote_code=True`` where hf_tiednorm is not installed; and
+(b) named someone else's code (``"AutoModelForCausalLM": "org/repo--modeling.Model"``) that transformers would run to
+build the wrapped model from ``text_config`` under ``trust_remote_code=True``. The wrapped architecture is a built-in
+one, so its config needs no ``auto_map``: it is removed when the config becomes a wrapper's ``text_config``.
+
+A saved model carries two Python files, ``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, generated from
+this package by ``utils/generate_remote_code.py`` (in ``hf_tiednorm/remote_code/``): ``two_file_remote_code`` puts
+them in the folder and points ``auto_map`` (and the translation pipeline's ``custom_pipelines`` entry) into them,
+where transformers' ``custom_object_save`` would copy the class's module and every module it imports. A class that
+is not the package's (a saved copy's, loaded with ``trust_remote_code=True``; a family registered from outside) is
+left to transformers. Folders saved before (``LEGACY_MODULES``: one file per package module) still name their own
+copies, which they carry.
+
+Ours are the only remote code a saved or published model may name.
+``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
+config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
+``save_pretrained`` keeps the config's entries it does not overwrite, so they would survive fine-tuning and be
+uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of
+its copies of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for
+the training layer to drop and for staging to refuse.
+"""
+
+
+logger = logging.get_logger(__name__)
+
+REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
+# The package modules a folder saved before the two generated files names in its auto_map (the flat
+# hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
+LEGACY_MODULES = frozenset({
+    "accumulated_loss", "adaptive", "causal_lm_names", "chunked_loss", "configuration_tiednorm",
+    "configuration_tiednorm_wrapped", "embeddings", "folded_weight", "fused_loss", "head_host", "head_mode_checks",
+    "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
+    "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
+    "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
+    "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
+})  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
+# The model layer's folder (hf_tiednorm/modeling/) and the generated files beside it in the package (absent where
+# this module is itself generated code).
+_MODEL_LAYER = Path(__file__).resolve().parent
+GENERATED_DIR = _MODEL_LAYER.parent / "remote_code"
+
+
+def drop_source_auto_map(text_config) -> "None":
+    """Remove ``auto_map`` from ``text_config`` (a ``PreTrainedConfig`` about to become a wrapper's ``text_config``)
+    in place; a dict (converted later) or None is left alone."""
+    if isinstance(text_config, PreTrainedConfig):
+        text_config.__dict__.pop("auto_map", None)
+
+
+def _is_ours(reference: "Any") -> "bool":
+    if reference is None:
+        return True
+    if isinstance(reference, (list, tuple)):  # a tokenizer's [slow, fast] pair
+        return all(_is_ours(item) for item in reference)
+    if not isinstance(reference, str) or "--" in reference or "." not in reference:
+        return False
+    return reference.rsplit(".", 1)[0] in LEGACY_MODULES.union(REMOTE_CODE_MODULES)
+
+
+def foreign_auto_map(auto_map: "dict[str, Any] | None") -> "dict[str, Any]":
+    """The entries of ``auto_map`` (a config's) that do not name our remote code: another repository's
+    (``owner/repo--module.Class``) or a module that is not ours. {} when every entry is ours."""
+    return {key: value for key, value in (auto_map or {}).items() if not _is_ours(value)}
+
+
+def _package_class(cls: "type") -> "bool":
+    """Whether ``cls`` is defined by one of this package's model-layer modules (not by a generated file, a saved copy
+    or a test) while the generated files are at hand."""
+    module = sys.modules.get(cls.__module__)
+    path = Path(getattr(module, "__file__", "") or "").resolve()
+    return GENERATED_DIR.is_dir() and _MODEL_LAYER in path.parents
+
+
+def remote_code_reference(cls: "type") -> "str":
+    """``"modeling_tiednorm.Name"`` / ``"configuration_tiednorm.Name"``: where a saved model's code defines ``cls``,
+    a class of this package. ``RuntimeError`` when the generated file lacks it (stale: regenerate)."""
+    module = REMOTE_CODE_MODULES[0] if issubclass(cls, PreTrainedConfig) else REMOTE_CODE_MODULES[1]
+    if f"\nclass {cls.__name__}(" not in (GENERATED_DIR / f"{module}.py").read_text():
+        raise RuntimeError(
+            f"{GENERATED_DIR / module}.py does not define {cls.__name__}: the generated remote code is stale; run "
+            "`python utils/generate_remote_code.py`"
+        )
+    return f"{module}.{cls.__name__}"
+
+
+def _renamed(reference: "Any") -> "Any":
+    """A ``"module.Name"`` entry naming one of the package's modules, renamed into the generated files."""
+    if not isinstance(reference, str) or "--" in reference or "." not in reference:
+        return reference
+    module, name = reference.rsplit(".", 1)
+    if module not in LEGACY_MODULES:
+        return reference
+    for target in REMOTE_CODE_MODULES:
+        if f"\nclass {name}(" in (GENERATED_DIR / f"{target}.py").read_text():
+            return f"{target}.{name}"
+    return reference
+
+
+def code_reference(cls: "type") -> "str":
+    """The ``auto_map`` entry of ``cls``: in the generated files for a class of this package, else
+    ``"<its module's file name>.Name"`` as transformers writes it (a saved copy's class names its own file)."""
+    if _package_class(cls):
+        return remote_code_reference(cls)
+    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+
+@contextmanager
+def no_module_copies(model) -> "Iterator[None]":
+    """While ``model.save_pretrained`` runs, for a model class of this package: transformers' ``custom_object_save``
+    copies nothing (it would copy the class's module and the modules it imports, and it follows single-dot imports
+    only), the config's ``auto_map`` names the class in the generated modeling file, and the config's own save writes
+    the two files (``two_file_remote_code``). transformers asks the class (``is_remote_code`` is a classmethod), so
+    the class's ``_auto_class`` is cleared for the save and restored after it."""
+    cls = type(model)
+    auto_class = cls._auto_class
+    if auto_class is None or not _package_class(cls):
+        yield
+        return
+    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), auto_class: code_reference(cls)}
+    own = "_auto_class" in vars(cls)
+    cls._auto_class = None
+    try:
+        yield
+    finally:
+        if own:
+            cls._auto_class = auto_class
+        else:
+            del cls._auto_class
+
+
+@contextmanager
+def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.PathLike") -> "Iterator[None]":
+    """While ``config.save_pretrained(save_directory)`` runs (itself, or inside a model's ``save_pretrained``):
+    the folder holds the two generated files instead of transformers' copies of the package's modules, and the
+    config's ``auto_map`` and ``custom_pipelines`` entries name them. Nothing changes for a config class that is not
+    the package's (see the module docstring)."""
+    if type(config)._auto_class is None or not _package_class(type(config)):
+        yield
+        return
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    left = []
+    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
+        if (folder / f"{module}.py").is_file():
+            left.append(f"{module}.py")
+    if left:  # not ours to delete: an earlier save's code, or the user's
+        logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
+                       "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
+    auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
+    config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
+    pipelines = getattr(config, "custom_pipelines", None) or {}
+    for entry in pipelines.values():
+        if isinstance(entry, dict) and "impl" in entry:
+            entry["impl"] = _renamed(entry["impl"])
+    named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
+    for module in REMOTE_CODE_MODULES:  # the modeling file where a model (or its pipeline) is named: not a config's
+        if module == REMOTE_CODE_MODULES[0] or any(str(name).startswith(f"{module}.") for name in named):
+            shutil.copyfile(GENERATED_DIR / f"{module}.py", folder / f"{module}.py")
+    config._auto_class = None  # an instance attribute, over the class's: transformers then copies nothing
+    try:
+        yield
+    finally:
+        del config._auto_class
+
+
+class TwoFileRemoteCodeMixin:
+    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
+    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        with two_file_remote_code(self, save_directory):
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
+# ------------------------------ hf_tiednorm/modeling/head/mode_checks.py ----------------------------------------
+"""What a head mode returns is checked, not trusted (head/modes.py wraps every mode's ``column_terms`` and
+``lossless_terms`` with these checks, and ``register_head_mode`` runs them on a probe):
+
+* **the terms** (``check_terms``): each of scale, bias, g and b is None or a floating tensor on the weight's device,
+  of shape (n,) for the n rows asked about or 0-dim (one value for every row, expanded to (n,)); they come back as
+  fp32. Anything else (a Python float, a (n, 1) or (d,) tensor, an integer tensor, a tensor on another device) is a
+  ``TypeError``/``ValueError`` naming the mode and the term, at every call rather than only where a batch happens to
+  take the code path that trips over it;
+* **the lossless start** (``check_lossless``): ``lossless_terms`` must give back the plain scores w_i·h for every
+  h, i.e. per row g_i·scale_i = 1 and g_i·bias_i + b_i = 0 (a dead row, ‖w_i‖ ≤ eps, may score 0). It is verified on
+  the weight being converted, with a stated tolerance (``LOSSLESS_RTOL`` of the row's score scale, plus eps), and
+  on a small random probe when the mode is registered: a start that cannot undo the mode's bias (or its scale) is
+  refused by the mode's name instead of converting "lossless" with other logits.
+
+This file imports torch only: it travels with the modeling code as remote code (head/modes.py imports it).
+"""
+
+
+ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
+
+# A lossless start may be off by this fraction of a row's score scale (‖w_i‖ + |g_i·bias_i| + |b_i|), plus eps: fp32
+# rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
+LOSSLESS_RTOL = 1e-5
+COLUMN_TERM_NAMES = ("scale", "bias")
+LOSSLESS_TERM_NAMES = ("logit_scale g", "logit_bias b")
+
+
+def check_terms(mode_name: "str", method: "str", terms, weight: "torch.Tensor", names=COLUMN_TERM_NAMES) -> "ColumnTerms":
+    """``terms`` (what ``method`` of mode ``mode_name`` returned for ``weight`` (n, d)) as two fp32 (n,) tensors or
+    None; ``TypeError``/``ValueError`` naming the mode and the term for anything else (module docstring)."""
+    where = f"head mode {mode_name!r}: {method} returned"
+    if not isinstance(terms, (tuple, list)) or len(terms) != 2:
+        raise TypeError(f"{where} {type(terms).__name__} {terms!r:.80}; it must return a pair ({', '.join(names)})")
+    rows = weight.shape[0]
+    checked = []
+    for name, term in zip(names, terms):
+        if term is None:
+            checked.append(None)
+            continue
+        if not isinstance(term, torch.Tensor):
+            raise TypeError(
+                f"{where} a {type(term).__name__} as its {name} ({term!r:.40}); it must be a tensor on the weight's "
+                f"device ({weight.device}), of shape ({rows},) or 0-dim, or None (e.g. weight.new_full((rows,), "
+                "value, dtype=torch.float32))"
+            )
+        if not term.is_floating_point():
+            raise ValueError(f"{where} a {term.dtype} {name}; it must be a floating-point tensor")
+        if term.device != weight.device:
+            raise ValueError(
+                f"{where} its {name} on {term.device}, the weight is on {weight.device}; create the term on the "
+                "weight's device (e.g. from the weight itself, or with device=weight.device)"
+            )
+        if term.dim() == 0:
+            term = term.expand(rows)
+        elif tuple(term.shape) != (rows,):
+            raise ValueError(
+                f"{where} a {name} of shape {tuple(term.shape)} for a weight of shape {tuple(weight.shape)}; it "
+                f"must have shape ({rows},) (one value per row, i.e. per token) or be 0-dim (one for every row)"
+            )
+        checked.append(term.float())
+    return checked[0], checked[1]
+
+
+def check_lossless(mode, weight: "torch.Tensor", eps: "float", g, b) -> "None":
+    """``ValueError`` naming ``mode`` and the worst row when the logit scale ``g`` and bias ``b`` (fp32 (n,) or None:
+    the head's g = 1, b = 0) do not turn the mode's scores on ``weight`` back into the plain w_i·h for every h:
+    g_i·(w_i·h·scale_i + bias_i) + b_i − w_i·h = (g_i·scale_i − 1)·w_i·h + (g_i·bias_i + b_i), at most
+    |g_i·scale_i − 1|·‖w_i‖ + |g_i·bias_i + b_i| for a unit h. Allowed: ``LOSSLESS_RTOL``·(‖w_i‖ + |g_i·bias_i| +
+    |b_i|) + eps (a dead row scores 0: off by ‖w_i‖ ≤ eps). Skipped for a weight without values (meta device)."""
+    if weight.is_meta or weight.shape[0] == 0:
+        return
+    scale, bias = mode.column_terms(weight, eps)
+    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
+    g = torch.ones_like(norms) if g is None else g
+    gain = g if scale is None else g * scale  # must be 1
+    shift = torch.zeros_like(norms) if bias is None else g * bias
+    offset = shift if b is None else shift + b  # must be 0
+    scale_error, bias_error = (gain - 1).abs() * norms, offset.abs()
+    allowed = LOSSLESS_RTOL * (norms + shift.abs() + (0 if b is None else b.abs())) + eps
+    excess = (scale_error + bias_error - allowed).nan_to_num(nan=torch.inf)  # NaN/inf: not lossless
+    worst = excess.argmax()
+    if bool(excess[worst] > 0):  # one host sync, at conversion time only (never in a training step)
+        row = int(worst)
+        raise ValueError(
+            f"head mode {mode.name!r} declares lossless_start={mode.lossless_start!r}, but its lossless_terms do not "
+            f"give back the plain scores w_i·h: at row {row} of {weight.shape[0]}, g_i·scale_i = {float(gain[row]):.6g}"
+            f" (must be 1) and g_i·bias_i + b_i = {float(offset[row]):.6g} (must be 0), so a logit would be off by up "
+            f"to {float(scale_error[row] + bias_error[row]):.4g} for a unit-norm h (allowed: {float(allowed[row]):.3g},"
+            f" {LOSSLESS_RTOL:g} of the row's score scale + eps). A lossless start needs g_i = 1/scale_i and "
+            "b_i = −g_i·bias_i: add 'logit_bias' to lossless_start when the mode's score has a bias term, or override "
+            "lossless_terms"
+        )
+
+
+def checked_column_terms(method: "Callable") -> "Callable":
+    """``method`` (a ``column_terms``) with its result checked by ``check_terms``."""
+    if getattr(method, "_checked_terms", False):
+        return method
+
+    @functools.wraps(method)
+    def column_terms(self, weight, eps, *args, **kwargs):
+        return check_terms(self.name, "column_terms", method(self, weight, eps, *args, **kwargs), weight)
+
+    column_terms._checked_terms = True
+    return column_terms
+
+
+def checked_lossless_terms(method: "Callable") -> "Callable":
+    """``method`` (a ``lossless_terms``) with its result checked: terms (``check_terms``), only the terms the mode's
+    ``lossless_start`` declares, and lossless on the weight (``check_lossless``)."""
+    if getattr(method, "_checked_terms", False):
+        return method
+
+    @functools.wraps(method)
+    def lossless_terms(self, weight, eps, *args, **kwargs):
+        g, b = check_terms(
+            self.name, "lossless_terms", method(self, weight, eps, *args, **kwargs), weight, LOSSLESS_TERM_NAMES
+        )
+        declared = self.lossless_start or ()
+        for term, value in (("logit_scale", g), ("logit_bias", b)):
+            if value is not None and term not in declared:
+                raise ValueError(
+                    f"head mode {self.name!r}: lossless_terms returned a {term} but lossless_start={declared!r} does "
+                    f"not declare {term!r}, so the converted head would have no {term} to hold it; declare it or "
+                    "return None"
+                )
+        check_lossless(self, weight, eps, g, b)
+        return g, b
+
+    lossless_terms._checked_terms = True
+    return lossless_terms
+
+
+def probe_head_mode(mode) -> "None":
+    """Run ``mode``'s column terms, and its lossless start if it declares one, on a small random weight (7 rows,
+    one of them dead, on the CPU): a term of the wrong type, shape, dtype or device, or a lossless start that does not
+    give back the plain scores, is refused by the mode's name when it is registered, not when a model uses it."""
+    generator = torch.Generator().manual_seed(0)  # on the CPU, also inside a torch.device("meta") block
+    weight = torch.randn(7, 5, generator=generator, device="cpu") * torch.linspace(0.2, 3.0, 7, device="cpu")[:, None]
+    weight[0] = 0  # a dead row, as HF's zeroed padding row
+    eps = 1e-6
+    try:
+        mode.column_terms(weight, eps)
+        if mode.lossless_start is not None:
+            mode.lossless_terms(weight, eps)
+    except (TypeError, ValueError) as error:
+        raise type(error)(
+            f"register_head_mode refuses it, on a random {tuple(weight.shape)} probe weight: {error}"
+        ) from None
+
+
+# ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
 """The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
 in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
 every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
 
-Every head mode scores ``s = (W·h) * scale + bias`` (``head_modes.py``), so ``s = W_s·h + bias`` with the folded
+Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
 weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
-``F.linear_cross_entropy``, the chunked loop of ``chunked_loss.py``, a plain ``F.linear``) scores every mode.
+``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
 
 W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
 cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
@@ -150,162 +483,7 @@ def fold_scale(weight: "torch.Tensor", scale: "torch.Tensor | None") -> "torch.T
     return FoldScale.apply(weight, scale)
 
 
-# ------------------------------ hf_tiednorm/head_mode_checks.py -------------------------------------------------
-"""What a head mode returns is checked, not trusted (head_modes.py wraps every mode's ``column_terms`` and
-``lossless_terms`` with these checks, and ``register_head_mode`` runs them on a probe):
-
-* **the terms** (``check_terms``): each of scale, bias, g and b is None or a floating tensor on the weight's device,
-  of shape (n,) for the n rows asked about or 0-dim (one value for every row, expanded to (n,)); they come back as
-  fp32. Anything else (a Python float, a (n, 1) or (d,) tensor, an integer tensor, a tensor on another device) is a
-  ``TypeError``/``ValueError`` naming the mode and the term, at every call rather than only where a batch happens to
-  take the code path that trips over it;
-* **the lossless start** (``check_lossless``): ``lossless_terms`` must give back the plain scores w_i·h for every
-  h, i.e. per row g_i·scale_i = 1 and g_i·bias_i + b_i = 0 (a dead row, ‖w_i‖ ≤ eps, may score 0). It is verified on
-  the weight being converted, with a stated tolerance (``LOSSLESS_RTOL`` of the row's score scale, plus eps), and
-  on a small random probe when the mode is registered: a start that cannot undo the mode's bias (or its scale) is
-  refused by the mode's name instead of converting "lossless" with other logits.
-
-This file imports torch only: it travels with the modeling code as remote code (head_modes.py imports it).
-"""
-
-
-if TYPE_CHECKING:
-    pass  # its names are defined in this file
-
-ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
-
-# A lossless start may be off by this fraction of a row's score scale (‖w_i‖ + |g_i·bias_i| + |b_i|), plus eps: fp32
-# rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
-LOSSLESS_RTOL = 1e-5
-COLUMN_TERM_NAMES = ("scale", "bias")
-LOSSLESS_TERM_NAMES = ("logit_scale g", "logit_bias b")
-
-
-def check_terms(mode_name: "str", method: "str", terms, weight: "torch.Tensor", names=COLUMN_TERM_NAMES) -> "ColumnTerms":
-    """``terms`` (what ``method`` of mode ``mode_name`` returned for ``weight`` (n, d)) as two fp32 (n,) tensors or
-    None; ``TypeError``/``ValueError`` naming the mode and the term for anything else (module docstring)."""
-    where = f"head mode {mode_name!r}: {method} returned"
-    if not isinstance(terms, (tuple, list)) or len(terms) != 2:
-        raise TypeError(f"{where} {type(terms).__name__} {terms!r:.80}; it must return a pair ({', '.join(names)})")
-    rows = weight.shape[0]
-    checked = []
-    for name, term in zip(names, terms):
-        if term is None:
-            checked.append(None)
-            continue
-        if not isinstance(term, torch.Tensor):
-            raise TypeError(
-                f"{where} a {type(term).__name__} as its {name} ({term!r:.40}); it must be a tensor on the weight's "
-                f"device ({weight.device}), of shape ({rows},) or 0-dim, or None (e.g. weight.new_full((rows,), "
-                "value, dtype=torch.float32))"
-            )
-        if not term.is_floating_point():
-            raise ValueError(f"{where} a {term.dtype} {name}; it must be a floating-point tensor")
-        if term.device != weight.device:
-            raise ValueError(
-                f"{where} its {name} on {term.device}, the weight is on {weight.device}; create the term on the "
-                "weight's device (e.g. from the weight itself, or with device=weight.device)"
-            )
-        if term.dim() == 0:
-            term = term.expand(rows)
-        elif tuple(term.shape) != (rows,):
-            raise ValueError(
-                f"{where} a {name} of shape {tuple(term.shape)} for a weight of shape {tuple(weight.shape)}; it "
-                f"must have shape ({rows},) (one value per row, i.e. per token) or be 0-dim (one for every row)"
-            )
-        checked.append(term.float())
-    return checked[0], checked[1]
-
-
-def check_lossless(mode: "HeadMode", weight: "torch.Tensor", eps: "float", g, b) -> "None":
-    """``ValueError`` naming ``mode`` and the worst row when the logit scale ``g`` and bias ``b`` (fp32 (n,) or None:
-    the head's g = 1, b = 0) do not turn the mode's scores on ``weight`` back into the plain w_i·h for every h:
-    g_i·(w_i·h·scale_i + bias_i) + b_i − w_i·h = (g_i·scale_i − 1)·w_i·h + (g_i·bias_i + b_i), at most
-    |g_i·scale_i − 1|·‖w_i‖ + |g_i·bias_i + b_i| for a unit h. Allowed: ``LOSSLESS_RTOL``·(‖w_i‖ + |g_i·bias_i| +
-    |b_i|) + eps (a dead row scores 0: off by ‖w_i‖ ≤ eps). Skipped for a weight without values (meta device)."""
-    if weight.is_meta or weight.shape[0] == 0:
-        return
-    scale, bias = mode.column_terms(weight, eps)
-    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
-    g = torch.ones_like(norms) if g is None else g
-    gain = g if scale is None else g * scale  # must be 1
-    shift = torch.zeros_like(norms) if bias is None else g * bias
-    offset = shift if b is None else shift + b  # must be 0
-    scale_error, bias_error = (gain - 1).abs() * norms, offset.abs()
-    allowed = LOSSLESS_RTOL * (norms + shift.abs() + (0 if b is None else b.abs())) + eps
-    excess = (scale_error + bias_error - allowed).nan_to_num(nan=torch.inf)  # NaN/inf: not lossless
-    worst = excess.argmax()
-    if bool(excess[worst] > 0):  # one host sync, at conversion time only (never in a training step)
-        row = int(worst)
-        raise ValueError(
-            f"head mode {mode.name!r} declares lossless_start={mode.lossless_start!r}, but its lossless_terms do not "
-            f"give back the plain scores w_i·h: at row {row} of {weight.shape[0]}, g_i·scale_i = {float(gain[row]):.6g}"
-            f" (must be 1) and g_i·bias_i + b_i = {float(offset[row]):.6g} (must be 0), so a logit would be off by up "
-            f"to {float(scale_error[row] + bias_error[row]):.4g} for a unit-norm h (allowed: {float(allowed[row]):.3g},"
-            f" {LOSSLESS_RTOL:g} of the row's score scale + eps). A lossless start needs g_i = 1/scale_i and "
-            "b_i = −g_i·bias_i: add 'logit_bias' to lossless_start when the mode's score has a bias term, or override "
-            "lossless_terms"
-        )
-
-
-def checked_column_terms(method: "Callable") -> "Callable":
-    """``method`` (a ``column_terms``) with its result checked by ``check_terms``."""
-    if getattr(method, "_checked_terms", False):
-        return method
-
-    @functools.wraps(method)
-    def column_terms(self, weight, eps, *args, **kwargs):
-        return check_terms(self.name, "column_terms", method(self, weight, eps, *args, **kwargs), weight)
-
-    column_terms._checked_terms = True
-    return column_terms
-
-
-def checked_lossless_terms(method: "Callable") -> "Callable":
-    """``method`` (a ``lossless_terms``) with its result checked: terms (``check_terms``), only the terms the mode's
-    ``lossless_start`` declares, and lossless on the weight (``check_lossless``)."""
-    if getattr(method, "_checked_terms", False):
-        return method
-
-    @functools.wraps(method)
-    def lossless_terms(self, weight, eps, *args, **kwargs):
-        g, b = check_terms(
-            self.name, "lossless_terms", method(self, weight, eps, *args, **kwargs), weight, LOSSLESS_TERM_NAMES
-        )
-        declared = self.lossless_start or ()
-        for term, value in (("logit_scale", g), ("logit_bias", b)):
-            if value is not None and term not in declared:
-                raise ValueError(
-                    f"head mode {self.name!r}: lossless_terms returned a {term} but lossless_start={declared!r} does "
-                    f"not declare {term!r}, so the converted head would have no {term} to hold it; declare it or "
-                    "return None"
-                )
-        check_lossless(self, weight, eps, g, b)
-        return g, b
-
-    lossless_terms._checked_terms = True
-    return lossless_terms
-
-
-def probe_head_mode(mode: "HeadMode") -> "None":
-    """Run ``mode``'s column terms, and its lossless start if it declares one, on a small random weight (7 rows,
-    one of them dead, on the CPU): a term of the wrong type, shape, dtype or device, or a lossless start that does not
-    give back the plain scores, is refused by the mode's name when it is registered, not when a model uses it."""
-    generator = torch.Generator().manual_seed(0)  # on the CPU, also inside a torch.device("meta") block
-    weight = torch.randn(7, 5, generator=generator, device="cpu") * torch.linspace(0.2, 3.0, 7, device="cpu")[:, None]
-    weight[0] = 0  # a dead row, as HF's zeroed padding row
-    eps = 1e-6
-    try:
-        mode.column_terms(weight, eps)
-        if mode.lossless_start is not None:
-            mode.lossless_terms(weight, eps)
-    except (TypeError, ValueError) as error:
-        raise type(error)(
-            f"register_head_mode refuses it, on a random {tuple(weight.shape)} probe weight: {error}"
-        ) from None
-
-
-# ------------------------------ hf_tiednorm/head_modes.py -------------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------
 """The head modes: one small object per mode, holding everything that mode *is*, and the registry that holds them.
 
 With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i) and scores
@@ -338,7 +516,7 @@ mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither rede
 trained with a redefined ``cosine`` reloaded in a fresh process as the built-in one, its logits 7.9 off, no error).
 
 What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
-``lossless_terms`` a subclass defines with the checks of ``head_mode_checks.py`` (the terms' type, shape, dtype and
+``lossless_terms`` a subclass defines with the checks of ``head/mode_checks.py`` (the terms' type, shape, dtype and
 device; a declared lossless start verified on the weights), and ``register_head_mode`` runs them on a small probe.
 """
 
@@ -602,14 +780,14 @@ def head_mode_summaries() -> "str":
     return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
 
 
-# ------------------------------ hf_tiednorm/head_options.py -----------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/head/options.py --------------------------------------------
 """The five settings of the normalized tied head, as one value: ``HeadOptions``.
 
 A head is built from a config (``HeadOptions.from_config``), from the converter's arguments or CLI, or directly; each
 path builds one ``HeadOptions``, which checks every setting once when it is made, and passes it whole to the head
 (``TiedNormHead(..., options=...)``), the wrapper's config (``as_config_fields``) and the lossless start
 (``with_lossless_start``). The head's learned terms (its logit scale g and bias b, and any added from outside) are
-``HeadTerm`` objects in one registry (``HEAD_OPTIONS``; the built-ins in head_terms.py): a new term is a
+``HeadTerm`` objects in one registry (``HEAD_OPTIONS``; the built-ins in terms.py): a new term is a
 ``HeadTerm`` registered with ``register_head_option`` and nothing else.
 """
 
@@ -662,7 +840,7 @@ def renamed_fields_set(config, kwargs: "dict") -> "dict":
 
 class HeadTerm:
     """A learned term of the head, folded into its (scale, bias): the one protocol of the built-in terms (the logit
-    scale g and bias b, head_terms.py) and of a term added from outside (``HeadOption``). The head, the fold, a
+    scale g and bias b, terms.py) and of a term added from outside (``HeadOption``). The head, the fold, a
     resize, fp32 handling, a lossless start, the load checks, the flags, the export and the card ask a term only
     these; none of them names one. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
 
@@ -747,7 +925,7 @@ class HeadOption(HeadTerm):
     lossless: "float | None" = None
 
 
-# Every head term, in the order they fold: the built-ins first (head_terms.py registers them at import), then those
+# Every head term, in the order they fold: the built-ins first (terms.py registers them at import), then those
 # registered from outside (``register_head_option``).
 HEAD_OPTIONS: "dict[str, HeadTerm]" = {}
 HEAD_TERMS = HEAD_OPTIONS
@@ -804,7 +982,7 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
     return add_head_term(option)
 
 
-# Callables giving every name a head holds (its attributes, methods and parameters): normalized_head.py adds
+# Callables giving every name a head holds (its attributes, methods and parameters): head/layer.py adds
 # TiedNormHead's where it defines the head, which imports this module (so this module cannot import it).
 HEAD_NAME_SOURCES: "list[Callable[[], Iterable[str]]]" = []
 
@@ -813,7 +991,7 @@ def taken_head_names() -> "frozenset[str]":
     """What a registered option's parameter must not replace: every name the head holds (``HEAD_NAME_SOURCES``) and
     every ``HeadOptions`` field, the renamed ones' old names included."""
     if not HEAD_NAME_SOURCES:
-        raise RuntimeError("no head has declared its names (normalized_head.py is not loaded): cannot check a name")
+        raise RuntimeError("no head has declared its names (head/layer.py is not loaded): cannot check a name")
     fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
     return frozenset(fields.union(*(source() for source in HEAD_NAME_SOURCES)))
 
@@ -829,7 +1007,7 @@ class HeadOptions:
     them, and every check of them is here (a config validates through ``HeadOptions.from_config``).
 
     Attributes:
-        head_mode: a registered mode (head_modes.py).
+        head_mode: a registered mode (head/modes.py).
         logit_scale_kind: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned
             g_i, the head's ``logit_scale`` parameter).
         logit_scale_init: g for ``fixed``, the initial g for ``scalar``/``vector``; None: 1 for a learned g, √d
@@ -865,14 +1043,14 @@ class HeadOptions:
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
-        for term in head_terms():  # each term checks its own fields (head_terms.py)
+        for term in head_terms():  # each term checks its own fields (terms.py)
             term.check(self)
         if not 0 < self.norm_eps < math.inf:
             raise ValueError(f"norm_eps must be > 0 and finite, got {self.norm_eps}")
 
     @property
     def mode(self) -> "HeadMode":
-        """The mode object (head_modes.py): column terms, input lookups, lossless start, texts."""
+        """The mode object (head/modes.py): column terms, input lookups, lossless start, texts."""
         return get_head_mode(self.head_mode)
 
     @classmethod
@@ -912,7 +1090,7 @@ class HeadOptions:
 
     def with_lossless_start(self) -> "HeadOptions":
         """The options a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start`` terms switched on),
-        or ``ValueError`` naming the option that makes it impossible (lossless_start.py)."""
+        or ``ValueError`` naming the option that makes it impossible (head/lossless_start.py)."""
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
@@ -922,13 +1100,13 @@ class HeadOptions:
         return dataclasses.replace(self, **changes)
 
 
-# ------------------------------ hf_tiednorm/head_terms.py -------------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/head/terms.py ----------------------------------------------
 """The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
-(head_options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
+(options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
 
 * ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
   FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
-  g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise, ``fixed`` at √d (normalized_head.py).
+  g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise, ``fixed`` at √d (layer.py).
 * ``logit_bias`` (config field ``logit_bias``): a learned b_i per token, zero at first, added after the scale: where
   a model can keep the unigram prior that a normalized head deletes.
 
@@ -1089,7 +1267,7 @@ class LogitBiasTerm(HeadTerm):
 BUILTIN_TERMS: "tuple[HeadTerm, ...]" = (add_head_term(LogitScaleTerm()), add_head_term(LogitBiasTerm()))
 
 
-# ------------------------------ hf_tiednorm/lossless_start.py ---------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/head/lossless_start.py -------------------------------------
 """The lossless start of a conversion, and the GGUF loader's stale quantization state (used by convert.py).
 
 A pretrained model's hidden states are calibrated to raw dot products w_i·h, whose row norms carry the token prior;
@@ -1097,7 +1275,7 @@ a normalized head deletes them, so a plain conversion starts from a broken funct
 the source's perplexity in cosine mode, docs/converting.md). The lossless start keeps the head normalized but
 starts the per-token terms that multiply or shift its scores where they give back the source's logits exactly, so
 fine-tuning moves from the source's own function. Each mode declares its start (``HeadMode.lossless_start`` and
-``lossless_terms``, head_modes.py); the built-in ones:
+``lossless_terms``, head/modes.py); the built-in ones:
 
 =========== ======================================================== =============================================
 head_mode   lossless start                                           exact because
@@ -1110,7 +1288,7 @@ l2          refused                                                  the input l
                                                                      layer sees other inputs; no head term undoes it
 =========== ======================================================== =============================================
 
-Dead rows (‖w_i‖ ≤ ``norm_eps``, normalized_head.py) score 0 in cosine/square: exact for an all-zero row (the
+Dead rows (‖w_i‖ ≤ ``norm_eps``, head/layer.py) score 0 in cosine/square: exact for an all-zero row (the
 source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
 a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. The start is recorded in the config
 (``lossless_start=True``), and tokens that ``resize_token_embeddings`` adds later start by the same map from their
@@ -1216,7 +1394,7 @@ def take_row_scales(model: "PreTrainedModel", row_scales: "torch.Tensor") -> "No
             learned.mul_(row_scales.to(learned))
 
 
-# ------------------------------ hf_tiednorm/regularizers.py -----------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
 """The two loss regularizers of the tied embedding, each returned as its own number.
 
 Projection regularization (Press & Wolf, 2017, "Using the Output Embedding to Improve Language Models", §4):
@@ -1286,167 +1464,9 @@ def weight_norm_penalty(weights: "list[torch.Tensor]", strength: "float", target
     return strength * total
 
 
-# ------------------------------ hf_tiednorm/remote_code_map.py --------------------------------------------------
-"""Every ``auto_map`` rule in one place: a wrapped model's saved folder has the wrapper's own, never the source's
-(``drop_source_auto_map``); and which entries of a config are ours (``foreign_auto_map``).
-
-A Hub config often carries an ``auto_map`` under a built-in ``model_type`` (remote code of its own, or stale
-entries). Kept inside the wrapper's ``text_config``, it (a) took the wrapper's own entries: ``register_for_auto_class``
-reads and writes ``config.auto_map``, which the wrapper config delegates to ``text_config``, so the saved folder had
-no top-level ``auto_map`` and did not load with ``trust_remote_code=True`` where hf_tiednorm is not installed; and
-(b) named someone else's code (``"AutoModelForCausalLM": "org/repo--modeling.Model"``) that transformers would run to
-build the wrapped model from ``text_config`` under ``trust_remote_code=True``. The wrapped architecture is a built-in
-one, so its config needs no ``auto_map``: it is removed when the config becomes a wrapper's ``text_config``.
-
-A saved model carries two Python files, ``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, generated from
-this package by ``utils/generate_remote_code.py`` (in ``hf_tiednorm/remote_code/``): ``two_file_remote_code`` puts
-them in the folder and points ``auto_map`` (and the translation pipeline's ``custom_pipelines`` entry) into them,
-where transformers' ``custom_object_save`` would copy the class's module and every module it imports. A class that
-is not the package's (a saved copy's, loaded with ``trust_remote_code=True``; a family registered from outside) is
-left to transformers. Folders saved before (``LEGACY_MODULES``: one file per package module) still name their own
-copies, which they carry.
-
-Ours are the only remote code a saved or published model may name.
-``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
-config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
-``save_pretrained`` keeps the config's entries it does not overwrite, so they would survive fine-tuning and be
-uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of
-its copies of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for
-the training layer to drop and for staging to refuse.
-"""
-
-
-logger = logging.get_logger(__name__)
-
-REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
-# The package modules a folder saved before the two generated files names in its auto_map (the flat
-# hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
-LEGACY_MODULES = frozenset({
-    "accumulated_loss", "adaptive", "causal_lm_names", "chunked_loss", "configuration_tiednorm",
-    "configuration_tiednorm_wrapped", "embeddings", "folded_weight", "fused_loss", "head_host", "head_mode_checks",
-    "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
-    "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
-    "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
-    "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
-})  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
-_HERE = Path(__file__).resolve().parent
-# The generated files, beside this module in the package (absent where this module is itself generated code).
-GENERATED_DIR = _HERE / "remote_code"
-
-
-def drop_source_auto_map(text_config) -> "None":
-    """Remove ``auto_map`` from ``text_config`` (a ``PreTrainedConfig`` about to become a wrapper's ``text_config``)
-    in place; a dict (converted later) or None is left alone."""
-    if isinstance(text_config, PreTrainedConfig):
-        text_config.__dict__.pop("auto_map", None)
-
-
-def _is_ours(reference: "Any") -> "bool":
-    if reference is None:
-        return True
-    if isinstance(reference, (list, tuple)):  # a tokenizer's [slow, fast] pair
-        return all(_is_ours(item) for item in reference)
-    if not isinstance(reference, str) or "--" in reference or "." not in reference:
-        return False
-    return reference.rsplit(".", 1)[0] in LEGACY_MODULES.union(REMOTE_CODE_MODULES)
-
-
-def foreign_auto_map(auto_map: "dict[str, Any] | None") -> "dict[str, Any]":
-    """The entries of ``auto_map`` (a config's) that do not name our remote code: another repository's
-    (``owner/repo--module.Class``) or a module that is not ours. {} when every entry is ours."""
-    return {key: value for key, value in (auto_map or {}).items() if not _is_ours(value)}
-
-
-def _package_class(cls: "type") -> "bool":
-    """Whether ``cls`` is defined by one of this package's flat modules (not by a generated file, a saved copy or
-    a test) while the generated files are at hand."""
-    module = sys.modules.get(cls.__module__)
-    return GENERATED_DIR.is_dir() and Path(getattr(module, "__file__", "") or "").resolve().parent == _HERE
-
-
-def remote_code_reference(cls: "type") -> "str":
-    """``"modeling_tiednorm.Name"`` / ``"configuration_tiednorm.Name"``: where a saved model's code defines ``cls``,
-    a class of this package. ``RuntimeError`` when the generated file lacks it (stale: regenerate)."""
-    module = REMOTE_CODE_MODULES[0] if issubclass(cls, PreTrainedConfig) else REMOTE_CODE_MODULES[1]
-    if f"\nclass {cls.__name__}(" not in (GENERATED_DIR / f"{module}.py").read_text():
-        raise RuntimeError(
-            f"{GENERATED_DIR / module}.py does not define {cls.__name__}: the generated remote code is stale; run "
-            "`python utils/generate_remote_code.py`"
-        )
-    return f"{module}.{cls.__name__}"
-
-
-def _renamed(reference: "Any") -> "Any":
-    """A ``"module.Name"`` entry naming one of the package's modules, renamed into the generated files."""
-    if not isinstance(reference, str) or "--" in reference or "." not in reference:
-        return reference
-    module, name = reference.rsplit(".", 1)
-    if module not in LEGACY_MODULES:
-        return reference
-    for target in REMOTE_CODE_MODULES:
-        if f"\nclass {name}(" in (GENERATED_DIR / f"{target}.py").read_text():
-            return f"{target}.{name}"
-    return reference
-
-
-@contextmanager
-def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.PathLike") -> "Iterator[None]":
-    """While ``config.save_pretrained(save_directory)`` runs (itself, or inside a model's ``save_pretrained``):
-    the folder holds the two generated files instead of transformers' copies of the package's modules, and the
-    config's ``auto_map`` and ``custom_pipelines`` entries name them. Nothing changes for a config class that is not
-    the package's (see the module docstring)."""
-    if type(config)._auto_class is None or not _package_class(type(config)):
-        yield
-        return
-    folder = Path(save_directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    left = []
-    # transformers copies every module a saved class reaches by relative imports: the legacy ones and any newer one
-    for module in (LEGACY_MODULES | {path.stem for path in _HERE.glob("*.py")}) - set(REMOTE_CODE_MODULES):
-        copy, original = folder / f"{module}.py", _HERE / f"{module}.py"
-        if copy.is_file() and original.is_file() and copy.read_bytes() == original.read_bytes():
-            copy.unlink()  # a copy a model's save_pretrained just made (custom_object_save)
-        elif copy.is_file():
-            left.append(copy.name)
-    if left:  # not ours to delete: an earlier save's code, or the user's
-        logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
-                       "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
-    auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
-    config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
-    pipelines = getattr(config, "custom_pipelines", None) or {}
-    for entry in pipelines.values():
-        if isinstance(entry, dict) and "impl" in entry:
-            entry["impl"] = _renamed(entry["impl"])
-    named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
-    for module in REMOTE_CODE_MODULES:  # the modeling file where a model (or its pipeline) is named: not a config's
-        if module == REMOTE_CODE_MODULES[0] or any(str(name).startswith(f"{module}.") for name in named):
-            shutil.copyfile(GENERATED_DIR / f"{module}.py", folder / f"{module}.py")
-    config._auto_class = None  # an instance attribute, over the class's: transformers then copies nothing
-    try:
-        yield
-    finally:
-        del config._auto_class
-
-
-class TwoFileRemoteCodeMixin:
-    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
-    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
-        with two_file_remote_code(self, save_directory):
-            super().save_pretrained(save_directory, *args, **kwargs)
-
-
-# ------------------------------ hf_tiednorm/configuration_tiednorm.py -------------------------------------------
-"""Configurations of the model families: Marian-style and BART-style encoder-decoders and a Llama-style causal LM.
-
-Each inherits every architecture field from its HF parent and adds, from mixins listed before the parent (their
-fields override the parent's), the fields of the normalized tied head, of the training techniques and, for the two
-encoder-decoders, the tie topology and the small model's defaults (the small Multi30k model: joint 8k vocabulary,
-d = 256). Validation is transformers 5's: ``@strict`` checks every field's type (``Literal`` choices included) and
-range (``validated_field``) whenever it is set, then runs the ``validate_*`` methods on the whole config; a bad value
-raises a ``StrictDataclass*ValidationError`` naming the field or validator and the cause.
-"""
+# ------------------------------ hf_tiednorm/modeling/families/config_fields.py ----------------------------------
+"""What the configs' fields are made of: the field types and validators (``@strict`` runs them whenever a field is
+set) and ``script_flag``, the metadata that makes a config field a training script's flag."""
 
 
 TieTopology = Literal["untied", "decoder", "three_way"]
@@ -1492,6 +1512,18 @@ size_field = positive_int_field
 layer_count_field = interval(min=0)
 
 
+# ------------------------------ hf_tiednorm/modeling/families/configuration.py ----------------------------------
+"""Configurations of the model families: Marian-style and BART-style encoder-decoders and a Llama-style causal LM.
+
+Each inherits every architecture field from its HF parent and adds, from mixins listed before the parent (their
+fields override the parent's), the fields of the normalized tied head, of the training techniques and, for the two
+encoder-decoders, the tie topology and the small model's defaults (the small Multi30k model: joint 8k vocabulary,
+d = 256). Validation is transformers 5's: ``@strict`` checks every field's type (``Literal`` choices included) and
+range (``validated_field``) whenever it is set, then runs the ``validate_*`` methods on the whole config; a bad value
+raises a ``StrictDataclass*ValidationError`` naming the field or validator and the cause.
+"""
+
+
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
 class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     """Fields of the normalized tied output head: every hf_tiednorm config has them (TiedNormWrappedConfig too)."""
@@ -1499,7 +1531,7 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     head_mode: str = head_mode_field(
         default=DEFAULT_HEAD_MODE,
         metadata=script_flag(
-            "how the output layer scores token i against the decoder state h (hf_tiednorm/head_modes.py): "
+            "how the output layer scores token i against the decoder state h (hf_tiednorm/modeling/head/modes.py): "
             f"{head_mode_summaries()}",
             choices=HEAD_MODES,
         ),
@@ -1528,7 +1560,8 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
     loss_implementation: LossImplementation = field(
         default="auto",
         metadata=script_flag(
-            "what computes the head's training loss (hf_tiednorm/fused_loss.py): auto (the fastest path correct for "
+            "what computes the head's training loss (hf_tiednorm/modeling/loss/policy.py): auto (the fastest "
+            "path correct for "
             "the device, dtype and options: a fused linear cross-entropy on the folded weight — liger-kernel on CUDA, "
             "torch's where exact, else the chunked loop — once the logits are large, else the plain one), fused "
             "(always a fused path), chunked (the chunked loop) or plain (the materialized logits). A fused path "
@@ -1536,7 +1569,8 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
             finetune=True,
         ),
     )
-    # Set by a conversion's lossless start (lossless_start.py): the per-token g_i / b_i started from the rows' norms
+    # Set by a conversion's lossless start (head/lossless_start.py): the per-token g_i / b_i started from the rows'
+    # norms
     # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
 
@@ -1549,11 +1583,11 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
 
     @property
     def head_options(self) -> HeadOptions:
-        """The head's settings as the one value a head is built from (head_options.py)."""
+        """The head's settings as the one value a head is built from (head/options.py)."""
         return HeadOptions.from_config(self)
 
     def validate_head_options(self) -> None:
-        HeadOptions.from_config(self)  # every check of the head's settings, once (head_options.py)
+        HeadOptions.from_config(self)  # every check of the head's settings, once (head/options.py)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
@@ -1577,7 +1611,8 @@ class TiedNormTechniquesConfigMixin:
         default=None,
         metadata=script_flag(
             "tokens per chunk of the chunked training loss, which never materializes the (tokens × V) logits "
-            "(hf_tiednorm/chunked_loss.py; the forward then returns logits=None): set, it picks the chunked loop "
+            "(hf_tiednorm/modeling/loss/chunked.py; the forward then returns logits=None): set, it picks the "
+            "chunked loop "
             "under loss_implementation auto; None: the chunked loop's default size",
             finetune=True,
         ),
@@ -1586,7 +1621,8 @@ class TiedNormTechniquesConfigMixin:
         default=None,
         metadata=script_flag(
             "Press & Wolf's projection P (H×H, identity init) between the decoder output and the tied head, with "
-            "penalty λ·‖P‖_F (paper: λ = 0.15; 0: P unregularized; None: no P; hf_tiednorm/regularizers.py). "
+            "penalty λ·‖P‖_F (paper: λ = 0.15; 0: P unregularized; None: no P; "
+            "hf_tiednorm/modeling/loss/regularizers.py). "
             "Fine-tuning may change λ of a model trained with P, never add P",
             finetune=True,
         ),
@@ -1703,7 +1739,8 @@ class TieTopologyConfigMixin:
     that contradict it is an error.
     """
 
-    # Where the family's models keep their embeddings (module paths from the LM; tie_topology.py reads them): the
+    # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
+    # the
     # shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no fields.
     shared_embedding_path = "model.shared"
     stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
@@ -1810,7 +1847,7 @@ class TiedNormCausalConfig(TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixi
     """A Llama-style decoder-only LM whose output layer is the normalized tied head."""
 
     model_type = "tiednorm_causal"
-    # Where its models keep the token embedding (module path from the LM; tie_topology.py reads it). No field.
+    # Where its models keep the token embedding (module path from the LM; families/tie_topology.py reads it). No field.
     input_embedding_path = "model.embed_tokens"
 
     vocab_size: int = size_field(default=8000)
@@ -1827,7 +1864,7 @@ class TiedNormCausalConfig(TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixi
     tie_word_embeddings: bool = True
 
 
-# ------------------------------ hf_tiednorm/configuration_tiednorm_wrapped.py -----------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/configuration_wrapped.py --------------------------
 """Configuration of a normalized tied head around any transformers causal LM or encoder-decoder.
 
 ``TiedNormWrappedConfig`` holds the wrapped model's own config as ``text_config`` (a config of a native
@@ -1937,7 +1974,7 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     def __setattr__(self, name: str, value: Any) -> None:
         refuse_own_family_fields([name], "set as an attribute")
         if name == "text_config":
-            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (remote_code_map.py)
+            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (modeling/auto_map.py)
         # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it; an
         # output setting both here and there (the wrapped model's forward reads its own config).
         text_config = self.__dict__.get("text_config")

@@ -2,7 +2,7 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 23 package modules, in dependency order, each under a rule naming its file.
+# 24 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 from __future__ import annotations
@@ -62,10 +62,12 @@ from .configuration_tiednorm import (
     TiedNormCausalConfig,
     TiedNormSeq2SeqConfig,
     TiedNormWrappedConfig,
+    code_reference,
     fold_scale,
     get_head_mode,
     head_terms,
     learned_terms,
+    no_module_copies,
     projection_penalty,
     start_resized_tokens,
     unit_rows,
@@ -73,8 +75,8 @@ from .configuration_tiednorm import (
 )
 
 
-# ------------------------------ hf_tiednorm/normalized_head.py --------------------------------------------------
-"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head_modes.py``.
+# ------------------------------ hf_tiednorm/modeling/head/layer.py ----------------------------------------------
+"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head/modes.py``.
 
 With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
 its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
@@ -125,9 +127,9 @@ class NormalizedScoresMixin:
         """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
         self.options = options
         self.head_mode = options.head_mode
-        self.mode: HeadMode = options.mode  # everything the mode is (head_modes.py)
+        self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
         self.norm_eps = options.norm_eps
-        # The learned terms (head_options.HeadTerm: the built-in g and b, head_terms.py, and any registered one),
+        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
         # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
         self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
         for term in head_terms():
@@ -229,7 +231,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
             # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
             # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
             # (training batches, wide beam search) scale the rows. Each product in fp32 (s reaches 1/eps, the scaled
-            # rows don't), a block of rows at a time, saving W and s only: no fp32 copy of W (folded_weight.py).
+            # rows don't), a block of rows at a time, saving W and s only: no fp32 copy of W (head/folded_weight.py).
             weight = fold_scale(self.weight, scale)
             logits = F.linear(hidden_states, weight).to(logits_dtype)
         else:
@@ -243,7 +245,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head_options.register_head_option), since its parameter would replace it."""
+    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
     head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 
@@ -307,1215 +309,7 @@ class TiedNormEmbedding(nn.Embedding):
         return unit_rows(embeddings, self.norm_eps)
 
 
-# ------------------------------ hf_tiednorm/adaptive.py ---------------------------------------------------------
-"""Adaptive input representations tied with an adaptive softmax (Baevski & Auli, 2019, "Adaptive Input
-Representations for Neural Language Modeling"), combined with the normalized scores of Liu, Zhai & Chen.
-
-The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/training/vocab_order.py``), is split by ``cutoffs``
-into bands [0, c_1), [c_1, c_2), …, [c_{n-1}, V) (the convention of ``torch.nn.AdaptiveLogSoftmaxWithLoss``).
-Band i embeds its tokens in dimension d_i = d // k^i (k = ``div_value``, 4 by default) and projects them to d:
-
-    input:   e_j = P_i · w_j                    w_j ∈ R^{d_i} (row of band i), P_i ∈ R^{d×d_i}
-
-The output is an adaptive softmax (Grave et al., 2017): a head softmax over band 0's tokens plus one logit per
-other band ("cluster"), and one softmax per band inside it, so log p(j) = log p_head(band i) + log p_i(j).
-Band i scores its tokens with the same rows w_j, after projecting h down to d_i:
-
-    output:  s_j = w_j · (Q_i^T h)              Q_i ∈ R^{d×d_i}; Q_i = P_i when projections are tied,
-
-so with tied projections s_j = (P_i w_j)·h = e_j·h: the adaptive model scores a token exactly like plain weight
-tying scores it against its input embedding. The normalized modes then apply per band, as in
-``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode.column_terms`` of the band's rows (and the
-optional logit scale g on top). The cluster logits are free parameters, never normalized.
-
-The head returns the exact log-probabilities log p(j) of all V tokens as its "logits": they already sum to one,
-so generation's softmax and the cross-entropy's log-softmax leave them unchanged, and perplexity is exact.
-(Computing every band for every position gives up the adaptive softmax's speed-up at training time, which is
-immaterial at the vocabulary sizes of this project.)
-"""
-
-
-def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
-    """[0, c_1, …, c_{n-1}, V]: band i holds the token ids in [edges[i], edges[i+1])."""
-    return [0, *cutoffs, vocab_size]
-
-
-def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
-    """d_i = d // k^i, the width of band i (as ``torch.nn.AdaptiveLogSoftmaxWithLoss`` sizes its tails)."""
-    return [int(hidden_size // (div_value**i)) for i in range(num_bands)]
-
-
-class AdaptiveInput(nn.Module):
-    """Adaptive input embedding: band i looks its rows up in R^{d_i} and projects them to R^d with P_i.
-
-    In l2 mode (Liu et al. eq. 19) the looked-up rows are unit-normalized before the projection.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        cutoffs: Sequence[int],
-        div_value: float = 4.0,
-        padding_idx: int | None = None,
-        normalize: bool = False,
-        norm_eps: float = 1e-6,
-    ) -> None:
-        super().__init__()
-        self.edges = band_edges(vocab_size, cutoffs)
-        self.hidden_size = hidden_size
-        self.normalize = normalize
-        self.norm_eps = norm_eps
-        dims = band_dims(hidden_size, len(self.edges) - 1, div_value)
-        bands, projections = [], []
-        for (lo, hi), dim in zip(zip(self.edges[:-1], self.edges[1:]), dims):
-            band_padding = padding_idx - lo if padding_idx is not None and lo <= padding_idx < hi else None
-            bands.append(nn.Embedding(hi - lo, dim, padding_idx=band_padding))
-            projections.append(nn.Linear(dim, hidden_size, bias=False))  # P_i, weight (d, d_i)
-        self.bands = nn.ModuleList(bands)
-        self.projections = nn.ModuleList(projections)
-
-    @property
-    def num_embeddings(self) -> int:
-        return self.edges[-1]
-
-    def extra_repr(self) -> str:
-        return f"edges={self.edges}, normalize={self.normalize}"
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # Without a host sync (a GPU would wait for every band's data-dependent selection): every band looks up every
-        # token, its id clamped into the band, and a mask keeps the band's own tokens. The ids are not clamped below
-        # the first band nor above the last, so an id outside [0, V) fails that band's lookup as in an nn.Embedding
-        # (IndexError on CPU, a device-side assert on CUDA); nothing else is checked on the way. Each token costs
-        # every band's lookup and projection (sum of d_i ≤ 4/3·d), as the head already scores every band.
-        try:
-            return self._embed(input_ids)
-        except IndexError as error:
-            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
-
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        flat = input_ids.reshape(-1)  # (tokens,)
-        weight = self.projections[0].weight
-        out = torch.zeros(flat.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
-        last = len(self.bands) - 1
-        bands = zip(self.edges[:-1], self.edges[1:], self.bands, self.projections)
-        for i, (lo, hi, band, projection) in enumerate(bands):
-            local = flat - lo  # (tokens,): the band's own ids, the others clamped into it
-            if i > 0:
-                local = local.clamp(min=0)
-            if i < last:
-                local = local.clamp(max=hi - lo - 1)
-            rows = band(local)  # (tokens, d_i)
-            if self.normalize:
-                rows = unit_rows(rows, self.norm_eps)
-            inside = ((flat >= lo) & (flat < hi)).unsqueeze(-1)  # (tokens, 1)
-            out = torch.where(inside, projection(rows).to(out.dtype), out)  # (tokens, d)
-        return out.view(*input_ids.shape, self.hidden_size)
-
-
-def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
-    """The matrices holding the rows w_k of an input embedding or an output layer, in token-id order: its (V, d)
-    weight, or one (n_i, d_i) matrix per band of an ``AdaptiveInput`` or ``AdaptiveSoftmaxHead``."""
-    if isinstance(embedding, (AdaptiveInput, AdaptiveSoftmaxHead)):
-        return [band.weight for band in embedding.bands]
-    return [embedding.weight]
-
-
-class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
-    """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
-
-    ``bands[i].weight`` (n_i, d_i) and ``projections[i].weight`` (d, d_i) have the shapes of the input's band
-    embedding and projection, so the model ties them by parameter name. ``forward`` returns log-probabilities.
-    """
-
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        cutoffs: Sequence[int],
-        div_value: float = 4.0,
-        *,
-        options: HeadOptions | None = None,
-    ) -> None:
-        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
-        super().__init__()
-        if options is not None and options.extra_terms:
-            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
-        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
-        self.edges = band_edges(vocab_size, cutoffs)
-        num_bands = len(self.edges) - 1
-        dims = band_dims(hidden_size, num_bands, div_value)
-        sizes = [hi - lo for lo, hi in zip(self.edges[:-1], self.edges[1:])]
-        self.bands = nn.ModuleList(nn.Linear(dim, size, bias=False) for dim, size in zip(dims, sizes))
-        self.projections = nn.ModuleList(nn.Linear(dim, hidden_size, bias=False) for dim in dims)
-        self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
-
-    def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
-
-    @staticmethod
-    def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
-        """Names, relative to the head and to the ``AdaptiveInput``, of the parameters they share."""
-        names = [f"bands.{i}.weight" for i in range(num_bands)]
-        return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
-
-    def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
-        """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
-        terms = []
-        for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
-            scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
-            terms.append(self.fold_terms(scale, bias, slice(lo, hi), self.cluster.weight.device))  # g, b folded in
-        return terms
-
-    def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
-        """Normalized scores of every band's tokens: a list of (..., n_i) fp32 tensors."""
-        scores = []
-        for band, projection, (scale, bias) in zip(self.bands, self.projections, self.column_terms()):
-            reduced = F.linear(hidden_states, projection.weight.t())  # (..., d) @ Q_i -> (..., d_i)
-            band_scores = F.linear(reduced, band.weight).float()  # (..., n_i)
-            if scale is not None:
-                band_scores = band_scores * scale
-            if bias is not None:
-                band_scores = band_scores + bias
-            scores.append(band_scores)
-        return scores
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # hidden_states: (..., d) -> exact log-probabilities (..., V), fp32
-        scores = self.band_scores(hidden_states)
-        head = torch.cat([scores[0], self.cluster(hidden_states).float()], dim=-1)  # (..., n_0 + bands - 1)
-        head_log_probs = F.log_softmax(head, dim=-1)
-        shortlist = self.edges[1]
-        log_probs = [head_log_probs[..., :shortlist]]
-        for i, band_scores in enumerate(scores[1:]):
-            cluster_log_prob = head_log_probs[..., shortlist + i : shortlist + i + 1]  # (..., 1)
-            log_probs.append(cluster_log_prob + F.log_softmax(band_scores, dim=-1))
-        return torch.cat(log_probs, dim=-1)
-
-
-# ------------------------------ hf_tiednorm/embeddings.py -------------------------------------------------------
-"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
-rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
-constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
-FSDP2 (see its docstring)."""
-
-
-class ScaledLookupMixin:
-    """Multiplies the lookup by a constant ``embed_scale`` inside the embedding module, as BART's
-    ``BartScaledWordEmbedding`` does (Marian multiplies in its encoder/decoder instead). In l2 mode the unit rows
-    ŵ_i are scaled, just as Marian scales them."""
-
-    def __init__(self, *args, embed_scale: float = 1.0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.embed_scale = embed_scale
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, embed_scale={self.embed_scale:.6g}"
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return super().forward(input_ids) * self.embed_scale
-
-
-class TokenEmbedding(TiedNormEmbedding):
-    """The token embedding the families build: a ``TiedNormEmbedding`` under a name without "Norm", because
-    accelerate's FSDP2 wrapping takes the last child of the body whose class name contains "Norm" for the final
-    norm and groups it with the input embedding: the encoder-decoders' ``model.shared`` would be listed twice."""
-
-
-class ScaledTokenEmbedding(ScaledLookupMixin, TokenEmbedding):
-    """``TokenEmbedding`` whose lookups are multiplied by ``embed_scale``."""
-
-
-class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
-    """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
-
-
-def build_embedding(
-    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
-) -> TiedNormEmbedding | AdaptiveInput:
-    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
-    and plain rows otherwise;
-    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
-    module multiplies its lookups by it (``ScaledLookupMixin``)."""
-    common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
-    if embed_scale is not None:
-        common["embed_scale"] = embed_scale
-    if config.adaptive_cutoffs is not None:
-        adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
-        return adaptive(
-            num_embeddings,
-            embedding_dim,
-            config.adaptive_cutoffs,
-            div_value=config.adaptive_div_value,
-            padding_idx=config.pad_token_id,
-            **common,
-        )
-    plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
-    return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
-
-
-# ------------------------------ hf_tiednorm/load_checks.py ------------------------------------------------------
-"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
-tensor of the file must find its place, checked when ``from_pretrained`` finishes.
-
-transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
-"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head_options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
-loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
-edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
-meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
-fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
-any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
-each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
-itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
-``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
-from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``weight_checks.WeightChecksMixin``), so transformers' report table is still printed first.
-
-This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
-"""
-
-
-def _term_setting(model: nn.Module, name: str) -> str:
-    """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
-    "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
-    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
-
-
-def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms (head_options.HeadTerm, every registered one): a term the config
-    declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
-    as 'lm_head.logit_scale')."""
-    heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
-    errors = []
-    for key in sorted(missing | unexpected):
-        module, _, leaf = key.rpartition(".")
-        if module not in heads or leaf not in HEAD_OPTIONS:
-            continue
-        setting = _term_setting(model, leaf)
-        switch = setting.partition("=")[0]
-        if key in missing:
-            errors.append(
-                f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned term of "
-                f"the head is part of the trained function, and it would start afresh (at "
-                f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in config.json to "
-                "what the model was trained with"
-            )
-        else:
-            errors.append(
-                f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
-                f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
-                f"trained with ({HEAD_OPTIONS[leaf].help})"
-            )
-    return errors
-
-
-def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
-    """The output embedding (the shared matrix, or the adaptive bands) missing from the weights, and any parameter
-    left on the meta device (never loaded, never initialized)."""
-    heads = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
-    shared = {id(matrix) for head in heads[:1] for matrix in embedding_matrices(head)}
-    # One report per matrix, under the name it is saved as (not a tied copy's name, which is never in the file).
-    tied_copies = set(getattr(model, "all_tied_weights_keys", None) or {})
-    names = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        if name in missing and id(parameter) in shared:
-            names.setdefault(id(parameter), []).append(name)
-    errors = [
-        f"tensor {next((n for n in found if n not in tied_copies), found[0])!r} (the embedding matrix the tied head "
-        "scores with) is missing from the weights: it would be initialized at random. The weights file is "
-        "incomplete; restore it"
-        for found in names.values()
-    ]
-    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
-    if not offloaded:
-        for name, parameter in model.named_parameters():
-            if parameter.is_meta:
-                errors.append(
-                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
-                    "weights file is incomplete; restore it"
-                )
-    return errors
-
-
-def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
-    """The keys of ``keys`` that ``head_term_errors`` / ``embedding_errors`` report (under their own words): the
-    head's learned terms, every name of the shared embedding matrices, and parameters left on the meta device."""
-    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
-    head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
-    shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
-    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        if name in keys and (id(parameter) in shared or parameter.is_meta):
-            named.add(name)
-    return named
-
-
-def other_tensor_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """Every missing tensor (a layer's weight, a norm, a bias: transformers would initialize it at random) and every
-    unexpected one (a tensor of the file the model has no place for: dropped) that ``head_term_errors`` and
-    ``embedding_errors`` do not report already. ``missing`` / ``unexpected`` come after transformers' own rules, so a
-    tied copy that is not saved twice, a non-persistent buffer and a family's ``_keys_to_ignore_on_load_*`` are not
-    among them."""
-    named = _named_already(model, missing | unexpected)
-    errors = [
-        f"tensor {key!r} is missing from the weights: it would be initialized at random, so the model would compute "
-        "other logits than the one that was saved. The weights file is incomplete; restore it"
-        for key in sorted(missing - named)
-    ]
-    errors += [
-        f"the weights hold tensor {key!r}, which {type(model).__name__} built from this config.json has no place "
-        "for: loading would drop it. The weights belong to another model, or config.json was edited; restore the "
-        "folder's config.json, or load it with the class it was saved from"
-        for key in sorted(unexpected - named)
-    ]
-    return errors
-
-
-def check_loaded_head(model: nn.Module, loading_info) -> None:
-    """Raise ``ValueError`` naming every head term, shared-embedding tensor, other missing or unexpected tensor or
-    meta-device parameter that makes the loaded ``model`` differ from the model that was saved; do nothing for a
-    complete, consistent folder.
-
-    Args:
-        model: the model ``from_pretrained`` built, weights loaded and tied.
-        loading_info: transformers' ``LoadStateDictInfo`` (``missing_keys``, ``unexpected_keys``: sets of
-            state-dict keys), after transformers' own ignore rules.
-    """
-    missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
-    errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
-    errors += other_tensor_errors(model, missing, unexpected)
-    _refuse(model, errors)
-
-
-def check_loaded_body(model: nn.Module, loading_info) -> None:
-    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
-    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
-    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
-    missing = set(loading_info.missing_keys)
-    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
-
-
-def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
-    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
-    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
-    instead of converting a randomly initialized layer "lossless"."""
-    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
-    _refuse(model, other_tensor_errors(model, missing, unexpected))
-
-
-def _refuse(model: nn.Module, errors: list[str]) -> None:
-    if errors:
-        folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
-        listed = "\n".join(f"  - {error}" for error in errors)
-        raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
-
-
-# ------------------------------ hf_tiednorm/token_loss.py -------------------------------------------------------
-"""The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
-
-
-def token_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
-    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
-
-    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
-    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
-    """
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
-    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
-    try:
-        total = F.cross_entropy(
-            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
-        )
-    except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
-        raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
-    return total / token_count(labels, num_items_in_batch, ignore_index)
-
-
-def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
-    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
-    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
-    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
-    first = int(labels[bad][0]) if bool(bad.any()) else None
-    return (
-        f"label {first} ({int(bad.sum())} out of range in all) is outside the vocabulary of {vocab_size} tokens "
-        f"(ids 0..{vocab_size - 1}; {ignore_index} marks no target): the labels were made with another tokenizer"
-    )
-
-
-def token_count(
-    labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None, ignore_index: int = -100
-) -> torch.Tensor:
-    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
-    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
-    if num_items_in_batch is None:
-        count = (labels != ignore_index).sum()
-    else:
-        count = torch.as_tensor(num_items_in_batch, device=labels.device)
-    return count.clamp_min(1)
-
-
-# ------------------------------ hf_tiednorm/chunked_loss.py -----------------------------------------------------
-"""Cross-entropy of a linear layer (the head's folded weight) computed in chunks of tokens: the fallback fused loss
-of ``fused_loss.py`` (every device, every dtype, label smoothing), and the path ``config.loss_chunk_size`` picks.
-
-The plain loss path materializes the (tokens × V) fp32 logits, then ``log_softmax`` and its gradient, each as
-large again: at 8k tokens and a 32k vocabulary that is 1 GiB per buffer. Every head mode is ``s = W_s·h + bias``
-with the folded weight ``W_s = diag(scale)·W`` (``folded_weight.py``), so the loss and its gradients are computed
-``chunk_size`` tokens at a time, holding one (chunk × V) block at once:
-
-* a chunk's logits ``z = h_c W_sᵀ + bias``, ``lse = logsumexp(z)``, loss ``= lse − (1−ε) z_y − ε/V Σ_j z_j``;
-* d loss / d z ``= softmax(z) − (1−ε) onehot(y) − ε/V`` (0 on ignored tokens), from which ``grad_h = dz W_s``,
-  ``grad_W_s += dzᵀ h_c`` and ``grad_bias += Σ_rows dz``.
-
-The loss is a scalar, so each chunk's gradients are computed right after its loss, in the forward pass (only those
-of the inputs that need one; none without gradients), and ``backward`` only multiplies them by the incoming scalar
-gradient: 3 matmuls in all, as in the plain path, and about half its passes over (tokens × V) memory. No double
-backward.
-
-Precision and memory. The three matmuls run in the weight's dtype (autocast's under autocast), as the plain path's
-``F.linear`` and its backward do; logits, softmax, loss and the accumulated weight gradient are fp32 (fp64 for fp64
-weights). Every buffer is allocated once per call, not per chunk: the (chunk × V) logits in fp32 (and in the matmul
-dtype), the (V, d) fp32 gradient accumulator, and for a bf16/fp16 matmul one (V, d) product buffer that each chunk's
-``dzᵀ h_c`` is written into (``out=``) and added from (torch has no mixed-dtype ``addmm`` on the CPU).
-
-No host synchronization: ignored tokens are masked, not dropped (no ``nonzero``), the loss and the gradients stay on
-the device, and out-of-vocabulary labels are checked with ``torch._assert_async`` off the CPU (the error names them
-on the CPU).
-"""
-
-
-# Default tokens per chunk: a (chunk × V) fp32 block of about 2**23 elements (32 MiB), at least 16 tokens.
-_CHUNK_ELEMENTS = 1 << 23
-
-
-def default_chunk_size(vocab_size: int) -> int:
-    """Tokens per chunk when none is configured: a (chunk × V) fp32 logits block of about 32 MiB."""
-    return max(16, _CHUNK_ELEMENTS // max(1, vocab_size))
-
-
-def check_labels_in_vocabulary(labels: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
-    """Refuse a label outside [0, V) that is not ``ignore_index``: by name on the CPU, by a device-side assert
-    elsewhere (no host synchronization in a training step)."""
-    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
-    if labels.device.type == "cpu":
-        if bool(bad.any()):
-            raise IndexError(out_of_vocabulary_labels(labels, vocab_size, ignore_index))
-    elif not torch.compiler.is_compiling():
-        torch._assert_async(~bad.any(), f"a label is outside the vocabulary of {vocab_size} tokens")
-
-
-class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """Sum over non-ignored tokens of the (label-smoothed) cross-entropy of ``hidden Wᵀ + bias``.
-
-    Inputs: hidden (N, d), weight (V, d) (the head's folded weight), bias (V,) or None, labels (N,) int64, then
-    chunk_size, label_smoothing, ignore_index. Returns a 0-dim fp32 tensor (fp64 for fp64 weights): the sum; divide
-    it by the token count yourself.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index):
-        device_type = hidden.device.type
-        autocast = torch.is_autocast_enabled(device_type)
-        matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
-        with torch.autocast(device_type, enabled=False):
-            return ChunkedLinearCrossEntropy._forward(
-                ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype
-            )
-
-    @staticmethod
-    def _forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype):
-        needs = ctx.needs_input_grad
-        need_h, need_w, need_b = needs[0], needs[1], needs[2] and bias is not None
-        compute = torch.promote_types(weight.dtype, torch.float32)
-        n, vocab = hidden.shape[0], weight.shape[0]
-        check_labels_in_vocabulary(labels, vocab, ignore_index)
-        w = weight.to(matmul_dtype)  # no copy without autocast
-        h = hidden.to(matmul_dtype)
-        bias_c = None if bias is None else bias.to(compute)
-        valid = labels != ignore_index  # (N,)
-        targets = torch.where(valid, labels, torch.zeros_like(labels))  # gather-safe
-        valid_c = valid.to(compute)
-        chunk = min(chunk_size, max(n, 1))
-        z_buf = torch.empty((chunk, vocab), dtype=compute, device=h.device)  # logits, then softmax, then dz
-        mm_buf = z_buf if matmul_dtype == compute else torch.empty((chunk, vocab), dtype=matmul_dtype, device=h.device)
-        acc_w = torch.zeros(weight.shape, dtype=compute, device=h.device) if need_w else None
-        product = None if not need_w or matmul_dtype == compute else torch.empty_like(w)
-        acc_b = torch.zeros(vocab, dtype=compute, device=h.device) if need_b else None
-        grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=h.device) if need_h else None
-        losses = torch.empty(n, dtype=compute, device=h.device)
-        fused = need_h or need_w or need_b
-        for start in range(0, n, chunk):
-            stop = min(start + chunk, n)
-            rows = stop - start
-            h_c, y_c, v_c = h[start:stop], targets[start:stop], valid_c[start:stop]
-            z, z_mm = z_buf[:rows], mm_buf[:rows]
-            if matmul_dtype == compute:
-                if bias_c is None:
-                    torch.mm(h_c, w.t(), out=z)
-                else:
-                    torch.addmm(bias_c, h_c, w.t(), out=z)
-            else:
-                torch.mm(h_c, w.t(), out=z_mm)
-                z.copy_(z_mm)
-                if bias_c is not None:
-                    z.add_(bias_c)
-            z_y = z.gather(1, y_c[:, None]).squeeze(1)
-            z_sum = z.sum(dim=1) if label_smoothing else None
-            z_max = z.amax(dim=1, keepdim=True)
-            p = z.sub_(z_max).exp_()  # one exp pass serves logsumexp and softmax
-            total = p.sum(dim=1, keepdim=True)
-            loss = (z_max + total.log()).squeeze(1) - (1.0 - label_smoothing) * z_y
-            if label_smoothing:
-                loss -= (label_smoothing / vocab) * z_sum
-            losses[start:stop] = loss * v_c
-            if not fused:
-                continue
-            dz = p.div_(total)  # softmax
-            dz.scatter_add_(1, y_c[:, None], ((label_smoothing - 1.0) * v_c)[:, None])
-            if label_smoothing:
-                dz.sub_(label_smoothing / vocab)
-            dz.mul_(v_c[:, None])  # ignored tokens: no gradient
-            if need_b:
-                acc_b += dz.sum(dim=0)
-            if matmul_dtype != compute:
-                z_mm.copy_(dz)  # one cast for both matmuls
-                dz = z_mm
-            if need_w:  # (V, d): Σ_i dz_ij h_i, accumulated in fp32
-                if product is None:
-                    acc_w.addmm_(dz.t(), h_c)
-                else:
-                    torch.mm(dz.t(), h_c, out=product)
-                    acc_w += product
-            if need_h:
-                if grad_h.dtype == dz.dtype:
-                    torch.mm(dz, w, out=grad_h[start:stop])
-                else:
-                    grad_h[start:stop] = dz @ w
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.weight_dtype = weight.dtype
-        ctx.grads = (grad_h, acc_w, acc_b)
-        return losses.sum()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
-        grad_h, acc_w, acc_b = ctx.grads  # computed with the loss, in the forward
-        del ctx.grads
-        go = grad_output.float() if grad_output.dtype != torch.float64 else grad_output
-        out_h = None if grad_h is None else grad_h.mul_(go.to(grad_h.dtype))
-        out_w = None if acc_w is None else acc_w.mul_(go).to(ctx.weight_dtype)
-        out_b = None if acc_b is None else acc_b.mul_(go).to(ctx.bias_dtype)
-        return out_h, out_w, out_b, None, None, None, None
-
-
-def chunked_linear_cross_entropy(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    labels: torch.Tensor,
-    chunk_size: int | None = None,
-    label_smoothing: float = 0.0,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """The summed token cross-entropy of ``hidden Wᵀ + bias`` (hidden (N, d), labels (N,)), chunk by chunk."""
-    if chunk_size is None:
-        chunk_size = default_chunk_size(weight.shape[0])
-    if not (isinstance(chunk_size, int) and chunk_size > 0):
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    return ChunkedLinearCrossEntropy.apply(
-        hidden, weight, bias, labels, chunk_size, float(label_smoothing), ignore_index
-    )
-
-
-def chunked_head_cross_entropy(
-    head,
-    hidden_states: torch.Tensor,
-    labels: torch.Tensor,
-    chunk_size: int | None = None,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
-    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
-
-    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
-    labels = labels.reshape(-1).to(hidden.device)  # (N,)
-    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
-    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
-
-
-# ------------------------------ hf_tiednorm/fused_loss.py -------------------------------------------------------
-"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
-
-Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``folded_weight.py``),
-so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
-(tokens × V) logits computes it:
-
-* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
-  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
-  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
-  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
-  (``liger_drops_head_gradients``).
-* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
-  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
-  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
-  without label smoothing.
-* ``"chunked"``: the chunked loop of ``chunked_loss.py``: every device, dtype and option.
-* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
-
-``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
-
-* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
-  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
-  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
-  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
-* ``"fused"``: always a fused path (the same order), whatever the size.
-* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
-* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
-  (the config's ``validate_loss_chunk_size``), as with the adaptive softmax, whose loss never chunks either.
-
-A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
-training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
-``prediction_loss_only``).
-"""
-
-
-LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
-# "auto" takes a fused path from this many logits on (tokens × V: 64M, 256 MiB of fp32 logits, about 0.75 GiB with
-# their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
-# model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
-AUTO_MIN_LOGITS = 1 << 26
-
-
-# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
-LIGER_NEEDS_CUDA = (
-    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
-    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
-    "(loss_implementation='fused': the chunked loop)"
-)
-
-
-def liger_installed() -> bool:
-    """liger-kernel (the ``gpu`` extra) can be imported."""
-    return importlib.util.find_spec("liger_kernel") is not None
-
-
-def torch_linear_cross_entropy_available() -> bool:
-    """torch has ``F.linear_cross_entropy`` with chunking options (torch ≥ 2.13)."""
-    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
-
-
-def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothing: float) -> str:
-    """The fused kernel for this device, matmul dtype and label smoothing: ``"liger"``, ``"torch"`` or
-    ``"chunked"`` (see the module docstring)."""
-    if device.type == "cuda" and liger_installed():
-        return "liger"
-    exact_in_torch = matmul_dtype in (torch.float32, torch.float64) and not label_smoothing
-    if device.type == "cuda" and exact_in_torch and torch_linear_cross_entropy_available():
-        return "torch"
-    # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
-    return "chunked"
-
-
-def choose_loss_path(
-    requested: str,
-    head: torch.nn.Module,
-    tokens: int,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-) -> str:
-    """``"liger"``, ``"torch"``, ``"chunked"`` or ``"plain"``: what computes the loss of ``head`` over ``tokens``
-    scored tokens (hidden states on the head's device) for ``config.loss_implementation = requested``. A head
-    without a single weight matrix (the adaptive softmax) has the plain path only."""
-    if requested not in LOSS_IMPLEMENTATIONS:
-        raise ValueError(f"loss_implementation must be one of {LOSS_IMPLEMENTATIONS}, got {requested!r}")
-    if requested == "plain" or not isinstance(head, TiedNormHead):
-        return "plain"
-    if requested == "chunked" or (requested == "auto" and chunk_size is not None):
-        return "chunked"
-    weight = head.weight
-    if requested == "auto" and (tokens * weight.shape[0] < AUTO_MIN_LOGITS or tokens <= weight.shape[1]):
-        return "plain"
-    device = weight.device
-    autocast = torch.is_autocast_enabled(device.type)
-    matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
-    return fused_kernel(device, matmul_dtype, label_smoothing)
-
-
-def liger_drops_head_gradients(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether liger-kernel's fused linear cross-entropy would silently give the head no gradient: it computes the
-    weight and bias gradients only when the hidden states require grad (liger-kernel 0.8.5,
-    ``ops/fused_linear_cross_entropy.py``), so head-only training with a frozen body got ∇W = ∇g = 0 and ∇b = None
-    where the plain and chunked paths give the true ones. ``head_linear_cross_entropy`` runs the chunked loop then."""
-    head_trains = weight.requires_grad or (bias is not None and bias.requires_grad)
-    return torch.is_grad_enabled() and head_trains and not hidden.requires_grad
-
-
-def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
-    try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-    except ImportError as error:
-        raise ImportError(
-            'the liger path needs liger-kernel: python -m pip install liger-kernel (or the gpu extra, -e ".[gpu]")'
-        ) from error
-
-    options = {"ignore_index": ignore_index, "label_smoothing": label_smoothing, "reduction": "sum"}
-    if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:
-        options["accum_dtype"] = torch.float32  # the weight gradient accumulated in fp32
-    if bias is not None and not torch.is_autocast_enabled(hidden.device.type):
-        bias = bias.to(weight.dtype)  # liger adds the bias in the weight's dtype
-    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
-        hidden = hidden.to(weight.dtype)
-    loss = LigerFusedLinearCrossEntropyLoss(**options)(weight, hidden, labels, bias)
-    return loss.float() if loss.dtype != torch.float64 else loss
-
-
-def _torch_loss(hidden, weight, bias, labels, ignore_index):
-    options = torch.nn.LinearCrossEntropyOptions(acc_policy="accurate")
-    if bias is not None:
-        bias = bias.to(weight.dtype)
-    return F.linear_cross_entropy(
-        hidden.to(weight.dtype), weight, labels, linear_bias=bias, reduction="sum", ignore_index=ignore_index,
-        options=options,
-    )
-
-
-def head_linear_cross_entropy(
-    head,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    path: str,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
-    fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
-    the learned logit scale g and bias b through the head's column terms and the fold."""
-    scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
-    weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
-    if path == "chunked":
-        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
-    if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop
-        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
-    check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
-    if path == "liger":
-        return _liger_loss(hidden, weight, bias, labels, float(label_smoothing), ignore_index)
-    if path == "torch":
-        if label_smoothing:
-            raise ValueError("torch's F.linear_cross_entropy is exact only without label smoothing")
-        return _torch_loss(hidden, weight, bias, labels, ignore_index)
-    raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
-
-
-def refuse_fused_loss_scored_outside(config) -> None:
-    """Raise ``ValueError`` naming ``label_smoothing_factor`` when a training step's logits are scored outside the
-    model (the Trainer's label smoother or a ``compute_loss_func`` pass no labels) while ``config`` asks for a fused
-    loss by name: the model would have to return the (tokens × V) logits the fused path exists to avoid."""
-    implementation = getattr(config, "loss_implementation", "auto")
-    if implementation in ("fused", "chunked"):
-        raise ValueError(
-            f"loss_implementation={implementation!r}: the Trainer scores this training step's logits itself "
-            "(TrainingArguments(label_smoothing_factor=...) or compute_loss_func), so the model would have to return "
-            "the (tokens × V) logits its fused loss never materializes. Set label_smoothing_factor=0 and smooth with "
-            "the model config's own label_smoothing field (config.label_smoothing=0.1, which the fused path "
-            "computes), or set loss_implementation='auto' / 'plain' to let the Trainer score the logits"
-        )
-
-
-def serve_liger_request(model=None, **_kernel_options) -> None:
-    """What ``TrainingArguments(use_liger_kernel=True)`` does to an hf_tiednorm model through liger-kernel's own
-    dispatch (``_apply_liger_kernel_to_instance`` looks the model type up in its table): train with liger-kernel's
-    fused linear cross-entropy on the normalized head (``auto`` becomes ``fused``), or raise ``ValueError`` naming
-    why it cannot. Liger's per-module kernels (RMSNorm, RoPE, SwiGLU) are not applied."""
-    reason = liger_refusal(model)
-    if reason is not None:
-        raise ValueError(f"use_liger_kernel=True cannot run liger-kernel on this {type(model).__name__}: {reason}")
-    if model.config.loss_implementation == "auto":
-        model.config.loss_implementation = "fused"
-
-
-def register_with_liger(model_type: str, table: dict | None = None) -> bool:
-    """Enter ``model_type`` (an hf_tiednorm model's own, when one is built: head_host.py) in liger-kernel's
-    model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
-    ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
-    liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
-    then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
-    on a CPU then refuses at ``train()``, naming CUDA (``serve_liger_request``), where the Trainer would train with
-    nothing applied and no message (issue 51). Returns whether the type is registered."""
-    if table is None:
-        if not liger_installed():
-            return False
-        try:  # an optional extra: in a try block so that remote code does not require it
-            from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
-        except ImportError:
-            return False
-    table.setdefault(model_type, serve_liger_request)
-    return True
-
-
-def liger_refusal(model) -> str | None:
-    """Why ``TrainingArguments(use_liger_kernel=True)`` cannot be served by hf_tiednorm's fused path (liger-kernel's
-    fused linear cross-entropy on the normalized head) for ``model``; None when it can. transformers' own Liger
-    patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
-    config = model.config
-    head = model.get_output_embeddings()
-    if not torch.cuda.is_available():  # asked first: on a CPU no install can help (issue 51)
-        return LIGER_NEEDS_CUDA
-    if not liger_installed():
-        return 'liger-kernel is not installed (python -m pip install liger-kernel, or the gpu extra: -e ".[gpu]")'
-    if not isinstance(head, TiedNormHead):
-        return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
-    implementation = getattr(config, "loss_implementation", "auto")
-    if implementation in ("plain", "chunked"):
-        return f"config.loss_implementation={implementation!r} asks for another loss path; set 'auto' or 'fused'"
-    if getattr(model, "body_auto_class", None) is not None:  # the wrapper (modeling_tiednorm_wrapped.py)
-
-        body = config.text_config.model_type  # the wrapped transformers architecture, not a row of the family table
-        if config.is_encoder_decoder or body not in FUSED_CAUSAL_BODIES:
-            return (
-                f"the wrapped {body!r} model has no fused loss in hf_tiednorm (it serves the causal LMs "
-                f"{sorted(FUSED_CAUSAL_BODIES)})"
-            )
-    return None
-
-
-# ------------------------------ hf_tiednorm/peft_guard.py -------------------------------------------------------
-"""PEFT must never bypass the normalized tied head: refuse the adapters that would, saying what to do instead.
-
-Measured with peft 0.21 on a normalized tied head (cosine, l2):
-
-* LoRA (or any adapter) on attention / MLP layers leaves the head and the embedding alone: exact (tie kept, adapter
-  round trip exact, merged = unmerged up to float rounding). Allowed.
-* ``trainable_token_indices`` replaces the lookup and the output layer by ``F.embedding`` / ``F.linear`` on the raw
-  matrix: the model would silently score with plain tied logits (and look up unnormalized rows in l2 mode).
-* LoRA on ``lm_head`` / the embedding adds an unnormalized low-rank term beside the normalized score, and merging it
-  changes the shared matrix the head normalizes: merged ≠ unmerged.
-* ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
-
-Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
-The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
-pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
-bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
-its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
-anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
-(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
-save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
-
-This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
-"""
-
-
-PEFT_EMBEDDING_ADVICE = (
-    "Put adapters on attention/MLP layers only (e.g. LoraConfig(target_modules=['q_proj', 'v_proj']), never lm_head "
-    "or the embedding); to fine-tune the shared embedding too, unfreeze it after get_peft_model with "
-    "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
-    "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
-)
-# (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
-_WHY = (
-    (
-        ("TrainableTokensWrapper", "TrainableTokensLayer"),
-        "PEFT's trainable_token_indices scores and looks up tokens with the raw matrix (F.linear / F.embedding), "
-        "bypassing the normalized head: the model would train with plain tied scoring",
-    ),
-    (
-        ("ModulesToSaveWrapper",),
-        "PEFT's modules_to_save trains a copy of the module, which unties the output layer from the input embedding "
-        "the normalized head scores with",
-    ),
-    (
-        ("BaseTunerLayer",),
-        "an adapter there adds an unnormalized term beside the normalized score, and merging it changes the shared "
-        "matrix the head normalizes, so the merged model would differ from the unmerged one",
-    ),
-)
-
-
-def _peft_reason(module: nn.Module) -> str | None:
-    """Why ``module``, a PEFT construct, must not wrap the head or the shared embedding; None for other modules."""
-    names = {cls.__name__ for cls in type(module).__mro__}
-    return next((why for classes, why in _WHY if names.intersection(classes)), None)
-
-
-def _wrapped(module: nn.Module) -> nn.Module:
-    """The module a PEFT construct wraps (a tuner layer's ``base_layer``, a wrapper's ``original_module``)."""
-    inner = getattr(module, "original_module", None) or getattr(module, "base_layer", None)
-    return module if inner is None else _wrapped(inner)
-
-
-def check_head_not_bypassed(model: nn.Module) -> None:
-    """Raise ``ValueError`` when a PEFT construct wraps the normalized head or an embedding sharing its matrix, or
-    when the output layer is no longer tied to the input embedding; do nothing otherwise.
-
-    Args:
-        model: a model with a ``TiedNormHead`` (an hf_tiednorm model, possibly inside a ``PeftModel``).
-    """
-    modules = dict(model.named_modules())
-    heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
-    if not heads:
-        return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
-    shared = heads[0].weight
-    for name, module in modules.items():
-        why = _peft_reason(module)
-        if why is None:
-            continue
-        base = _wrapped(module)
-        if isinstance(base, TiedNormHead) or isinstance(base, nn.Embedding) and base.weight is shared:
-            raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
-    tied = any(isinstance(m, nn.Embedding) and m.weight is shared for m in modules.values())
-    if getattr(model.config, "tie_word_embeddings", True) and not tied:
-        raise ValueError(
-            "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
-            f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
-        )
-
-
-def refuse_peft_before_normalizing(model: nn.Module) -> None:
-    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
-    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
-
-    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
-    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
-    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
-    """
-    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
-    found = next(
-        (
-            (name or "the model itself", type(module).__name__)
-            for name, module in model.named_modules()
-            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
-        ),
-        None,
-    )
-    if found is not None:
-        raise ValueError(
-            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
-            f"{found[1]}): normalize first, then add adapters, i.e. "
-            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
-            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
-        )
-
-
-# Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
-# add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
-# shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
-# at every forward) replaces nothing that a checked model reaches its head through.
-_structure = {"version": 0}
-
-
-def _replaced_module(module: nn.Module, name: str, _value) -> None:
-    if name in module._modules:
-        _structure["version"] += 1
-
-
-def _replaced_parameter(module: nn.Module, name: str, _value) -> None:
-    if name in module._parameters:
-        _structure["version"] += 1
-
-
-register_module_module_registration_hook(_replaced_module)
-register_module_parameter_registration_hook(_replaced_parameter)
-_CHECKED_AT = "_tiednorm_guard_checked_at"
-
-
-def check_head_once(model: nn.Module) -> None:
-    """``check_head_not_bypassed(model)``, unless it passed already and no module or parameter has been registered
-    anywhere in the process since (O(1) then)."""
-    version = _structure["version"]
-    if model.__dict__.get(_CHECKED_AT) == version:
-        return
-    check_head_not_bypassed(model)
-    model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
-
-
-def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
-    """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
-    check_head_once(model)
-
-
-# ------------------------------ hf_tiednorm/pipeline_translation.py ---------------------------------------------
-"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
-
-Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
-the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
-``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
-``add_translation_pipeline`` on its config (head_host.py).
-
-The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
-``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
-longer than the model's positions (with a warning) instead of failing inside the encoder.
-"""
-
-
-logger = logging.get_logger(__name__)
-
-TASK = "tiednorm-translation"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def add_translation_pipeline(config: PretrainedConfig) -> None:
-    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
-    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
-    entry = {
-        "impl": f"{__name__.rsplit('.', 1)[-1]}.{TiedNormTranslationPipeline.__name__}",
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
-    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
-
-
-def position_limit(model, tokenizer) -> int | None:
-    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
-    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
-    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
-    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
-    return min(limits, default=None)
-
-
-def missing_tokenizer_message(model) -> str:
-    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
-    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
-    folder = getattr(model, "name_or_path", None) or ""
-    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
-    if has_tokenizer:
-        return (
-            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
-            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
-            f"trust_remote_code=True, as the folder ships the pipeline code) or "
-            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
-        )
-    if folder and os.path.isdir(folder):
-        return (
-            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
-            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-            "tokenizer=... to pipeline()"
-        )
-    name = folder or type(model).__name__
-    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
-
-
-class TokenizerLoadFailure:
-    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
-    error of a failed load so that the pipeline can say why it has no tokenizer.
-
-    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
-    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
-    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
-    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
-    """
-
-    failure: BaseException | None = None
-    source: object = None
-
-    def __bool__(self) -> bool:
-        error = sys.exc_info()[1]
-        if error is None:  # the test before loading: load, and forget an earlier call's failure
-            self.failure = None
-            return True
-        self.failure = error
-        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
-        self.source = sys._getframe(1).f_locals.get("component")
-        return False
-
-    def take(self) -> tuple[BaseException | None, object]:
-        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
-        (the ``tokenizer=`` argument, or None); cleared."""
-        failure, source, self.failure, self.source = self.failure, self.source, None, None
-        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
-            return None, None  # nothing was given to load (a model object without tokenizer=)
-        return failure, source
-
-
-# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
-POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
-
-
-def check_generate_kwargs(generate_kwargs: dict) -> None:
-    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
-    for name in POSITIVE_INT_ARGUMENTS:
-        value = generate_kwargs.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
-
-
-class TiedNormTranslationPipeline(Pipeline):
-    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
-
-    # Keyword arguments that go to model.generate rather than to the tokenizer.
-    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
-
-    _load_tokenizer = TokenizerLoadFailure()
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if self.tokenizer is None:
-            failure, source = type(self)._load_tokenizer.take()
-            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
-                folder = getattr(self.model, "name_or_path", None) or ""
-                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
-                source = folder if has_files else None
-            if failure is not None and source is not None:
-                raise ValueError(
-                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
-                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
-                    "loaded tokenizer"
-                ) from failure
-            raise ValueError(missing_tokenizer_message(self.model))
-
-    def _sanitize_parameters(self, **kwargs):
-        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
-        if unknown:
-            raise ValueError(
-                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
-            )
-        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
-        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
-        check_generate_kwargs(generate_kwargs)
-        return {}, generate_kwargs, {}
-
-    def __call__(self, inputs, *args, **kwargs):
-        if isinstance(inputs, list) and not inputs:
-            self._sanitize_parameters(**kwargs)  # the arguments are still checked
-            return []  # nothing to translate (the base Pipeline indexed the empty list)
-        return super().__call__(inputs, *args, **kwargs)
-
-    def preprocess(self, text: str):
-        if not isinstance(text, str):
-            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
-        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
-        limit = position_limit(self.model, self.tokenizer)
-        if limit is not None and inputs["input_ids"].shape[-1] > limit:
-            logger.warning(
-                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
-                f"can embed; translating its first {limit} tokens only"
-            )
-            inputs = self.tokenizer(
-                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
-            )
-        return inputs
-
-    def _forward(self, model_inputs, **generate_kwargs):
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
-
-    def postprocess(self, model_outputs):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
-        return [{"translation_text": text} for text in texts]
-
-
-# ------------------------------ hf_tiednorm/scoring_guard.py ----------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/head/scoring_guard.py --------------------------------------
 """Who scores with the normalized head: a caller that replaces a model's forward is served exactly or refused by name.
 
 TRL's trainers (``SFTTrainer``, ``DPOTrainer``, ``GRPOTrainer``, ...) call ``trl.trainer.utils.add_fused_lm_head``
@@ -1526,7 +320,7 @@ on the model: it sets ``model.forward`` to a function that, called with ``fused_
 scores w_i·h, which are not what the model computes (on tiny models the log-probs differ by 2.4).
 
 The head *is* a plain linear layer at any given weights, though. Every head mode scores s = (W·h) ⊙ scale + bias
-(head_modes.py), with the logit scale g, the logit bias b and registered head options folded into scale and bias;
+(head/modes.py), with the logit scale g, the logit bias b and registered head options folded into scale and bias;
 Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
 layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
 TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
@@ -1746,7 +540,7 @@ def _refuse_scoring(why: str | None) -> None:
             "TRL's add_fused_lm_head (every TRL trainer), accelerate's and torch's autocast and torch.compile "
             "wrappers. For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
             "liger-kernel's forward patches; a forward of your own that scores through the model's head can be "
-            "marked with hf_tiednorm.scoring_guard.own_scoring"
+            "marked with hf_tiednorm.modeling.head.scoring_guard.own_scoring"
         )
 
 
@@ -1770,7 +564,350 @@ def install_scoring_guard(model: nn.Module) -> None:
     model.__dict__[_SCORING_GUARDED] = True
 
 
-# ------------------------------ hf_tiednorm/weight_checks.py ----------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/head/adaptive.py -------------------------------------------
+"""Adaptive input representations tied with an adaptive softmax (Baevski & Auli, 2019, "Adaptive Input
+Representations for Neural Language Modeling"), combined with the normalized scores of Liu, Zhai & Chen.
+
+The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/training/vocab_order.py``), is split by ``cutoffs``
+into bands [0, c_1), [c_1, c_2), …, [c_{n-1}, V) (the convention of ``torch.nn.AdaptiveLogSoftmaxWithLoss``).
+Band i embeds its tokens in dimension d_i = d // k^i (k = ``div_value``, 4 by default) and projects them to d:
+
+    input:   e_j = P_i · w_j                    w_j ∈ R^{d_i} (row of band i), P_i ∈ R^{d×d_i}
+
+The output is an adaptive softmax (Grave et al., 2017): a head softmax over band 0's tokens plus one logit per
+other band ("cluster"), and one softmax per band inside it, so log p(j) = log p_head(band i) + log p_i(j).
+Band i scores its tokens with the same rows w_j, after projecting h down to d_i:
+
+    output:  s_j = w_j · (Q_i^T h)              Q_i ∈ R^{d×d_i}; Q_i = P_i when projections are tied,
+
+so with tied projections s_j = (P_i w_j)·h = e_j·h: the adaptive model scores a token exactly like plain weight
+tying scores it against its input embedding. The normalized modes then apply per band, as in
+``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode.column_terms`` of the band's rows (and the
+optional logit scale g on top). The cluster logits are free parameters, never normalized.
+
+The head returns the exact log-probabilities log p(j) of all V tokens as its "logits": they already sum to one,
+so generation's softmax and the cross-entropy's log-softmax leave them unchanged, and perplexity is exact.
+(Computing every band for every position gives up the adaptive softmax's speed-up at training time, which is
+immaterial at the vocabulary sizes of this project.)
+"""
+
+
+def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
+    """[0, c_1, …, c_{n-1}, V]: band i holds the token ids in [edges[i], edges[i+1])."""
+    return [0, *cutoffs, vocab_size]
+
+
+def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
+    """d_i = d // k^i, the width of band i (as ``torch.nn.AdaptiveLogSoftmaxWithLoss`` sizes its tails)."""
+    return [int(hidden_size // (div_value**i)) for i in range(num_bands)]
+
+
+class AdaptiveInput(nn.Module):
+    """Adaptive input embedding: band i looks its rows up in R^{d_i} and projects them to R^d with P_i.
+
+    In l2 mode (Liu et al. eq. 19) the looked-up rows are unit-normalized before the projection.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        cutoffs: Sequence[int],
+        div_value: float = 4.0,
+        padding_idx: int | None = None,
+        normalize: bool = False,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.edges = band_edges(vocab_size, cutoffs)
+        self.hidden_size = hidden_size
+        self.normalize = normalize
+        self.norm_eps = norm_eps
+        dims = band_dims(hidden_size, len(self.edges) - 1, div_value)
+        bands, projections = [], []
+        for (lo, hi), dim in zip(zip(self.edges[:-1], self.edges[1:]), dims):
+            band_padding = padding_idx - lo if padding_idx is not None and lo <= padding_idx < hi else None
+            bands.append(nn.Embedding(hi - lo, dim, padding_idx=band_padding))
+            projections.append(nn.Linear(dim, hidden_size, bias=False))  # P_i, weight (d, d_i)
+        self.bands = nn.ModuleList(bands)
+        self.projections = nn.ModuleList(projections)
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.edges[-1]
+
+    def extra_repr(self) -> str:
+        return f"edges={self.edges}, normalize={self.normalize}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Without a host sync (a GPU would wait for every band's data-dependent selection): every band looks up every
+        # token, its id clamped into the band, and a mask keeps the band's own tokens. The ids are not clamped below
+        # the first band nor above the last, so an id outside [0, V) fails that band's lookup as in an nn.Embedding
+        # (IndexError on CPU, a device-side assert on CUDA); nothing else is checked on the way. Each token costs
+        # every band's lookup and projection (sum of d_i ≤ 4/3·d), as the head already scores every band.
+        try:
+            return self._embed(input_ids)
+        except IndexError as error:
+            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        flat = input_ids.reshape(-1)  # (tokens,)
+        weight = self.projections[0].weight
+        out = torch.zeros(flat.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
+        last = len(self.bands) - 1
+        bands = zip(self.edges[:-1], self.edges[1:], self.bands, self.projections)
+        for i, (lo, hi, band, projection) in enumerate(bands):
+            local = flat - lo  # (tokens,): the band's own ids, the others clamped into it
+            if i > 0:
+                local = local.clamp(min=0)
+            if i < last:
+                local = local.clamp(max=hi - lo - 1)
+            rows = band(local)  # (tokens, d_i)
+            if self.normalize:
+                rows = unit_rows(rows, self.norm_eps)
+            inside = ((flat >= lo) & (flat < hi)).unsqueeze(-1)  # (tokens, 1)
+            out = torch.where(inside, projection(rows).to(out.dtype), out)  # (tokens, d)
+        return out.view(*input_ids.shape, self.hidden_size)
+
+
+def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
+    """The matrices holding the rows w_k of an input embedding or an output layer, in token-id order: its (V, d)
+    weight, or one (n_i, d_i) matrix per band of an ``AdaptiveInput`` or ``AdaptiveSoftmaxHead``."""
+    if isinstance(embedding, (AdaptiveInput, AdaptiveSoftmaxHead)):
+        return [band.weight for band in embedding.bands]
+    return [embedding.weight]
+
+
+class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
+    """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
+
+    ``bands[i].weight`` (n_i, d_i) and ``projections[i].weight`` (d, d_i) have the shapes of the input's band
+    embedding and projection, so the model ties them by parameter name. ``forward`` returns log-probabilities.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        cutoffs: Sequence[int],
+        div_value: float = 4.0,
+        *,
+        options: HeadOptions | None = None,
+    ) -> None:
+        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
+        super().__init__()
+        if options is not None and options.extra_terms:
+            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
+        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
+        self.edges = band_edges(vocab_size, cutoffs)
+        num_bands = len(self.edges) - 1
+        dims = band_dims(hidden_size, num_bands, div_value)
+        sizes = [hi - lo for lo, hi in zip(self.edges[:-1], self.edges[1:])]
+        self.bands = nn.ModuleList(nn.Linear(dim, size, bias=False) for dim, size in zip(dims, sizes))
+        self.projections = nn.ModuleList(nn.Linear(dim, hidden_size, bias=False) for dim in dims)
+        self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
+
+    def extra_repr(self) -> str:
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
+
+    @staticmethod
+    def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
+        """Names, relative to the head and to the ``AdaptiveInput``, of the parameters they share."""
+        names = [f"bands.{i}.weight" for i in range(num_bands)]
+        return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
+
+    def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
+        terms = []
+        for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
+            scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
+            terms.append(self.fold_terms(scale, bias, slice(lo, hi), self.cluster.weight.device))  # g, b folded in
+        return terms
+
+    def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
+        """Normalized scores of every band's tokens: a list of (..., n_i) fp32 tensors."""
+        scores = []
+        for band, projection, (scale, bias) in zip(self.bands, self.projections, self.column_terms()):
+            reduced = F.linear(hidden_states, projection.weight.t())  # (..., d) @ Q_i -> (..., d_i)
+            band_scores = F.linear(reduced, band.weight).float()  # (..., n_i)
+            if scale is not None:
+                band_scores = band_scores * scale
+            if bias is not None:
+                band_scores = band_scores + bias
+            scores.append(band_scores)
+        return scores
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states: (..., d) -> exact log-probabilities (..., V), fp32
+        scores = self.band_scores(hidden_states)
+        head = torch.cat([scores[0], self.cluster(hidden_states).float()], dim=-1)  # (..., n_0 + bands - 1)
+        head_log_probs = F.log_softmax(head, dim=-1)
+        shortlist = self.edges[1]
+        log_probs = [head_log_probs[..., :shortlist]]
+        for i, band_scores in enumerate(scores[1:]):
+            cluster_log_prob = head_log_probs[..., shortlist + i : shortlist + i + 1]  # (..., 1)
+            log_probs.append(cluster_log_prob + F.log_softmax(band_scores, dim=-1))
+        return torch.cat(log_probs, dim=-1)
+
+
+# ------------------------------ hf_tiednorm/modeling/load_checks.py ---------------------------------------------
+"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
+tensor of the file must find its place, checked when ``from_pretrained`` finishes.
+
+transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
+"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
+term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
+edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
+meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
+fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
+any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
+each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
+itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
+``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
+from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
+``weight_checks.WeightChecksMixin``), so transformers' report table is still printed first.
+
+This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
+"""
+
+
+def _term_setting(model: nn.Module, name: str) -> str:
+    """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
+    "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
+    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
+
+
+def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
+    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
+    as 'lm_head.logit_scale')."""
+    heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    errors = []
+    for key in sorted(missing | unexpected):
+        module, _, leaf = key.rpartition(".")
+        if module not in heads or leaf not in HEAD_OPTIONS:
+            continue
+        setting = _term_setting(model, leaf)
+        switch = setting.partition("=")[0]
+        if key in missing:
+            errors.append(
+                f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned term of "
+                f"the head is part of the trained function, and it would start afresh (at "
+                f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in config.json to "
+                "what the model was trained with"
+            )
+        else:
+            errors.append(
+                f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
+                f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
+                f"trained with ({HEAD_OPTIONS[leaf].help})"
+            )
+    return errors
+
+
+def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
+    """The output embedding (the shared matrix, or the adaptive bands) missing from the weights, and any parameter
+    left on the meta device (never loaded, never initialized)."""
+    heads = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
+    shared = {id(matrix) for head in heads[:1] for matrix in embedding_matrices(head)}
+    # One report per matrix, under the name it is saved as (not a tied copy's name, which is never in the file).
+    tied_copies = set(getattr(model, "all_tied_weights_keys", None) or {})
+    names = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in missing and id(parameter) in shared:
+            names.setdefault(id(parameter), []).append(name)
+    errors = [
+        f"tensor {next((n for n in found if n not in tied_copies), found[0])!r} (the embedding matrix the tied head "
+        "scores with) is missing from the weights: it would be initialized at random. The weights file is "
+        "incomplete; restore it"
+        for found in names.values()
+    ]
+    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
+    if not offloaded:
+        for name, parameter in model.named_parameters():
+            if parameter.is_meta:
+                errors.append(
+                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
+                    "weights file is incomplete; restore it"
+                )
+    return errors
+
+
+def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
+    """The keys of ``keys`` that ``head_term_errors`` / ``embedding_errors`` report (under their own words): the
+    head's learned terms, every name of the shared embedding matrices, and parameters left on the meta device."""
+    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
+    shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in keys and (id(parameter) in shared or parameter.is_meta):
+            named.add(name)
+    return named
+
+
+def other_tensor_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
+    """Every missing tensor (a layer's weight, a norm, a bias: transformers would initialize it at random) and every
+    unexpected one (a tensor of the file the model has no place for: dropped) that ``head_term_errors`` and
+    ``embedding_errors`` do not report already. ``missing`` / ``unexpected`` come after transformers' own rules, so a
+    tied copy that is not saved twice, a non-persistent buffer and a family's ``_keys_to_ignore_on_load_*`` are not
+    among them."""
+    named = _named_already(model, missing | unexpected)
+    errors = [
+        f"tensor {key!r} is missing from the weights: it would be initialized at random, so the model would compute "
+        "other logits than the one that was saved. The weights file is incomplete; restore it"
+        for key in sorted(missing - named)
+    ]
+    errors += [
+        f"the weights hold tensor {key!r}, which {type(model).__name__} built from this config.json has no place "
+        "for: loading would drop it. The weights belong to another model, or config.json was edited; restore the "
+        "folder's config.json, or load it with the class it was saved from"
+        for key in sorted(unexpected - named)
+    ]
+    return errors
+
+
+def check_loaded_head(model: nn.Module, loading_info) -> None:
+    """Raise ``ValueError`` naming every head term, shared-embedding tensor, other missing or unexpected tensor or
+    meta-device parameter that makes the loaded ``model`` differ from the model that was saved; do nothing for a
+    complete, consistent folder.
+
+    Args:
+        model: the model ``from_pretrained`` built, weights loaded and tied.
+        loading_info: transformers' ``LoadStateDictInfo`` (``missing_keys``, ``unexpected_keys``: sets of
+            state-dict keys), after transformers' own ignore rules.
+    """
+    missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
+    errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
+    errors += other_tensor_errors(model, missing, unexpected)
+    _refuse(model, errors)
+
+
+def check_loaded_body(model: nn.Module, loading_info) -> None:
+    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
+    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
+    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
+    missing = set(loading_info.missing_keys)
+    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+
+
+def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
+    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
+    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
+    instead of converting a randomly initialized layer "lossless"."""
+    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
+    _refuse(model, other_tensor_errors(model, missing, unexpected))
+
+
+def _refuse(model: nn.Module, errors: list[str]) -> None:
+    if errors:
+        folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
+        listed = "\n".join(f"  - {error}" for error in errors)
+        raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
+
+
+# ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
 """Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
 
 * ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
@@ -1843,7 +980,8 @@ def check_resize_keeps_special_tokens(
 
 
 class WeightChecksMixin:
-    """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded (load_checks.py).
+    """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded
+    (modeling/load_checks.py).
     First among a model class's bases."""
 
     @classmethod
@@ -1855,167 +993,600 @@ class WeightChecksMixin:
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
         # transformers' hook on the loading report (from_pretrained): a missing or unexpected head term, or a missing
-        # shared embedding, is an error naming the tensor and the config field (load_checks.py).
+        # shared embedding, is an error naming the tensor and the config field (modeling/load_checks.py).
         super()._adjust_missing_and_unexpected_keys(loading_info)
         check_loaded_head(self, loading_info)
 
 
-# ------------------------------ hf_tiednorm/head_host.py --------------------------------------------------------
-"""Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
-and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
+# ------------------------------ hf_tiednorm/modeling/head/peft_guard.py -----------------------------------------
+"""PEFT must never bypass the normalized tied head: refuse the adapters that would, saying what to do instead.
 
-A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) needs five things that transformers'
-``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
-with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
-vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
-naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
-``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
-plain linear layer it computes, or refused by name (scoring_guard.py).
+Measured with peft 0.21 on a normalized tied head (cosine, l2):
+
+* LoRA (or any adapter) on attention / MLP layers leaves the head and the embedding alone: exact (tie kept, adapter
+  round trip exact, merged = unmerged up to float rounding). Allowed.
+* ``trainable_token_indices`` replaces the lookup and the output layer by ``F.embedding`` / ``F.linear`` on the raw
+  matrix: the model would silently score with plain tied logits (and look up unnormalized rows in l2 mode).
+* LoRA on ``lm_head`` / the embedding adds an unnormalized low-rank term beside the normalized score, and merging it
+  changes the shared matrix the head normalizes: merged ≠ unmerged.
+* ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
+
+Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
+The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
+pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
+bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
+its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
+anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
+(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
+save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
+
+This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
 """
 
 
-@contextmanager
-def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
-    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: FSDP2 gathers a group's
-    parameters in its module's forward hooks, but generation runs the encoder (and its root-group parameters:
-    positions, layer norms) outside the root's forward. (The Seq2SeqTrainer passes synced_gpus, so ranks generating
-    different lengths stay in step.)"""
-    if not (isinstance(model, FSDPModule) and model.config.is_encoder_decoder):
-        yield
+PEFT_EMBEDDING_ADVICE = (
+    "Put adapters on attention/MLP layers only (e.g. LoraConfig(target_modules=['q_proj', 'v_proj']), never lm_head "
+    "or the embedding); to fine-tune the shared embedding too, unfreeze it after get_peft_model with "
+    "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
+    "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
+)
+# (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
+_WHY = (
+    (
+        ("TrainableTokensWrapper", "TrainableTokensLayer"),
+        "PEFT's trainable_token_indices scores and looks up tokens with the raw matrix (F.linear / F.embedding), "
+        "bypassing the normalized head: the model would train with plain tied scoring",
+    ),
+    (
+        ("ModulesToSaveWrapper",),
+        "PEFT's modules_to_save trains a copy of the module, which unties the output layer from the input embedding "
+        "the normalized head scores with",
+    ),
+    (
+        ("BaseTunerLayer",),
+        "an adapter there adds an unnormalized term beside the normalized score, and merging it changes the shared "
+        "matrix the head normalizes, so the merged model would differ from the unmerged one",
+    ),
+)
+
+
+def _peft_reason(module: nn.Module) -> str | None:
+    """Why ``module``, a PEFT construct, must not wrap the head or the shared embedding; None for other modules."""
+    names = {cls.__name__ for cls in type(module).__mro__}
+    return next((why for classes, why in _WHY if names.intersection(classes)), None)
+
+
+def _wrapped(module: nn.Module) -> nn.Module:
+    """The module a PEFT construct wraps (a tuner layer's ``base_layer``, a wrapper's ``original_module``)."""
+    inner = getattr(module, "original_module", None) or getattr(module, "base_layer", None)
+    return module if inner is None else _wrapped(inner)
+
+
+def check_head_not_bypassed(model: nn.Module) -> None:
+    """Raise ``ValueError`` when a PEFT construct wraps the normalized head or an embedding sharing its matrix, or
+    when the output layer is no longer tied to the input embedding; do nothing otherwise.
+
+    Args:
+        model: a model with a ``TiedNormHead`` (an hf_tiednorm model, possibly inside a ``PeftModel``).
+    """
+    modules = dict(model.named_modules())
+    heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
+    if not heads:
+        return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
+    shared = heads[0].weight
+    for name, module in modules.items():
+        why = _peft_reason(module)
+        if why is None:
+            continue
+        base = _wrapped(module)
+        if isinstance(base, TiedNormHead) or isinstance(base, nn.Embedding) and base.weight is shared:
+            raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
+    tied = any(isinstance(m, nn.Embedding) and m.weight is shared for m in modules.values())
+    if getattr(model.config, "tie_word_embeddings", True) and not tied:
+        raise ValueError(
+            "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
+            f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
+        )
+
+
+def refuse_peft_before_normalizing(model: nn.Module) -> None:
+    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
+    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
+
+    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
+    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
+    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
+    """
+    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
+    found = next(
+        (
+            (name or "the model itself", type(module).__name__)
+            for name, module in model.named_modules()
+            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
+        ),
+        None,
+    )
+    if found is not None:
+        raise ValueError(
+            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
+            f"{found[1]}): normalize first, then add adapters, i.e. "
+            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
+            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
+        )
+
+
+# Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
+# add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
+# shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
+# at every forward) replaces nothing that a checked model reaches its head through.
+_structure = {"version": 0}
+
+
+def _replaced_module(module: nn.Module, name: str, _value) -> None:
+    if name in module._modules:
+        _structure["version"] += 1
+
+
+def _replaced_parameter(module: nn.Module, name: str, _value) -> None:
+    if name in module._parameters:
+        _structure["version"] += 1
+
+
+register_module_module_registration_hook(_replaced_module)
+register_module_parameter_registration_hook(_replaced_parameter)
+_CHECKED_AT = "_tiednorm_guard_checked_at"
+
+
+def check_head_once(model: nn.Module) -> None:
+    """``check_head_not_bypassed(model)``, unless it passed already and no module or parameter has been registered
+    anywhere in the process since (O(1) then)."""
+    version = _structure["version"]
+    if model.__dict__.get(_CHECKED_AT) == version:
         return
-    model.unshard()
+    check_head_not_bypassed(model)
+    model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
+
+
+def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
+    """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
+    check_head_once(model)
+
+
+# ------------------------------ hf_tiednorm/modeling/loss/token.py ----------------------------------------------
+"""The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
+
+
+def token_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
+    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
+
+    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
+    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
+    """
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
+    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
     try:
-        yield
-    finally:
-        model.reshard()
+        total = F.cross_entropy(
+            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
+        )
+    except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
+        raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
+    return total / token_count(labels, num_items_in_batch, ignore_index)
 
 
-def fp32_term_names() -> list[str]:
-    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``), as parameter names."""
-    return [term.name for term in head_terms() if term.keep_fp32]
+def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
+    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
+    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    first = int(labels[bad][0]) if bool(bad.any()) else None
+    return (
+        f"label {first} ({int(bad.sum())} out of range in all) is outside the vocabulary of {vocab_size} tokens "
+        f"(ids 0..{vocab_size - 1}; {ignore_index} marks no target): the labels were made with another tokenizer"
+    )
 
 
-def keep_head_terms_fp32(model: nn.Module) -> None:
-    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
-    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
-    kept = fp32_term_names()
-    for name, param in model.named_parameters():
-        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
-            param.data = param.data.float()
+def token_count(
+    labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None, ignore_index: int = -100
+) -> torch.Tensor:
+    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
+    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
+    if num_items_in_batch is None:
+        count = (labels != ignore_index).sum()
+    else:
+        count = torch.as_tensor(num_items_in_batch, device=labels.device)
+    return count.clamp_min(1)
 
 
-class TiedNormHeadHostMixin:
-    """Put before the ``PreTrainedModel`` class in the bases of a model whose ``get_output_embeddings()`` is a
-    ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``)."""
+# ------------------------------ hf_tiednorm/modeling/loss/chunked.py --------------------------------------------
+"""Cross-entropy of a linear layer (the head's folded weight) computed in chunks of tokens: the fallback fused loss
+of ``loss/policy.py`` (every device, every dtype, label smoothing), and the path ``config.loss_chunk_size`` picks.
 
-    # The head's learned per-token terms stay fp32 under every load dtype (transformers' strict keep-in-fp32 list:
-    # from_pretrained(dtype=torch.bfloat16 / float16) casts everything else): in bf16, a step of a small learning
-    # rate rounds away on g_i ~ 1 (bf16 has 8 mantissa bits), so g and b would never train.
-    # The built-in ones here; finish_head_hosting names those the model has, registered ones included.
-    _keep_in_fp32_modules_strict = fp32_term_names()
+The plain loss path materializes the (tokens × V) fp32 logits, then ``log_softmax`` and its gradient, each as
+large again: at 8k tokens and a 32k vocabulary that is 1 GiB per buffer. Every head mode is ``s = W_s·h + bias``
+with the folded weight ``W_s = diag(scale)·W`` (``head/folded_weight.py``), so the loss and its gradients are computed
+``chunk_size`` tokens at a time, holding one (chunk × V) block at once:
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        # use_liger_kernel with a plain Trainer reaches the fused loss (fused_loss.py); here rather than in post_init,
-        # which is TiedEmbeddingsMixin's alone.
-        register_with_liger(self.config.model_type)
+* a chunk's logits ``z = h_c W_sᵀ + bias``, ``lse = logsumexp(z)``, loss ``= lse − (1−ε) z_y − ε/V Σ_j z_j``;
+* d loss / d z ``= softmax(z) − (1−ε) onehot(y) − ε/V`` (0 on ignored tokens), from which ``grad_h = dz W_s``,
+  ``grad_W_s += dzᵀ h_c`` and ``grad_bias += Σ_rows dz``.
 
-    def __setattr__(self, name: str, value) -> None:
-        if name == "forward":  # TRL's add_fused_lm_head served exactly, any other one judged (scoring_guard.py)
-            value = serve_replaced_forward(self, value)
-        super().__setattr__(name, value)
+The loss is a scalar, so each chunk's gradients are computed right after its loss, in the forward pass (only those
+of the inputs that need one; none without gradients), and ``backward`` only multiplies them by the incoming scalar
+gradient: 3 matmuls in all, as in the plain path, and about half its passes over (tokens × V) memory. No double
+backward.
 
-    def finish_head_hosting(self) -> None:
-        """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
-        ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
-        # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
-        head = self.get_output_embeddings()
-        terms = learned_terms()
-        self._keep_in_fp32_modules_strict = {
-            *(name for name in self._keep_in_fp32_modules_strict or () if name not in terms),
-            *(name for name in fp32_term_names() if getattr(head, name, None) is not None),
-        }
-        install_scoring_guard(self)  # on the backbone every forward runs (the last post_init call sees the built one)
+Precision and memory. The three matmuls run in the weight's dtype (autocast's under autocast), as the plain path's
+``F.linear`` and its backward do; logits, softmax, loss and the accumulated weight gradient are fp32 (fp64 for fp64
+weights). Every buffer is allocated once per call, not per chunk: the (chunk × V) logits in fp32 (and in the matmul
+dtype), the (V, d) fp32 gradient accumulator, and for a bf16/fp16 matmul one (V, d) product buffer that each chunk's
+``dzᵀ h_c`` is written into (``out=``) and added from (torch has no mixed-dtype ``addmm`` on the CPU).
 
-    def _output_head(self) -> nn.Module:
-        """The model's output layer (our families keep it as ``lm_head``)."""
-        return self.lm_head
+No host synchronization: ignored tokens are masked, not dropped (no ``nonzero``), the loss and the gradients stay on
+the device, and out-of-vocabulary labels are checked with ``torch._assert_async`` off the CPU (the error names them
+on the CPU).
+"""
 
-    def _place_output_head(self, head: nn.Module) -> None:
-        """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""
-        self.lm_head = head
 
-    def get_output_embeddings(self) -> nn.Module:
-        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it
-        computes (``FoldedLinear``: W_s = diag(scale)·W (·P) and the bias), which TRL's kernel scores exactly."""
-        head = self._output_head()
-        if is_serving_folded_head(self):
-            return FoldedLinear(head, getattr(self, "output_projection", None))
-        return head
+# Default tokens per chunk: a (chunk × V) fp32 block of about 2**23 elements (32 MiB), at least 16 tokens.
+_CHUNK_ELEMENTS = 1 << 23
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
-        return super().generate(*args, **kwargs)
 
-    def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
-        """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
-        return super().resize_token_embeddings(*args, **kwargs)
+def default_chunk_size(vocab_size: int) -> int:
+    """Tokens per chunk when none is configured: a (chunk × V) fp32 logits block of about 32 MiB."""
+    return max(16, _CHUNK_ELEMENTS // max(1, vocab_size))
 
-    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
-        if isinstance(new_embeddings, TiedNormHead):
-            self._place_output_head(new_embeddings)
-            return
-        # HF's resize builds a plain nn.Linear for an untied head: adopt its weight and keep the scoring mode.
-        head = self.get_output_embeddings()
-        head.weight = new_embeddings.weight
-        head.match_vocab_size()
 
-    def output_embedding_weights(self) -> list[torch.Tensor]:
-        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
-        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
-        return embedding_matrices(self.get_output_embeddings())
+def check_labels_in_vocabulary(labels: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
+    """Refuse a label outside [0, V) that is not ``ignore_index``: by name on the CPU, by a device-side assert
+    elsewhere (no host synchronization in a training step)."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
+    if labels.device.type == "cpu":
+        if bool(bad.any()):
+            raise IndexError(out_of_vocabulary_labels(labels, vocab_size, ignore_index))
+    elif not torch.compiler.is_compiling():
+        torch._assert_async(~bad.any(), f"a label is outside the vocabulary of {vocab_size} tokens")
 
-    def _extra_auto_map(self) -> dict[str, str]:
-        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
-        return {}
 
-    def generate(self, *args, **kwargs):
-        check_head_once(self)  # before the head is used here: PEFT may have wrapped it
-        # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
-        with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
-            return self._generate_with_frozen_head(*args, **kwargs)
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Sum over non-ignored tokens of the (label-smoothed) cross-entropy of ``hidden Wᵀ + bias``.
 
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        """transformers' resize, refusing a size that drops a special token (weight_checks.py), with the head's
-        per-token terms following the new vocabulary (new tokens of a lossless start by its map)."""
-        check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
-        if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
-            raise ValueError(
-                "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
-                "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
+    Inputs: hidden (N, d), weight (V, d) (the head's folded weight), bias (V,) or None, labels (N,) int64, then
+    chunk_size, label_smoothing, ignore_index. Returns a 0-dim fp32 tensor (fp64 for fp64 weights): the sum; divide
+    it by the token count yourself.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index):
+        device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        matmul_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
+        with torch.autocast(device_type, enabled=False):
+            return ChunkedLinearCrossEntropy._forward(
+                ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype
             )
-        first_new = self.get_output_embeddings().weight.shape[0]
-        embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
-        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (lossless_start.py)
-        return embeddings
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
-        # defines (remote_code_map.py).
-        if self.config.is_encoder_decoder:
-            add_translation_pipeline(self.config)
-        extra = self._extra_auto_map()
-        if extra:
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
-        super().save_pretrained(save_directory, *args, **kwargs)
+    @staticmethod
+    def _forward(ctx, hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index, matmul_dtype):
+        needs = ctx.needs_input_grad
+        need_h, need_w, need_b = needs[0], needs[1], needs[2] and bias is not None
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        n, vocab = hidden.shape[0], weight.shape[0]
+        check_labels_in_vocabulary(labels, vocab, ignore_index)
+        w = weight.to(matmul_dtype)  # no copy without autocast
+        h = hidden.to(matmul_dtype)
+        bias_c = None if bias is None else bias.to(compute)
+        valid = labels != ignore_index  # (N,)
+        targets = torch.where(valid, labels, torch.zeros_like(labels))  # gather-safe
+        valid_c = valid.to(compute)
+        chunk = min(chunk_size, max(n, 1))
+        z_buf = torch.empty((chunk, vocab), dtype=compute, device=h.device)  # logits, then softmax, then dz
+        mm_buf = z_buf if matmul_dtype == compute else torch.empty((chunk, vocab), dtype=matmul_dtype, device=h.device)
+        acc_w = torch.zeros(weight.shape, dtype=compute, device=h.device) if need_w else None
+        product = None if not need_w or matmul_dtype == compute else torch.empty_like(w)
+        acc_b = torch.zeros(vocab, dtype=compute, device=h.device) if need_b else None
+        grad_h = torch.empty(hidden.shape, dtype=hidden.dtype, device=h.device) if need_h else None
+        losses = torch.empty(n, dtype=compute, device=h.device)
+        fused = need_h or need_w or need_b
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            rows = stop - start
+            h_c, y_c, v_c = h[start:stop], targets[start:stop], valid_c[start:stop]
+            z, z_mm = z_buf[:rows], mm_buf[:rows]
+            if matmul_dtype == compute:
+                if bias_c is None:
+                    torch.mm(h_c, w.t(), out=z)
+                else:
+                    torch.addmm(bias_c, h_c, w.t(), out=z)
+            else:
+                torch.mm(h_c, w.t(), out=z_mm)
+                z.copy_(z_mm)
+                if bias_c is not None:
+                    z.add_(bias_c)
+            z_y = z.gather(1, y_c[:, None]).squeeze(1)
+            z_sum = z.sum(dim=1) if label_smoothing else None
+            z_max = z.amax(dim=1, keepdim=True)
+            p = z.sub_(z_max).exp_()  # one exp pass serves logsumexp and softmax
+            total = p.sum(dim=1, keepdim=True)
+            loss = (z_max + total.log()).squeeze(1) - (1.0 - label_smoothing) * z_y
+            if label_smoothing:
+                loss -= (label_smoothing / vocab) * z_sum
+            losses[start:stop] = loss * v_c
+            if not fused:
+                continue
+            dz = p.div_(total)  # softmax
+            dz.scatter_add_(1, y_c[:, None], ((label_smoothing - 1.0) * v_c)[:, None])
+            if label_smoothing:
+                dz.sub_(label_smoothing / vocab)
+            dz.mul_(v_c[:, None])  # ignored tokens: no gradient
+            if need_b:
+                acc_b += dz.sum(dim=0)
+            if matmul_dtype != compute:
+                z_mm.copy_(dz)  # one cast for both matmuls
+                dz = z_mm
+            if need_w:  # (V, d): Σ_i dz_ij h_i, accumulated in fp32
+                if product is None:
+                    acc_w.addmm_(dz.t(), h_c)
+                else:
+                    torch.mm(dz.t(), h_c, out=product)
+                    acc_w += product
+            if need_h:
+                if grad_h.dtype == dz.dtype:
+                    torch.mm(dz, w, out=grad_h[start:stop])
+                else:
+                    grad_h[start:stop] = dz @ w
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.weight_dtype = weight.dtype
+        ctx.grads = (grad_h, acc_w, acc_b)
+        return losses.sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        grad_h, acc_w, acc_b = ctx.grads  # computed with the loss, in the forward
+        del ctx.grads
+        go = grad_output.float() if grad_output.dtype != torch.float64 else grad_output
+        out_h = None if grad_h is None else grad_h.mul_(go.to(grad_h.dtype))
+        out_w = None if acc_w is None else acc_w.mul_(go).to(ctx.weight_dtype)
+        out_b = None if acc_b is None else acc_b.mul_(go).to(ctx.bias_dtype)
+        return out_h, out_w, out_b, None, None, None, None
 
 
-# ------------------------------ hf_tiednorm/loss.py -------------------------------------------------------------
+def chunked_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    chunk_size: int | None = None,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The summed token cross-entropy of ``hidden Wᵀ + bias`` (hidden (N, d), labels (N,)), chunk by chunk."""
+    if chunk_size is None:
+        chunk_size = default_chunk_size(weight.shape[0])
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    return ChunkedLinearCrossEntropy.apply(
+        hidden, weight, bias, labels, chunk_size, float(label_smoothing), ignore_index
+    )
+
+
+# ------------------------------ hf_tiednorm/modeling/loss/policy.py ---------------------------------------------
+"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
+
+Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``head/folded_weight.py``),
+so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
+(tokens × V) logits computes it:
+
+* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
+  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
+  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
+  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
+  (``liger_drops_head_gradients``).
+* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
+  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
+  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
+  without label smoothing.
+* ``"chunked"``: the chunked loop of ``loss/chunked.py``: every device, dtype and option.
+* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
+
+``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
+
+* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
+  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
+  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
+  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
+* ``"fused"``: always a fused path (the same order), whatever the size.
+* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
+* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
+  (the config's ``validate_loss_chunk_size``), as with the adaptive softmax, whose loss never chunks either.
+
+A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
+training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
+``prediction_loss_only``).
+"""
+
+
+LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
+# "auto" takes a fused path from this many logits on (tokens × V: 64M, 256 MiB of fp32 logits, about 0.75 GiB with
+# their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
+# model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
+AUTO_MIN_LOGITS = 1 << 26
+
+
+# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
+LIGER_NEEDS_CUDA = (
+    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
+    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
+    "(loss_implementation='fused': the chunked loop)"
+)
+
+
+def liger_installed() -> bool:
+    """liger-kernel (the ``gpu`` extra) can be imported."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def torch_linear_cross_entropy_available() -> bool:
+    """torch has ``F.linear_cross_entropy`` with chunking options (torch ≥ 2.13)."""
+    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+
+
+def fused_kernel(device: torch.device, matmul_dtype: torch.dtype, label_smoothing: float) -> str:
+    """The fused kernel for this device, matmul dtype and label smoothing: ``"liger"``, ``"torch"`` or
+    ``"chunked"`` (see the module docstring)."""
+    if device.type == "cuda" and liger_installed():
+        return "liger"
+    exact_in_torch = matmul_dtype in (torch.float32, torch.float64) and not label_smoothing
+    if device.type == "cuda" and exact_in_torch and torch_linear_cross_entropy_available():
+        return "torch"
+    # On the CPU the chunked loop is faster than torch's op at the sizes measured (docs/benchmarks.md).
+    return "chunked"
+
+
+def choose_loss_path(
+    requested: str,
+    head: torch.nn.Module,
+    tokens: int,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+) -> str:
+    """``"liger"``, ``"torch"``, ``"chunked"`` or ``"plain"``: what computes the loss of ``head`` over ``tokens``
+    scored tokens (hidden states on the head's device) for ``config.loss_implementation = requested``. A head
+    without a single weight matrix (the adaptive softmax) has the plain path only."""
+    if requested not in LOSS_IMPLEMENTATIONS:
+        raise ValueError(f"loss_implementation must be one of {LOSS_IMPLEMENTATIONS}, got {requested!r}")
+    if requested == "plain" or not isinstance(head, TiedNormHead):
+        return "plain"
+    if requested == "chunked" or (requested == "auto" and chunk_size is not None):
+        return "chunked"
+    weight = head.weight
+    if requested == "auto" and (tokens * weight.shape[0] < AUTO_MIN_LOGITS or tokens <= weight.shape[1]):
+        return "plain"
+    device = weight.device
+    autocast = torch.is_autocast_enabled(device.type)
+    matmul_dtype = torch.get_autocast_dtype(device.type) if autocast else weight.dtype
+    return fused_kernel(device, matmul_dtype, label_smoothing)
+
+
+def liger_drops_head_gradients(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether liger-kernel's fused linear cross-entropy would silently give the head no gradient: it computes the
+    weight and bias gradients only when the hidden states require grad (liger-kernel 0.8.5,
+    ``ops/fused_linear_cross_entropy.py``), so head-only training with a frozen body got ∇W = ∇g = 0 and ∇b = None
+    where the plain and chunked paths give the true ones. ``head_linear_cross_entropy`` runs the chunked loop then."""
+    head_trains = weight.requires_grad or (bias is not None and bias.requires_grad)
+    return torch.is_grad_enabled() and head_trains and not hidden.requires_grad
+
+
+def refuse_fused_loss_scored_outside(config) -> None:
+    """Raise ``ValueError`` naming ``label_smoothing_factor`` when a training step's logits are scored outside the
+    model (the Trainer's label smoother or a ``compute_loss_func`` pass no labels) while ``config`` asks for a fused
+    loss by name: the model would have to return the (tokens × V) logits the fused path exists to avoid."""
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("fused", "chunked"):
+        raise ValueError(
+            f"loss_implementation={implementation!r}: the Trainer scores this training step's logits itself "
+            "(TrainingArguments(label_smoothing_factor=...) or compute_loss_func), so the model would have to return "
+            "the (tokens × V) logits its fused loss never materializes. Set label_smoothing_factor=0 and smooth with "
+            "the model config's own label_smoothing field (config.label_smoothing=0.1, which the fused path "
+            "computes), or set loss_implementation='auto' / 'plain' to let the Trainer score the logits"
+        )
+
+
+# ------------------------------ hf_tiednorm/modeling/loss/head_loss.py ------------------------------------------
+"""The one entry point of the head's fused training loss: ``head_linear_cross_entropy`` (what the families'
+loss, the wrapper's fused loss and liger-kernel's dispatch through the Trainer call) and its token-mean form
+``chunked_head_cross_entropy``.
+
+Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (head/folded_weight.py),
+so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
+(tokens × V) logits computes it: liger-kernel's, torch's ``F.linear_cross_entropy``, or the chunked loop
+(``chunked.py``). Which one runs is the policy's choice (``policy.choose_loss_path``); this module folds the head's
+terms once and calls it.
+"""
+
+
+def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
+    try:  # an optional extra; in a try block so that remote code does not require it (transformers' get_imports)
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError as error:
+        raise ImportError(
+            'the liger path needs liger-kernel: python -m pip install liger-kernel (or the gpu extra, -e ".[gpu]")'
+        ) from error
+
+    options = {"ignore_index": ignore_index, "label_smoothing": label_smoothing, "reduction": "sum"}
+    if "accum_dtype" in inspect.signature(LigerFusedLinearCrossEntropyLoss).parameters:
+        options["accum_dtype"] = torch.float32  # the weight gradient accumulated in fp32
+    if bias is not None and not torch.is_autocast_enabled(hidden.device.type):
+        bias = bias.to(weight.dtype)  # liger adds the bias in the weight's dtype
+    if hidden.dtype != weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        hidden = hidden.to(weight.dtype)
+    loss = LigerFusedLinearCrossEntropyLoss(**options)(weight, hidden, labels, bias)
+    return loss.float() if loss.dtype != torch.float64 else loss
+
+
+def _torch_loss(hidden, weight, bias, labels, ignore_index):
+    options = torch.nn.LinearCrossEntropyOptions(acc_policy="accurate")
+    if bias is not None:
+        bias = bias.to(weight.dtype)
+    return F.linear_cross_entropy(
+        hidden.to(weight.dtype), weight, labels, linear_bias=bias, reduction="sum", ignore_index=ignore_index,
+        options=options,
+    )
+
+
+def head_linear_cross_entropy(
+    head,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    path: str,
+    label_smoothing: float = 0.0,
+    chunk_size: int | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
+    fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
+    the learned logit scale g and bias b through the head's column terms and the fold."""
+    scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
+    weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
+    if path == "chunked":
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop
+        return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
+    check_labels_in_vocabulary(labels, weight.shape[0], ignore_index)
+    if path == "liger":
+        return _liger_loss(hidden, weight, bias, labels, float(label_smoothing), ignore_index)
+    if path == "torch":
+        if label_smoothing:
+            raise ValueError("torch's F.linear_cross_entropy is exact only without label smoothing")
+        return _torch_loss(hidden, weight, bias, labels, ignore_index)
+    raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
+
+
+def chunked_head_cross_entropy(
+    head,
+    hidden_states: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int | None = None,
+    label_smoothing: float = 0.0,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
+    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
+    labels = labels.reshape(-1).to(hidden.device)  # (N,)
+    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
+    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
+
+
+# ------------------------------ hf_tiednorm/modeling/loss/model_loss.py -----------------------------------------
 """The loss of hf_tiednorm's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
 Wolf's projection P, the normalized head, the token cross-entropy (the plain path, or the chunked one with
 ``config.loss_chunk_size``: ``head_cross_entropy``), the enabled penalties (``penalty_terms``) and their sum
@@ -2171,7 +1742,328 @@ class TiedNormLossMixin:
         return terms
 
 
-# ------------------------------ hf_tiednorm/tie_topology.py -----------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/translation_pipeline.py ------------------------------------
+"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
+
+Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
+the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
+the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
+``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
+``add_translation_pipeline`` on its config (families/head_host.py).
+
+The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
+``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
+longer than the model's positions (with a warning) instead of failing inside the encoder.
+"""
+
+
+logger = logging.get_logger(__name__)
+
+TASK = "tiednorm-translation"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def add_translation_pipeline(config: PretrainedConfig) -> None:
+    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
+    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
+    entry = {
+        "impl": code_reference(TiedNormTranslationPipeline),  # in the generated modeling file (auto_map.py)
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
+
+
+def position_limit(model, tokenizer) -> int | None:
+    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
+    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
+    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+    return min(limits, default=None)
+
+
+def missing_tokenizer_message(model) -> str:
+    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
+    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
+    folder = getattr(model, "name_or_path", None) or ""
+    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
+    if has_tokenizer:
+        return (
+            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
+            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+            f"trust_remote_code=True, as the folder ships the pipeline code) or "
+            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
+        )
+    if folder and os.path.isdir(folder):
+        return (
+            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+            "tokenizer=... to pipeline()"
+        )
+    name = folder or type(model).__name__
+    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
+
+
+class TokenizerLoadFailure:
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
+    error of a failed load so that the pipeline can say why it has no tokenizer.
+
+    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
+    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
+    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
+    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
+    """
+
+    failure: BaseException | None = None
+    source: object = None
+
+    def __bool__(self) -> bool:
+        error = sys.exc_info()[1]
+        if error is None:  # the test before loading: load, and forget an earlier call's failure
+            self.failure = None
+            return True
+        self.failure = error
+        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
+        self.source = sys._getframe(1).f_locals.get("component")
+        return False
+
+    def take(self) -> tuple[BaseException | None, object]:
+        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
+        (the ``tokenizer=`` argument, or None); cleared."""
+        failure, source, self.failure, self.source = self.failure, self.source, None, None
+        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
+            return None, None  # nothing was given to load (a model object without tokenizer=)
+        return failure, source
+
+
+# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
+POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
+
+
+def check_generate_kwargs(generate_kwargs: dict) -> None:
+    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
+    for name in POSITIVE_INT_ARGUMENTS:
+        value = generate_kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
+
+
+class TiedNormTranslationPipeline(Pipeline):
+    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
+
+    # Keyword arguments that go to model.generate rather than to the tokenizer.
+    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
+
+    _load_tokenizer = TokenizerLoadFailure()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            failure, source = type(self)._load_tokenizer.take()
+            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
+                folder = getattr(self.model, "name_or_path", None) or ""
+                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+                source = folder if has_files else None
+            if failure is not None and source is not None:
+                raise ValueError(
+                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
+                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
+                    "loaded tokenizer"
+                ) from failure
+            raise ValueError(missing_tokenizer_message(self.model))
+
+    def _sanitize_parameters(self, **kwargs):
+        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
+        if unknown:
+            raise ValueError(
+                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
+            )
+        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
+        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
+        check_generate_kwargs(generate_kwargs)
+        return {}, generate_kwargs, {}
+
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)  # the arguments are still checked
+            return []  # nothing to translate (the base Pipeline indexed the empty list)
+        return super().__call__(inputs, *args, **kwargs)
+
+    def preprocess(self, text: str):
+        if not isinstance(text, str):
+            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
+        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
+        limit = position_limit(self.model, self.tokenizer)
+        if limit is not None and inputs["input_ids"].shape[-1] > limit:
+            logger.warning(
+                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
+                f"can embed; translating its first {limit} tokens only"
+            )
+            inputs = self.tokenizer(
+                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
+            )
+        return inputs
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+
+    def postprocess(self, model_outputs):
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        return [{"translation_text": text} for text in texts]
+
+
+# ------------------------------ hf_tiednorm/modeling/families/head_host.py --------------------------------------
+"""Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
+and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
+
+A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) needs five things that transformers'
+``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
+with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
+vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
+naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
+generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
+``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
+plain linear layer it computes, or refused by name (head/scoring_guard.py).
+"""
+
+
+@contextmanager
+def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
+    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: FSDP2 gathers a group's
+    parameters in its module's forward hooks, but generation runs the encoder (and its root-group parameters:
+    positions, layer norms) outside the root's forward. (The Seq2SeqTrainer passes synced_gpus, so ranks generating
+    different lengths stay in step.)"""
+    if not (isinstance(model, FSDPModule) and model.config.is_encoder_decoder):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
+def fp32_term_names() -> list[str]:
+    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``), as parameter names."""
+    return [term.name for term in head_terms() if term.keep_fp32]
+
+
+def keep_head_terms_fp32(model: nn.Module) -> None:
+    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
+    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
+    kept = fp32_term_names()
+    for name, param in model.named_parameters():
+        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
+class TiedNormHeadHostMixin:
+    """Put before the ``PreTrainedModel`` class in the bases of a model whose ``get_output_embeddings()`` is a
+    ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``)."""
+
+    # The head's learned per-token terms stay fp32 under every load dtype (transformers' strict keep-in-fp32 list:
+    # from_pretrained(dtype=torch.bfloat16 / float16) casts everything else): in bf16, a step of a small learning
+    # rate rounds away on g_i ~ 1 (bf16 has 8 mantissa bits), so g and b would never train.
+    # The built-in ones here; finish_head_hosting names those the model has, registered ones included.
+    _keep_in_fp32_modules_strict = fp32_term_names()
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "forward":  # TRL's add_fused_lm_head served exactly, any other one judged (head/scoring_guard.py)
+            value = serve_replaced_forward(self, value)
+        super().__setattr__(name, value)
+
+    def finish_head_hosting(self) -> None:
+        """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
+        ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
+        # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
+        head = self.get_output_embeddings()
+        terms = learned_terms()
+        self._keep_in_fp32_modules_strict = {
+            *(name for name in self._keep_in_fp32_modules_strict or () if name not in terms),
+            *(name for name in fp32_term_names() if getattr(head, name, None) is not None),
+        }
+        install_scoring_guard(self)  # on the backbone every forward runs (the last post_init call sees the built one)
+
+    def _output_head(self) -> nn.Module:
+        """The model's output layer (our families keep it as ``lm_head``)."""
+        return self.lm_head
+
+    def _place_output_head(self, head: nn.Module) -> None:
+        """Make ``head`` the model's output layer (our families keep it as ``lm_head``)."""
+        self.lm_head = head
+
+    def get_output_embeddings(self) -> nn.Module:
+        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it
+        computes (``FoldedLinear``: W_s = diag(scale)·W (·P) and the bias), which TRL's kernel scores exactly."""
+        head = self._output_head()
+        if is_serving_folded_head(self):
+            return FoldedLinear(head, getattr(self, "output_projection", None))
+        return head
+
+    def _generate_with_frozen_head(self, *args, **kwargs):
+        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
+        return super().generate(*args, **kwargs)
+
+    def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
+        return super().resize_token_embeddings(*args, **kwargs)
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        if isinstance(new_embeddings, TiedNormHead):
+            self._place_output_head(new_embeddings)
+            return
+        # HF's resize builds a plain nn.Linear for an untied head: adopt its weight and keep the scoring mode.
+        head = self.get_output_embeddings()
+        head.weight = new_embeddings.weight
+        head.match_vocab_size()
+
+    def output_embedding_weights(self) -> list[torch.Tensor]:
+        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
+        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
+        return embedding_matrices(self.get_output_embeddings())
+
+    def _extra_auto_map(self) -> dict[str, str]:
+        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
+        return {}
+
+    def generate(self, *args, **kwargs):
+        check_head_once(self)  # before the head is used here: PEFT may have wrapped it
+        # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
+        with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
+            return self._generate_with_frozen_head(*args, **kwargs)
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """transformers' resize, refusing a size that drops a special token (modeling/weight_checks.py), with the head's
+        per-token terms following the new vocabulary (new tokens of a lossless start by its map)."""
+        check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
+        if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
+            raise ValueError(
+                "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
+                "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
+            )
+        first_new = self.get_output_embeddings().weight.shape[0]
+        embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
+        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (head/lossless_start.py)
+        return embeddings
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
+        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
+        # defines (modeling/auto_map.py).
+        if self.config.is_encoder_decoder:
+            add_translation_pipeline(self.config)
+        extra = self._extra_auto_map()
+        if extra:
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
+        with no_module_copies(self):  # the folder's code: the two generated files (auto_map.py)
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
+# ------------------------------ hf_tiednorm/modeling/families/tie_topology.py -----------------------------------
 """Which modules hold the tied embedding matrix: declared once here, used by every model family.
 
 A tie is one *owner* module (the input embedding), *aliases* (other attribute paths under which the very same
@@ -2329,11 +2221,13 @@ def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
     return fully_shard(model, **fsdp_kwargs)
 
 
-# ------------------------------ hf_tiednorm/modeling_common.py --------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/common.py -----------------------------------------
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
-Wolf's projection P), on top of the head's host (``head_host.py``), the loss (``loss.py``) and the tie
-(``tie_topology.py``). The head math itself lives in ``normalized_head.py``, the embeddings in ``embeddings.py``, the
-outputs in ``outputs.py``."""
+Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and the
+tie
+(``families/tie_topology.py``). The head math itself lives in ``head/layer.py``, the embeddings in
+``families/embeddings.py``, the
+outputs in ``families/outputs.py``."""
 
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
@@ -2353,12 +2247,12 @@ def build_output_projection(config, hidden_size: int) -> OutputProjection | None
 
 class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMixin):
     """Methods shared by ``TiedNormForConditionalGeneration`` and ``TiedNormForCausalLM``: hosting the head
-    (``head_host.py``, shared with the wrapper), the loss (``loss.py``) and the tie, declared by
-    ``TiedEmbeddingsMixin`` (``tie_topology.py``); here the initialization and the PEFT guard."""
+    (``families/head_host.py``, shared with the wrapper), the loss (``loss/model_loss.py``) and the tie, declared by
+    ``TiedEmbeddingsMixin`` (``families/tie_topology.py``); here the initialization and the PEFT guard."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # PEFT must not bypass the normalized head (peft_guard.py): checked at a call after any structural change.
+        # PEFT must not bypass the normalized head (head/peft_guard.py): checked at a call after any structural change.
         # Registered once per model here (post_init, which may run twice, is TiedEmbeddingsMixin's alone).
         self.register_forward_pre_hook(refuse_bypassed_head)
 
@@ -2385,11 +2279,71 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
     def _extra_auto_map(self) -> dict[str, str]:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
         # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
-        base_model = type(self.model)
-        return {"AutoModel": f"{base_model.__module__.rsplit('.', 1)[-1]}.{base_model.__name__}"}
+        return {"AutoModel": code_reference(type(self.model))}
 
 
-# ------------------------------ hf_tiednorm/outputs.py ----------------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
+"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
+rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
+constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
+FSDP2 (see its docstring)."""
+
+
+class ScaledLookupMixin:
+    """Multiplies the lookup by a constant ``embed_scale`` inside the embedding module, as BART's
+    ``BartScaledWordEmbedding`` does (Marian multiplies in its encoder/decoder instead). In l2 mode the unit rows
+    ŵ_i are scaled, just as Marian scales them."""
+
+    def __init__(self, *args, embed_scale: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.embed_scale = embed_scale
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, embed_scale={self.embed_scale:.6g}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embed_scale
+
+
+class TokenEmbedding(TiedNormEmbedding):
+    """The token embedding the families build: a ``TiedNormEmbedding`` under a name without "Norm", because
+    accelerate's FSDP2 wrapping takes the last child of the body whose class name contains "Norm" for the final
+    norm and groups it with the input embedding: the encoder-decoders' ``model.shared`` would be listed twice."""
+
+
+class ScaledTokenEmbedding(ScaledLookupMixin, TokenEmbedding):
+    """``TokenEmbedding`` whose lookups are multiplied by ``embed_scale``."""
+
+
+class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
+    """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
+
+
+def build_embedding(
+    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
+) -> TiedNormEmbedding | AdaptiveInput:
+    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
+    and plain rows otherwise;
+    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
+    module multiplies its lookups by it (``ScaledLookupMixin``)."""
+    common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
+    if embed_scale is not None:
+        common["embed_scale"] = embed_scale
+    if config.adaptive_cutoffs is not None:
+        adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
+        return adaptive(
+            num_embeddings,
+            embedding_dim,
+            config.adaptive_cutoffs,
+            div_value=config.adaptive_div_value,
+            padding_idx=config.pad_token_id,
+            **common,
+        )
+    plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
+    return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
+
+
+# ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
 """The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
 KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
 
@@ -2411,11 +2365,11 @@ class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
 CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
-# ------------------------------ hf_tiednorm/modeling_tiednorm_seq2seq.py ----------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/seq2seq.py ----------------------------------------
 """Encoder-decoders whose output layer is the normalized tied head: what both encoder-decoder families share
 (``TiedNormSeq2SeqModelMixin``, ``TiedNormSeq2SeqLMMixin``), and the Marian-based family.
 
-What differs from ``transformers``' Marian (and, in ``modeling_tiednorm_bart.py``, BART):
+What differs from ``transformers``' Marian (and, in ``families/bart.py``, BART):
   * token embeddings are ``TiedNormEmbedding`` (unit rows are looked up in l2 mode);
   * ``lm_head`` is ``TiedNormHead`` (scores in one of five modes) and there is no ``final_logits_bias``:
     the distance mode derives its bias from W;
@@ -2427,7 +2381,8 @@ Attention, layers, positions, KV cache and generation are the parent's.
 
 class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
     """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
-    ``config.tie_topology`` (``tie_topology.py``), with Marian's embedding accessors so that one set of resize rules
+    ``config.tie_topology`` (``families/tie_topology.py``), with Marian's embedding accessors so that one set of resize
+    rules
     serves both."""
 
     def __init__(self, config: TieTopologyConfigMixin):
@@ -2450,7 +2405,8 @@ class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
         # transformers' hook on the loading report: a tensor missing from the weights (the shared embedding, which
-        # transformers' tie logic would leave on the meta device unreported) is refused by name (load_checks.py).
+        # transformers' tie logic would leave on the meta device unreported) is refused by name
+        # (modeling/load_checks.py).
         super()._adjust_missing_and_unexpected_keys(loading_info)
         check_loaded_body(self, loading_info)
 
@@ -2516,7 +2472,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
             self.config.decoder_vocab_size = embeddings.num_embeddings
         return self.get_input_embeddings()
 
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (head/scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,
@@ -2593,11 +2549,11 @@ class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPr
     _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
 
 
-# ------------------------------ hf_tiednorm/modeling_tiednorm_bart.py -------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/bart.py -------------------------------------------
 """A BART-style encoder-decoder whose output layer is the normalized tied head: the family BART checkpoints
 convert to 1:1 (``hf_tiednorm.convert``).
 
-Everything of the Marian-based family (``modeling_tiednorm_seq2seq.py``) applies; only the body differs. What differs
+Everything of the Marian-based family (``families/seq2seq.py``) applies; only the body differs. What differs
 from ``transformers``' BART: token embeddings are ``TiedNormEmbedding`` that keep BART's in-module scaling
 (``BartScaledWordEmbedding``: lookup × sqrt(d) when ``scale_embedding``, the unit rows in l2 mode); ``lm_head`` is
 ``TiedNormHead`` without BART's ``final_logits_bias``; the tie topology comes from ``config.tie_topology``.
@@ -2624,7 +2580,7 @@ class TiedNormBartForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormBartP
     model_class = TiedNormBartModel
 
 
-# ------------------------------ hf_tiednorm/causal_lm_names.py --------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
 """Let transformers' ``Trainer`` recognise this package's causal LMs as causal LMs, for its label smoothing.
 
 With ``TrainingArguments(label_smoothing_factor=...)`` the Trainer takes the labels away from the model and scores
@@ -2647,7 +2603,7 @@ def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
 
 
-# ------------------------------ hf_tiednorm/modeling_tiednorm_causal.py -----------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/causal.py -----------------------------------------
 """A Llama-style decoder-only LM whose output layer is the normalized tied head.
 
 What differs from ``transformers``' Llama: token embeddings are ``TiedNormEmbedding`` (unit rows are looked up
@@ -2675,8 +2631,10 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
 
 
 class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in tie_topology.py; loading is
-    # checked by WeightChecksMixin (finite weights, head tensors), resizing by head_host.py (special tokens kept).
+    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in families/tie_topology.py; loading
+    # is
+    # checked by WeightChecksMixin (finite weights, head tensors), resizing by families/head_host.py (special tokens
+    # kept).
     _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
 
     def __init__(self, config: TiedNormCausalConfig):
@@ -2687,7 +2645,7 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
         self.post_init()
 
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (head/scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,
@@ -2735,11 +2693,11 @@ class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreT
         )
 
 
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
 recognise_as_causal_lm(TiedNormCausalConfig.model_type, TiedNormForCausalLM.__name__)
 
 
-# ------------------------------ hf_tiednorm/accumulated_loss.py -------------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/loss/accumulated.py ----------------------------------------
 """A wrapped model's loss as its share of an accumulated batch, which the Trainer's gradient accumulation needs.
 
 transformers' ``Trainer`` passes ``num_items_in_batch`` (the target tokens of all micro-batches of one optimizer
@@ -2799,14 +2757,14 @@ def share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted: boo
     return outputs
 
 
-# ------------------------------ hf_tiednorm/wrapped_fused_loss.py -----------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/wrapped_loss.py -----------------------------------
 """The fused training loss of a wrapped causal LM, and the guard that no patched ``forward`` bypasses its head.
 
 A wrapped causal LM (``modeling_tiednorm_wrapped``) runs its architecture's own forward, which computes the
 (tokens × V) logits with the head and then transformers' ``ForCausalLMLoss``. For the architectures whose forward is
 exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``, read from transformers'
 code: no logit soft-capping, scaling or bias around the head), the wrapper computes the same loss from the body's
-base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``fused_loss.py``),
+base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``loss/policy.py``),
 never materializing the logits. Other architectures keep their own forward (``loss_implementation="auto"``) or are
 refused by name (``"fused"`` / ``"chunked"``).
 
@@ -2903,7 +2861,7 @@ def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_ite
     )
 
 
-# ------------------------------ hf_tiednorm/modeling_tiednorm_wrapped.py ----------------------------------------
+# ------------------------------ hf_tiednorm/modeling/families/wrapped.py ----------------------------------------
 """The normalized tied head around any transformers causal LM or encoder-decoder, with transformers' own code.
 
 ``TiedNormWrappedForCausalLM`` / ``TiedNormWrappedForSeq2SeqLM`` hold, as ``self.model``, the model that
@@ -3109,7 +3067,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         head.weight = embeddings.weight
         return embeddings
 
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (head/scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
     def forward(
         self,
@@ -3121,7 +3079,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
-        fused path computes (``config.loss_implementation``, wrapped_fused_loss.py) the loss and ``logits=None``.
+        fused path computes (``config.loss_implementation``, families/wrapped_loss.py) the loss and ``logits=None``.
 
         Args:
             input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
@@ -3133,7 +3091,7 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, P
         if inputs_embeds is not None:
             kwargs["inputs_embeds"] = inputs_embeds
         kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
-        # The Trainer's num_items_in_batch is applied here, for every architecture (accumulated_loss.py).
+        # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too
         if self.training and labels is not None:
@@ -3175,5 +3133,5 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
         return self.model.prepare_decoder_input_ids_from_labels
 
 
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (causal_lm_names.py).
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
 recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)

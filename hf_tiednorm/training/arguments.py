@@ -27,8 +27,8 @@ import torch
 import yaml
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig
 
-from ..bridges.field_flags import flag_metadata, flag_type
-from ..configuration_tiednorm import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from ..conversion.field_flags import flag_metadata, flag_type
+from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from .tokenization import TOKENIZER_MODELS
 
 # --dtype's values: HF's run_clm.py's (transformers' from_pretrained dtype names).

@@ -10,8 +10,8 @@ import time
 import torch
 from transformers import EarlyStoppingCallback, TrainerCallback
 
-from ..adaptive import embedding_matrices
-from ..weight_checks import check_finite_weights
+from ..modeling.head.adaptive import embedding_matrices
+from ..modeling.weight_checks import check_finite_weights
 from .arguments import RunArguments
 
 logger = logging.getLogger(__name__)

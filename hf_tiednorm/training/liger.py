@@ -8,7 +8,7 @@ only at ``trainer.train()``, after loading and tokenizing. Here instead:
 * ``check_liger_installed`` (at argument parsing, before any work): training must have a CUDA device (on a CPU the
   message says so and recommends no install, issue 51) and liger-kernel must be installed;
 * ``check_use_liger_kernel`` (once the model is loaded, and in the Trainers' ``__init__``): the model's fused path
-  must be able to run liger-kernel's kernel (``fused_loss.liger_refusal``: CUDA, a plain normalized head, a loss
+  must be able to run liger-kernel's kernel (``liger_refusal``: CUDA, a plain normalized head, a loss
   path that allows it); ``loss_implementation="auto"`` then becomes ``"fused"``, so that every training step runs
   the fused kernel, as Liger's patched forwards do.
 """
@@ -19,7 +19,10 @@ import logging
 
 import torch
 
-from ..fused_loss import LIGER_NEEDS_CUDA, liger_installed, liger_refusal
+from ..modeling.families.table import family_of_config, on_family_registered
+from ..modeling.families.wrapped_loss import FUSED_CAUSAL_BODIES
+from ..modeling.head.layer import TiedNormHead
+from ..modeling.loss.policy import LIGER_NEEDS_CUDA, liger_installed
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ def check_use_liger_kernel(model, training_args) -> None:
         return
     base = _base_model(model)
     config = getattr(base, "config", None)
-    if not str(getattr(config, "model_type", "")).startswith("tiednorm"):
+    if family_of_config(config) is None:  # not a row of the family table: transformers' own Liger patching
         return
     reason = liger_refusal(base)
     if reason is not None:
@@ -67,4 +70,77 @@ def check_use_liger_kernel(model, training_args) -> None:
     logger.info("use_liger_kernel: the normalized head's training loss runs liger-kernel's fused linear cross-entropy")
 
 
-__all__ = ["check_liger_installed", "check_use_liger_kernel"]
+def serve_liger_request(model=None, **_kernel_options) -> None:
+    """What ``TrainingArguments(use_liger_kernel=True)`` does to an hf_tiednorm model through liger-kernel's own
+    dispatch (``_apply_liger_kernel_to_instance`` looks the model type up in its table): train with liger-kernel's
+    fused linear cross-entropy on the normalized head (``auto`` becomes ``fused``), or raise ``ValueError`` naming
+    why it cannot. Liger's per-module kernels (RMSNorm, RoPE, SwiGLU) are not applied."""
+    reason = liger_refusal(model)
+    if reason is not None:
+        raise ValueError(f"use_liger_kernel=True cannot run liger-kernel on this {type(model).__name__}: {reason}")
+    if model.config.loss_implementation == "auto":
+        model.config.loss_implementation = "fused"
+
+
+def register_with_liger(model_type: str, table: dict | None = None) -> bool:
+    """Enter ``model_type`` (a row of the family table, when the package is imported or the row registered) in
+    liger-kernel's
+    model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
+    ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
+    liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
+    then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
+    on a CPU then refuses at ``train()``, naming CUDA (``serve_liger_request``), where the Trainer would train with
+    nothing applied and no message (issue 51). Returns whether the type is registered."""
+    if table is None:
+        if not liger_installed():
+            return False
+        try:  # an optional extra: in a try block so that remote code does not require it
+            from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN as table
+        except ImportError:
+            return False
+    table.setdefault(model_type, serve_liger_request)
+    return True
+
+
+
+
+def liger_refusal(model) -> str | None:
+    """Why ``TrainingArguments(use_liger_kernel=True)`` cannot be served by hf_tiednorm's fused path (liger-kernel's
+    fused linear cross-entropy on the normalized head) for ``model``; None when it can. transformers' own Liger
+    patching does not know hf_tiednorm's model types and only logs that at INFO level: this says why instead."""
+    config = model.config
+    head = model.get_output_embeddings()
+    if not torch.cuda.is_available():  # asked first: on a CPU no install can help (issue 51)
+        return LIGER_NEEDS_CUDA
+    if not liger_installed():
+        return 'liger-kernel is not installed (python -m pip install liger-kernel, or the gpu extra: -e ".[gpu]")'
+    if not isinstance(head, TiedNormHead):
+        return "the adaptive softmax head (adaptive_cutoffs) has no fused loss"
+    implementation = getattr(config, "loss_implementation", "auto")
+    if implementation in ("plain", "chunked"):
+        return f"config.loss_implementation={implementation!r} asks for another loss path; set 'auto' or 'fused'"
+    if getattr(model, "body_auto_class", None) is not None:  # the wrapper (families/wrapped.py)
+        body = config.text_config.model_type  # the wrapped transformers architecture, not a row of the family table
+        if config.is_encoder_decoder or body not in FUSED_CAUSAL_BODIES:
+            return (
+                f"the wrapped {body!r} model has no fused loss in hf_tiednorm (it serves the causal LMs "
+                f"{sorted(FUSED_CAUSAL_BODIES)})"
+            )
+    return None
+
+
+def register_families_with_liger() -> None:
+    """Enter every row of the family table in liger-kernel's model-type table, now and whenever a row is registered
+    later (``register_family``): the package's import calls this (``hf_tiednorm/__init__.py``), so a plain
+    ``transformers.Trainer(use_liger_kernel=True)`` reaches ``serve_liger_request``."""
+    on_family_registered(lambda family: register_with_liger(family.model_type))
+
+
+__all__ = [
+    "check_liger_installed",
+    "check_use_liger_kernel",
+    "liger_refusal",
+    "register_families_with_liger",
+    "register_with_liger",
+    "serve_liger_request",
+]

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 
-from ..adaptive import embedding_matrices  # noqa: E402
+from ..modeling.head.adaptive import embedding_matrices  # noqa: E402
 from ..publishing.model_card import EMBEDDING_NORM_PLOT, NORM_VS_FREQUENCY_PLOT  # noqa: E402 (the card embeds them)
 
 

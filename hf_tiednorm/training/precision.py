@@ -23,7 +23,7 @@ from transformers import (
 from transformers.masking_utils import eager_mask
 from transformers.modeling_utils import PreTrainedModel
 
-from ..families import family_of_config, family_of_source
+from ..modeling.families.table import family_of_config, family_of_source
 
 # Batches on an accelerator are padded to a multiple of this many tokens (``padding_multiple``): with
 # group_by_length and no padding multiple, the main job's batches took about 209 distinct (batch, length) shapes an
@@ -215,7 +215,8 @@ CPU_BF16_ATTENTION = "eager_fp32_softmax"
 
 
 def reproduces_eager_attention(config) -> bool:
-    """Whether ``config``'s model asks for ``CPU_BF16_ATTENTION`` (its row of the family table, families.py), or is
+    """Whether ``config``'s model asks for ``CPU_BF16_ATTENTION`` (its row of the family table, families/table.py), or
+    is
     the HF parent of such a family (run_translation.py's Marian contender)."""
     row = family_of_config(config) or family_of_source(getattr(config, "model_type", None))
     return row is not None and row.cpu_bf16_eager_attention

@@ -37,8 +37,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import CONFIG_NAME
 
-from ..bridges.path_identity import is_same_or_inside
-from ..bridges.staging_checks import safetensors_problem
+from ..conversion.path_identity import is_same_or_inside
+from ..conversion.staging_checks import safetensors_problem
 from .checkpoint_reading import archive_problems, missing_weight_names, trainer_state_problem
 from .run_outputs import check_inputs_kept, overwritable_entries
 

@@ -24,14 +24,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..bridges.path_identity import ancestor_ids, file_id
-from ..remote_code_map import LEGACY_MODULES, REMOTE_CODE_MODULES
+from ..conversion.path_identity import ancestor_ids, file_id
+from ..modeling.auto_map import LEGACY_MODULES, REMOTE_CODE_MODULES
 from .arguments import config_file_argument
 
 logger = logging.getLogger(__name__)
 
 # A saved model's remote code: the two generated files, or (a folder saved by an earlier version) one copy of each
-# model-layer module (remote_code_map.py).
+# model-layer module (modeling/auto_map.py).
 REMOTE_CODE_FILES = tuple(sorted(f"{module}.py" for module in {*REMOTE_CODE_MODULES, *LEGACY_MODULES}))
 
 # The names a run of the training scripts writes into --output_dir (transformers' Trainer and save_pretrained

@@ -27,9 +27,9 @@ from transformers import (
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import CONFIG_NAME
 
-from ..bridges.path_identity import file_id
+from ..conversion.path_identity import file_id
+from ..modeling.auto_map import foreign_auto_map
 from ..publishing.model_card import write_model_card
-from ..remote_code_map import foreign_auto_map
 from .arguments import (
     DataArgumentsBase,
     ModelSourceArguments,

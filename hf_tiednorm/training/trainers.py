@@ -27,8 +27,8 @@ from transformers import Seq2SeqTrainer, Trainer
 from transformers.trainer_pt_utils import nested_gather
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
-from ..loss import TiedNormLossMixin
-from ..regularizers import LOSS_TERMS
+from ..modeling.loss.model_loss import TiedNormLossMixin
+from ..modeling.loss.regularizers import LOSS_TERMS
 from .liger import check_liger_installed, check_use_liger_kernel
 from .run_directory import describe_write_error
 

@@ -1,4 +1,5 @@
-"""Frequency order of a vocabulary, for the bands of adaptive input / adaptive softmax (hf_tiednorm/adaptive.py).
+"""Frequency order of a vocabulary, for the bands of adaptive input / adaptive softmax
+(hf_tiednorm/modeling/head/adaptive.py).
 
 Adaptive bands only mean something when token ids are sorted by decreasing frequency (band 0 = the frequent
 tokens). ``frequency_order`` builds that order from training counts, keeping the special tokens first;

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..head_modes import get_head_mode
+from ..modeling.head.modes import get_head_mode
 
 # Counts below this are raised to it before the log (see the module docstring).
 MIN_COUNT = 2

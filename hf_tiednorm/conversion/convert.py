@@ -1,0 +1,402 @@
+"""Give a tied checkpoint of any ``transformers`` causal LM or encoder-decoder the normalized tied head.
+
+``marian``, ``bart`` and ``llama`` map 1:1 onto hf_tiednorm's own families (families/table.py; Marian's / BART's
+``final_logits_bias`` must be zero there, as in released models, or use ``generic=True``). Every other tied causal LM
+or encoder-decoder (GPT-2, Qwen, Gemma, Mistral, Phi-3, T5, mBART, NLLB, ...), and those three with ``generic=True``,
+is wrapped as it is (families/wrapped.py). ``normalize_tied_head`` (a model in memory) and
+``convert_checkpoint`` (a folder or GGUF file; CLI ``tiednorm-convert``) give the same model by default: same class,
+weight names, ``name_or_path`` and logits. With ``head_mode="baseline"`` the logits are exactly the source's; other
+modes change how the output layer scores tokens (and, in l2 mode, the lookups) and need fine-tuning unless the model
+starts lossless (``lossless_start=True``; head/lossless_start.py). A converted model carries no quantization state; the
+source's Hub id and license are recorded in its config (``provenance``, source_provenance.py) for every later card.
+Untied sources are refused (the head scores with the input embedding: a separate output matrix would be dropped), as
+is a config claiming a tie its checkpoint does not hold. The source folder is only read.
+
+CLI::
+
+    python -m hf_tiednorm.convert path/to/gpt2 converted/ --head-mode cosine
+    tiednorm-convert path/to/SmolLM2-135M-Instruct.Q4_1.gguf converted/ --head-mode cosine --lossless-start
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
+
+from ..modeling.families.head_host import keep_head_terms_fp32
+from ..modeling.families.table import WRAPPED, family_of_source
+from ..modeling.families.wrapped import (
+    TiedNormWrappedPreTrainedModel,
+)
+from ..modeling.head.lossless_start import start_lossless, take_row_scales
+from ..modeling.head.modes import DEFAULT_HEAD_MODE
+from ..modeling.head.options import HeadOptions, learned_terms, takes_row_scales
+from ..modeling.head.peft_guard import refuse_peft_before_normalizing
+from ..modeling.load_checks import check_source_loaded
+from .convert_checks import (
+    SUPPORTED_TEXT,
+    check_convertible,
+    check_tied,
+    check_unit_lookups,
+    tie_parallel_output_rows,
+    tied_copy,
+)
+from .field_flags import add_head_option_flags, add_registered_option_flags, head_options_from_flags
+from .gguf_checks import check_gguf_file, drop_quantization_state
+from .path_identity import is_same_or_inside
+from .source_provenance import (
+    check_base_model_id,
+    folder_provenance,
+    gguf_provenance,
+    name_like_source,
+    portable_name_or_path,
+    record_provenance,
+)
+from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, staged_folder
+
+# Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
+_DROPPED_CONFIG_KEYS = (
+    "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
+    "tie_word_embeddings", "share_encoder_decoder_embeddings",
+)  # fmt: skip
+# Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the head's learned
+# terms (head/options.HeadTerm) that only its options add (initialized by the model).
+_SOURCE_ONLY_KEYS = {"final_logits_bias"}
+def _target_only_keys() -> set[str]:
+    return {f"lm_head.{term}" for term in learned_terms()}
+
+
+def head_options_of(options: HeadOptions | None, head_mode: str | None, settings: dict, lossless: bool) -> HeadOptions:
+    """The head's settings given as ``options`` or as keywords (``head_mode`` and any other ``HeadOptions`` field:
+    each head term's config fields, ``extra_terms``, ``norm_eps``), not both; with a lossless start's terms on."""
+    if options is None:
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, **settings)  # an unknown keyword: TypeError
+    elif head_mode is not None or settings:
+        given = ", ".join(f"{name}=..." for name in ([] if head_mode is None else ["head_mode"]) + list(settings))
+        raise ValueError(f"pass the head's settings either as options or as {given}, not both")
+    return options.with_lossless_start() if lossless else options
+
+
+def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
+    and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
+    arguments."""
+    tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
+    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
+    # the tokenizer; published, it would make every user's load local-only.
+    for key in ("is_local", "local_files_only"):
+        tokenizer.init_kwargs.pop(key, None)
+    tokenizer.save_pretrained(output_dir)
+    return tokenizer
+
+
+def normalize_tied_head(
+    model: PreTrainedModel,
+    head_mode: str | None = None,
+    *,
+    lossless_start: bool = False,
+    options: HeadOptions | None = None,
+    generic: bool = False,
+    base_model: str | None = None,
+    license: str | None = None,
+    **head_settings,
+) -> PreTrainedModel:
+    """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
+
+    A marian / bart / llama ``model`` becomes our own family of its architecture (the default, as the CLI does), the
+    same class, weights layout, ``name_or_path`` and logits that ``convert_checkpoint`` (CLI ``tiednorm-convert``
+    without ``--generic``) gives for it: its weights are copied into the new model, and ``model`` is left as it was.
+    Every other architecture, and every one with ``generic=True``, is wrapped: the model itself is adopted, not
+    copied: the result holds it as ``.model`` with its output layer replaced by a
+    ``TiedNormHead`` (and, in a mode that normalizes the input lookups, unit-row lookups), and shares its weights.
+    ``head_mode="baseline"`` gives exactly ``model``'s logits, and so does every mode with a lossless start
+    (``HeadMode.lossless_start``) with ``lossless_start``. The result saves and reloads with
+    ``AutoModelFor*.from_pretrained(folder, trust_remote_code=True)``. A model loaded from a GGUF file loses its
+    (stale) quantization state.
+
+    Args:
+        model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
+            works too).
+        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``options`` holding them all (then leave these unset); ``head_mode``
+            None: the default mode.
+        lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
+        generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
+            them (the CLI's ``--generic``). Other architectures are wrapped either way.
+        base_model, license: the source's Hub id and license, recorded in the config (``provenance``, read by every
+            card) over what ``model.name_or_path`` states (source_provenance.py); None: what it states, or unknown.
+
+    Returns:
+        ``TiedNormForConditionalGeneration`` / ``TiedNormBartForConditionalGeneration`` / ``TiedNormForCausalLM``
+        for a marian / bart / llama model (without ``generic``), else ``TiedNormWrappedForCausalLM`` /
+        ``TiedNormWrappedForSeq2SeqLM``, in ``model``'s training mode, with ``model``'s ``name_or_path`` (PEFT records
+        it as the adapter's base model; a saved config keeps only a Hub id, ``portable_name_or_path``).
+    """
+    refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (head/peft_guard.py)
+    check_base_model_id(base_model)
+    options = head_options_of(options, head_mode, head_settings, lossless_start)
+    drop_quantization_state(model)
+    name_or_path = model.name_or_path
+    own_family = not generic and family_of_source(model.config.model_type) is not None
+    # The own family normalizes its lookups itself; convert_checkpoint checks unit lookups only for the wrapper.
+    auto = check_convertible(model.config) if own_family else check_source_model(model, options)
+    if type(model) is not auto._model_mapping[type(model.config)]:
+        raise ValueError(
+            f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
+            f"({auto._model_mapping[type(model.config)].__name__}), which a saved conversion reloads as"
+        )
+    if own_family:
+        check_tied(model)
+        converted = _own_family_in_memory(model, options, lossless_start)
+    else:
+        converted = _wrap(model, options, lossless_start)
+    record_provenance(converted, folder_provenance(name_or_path), base_model=base_model, license=license)
+    return name_like_source(converted, name_or_path)
+
+
+def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> PreTrainedModel:
+    """A loaded marian / bart / llama ``model`` (checked) as our own family, as ``convert_checkpoint`` builds it
+    from a folder: same class, weights layout and start; on ``model``'s device, in its training mode."""
+    converted = _to_own_family(model.name_or_path or type(model).__name__, model, options)
+    converted = converted.to(model.device).train(model.training)
+    if lossless_start:
+        start_lossless(converted)
+    return converted
+
+
+def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
+    """Every check a loaded source goes through, once: convertible (config), tied (weights) and, for a mode that
+    normalizes the input lookups, lookups that can be made unit rows. Returns the Auto class of its architecture."""
+    auto = check_convertible(model.config)
+    check_tied(model)
+    if options.mode.normalizes_input_lookups:
+        check_unit_lookups(model, options.norm_eps)
+    return auto
+
+
+def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> TiedNormWrappedPreTrainedModel:
+    """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
+    # The adopted model's config is saved as text_config: it names its source only by a Hub id, never a local path.
+    model.config._name_or_path = portable_name_or_path(model.config._name_or_path)
+    config = WRAPPED.config_class(text_config=model.config, **options.as_config_fields())
+    wrapper_class = WRAPPED.lm_class_for(model.config.is_encoder_decoder)
+    wrapped = wrapper_class(config, body=model).train(model.training)
+    if lossless_start:
+        start_lossless(wrapped)
+    return wrapped
+
+
+def _target_config(source_config, options: HeadOptions):
+    """The config of our own family for a source it maps 1:1 from (families/table.py), with the head's ``options``."""
+    family = family_of_source(source_config.model_type)
+    fields = {k: v for k, v in source_config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
+    head_fields = options.as_config_fields()
+    if family.is_encoder_decoder:  # Marian with two vocabularies shares only the decoder's; BART always shares
+        shared = getattr(source_config, "share_encoder_decoder_embeddings", True)
+        head_fields["tie_topology"] = "three_way" if shared else "decoder"
+    return family.config_class(**fields, **head_fields)
+
+
+def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOptions) -> PreTrainedModel:
+    """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
+    config = _target_config(source_model.config, options)
+    target_class = family_of_source(source_model.config.model_type).lm_class
+    state = source_model.state_dict()
+    if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
+        raise ValueError(
+            f"{source} has a non-zero final_logits_bias, which hf_tiednorm's own {target_class.__name__} has no "
+            "parameter for (converting would change the logits); convert with generic=True (CLI: --generic), which "
+            "keeps the architecture's final_logits_bias"
+        )
+    model = target_class(config).to(source_model.dtype)
+    keep_head_terms_fp32(model)  # g and b stay fp32 in a bf16/fp16 source, as from_pretrained keeps them
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing) - _target_only_keys()
+    unexpected = set(unexpected) - _SOURCE_ONLY_KEYS
+    if missing or unexpected:  # the architectures differ: a 1:1 mapping would be wrong
+        raise ValueError(
+            f"weights of {source} do not map 1:1 onto {target_class.__name__}: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    model.generation_config = source_model.generation_config
+    return model
+
+
+def convert_checkpoint(
+    source: str | os.PathLike,
+    output_dir: str | os.PathLike | None = None,
+    *,
+    head_mode: str | None = None,
+    generic: bool = False,
+    gguf_file: str | None = None,
+    lossless_start: bool = False,
+    options: HeadOptions | None = None,
+    base_model: str | None = None,
+    license: str | None = None,
+    **head_settings,
+) -> PreTrainedModel:
+    """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
+
+    marian / bart / llama sources become our own families unless ``generic``; every other tied causal LM or
+    encoder-decoder is wrapped (``normalize_tied_head``). With ``output_dir`` (new or empty, outside ``source``), the
+    converted model is saved there with its remote code, and the source's tokenizer if it has one, staged beside it
+    and renamed into place (a failed conversion leaves no output folder). Returns the converted model in eval mode.
+
+    Args:
+        source: a folder written by ``save_pretrained``; with ``gguf_file``, the folder holding that GGUF file; or
+            the path of a ``.gguf`` file itself.
+        gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs the gguf extra:
+            ``python -m pip install -e ".[gguf]"``).
+        lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
+        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``options`` holding them all; ``head_mode`` None: the default mode
+            (head_modes.DEFAULT_HEAD_MODE).
+        base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
+            saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
+            ``general.license`` (source_provenance.py). None: what the source states, else unknown.
+    """
+    source = Path(source)
+    if gguf_file is None and source.suffix == ".gguf":
+        source, gguf_file = source.parent, source.name
+    if gguf_file is not None:
+        if not (source / gguf_file).is_file():
+            raise FileNotFoundError(f"GGUF file {source / gguf_file} does not exist")
+        check_gguf_file(source / gguf_file)  # a truncated file is named as such (gguf_checks.py)
+    elif not (source / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
+        )
+    check_base_model_id(base_model)
+    options = head_options_of(options, head_mode, head_settings, lossless_start)
+    if output_dir is not None:
+        output_dir = Path(output_dir)
+        existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
+        if not existing.is_dir():  # output_dir is a file, or lies below one
+            raise NotADirectoryError(f"output_dir {output_dir}: {existing} is a file; choose a new or empty folder")
+        if is_same_or_inside(output_dir, source):  # by device and inode: a bind mount or link too
+            raise ValueError(f"output_dir {output_dir} must lie outside the source checkpoint {source}")
+        if output_dir.exists() and any(output_dir.iterdir()):
+            raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the converted model")
+
+    load = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    has_tokenizer = gguf_file is not None or any((source / name).is_file() for name in TOKENIZER_FILES)
+    if output_dir is not None and has_tokenizer:
+        check_tokenizer_files(source)  # a corrupt tokenizer.json is named before any work
+    source_config = AutoConfig.from_pretrained(source, **load)
+    # An untied source whose output rows are positive multiples c_i of its input rows (a plain export with a trained
+    # logit scale) converts with a lossless start that sets a logit scale: c_i goes into g_i. Others are refused.
+    parallel = (
+        lossless_start and takes_row_scales(options.mode)
+        and not getattr(source_config, "tie_word_embeddings", False)
+    )  # fmt: skip
+    auto = check_convertible(tied_copy(source_config) if parallel else source_config)  # before loading any weight
+    source_model, loading = auto.from_pretrained(source, dtype="auto", output_loading_info=True, **load)
+    check_source_loaded(source_model, loading)  # a tensor missing from the folder is named, not made up (issue 40)
+    source_model.eval()
+    drop_quantization_state(source_model)
+    row_scales = tie_parallel_output_rows(source_model, str(source), options.norm_eps) if parallel else None
+    check_tied(source_model)
+    if family_of_source(source_config.model_type) is not None and not generic:
+        model = _to_own_family(source, source_model, options)
+        if lossless_start:
+            start_lossless(model)
+    else:
+        if options.mode.normalizes_input_lookups:
+            check_unit_lookups(source_model, options.norm_eps)
+        model = _wrap(source_model, options, lossless_start)
+    if row_scales is not None:
+        take_row_scales(model, row_scales)
+    found = folder_provenance(source)
+    if gguf_file is not None:  # what the file states first, then its folder
+        found = {key: value or found[key] for key, value in gguf_provenance(source / gguf_file).items()}
+    record_provenance(model, found, base_model=base_model, license=license)
+    model = name_like_source(model.eval(), source_model.name_or_path)
+
+    if output_dir is not None:
+        # Staged beside output_dir and renamed into place: a failure (a tokenizer that does not load, a full disk)
+        # leaves no half-written output folder, as the exports do (staging_checks.staged_folder).
+        with staged_folder(output_dir) as partial:
+            model.save_pretrained(partial)
+            if has_tokenizer:
+                try:
+                    copy_tokenizer(source, partial, **load)
+                except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+                    raise ValueError(
+                        f"the tokenizer of {source} does not load ({type(error).__name__}: {error}); nothing was "
+                        f"written to {output_dir}: repair or re-save the source's tokenizer files"
+                    ) from error
+    return model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tiednorm-convert`` command line; every option has a help text that names its default."""
+    parser = argparse.ArgumentParser(
+        prog="tiednorm-convert",
+        description=f"Give a tied checkpoint ({SUPPORTED_TEXT}) the normalized head. The weights are kept; "
+        "with --head-mode baseline the logits equal the source's exactly, other modes change only the scoring "
+        "(fine-tune afterwards). The output folder loads with trust_remote_code=True where hf_tiednorm is not "
+        "installed.",
+    )
+    parser.add_argument(
+        "source",
+        help="local folder of the source checkpoint (save_pretrained format; with --gguf-file, the folder holding "
+        "that file), or the path of a .gguf file",
+    )
+    parser.add_argument("output_dir", help="new or empty folder for the converted model")
+    add_head_option_flags(parser)  # --head-mode ... --norm-eps: the head's config fields (field_flags.py)
+    parser.add_argument(
+        "--gguf-file",
+        help="name of a GGUF file inside SOURCE, dequantized on load; needs the gguf extra (python -m pip install -e "
+        "\".[gguf]\") (default: none, SOURCE is a save_pretrained folder or a .gguf path)",
+    )
+    parser.add_argument(
+        "--lossless-start",
+        action="store_true",
+        help="start at the source's logits: the terms each mode declares (cosine/square a per-token logit scale "
+        "‖w_i‖ / ‖w_i‖², distance a logit bias ½‖w_i‖²; l2 is refused: its input lookups change too) (default: off)",
+    )
+    parser.add_argument(
+        "--license",
+        help="license id of the source's weights, recorded for every card of this model and its fine-tunes "
+        "(default: what the source states: its README.md or config, a GGUF's general.license; else unknown)",
+    )
+    parser.add_argument(
+        "--base-model",
+        help="Hub id of the source (owner/name), recorded for every card (default: what the source states: its "
+        "place in the Hugging Face cache or its config; else none, and the card says a local model)",
+    )
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
+        "mapping them onto hf_tiednorm's own families",
+    )
+    add_registered_option_flags(parser)  # last: a registered option's flag may not shadow one above
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # the settings checked once, as the one value the conversion passes on
+        options = head_options_from_flags(args)
+    except ValueError as error:
+        parser.error(str(error))
+    convert_checkpoint(
+        args.source,
+        args.output_dir,
+        options=options,
+        generic=args.generic,
+        gguf_file=args.gguf_file,
+        lossless_start=args.lossless_start,
+        base_model=args.base_model,
+        license=args.license,
+    )
+    print(f"wrote {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The command-line flags of config fields, read from the fields' ``script_flag`` metadata
+(configuration_tiednorm.py): the training scripts' model flags (``hf_tiednorm.training.arguments``) and the
+converter's head flags (``tiednorm-convert``: ``add_head_option_flags``) come from the same metadata, so a head option
+described once in its config field is a flag of both with nothing else to edit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from types import UnionType
+from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
+
+from ..modeling.families.configuration import TiedNormHeadConfigMixin
+from ..modeling.head.options import HEAD_OPTIONS, RENAMED_CONFIG_FIELDS, HeadOptions, switched_terms
+
+# A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
+_OLD_NAMES = {new: old for old, new in RENAMED_CONFIG_FIELDS.items()}
+
+
+def flag_type(annotation: Any) -> Any:
+    """The flag type of a config field's type, optional: HfArgumentParser takes ``X | None`` only, so a config's
+    ``float | int`` is a float flag; a ``Literal`` is a str flag whose value the config checks (its error names the
+    field and the choices, which the help lists)."""
+    kinds = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if get_origin(annotation) not in (Union, UnionType):
+        kinds = [annotation]
+    if set(kinds) == {float, int}:
+        kinds = [float]
+    (kind,) = kinds
+    if get_origin(kind) is Literal:
+        kind = str
+    return Optional[kind]  # noqa: UP045 (list[int] | None would need a runtime union of a generic alias)
+
+
+def flag_help(config_field: dataclasses.Field, annotation: Any, default: str | None = None) -> str:
+    """The help of a config-field flag: the field's ``script_flag`` help, its choices (a ``Literal`` type) and the
+    config's default (the flag's own default, None, keeps it)."""
+    kinds = [arg for arg in get_args(annotation) if get_origin(arg) is Literal] or [annotation]
+    choices = get_args(kinds[0]) if get_origin(kinds[0]) is Literal else ()
+    listed = f"; one of {', '.join(choices)}" if choices else ""
+    if "choices" in config_field.metadata:  # a registry read at parse time (the head modes): argparse lists it
+        listed = "; one of %(choices)s"
+    default = f"{config_field.default}, the config's" if default is None else default
+    return f"{config_field.metadata['help']}{listed} (default: {default})"
+
+
+def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str, Any]:
+    """The HfArgumentParser metadata of a config-field flag: its help, its ``choices`` when the field names them, and
+    the flag of its old name (``--logit_scale`` for ``--logit_scale_kind``) as an alias."""
+    metadata = {"help": flag_help(config_field, annotation)}
+    if "choices" in config_field.metadata:
+        metadata["choices"] = config_field.metadata["choices"]
+    if config_field.name in _OLD_NAMES:
+        metadata["aliases"] = [f"--{_OLD_NAMES[config_field.name]}"]
+    return metadata
+
+
+def head_option_fields() -> list[tuple[dataclasses.Field, Any]]:
+    """(config field, its type) of every ``HeadOptions`` field, as ``TiedNormHeadConfigMixin`` declares it."""
+    fields = {f.name: f for f in dataclasses.fields(TiedNormHeadConfigMixin)}
+    types = get_type_hints(TiedNormHeadConfigMixin)
+    return [(fields[name], types[name]) for name in HeadOptions.field_names()]
+
+
+def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` flag per ``HeadOptions`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
+    help, choices and default: a bool field is a switch, every other flag's default is the config's."""
+    for config_field, annotation in head_option_fields():
+        names = (config_field.name, _OLD_NAMES.get(config_field.name))
+        flags = [f"--{name.replace('_', '-')}" for name in names if name]
+        metadata = flag_metadata(config_field, annotation)
+        if annotation is bool or annotation == "bool":
+            parser.add_argument(*flags, action="store_true", help=flag_help(config_field, annotation, "off"))
+            continue
+        metadata["help"] = flag_help(config_field, annotation, "%(default)s")
+        kind = get_args(flag_type(annotation))[0]
+        literal = [arg for arg in (*get_args(annotation), annotation) if get_origin(arg) is Literal]
+        choices = metadata.get("choices") or (get_args(literal[0]) if literal else None)
+        parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
+
+
+def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` switch per registered head option (head/options.register_head_option), added after
+    every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
+    ``output_dir`` argument) is refused naming the option, since the switch would be shadowed or read the other
+    argument's value."""
+    taken = {action.dest: action for action in parser._actions}
+    for option in map(HEAD_OPTIONS.get, switched_terms()):  # a built-in term's flags are its config fields'
+        flag = f"--{option.name.replace('_', '-')}"
+        clash = taken.get(option.name) or parser._option_string_actions.get(flag)
+        if clash is not None:
+            raise ValueError(
+                f"head option {option.name!r} (register_head_option) would be the flag {flag} of {parser.prog}, "
+                f"which already has {'/'.join(clash.option_strings) or clash.dest}; register the option under "
+                "another name"
+            )
+        # An identifier name (register_head_option) is its flag's destination: head_options_from_flags reads it.
+        parser.add_argument(flag, action="store_true", help=f"{option.help} (default: off)")
+
+
+def head_options_from_flags(args: argparse.Namespace) -> HeadOptions:
+    """The ``HeadOptions`` of the flags ``add_head_option_flags`` and ``add_registered_option_flags`` added (checked
+    once, as every HeadOptions is)."""
+    extra = tuple(name for name in switched_terms() if getattr(args, name) is True)
+    return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()}, extra_terms=extra)
+
+
+__all__ = ["add_head_option_flags", "add_registered_option_flags", "flag_help", "flag_metadata", "flag_type",
+           "head_option_fields",
+           "head_options_from_flags"]

@@ -1,0 +1,175 @@
+"""Which modules hold the tied embedding matrix: declared once here, used by every model family.
+
+A tie is one *owner* module (the input embedding), *aliases* (other attribute paths under which the very same
+owner module is registered: the encoder's and decoder's ``embed_tokens`` of a three-way tied encoder-decoder) and
+the output layer (*head*), which shares the owner's parameters (its ``weight``, or the band rows and projections of
+an adaptive softmax). Registering the owner itself under the aliases, rather than three embedding modules sharing
+one ``Parameter``, matters for every tool that groups "the input embedding with the output embedding":
+accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_embeddings()`` in one
+``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
+("Parameter ... is shared with a parameter already managed by another FSDP group").
+
+From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read), the
+module aliases, the holders to shard together (``fully_shard_tied``) and the check that the tie is intact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
+from ..head.layer import TiedNormEmbedding
+
+
+@dataclass(frozen=True)
+class EmbeddingTie:
+    """One tied matrix, by module path from the LM (``TiedNormForCausalLM`` / ``...ForConditionalGeneration``)."""
+
+    owner: str  # the input embedding owning the parameters
+    aliases: tuple[str, ...]  # paths where the owner module itself is registered again
+    head: str | None  # the output layer sharing the owner's parameters; None when the output layer is untied
+    # Parameter names of the owner (relative to it) shared by the aliases, and by the head.
+    owner_params: tuple[str, ...]
+    head_params: tuple[str, ...]
+
+    def holders(self) -> tuple[str, ...]:
+        """Distinct modules holding the tied parameters (aliases are the owner itself)."""
+        return (self.owner,) if self.head is None else (self.owner, self.head)
+
+    def tied_weights_keys(self, prefix: str = "") -> dict[str, str]:
+        """``_tied_weights_keys`` ({target: source}) of the model at ``prefix`` (``"model"``: the bare body)."""
+        pairs = [(f"{alias}.{name}", f"{self.owner}.{name}") for alias in self.aliases for name in self.owner_params]
+        if self.head is not None:
+            pairs += [(f"{self.head}.{name}", f"{self.owner}.{name}") for name in self.head_params]
+        start = f"{prefix}." if prefix else ""
+        return {
+            target.removeprefix(start): source.removeprefix(start)
+            for target, source in pairs
+            if target.startswith(start) and source.startswith(start)
+        }
+
+
+def embedding_tie(config) -> EmbeddingTie | None:
+    """The tie of a model with this config, None when nothing is tied.
+
+    The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
+    ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
+    (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
+    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
+    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
+    projections when ``adaptive_tie_projections``.
+    """
+    aliases: tuple[str, ...] = ()
+    if not config.is_encoder_decoder:
+        owner = config.input_embedding_path
+    elif config.share_encoder_decoder_embeddings:
+        owner, aliases = config.shared_embedding_path, tuple(config.stack_embedding_paths)
+    else:
+        owner = config.stack_embedding_paths[1]
+    head = "lm_head" if config.tie_word_embeddings else None
+    if head is None and not aliases:
+        return None
+    if config.adaptive_cutoffs is None:
+        owner_params = head_params = ("weight",)
+    else:
+        num_bands = len(config.adaptive_cutoffs) + 1
+        owner_params = tuple(AdaptiveSoftmaxHead.tied_parameter_names(num_bands, tie_projections=True))
+        head_params = tuple(AdaptiveSoftmaxHead.tied_parameter_names(num_bands, config.adaptive_tie_projections))
+    return EmbeddingTie(owner, aliases, head, owner_params, head_params)
+
+
+def _prefix_of(model: nn.Module) -> str:
+    # A bare body (its base_model is itself) sits under base_model_prefix ("model") in the LM.
+    return model.base_model_prefix if model.base_model is model else ""
+
+
+class TiedEmbeddingsMixin:
+    """Declares ``_tied_weights_keys`` from ``embedding_tie`` right before HF's ``post_init`` reads it, for the LM
+    and for the bare body alike (their keys differ by the ``model.`` prefix)."""
+
+    def post_init(self) -> None:
+        # A tie flag set on the config after it was built (config.tie_word_embeddings = False) that contradicts its
+        # tie_topology is refused here, before a model is built tied while its config says untied.
+        implied = getattr(self.config, "_implied_tie_flags", dict)()
+        if any(getattr(self.config, name) != value for name, value in implied.items()):
+            self.config.validate_tie_topology()  # raises, naming the flag and tie_topology
+        tie = embedding_tie(self.config)
+        prefix = _prefix_of(self)
+        # The HF parent's __init__ (MarianModel, BartModel) calls post_init before the family has built its own
+        # embeddings: its placeholder modules, replaced right after, are tied to nothing.
+        built = tie is not None and isinstance(
+            self.get_submodule(tie.owner.removeprefix(f"{prefix}.")), (TiedNormEmbedding, AdaptiveInput)
+        )
+        self._tied_weights_keys = tie.tied_weights_keys(prefix) if built else None
+        super().post_init()
+        self.finish_head_hosting()
+
+    def finish_head_hosting(self) -> None:
+        """Nothing for a bare body; ``TiedNormHeadHostMixin`` (before this class in an LM's bases) hosts the head."""
+
+
+def alias_tied_modules(body: nn.Module) -> None:
+    """Register the owner module of the tie under its aliases in the bare body (three-way: encoder and decoder
+    ``embed_tokens`` become ``shared`` itself)."""
+    tie = embedding_tie(body.config)
+    if tie is None:
+        return
+    prefix = f"{_prefix_of(body)}."
+    owner = body.get_submodule(tie.owner.removeprefix(prefix))
+    for alias in tie.aliases:
+        body.set_submodule(alias.removeprefix(prefix), owner)
+
+
+def tied_holders(model: nn.Module) -> list[nn.Module]:
+    """The distinct modules of an LM holding its tied parameters (owner, head); empty when untied."""
+    tie = embedding_tie(model.config)
+    return [] if tie is None else [model.get_submodule(path) for path in tie.holders()]
+
+
+def untied_pairs(model: nn.Module) -> list[tuple[str, str]]:
+    """(target, source) entries of the LM's tie whose parameters are not one object: empty when the tie is intact.
+
+    Works on the plain, FSDP2-sharded (DTensor parameters) and DeepSpeed-partitioned model alike."""
+    tie = embedding_tie(model.config)
+    if tie is None:
+        return []
+    return [
+        (target, source)
+        for target, source in tie.tied_weights_keys().items()
+        if model.get_parameter(target) is not model.get_parameter(source)
+    ]
+
+
+def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) for an hf_tiednorm LM: one group per transformer layer
+    (``_no_split_modules``), one group for every holder of the tied parameters, the rest in the root group.
+
+    ``fsdp_kwargs`` go to every ``fully_shard`` call (``mesh``, ``reshard_after_forward``, ...). The holders form
+    one group whatever the topology or adaptive embedding, which accelerate's wrapping cannot do for the "decoder"
+    topology or adaptive embeddings (it groups only the input and output embedding modules, and only when they
+    share a ``weight``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layer_classes = set(model._no_split_modules or ())
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, **fsdp_kwargs)
+    holders = tied_holders(model)
+    if holders:
+        # Gathered from the first lookup to the head, and kept so after the forward: the weight-norm penalty reads
+        # the head's weight after the head ran (accelerate keeps this group gathered for the same reason).
+        fully_shard(holders, **{**fsdp_kwargs, "reshard_after_forward": False})
+    return fully_shard(model, **fsdp_kwargs)
+
+
+__all__ = [
+    "EmbeddingTie",
+    "TiedEmbeddingsMixin",
+    "alias_tied_modules",
+    "embedding_tie",
+    "fully_shard_tied",
+    "tied_holders",
+    "untied_pairs",
+]

@@ -1,0 +1,303 @@
+"""The normalized tied head around any transformers causal LM or encoder-decoder, with transformers' own code.
+
+``TiedNormWrappedForCausalLM`` / ``TiedNormWrappedForSeq2SeqLM`` hold, as ``self.model``, the model that
+``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM`` builds from ``config.text_config`` (GPT-2, Llama, Qwen2/3,
+Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exactly two things in it:
+
+* its output layer becomes a ``TiedNormHead`` sharing the input embedding matrix; the architecture's forward still
+  calls it where it called its ``nn.Linear``, so what it does around the head is kept as it is: final norm before it,
+  T5's d^-1/2 rescale of the decoder output (tied T5), Gemma 2/3's final-logit soft-capping after it (the cap bounds
+  the normalized score, g included), BART/mBART/Marian's ``final_logits_bias`` added after it;
+* in a mode that normalizes the input lookups (``l2``), every embedding module holding the shared matrix looks up
+  unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
+  scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
+
+``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
+wrapped model's: ``forward`` and ``generate`` call it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+from transformers.models.auto.auto_factory import _get_model_class
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
+
+from ..head.layer import TiedNormEmbedding, TiedNormHead
+from ..head.options import HeadOptions
+from ..head.peft_guard import check_head_once
+from ..head.scoring_guard import own_scoring
+from ..loss.accumulated import share_of_accumulated_batch
+from ..loss.policy import refuse_fused_loss_scored_outside
+from ..weight_checks import WeightChecksMixin
+from .causal_lm_names import recognise_as_causal_lm
+from .configuration_wrapped import TiedNormWrappedConfig
+from .head_host import TiedNormHeadHostMixin
+from .wrapped_loss import fused_causal_lm_loss, refuse_patched_forward
+
+_UNIT_LOOKUP_CLASSES: dict[type, type] = {}
+
+
+def unit_lookups(embedding: nn.Embedding, norm_eps: float) -> None:
+    """Make ``embedding`` look up ŵ_i = w_i/‖w_i‖ (the l2 mode's input side, Liu et al. eq. 19), in place.
+
+    The module keeps its class's behaviour: its class is replaced by a subclass of it and of ``TiedNormEmbedding``,
+    whose lookup the class's own ``forward`` reaches through ``super().forward``, so a scale it applies (Gemma's
+    ``embed_scale``) multiplies ŵ_i. Weights and state-dict keys do not change.
+    """
+    cls = type(embedding)
+    if not issubclass(cls, TiedNormEmbedding):
+        if cls is nn.Embedding:
+            unit_class = TiedNormEmbedding
+        else:
+            if cls not in _UNIT_LOOKUP_CLASSES:
+                _UNIT_LOOKUP_CLASSES[cls] = type(f"TiedNormUnit{cls.__name__}", (cls, TiedNormEmbedding), {})
+            unit_class = _UNIT_LOOKUP_CLASSES[cls]
+        embedding.__class__ = unit_class
+    embedding.normalize = True
+    embedding.norm_eps = norm_eps
+
+
+def shared_embedding_modules(body: PreTrainedModel) -> list[nn.Embedding]:
+    """The embedding modules holding the matrix ``body``'s output layer is tied to, that one first.
+
+    The output layer ties to the source of its weight in ``body``'s tie mapping (the decoder embedding of a Marian
+    model with two vocabularies), else to the input embedding; the modules tied to that source (one per stack in T5,
+    M2M100) are found by the mapping, since under ``from_pretrained`` they are tied only after loading.
+    """
+    head = body.get_output_embeddings()
+    tied = body.get_expanded_tied_weights_keys(all_submodels=True)  # {target: source}, one source per group
+    head_name = next((f"{name}.weight" for name, module in body.named_modules() if module is head), None)
+    source = tied.get(head_name)
+    if source is None:
+        embedding = body.get_input_embeddings()
+        source = next(f"{name}.weight" for name, module in body.named_modules() if module is embedding)
+    names = [source] + sorted(target for target, tied_source in tied.items() if tied_source == source)
+    modules = [body.get_submodule(name.rpartition(".")[0]) for name in names]
+    return list({id(m): m for m in modules if isinstance(m, nn.Embedding)}.values())
+
+
+def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
+    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in a
+    mode that normalizes the input lookups, make every embedding module holding that matrix look up unit rows).
+    Returns the new head."""
+    embeddings = shared_embedding_modules(body)
+    weight = embeddings[0].weight  # (V, d)
+    head = TiedNormHead(
+        weight.shape[1],
+        weight.shape[0],
+        options=HeadOptions.from_config(config),
+        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
+        dtype=weight.dtype,
+    )
+    head.weight = weight  # Press & Wolf: the output embedding is the input embedding
+    for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
+        if getattr(head, name, None) is not None:
+            setattr(head, name, nn.Parameter(torch.full_like(getattr(head, name), start, device=weight.device)))
+    body.set_output_embeddings(head)
+    if head.mode.normalizes_input_lookups:
+        # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
+        for module in embeddings:
+            unit_lookups(module, config.norm_eps)
+    return head
+
+
+class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, PreTrainedModel):
+    """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
+    hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
+    ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
+
+    config_class = TiedNormWrappedConfig
+    config: TiedNormWrappedConfig
+    # ``base_model`` is the headless backbone, as in every HF ``*ForCausalLM`` (the ``backbone`` property below); the
+    # wrapped model itself, head included, stays ``self.model``, so the state-dict keys are ``model.*`` as before.
+    base_model_prefix = "backbone"
+    supports_gradient_checkpointing = True
+    # The Auto class that builds the wrapped model from config.text_config.
+    body_auto_class: type = AutoModelForCausalLM
+
+    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
+        """``body``: an already loaded model of ``config.text_config`` to adopt with its weights (the in-memory
+        conversion); None builds one (random weights, or on the meta device under ``from_pretrained``)."""
+        # Checked first: building reads the wrapped class's attention support (_body_class).
+        if config.is_encoder_decoder != (self.body_auto_class is AutoModelForSeq2SeqLM):
+            other = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
+            raise ValueError(f"{type(self).__name__} cannot wrap a {config.text_config.model_type} model; use {other}")
+        super().__init__(config)
+        if body is None:
+            # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
+            body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
+        if not getattr(body.config, "tie_word_embeddings", True):
+            raise ValueError(
+                f"{type(self).__name__}: the wrapped {body.config.model_type} config says tie_word_embeddings=False, "
+                "but the normalized head is tied: it scores with the input embedding matrix itself, so an untied "
+                "output matrix would be dropped (docs/converting.md: untied checkpoints are refused). Wrap a model "
+                "with tie_word_embeddings=True"
+            )
+        self.model = body
+        self.generation_config = body.generation_config  # from_pretrained replaces it by the saved one
+        config.text_config = body.config  # one config object, so that resizing or use_cache reach the body
+        install_normalized_head(body, config)
+        if not any(p.is_meta for p in body.parameters()):
+            # An adopted or freshly built body is initialized already; post_init must not re-initialize the new head,
+            # whose weight is the shared embedding.
+            for module in body.modules():
+                module._is_hf_initialized = True
+        self.post_init()
+
+    def post_init(self) -> None:
+        super().post_init()  # the wrapped model declared its own tie when it was built
+        self.finish_head_hosting()
+
+    def _body_class(self) -> type[PreTrainedModel]:
+        """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
+        try:
+            return _get_model_class(self.config.text_config, self.body_auto_class._model_mapping)
+        except KeyError:
+            raise ValueError(
+                f"{self.body_auto_class.__name__} has no class for a {self.config.text_config.model_type!r} model: "
+                f"{type(self).__name__} cannot wrap it"
+            ) from None
+
+    # The attention implementations the wrapper supports are its wrapped model's: transformers checks them on the
+    # wrapper when it is built or loaded (attn_implementation=...), and the choice reaches the wrapped model through
+    # config.text_config, a sub-config. Read on the instance, as transformers reads them.
+    @property
+    def _supports_sdpa(self) -> bool:
+        return self._body_class()._supports_sdpa
+
+    @property
+    def _supports_flash_attn(self) -> bool:
+        return self._body_class()._supports_flash_attn
+
+    @property
+    def _supports_flex_attn(self) -> bool:
+        return self._body_class()._supports_flex_attn
+
+    @property
+    def _can_compile_fullgraph(self) -> bool:
+        return self._body_class()._can_compile_fullgraph
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
+        i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
+        callers such as TRL run to get ``last_hidden_state`` before an LM head. It is a module inside ``self.model``
+        (keys ``model.<its prefix>.*``), not registered a second time. An architecture whose own ``base_model`` is
+        itself (T5) gives the wrapped model, as transformers does for it."""
+        return self.model.base_model
+
+    @property
+    def vocab_size(self) -> int:
+        """The wrapped model's vocabulary size (``config.text_config.vocab_size``, kept by a resize)."""
+        return self.config.get_text_config().vocab_size
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.set_input_embeddings(value)
+
+    def _output_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def _place_output_head(self, head: nn.Module) -> None:
+        self.model.set_output_embeddings(head)
+
+    def get_encoder(self) -> nn.Module:
+        return self.model.get_encoder()
+
+    def get_decoder(self) -> nn.Module:
+        return self.model.get_decoder()
+
+    def _resize_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        # The wrapped model resizes its embedding in place (and its final_logits_bias, if any) but replaces the
+        # output layer by a plain nn.Linear; put the normalized head back on the resized shared matrix.
+        head = self.get_output_embeddings()
+        embeddings = self.model.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.model.set_output_embeddings(head)
+        head.weight = embeddings.weight
+        return embeddings
+
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (head/scoring_guard.py)
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
+        """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
+        returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
+        fused path computes (``config.loss_implementation``, families/wrapped_loss.py) the loss and ``logits=None``.
+
+        Args:
+            input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
+            attention_mask: (batch, length), 1 for tokens to attend to.
+            labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
+                as already aligned).
+        """
+        check_head_once(self)
+        if inputs_embeds is not None:
+            kwargs["inputs_embeds"] = inputs_embeds
+        kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
+        # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too
+        if self.training and labels is not None:
+            refuse_patched_forward(self, self.model)  # a patched forward would bypass the head (liger's patches)
+        elif self.training and num_items_in_batch is not None:
+            refuse_fused_loss_scored_outside(self.config)  # the Trainer scores the logits: no fused loss
+        if labels is not None:  # a causal LM's fused loss (an encoder-decoder refuses a named one)
+            fused = fused_causal_lm_loss(
+                self, self.model, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs
+            )
+            if fused is not None:  # the loss by a fused path, no logits
+                return fused
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        shifted = not self.config.is_encoder_decoder
+        return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
+
+    def _generate_with_frozen_head(self, *args, **kwargs):
+        """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
+        ``generation_config``."""
+        self.model.generation_config = self.generation_config
+        return self.model.generate(*args, **kwargs)
+
+
+class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+    """A causal LM of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
+
+    body_auto_class = AutoModelForCausalLM
+
+
+class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+    """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
+
+    body_auto_class = AutoModelForSeq2SeqLM
+
+    @property
+    def prepare_decoder_input_ids_from_labels(self):
+        # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
+        # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
+        return self.model.prepare_decoder_input_ids_from_labels
+
+
+# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
+recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)
+
+
+__all__ = [
+    "TiedNormWrappedForCausalLM",
+    "TiedNormWrappedForSeq2SeqLM",
+    "TiedNormWrappedPreTrainedModel",
+    "install_normalized_head",
+    "shared_embedding_modules",
+    "unit_lookups",
+]

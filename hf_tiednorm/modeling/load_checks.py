@@ -1,0 +1,172 @@
+"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
+tensor of the file must find its place, checked when ``from_pretrained`` finishes.
+
+transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
+"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
+term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
+edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
+meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
+fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
+any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
+each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
+itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
+``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
+from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
+``weight_checks.WeightChecksMixin``), so transformers' report table is still printed first.
+
+This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .head.adaptive import embedding_matrices
+from .head.layer import NormalizedScoresMixin
+from .head.options import HEAD_OPTIONS, HeadOptions
+
+
+def _term_setting(model: nn.Module, name: str) -> str:
+    """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
+    "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
+    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
+
+
+def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
+    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
+    as 'lm_head.logit_scale')."""
+    heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    errors = []
+    for key in sorted(missing | unexpected):
+        module, _, leaf = key.rpartition(".")
+        if module not in heads or leaf not in HEAD_OPTIONS:
+            continue
+        setting = _term_setting(model, leaf)
+        switch = setting.partition("=")[0]
+        if key in missing:
+            errors.append(
+                f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned term of "
+                f"the head is part of the trained function, and it would start afresh (at "
+                f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in config.json to "
+                "what the model was trained with"
+            )
+        else:
+            errors.append(
+                f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
+                f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
+                f"trained with ({HEAD_OPTIONS[leaf].help})"
+            )
+    return errors
+
+
+def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
+    """The output embedding (the shared matrix, or the adaptive bands) missing from the weights, and any parameter
+    left on the meta device (never loaded, never initialized)."""
+    heads = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
+    shared = {id(matrix) for head in heads[:1] for matrix in embedding_matrices(head)}
+    # One report per matrix, under the name it is saved as (not a tied copy's name, which is never in the file).
+    tied_copies = set(getattr(model, "all_tied_weights_keys", None) or {})
+    names = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in missing and id(parameter) in shared:
+            names.setdefault(id(parameter), []).append(name)
+    errors = [
+        f"tensor {next((n for n in found if n not in tied_copies), found[0])!r} (the embedding matrix the tied head "
+        "scores with) is missing from the weights: it would be initialized at random. The weights file is "
+        "incomplete; restore it"
+        for found in names.values()
+    ]
+    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
+    if not offloaded:
+        for name, parameter in model.named_parameters():
+            if parameter.is_meta:
+                errors.append(
+                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
+                    "weights file is incomplete; restore it"
+                )
+    return errors
+
+
+def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
+    """The keys of ``keys`` that ``head_term_errors`` / ``embedding_errors`` report (under their own words): the
+    head's learned terms, every name of the shared embedding matrices, and parameters left on the meta device."""
+    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
+    shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if name in keys and (id(parameter) in shared or parameter.is_meta):
+            named.add(name)
+    return named
+
+
+def other_tensor_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
+    """Every missing tensor (a layer's weight, a norm, a bias: transformers would initialize it at random) and every
+    unexpected one (a tensor of the file the model has no place for: dropped) that ``head_term_errors`` and
+    ``embedding_errors`` do not report already. ``missing`` / ``unexpected`` come after transformers' own rules, so a
+    tied copy that is not saved twice, a non-persistent buffer and a family's ``_keys_to_ignore_on_load_*`` are not
+    among them."""
+    named = _named_already(model, missing | unexpected)
+    errors = [
+        f"tensor {key!r} is missing from the weights: it would be initialized at random, so the model would compute "
+        "other logits than the one that was saved. The weights file is incomplete; restore it"
+        for key in sorted(missing - named)
+    ]
+    errors += [
+        f"the weights hold tensor {key!r}, which {type(model).__name__} built from this config.json has no place "
+        "for: loading would drop it. The weights belong to another model, or config.json was edited; restore the "
+        "folder's config.json, or load it with the class it was saved from"
+        for key in sorted(unexpected - named)
+    ]
+    return errors
+
+
+def check_loaded_head(model: nn.Module, loading_info) -> None:
+    """Raise ``ValueError`` naming every head term, shared-embedding tensor, other missing or unexpected tensor or
+    meta-device parameter that makes the loaded ``model`` differ from the model that was saved; do nothing for a
+    complete, consistent folder.
+
+    Args:
+        model: the model ``from_pretrained`` built, weights loaded and tied.
+        loading_info: transformers' ``LoadStateDictInfo`` (``missing_keys``, ``unexpected_keys``: sets of
+            state-dict keys), after transformers' own ignore rules.
+    """
+    missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
+    errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
+    errors += other_tensor_errors(model, missing, unexpected)
+    _refuse(model, errors)
+
+
+def check_loaded_body(model: nn.Module, loading_info) -> None:
+    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
+    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
+    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
+    missing = set(loading_info.missing_keys)
+    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+
+
+def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
+    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
+    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
+    instead of converting a randomly initialized layer "lossless"."""
+    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
+    _refuse(model, other_tensor_errors(model, missing, unexpected))
+
+
+def _refuse(model: nn.Module, errors: list[str]) -> None:
+    if errors:
+        folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
+        listed = "\n".join(f"  - {error}" for error in errors)
+        raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
+
+
+__all__ = [
+    "check_loaded_body",
+    "check_loaded_head",
+    "check_source_loaded",
+    "embedding_errors",
+    "head_term_errors",
+    "other_tensor_errors",
+]

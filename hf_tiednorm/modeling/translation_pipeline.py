@@ -1,0 +1,177 @@
+"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
+
+Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
+the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
+the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
+``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
+``add_translation_pipeline`` on its config (families/head_host.py).
+
+The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
+``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
+longer than the model's positions (with a warning) instead of failing inside the encoder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from transformers import Pipeline, PretrainedConfig
+from transformers.utils import logging
+
+from .auto_map import code_reference
+
+logger = logging.get_logger(__name__)
+
+TASK = "tiednorm-translation"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def add_translation_pipeline(config: PretrainedConfig) -> None:
+    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
+    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
+    entry = {
+        "impl": code_reference(TiedNormTranslationPipeline),  # in the generated modeling file (auto_map.py)
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "tf": [],
+        "type": "text",
+    }
+    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
+
+
+def position_limit(model, tokenizer) -> int | None:
+    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
+    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
+    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+    return min(limits, default=None)
+
+
+def missing_tokenizer_message(model) -> str:
+    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
+    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
+    folder = getattr(model, "name_or_path", None) or ""
+    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
+    if has_tokenizer:
+        return (
+            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
+            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+            f"trust_remote_code=True, as the folder ships the pipeline code) or "
+            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
+        )
+    if folder and os.path.isdir(folder):
+        return (
+            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+            "tokenizer=... to pipeline()"
+        )
+    name = folder or type(model).__name__
+    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
+
+
+class TokenizerLoadFailure:
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
+    error of a failed load so that the pipeline can say why it has no tokenizer.
+
+    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
+    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
+    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
+    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
+    """
+
+    failure: BaseException | None = None
+    source: object = None
+
+    def __bool__(self) -> bool:
+        error = sys.exc_info()[1]
+        if error is None:  # the test before loading: load, and forget an earlier call's failure
+            self.failure = None
+            return True
+        self.failure = error
+        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
+        self.source = sys._getframe(1).f_locals.get("component")
+        return False
+
+    def take(self) -> tuple[BaseException | None, object]:
+        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
+        (the ``tokenizer=`` argument, or None); cleared."""
+        failure, source, self.failure, self.source = self.failure, self.source, None, None
+        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
+            return None, None  # nothing was given to load (a model object without tokenizer=)
+        return failure, source
+
+
+# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
+POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
+
+
+def check_generate_kwargs(generate_kwargs: dict) -> None:
+    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
+    for name in POSITIVE_INT_ARGUMENTS:
+        value = generate_kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
+
+
+class TiedNormTranslationPipeline(Pipeline):
+    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
+
+    # Keyword arguments that go to model.generate rather than to the tokenizer.
+    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
+
+    _load_tokenizer = TokenizerLoadFailure()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            failure, source = type(self)._load_tokenizer.take()
+            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
+                folder = getattr(self.model, "name_or_path", None) or ""
+                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+                source = folder if has_files else None
+            if failure is not None and source is not None:
+                raise ValueError(
+                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
+                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
+                    "loaded tokenizer"
+                ) from failure
+            raise ValueError(missing_tokenizer_message(self.model))
+
+    def _sanitize_parameters(self, **kwargs):
+        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
+        if unknown:
+            raise ValueError(
+                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
+            )
+        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
+        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
+        check_generate_kwargs(generate_kwargs)
+        return {}, generate_kwargs, {}
+
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)  # the arguments are still checked
+            return []  # nothing to translate (the base Pipeline indexed the empty list)
+        return super().__call__(inputs, *args, **kwargs)
+
+    def preprocess(self, text: str):
+        if not isinstance(text, str):
+            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
+        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
+        limit = position_limit(self.model, self.tokenizer)
+        if limit is not None and inputs["input_ids"].shape[-1] > limit:
+            logger.warning(
+                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
+                f"can embed; translating its first {limit} tokens only"
+            )
+            inputs = self.tokenizer(
+                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
+            )
+        return inputs
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+
+    def postprocess(self, model_outputs):
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        return [{"translation_text": text} for text in texts]
