@@ -36,8 +36,15 @@ def fold_temperature(tau, scale, bias):
 
 @pytest.fixture
 def temperature():
-    register_head_option(HeadOption(NAME, "a learned per-token temperature τ_i dividing the scores", 1.0,
-                                    fold_temperature, "a learned τ_i per token, dividing the scores (1 at first)"))
+    register_head_option(
+        HeadOption(
+            NAME,
+            "a learned per-token temperature τ_i dividing the scores",
+            1.0,
+            fold_temperature,
+            "a learned τ_i per token, dividing the scores (1 at first)",
+        )
+    )
     yield NAME
     del HEAD_OPTIONS[NAME]
 

@@ -12,10 +12,10 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
-from ..modeling.head.options import HEAD_OPTIONS, RENAMED_CONFIG_FIELDS, HeadOptions, switched_terms
+from ..modeling.head.options import HEAD_OPTIONS, HeadOptions, renamed_config_fields, switched_terms
 
 # A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
-_OLD_NAMES = {new: old for old, new in RENAMED_CONFIG_FIELDS.items()}
+_OLD_NAMES = {new: old for old, (new, _) in renamed_config_fields().items()}
 
 
 def flag_type(annotation: Any) -> Any:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import math
-import sys
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -28,44 +26,20 @@ LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
 
 
-# Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
-# under the old name still load, with a FutureWarning (configuration_tiednorm.py).
-RENAMED_CONFIG_FIELDS: dict[str, str] = {"logit_scale": "logit_scale_kind"}
-
-
-def renamed_field_value(old: str, new: str, value, current):
-    """The value of field ``new`` given under its old name ``old`` (a config saved before the rename), with a
-    FutureWarning; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float multiplier of
-    other architectures, which this head's options do not read) or one contradicting ``new`` given too."""
-    if not (isinstance(value, str) and value in LOGIT_SCALES):
-        raise ValueError(
-            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} as "
-            f"a float multiplier of the logits, which this head would not apply); the head's scale is {new}, one of "
-            f"{LOGIT_SCALES}, with logit_scale_init for its value"
-        )
-    if current not in ("none", value):
-        raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-    # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
-    frame, stacklevel = sys._getframe(0), 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
-        frame, stacklevel = frame.f_back, stacklevel + 1
-    warnings.warn(
-        f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-        f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
-        f"the new name; the old one will stop loading in a future release",
-        FutureWarning,
-        stacklevel=stacklevel,
-    )
-    return value
+def renamed_config_fields() -> dict[str, tuple[str, HeadTerm]]:
+    """Config fields renamed since models were saved with them: old name -> (new name, the term that owns it), from
+    each term's ``renamed_fields``. config.json and keyword arguments under the old name still load, with a
+    FutureWarning (``HeadTerm.renamed_value``)."""
+    return {old: (new, term) for term in head_terms() for old, new in term.renamed_fields.items()}
 
 
 def renamed_fields_set(config, kwargs: dict) -> dict:
     """Set on ``config`` each field that ``kwargs`` (a config's extra keywords: config.json, from_pretrained) gives
-    under its old name (``RENAMED_CONFIG_FIELDS``, with a FutureWarning); returns the other keywords."""
-    for old, new in RENAMED_CONFIG_FIELDS.items():
+    under its old name (``renamed_config_fields``, with a FutureWarning); returns the other keywords."""
+    for old, (new, term) in renamed_config_fields().items():
         if old in kwargs:
             kwargs = dict(kwargs)
-            setattr(config, new, renamed_field_value(old, new, kwargs.pop(old), getattr(config, new)))
+            setattr(config, new, term.renamed_value(old, new, kwargs.pop(old), getattr(config, new)))
     return kwargs
 
 
@@ -89,9 +63,15 @@ class HeadTerm:
     name: str
     help: str
     config_fields: tuple[str, ...] = ()
+    renamed_fields: dict[str, str] = {}  # noqa: RUF012 (read only) old config field name -> its new name
     keep_fp32: bool = True
     row_scaled: bool = False
     takes_row_scales: bool = False
+
+    def renamed_value(self, old: str, new: str, value, current):
+        """The value of config field ``new`` given under its old name ``old`` (``renamed_fields``), or
+        ``ValueError``; a term that renamed a field says what the old name may hold."""
+        raise ValueError(f"{old}={value!r}: the config field {old} is now {new}")
 
     def is_on(self, options) -> bool:
         """Whether a head with ``options`` holds (or applies) this term."""
@@ -223,7 +203,7 @@ def taken_head_names() -> frozenset[str]:
     every ``HeadOptions`` field, the renamed ones' old names included."""
     if not HEAD_NAME_SOURCES:
         raise RuntimeError("no head has declared its names (head/layer.py is not loaded): cannot check a name")
-    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
+    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(renamed_config_fields())
     return frozenset(fields.union(*(source() for source in HEAD_NAME_SOURCES)))
 
 
@@ -332,8 +312,7 @@ class HeadOptions:
 
 
 __all__ = [
-    "HEAD_OPTIONS", "HEAD_TERMS", "LOGIT_SCALES", "RENAMED_CONFIG_FIELDS", "HeadOption", "HeadTerm",
+    "HEAD_OPTIONS", "HEAD_TERMS", "LOGIT_SCALES", "HeadOption", "HeadTerm", "renamed_config_fields",
     "HEAD_NAME_SOURCES", "HeadOptions", "LogitScale", "add_head_term", "head_terms", "learned_terms",
-    "register_head_option", "switched_terms", "takes_row_scales", "taken_head_names", "renamed_field_value",
-    "renamed_fields_set",
+    "register_head_option", "switched_terms", "takes_row_scales", "taken_head_names", "renamed_fields_set",
 ]  # fmt: skip

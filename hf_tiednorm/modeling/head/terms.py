@@ -16,6 +16,8 @@ model.
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 
 import torch
 
@@ -38,7 +40,34 @@ class LogitScaleTerm(HeadTerm):
     name = "logit_scale"
     help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
     config_fields = ("logit_scale_kind", "logit_scale_init")
+    # Its switch was called logit_scale: TRL, vLLM and transformers' Cohere read config.logit_scale as a float.
+    renamed_fields = {"logit_scale": "logit_scale_kind"}  # noqa: RUF012
     row_scaled = takes_row_scales = True
+
+    def renamed_value(self, old: str, new: str, value, current):
+        """``value`` given under the old name with a FutureWarning; ``ValueError`` for a value the old field never
+        took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's options do not
+        read) or one contradicting ``new`` given too."""
+        if not (isinstance(value, str) and value in LOGIT_SCALES):
+            raise ValueError(
+                f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} "
+                f"as a float multiplier of the logits, which this head would not apply); the head's scale is {new}, "
+                f"one of {LOGIT_SCALES}, with logit_scale_init for its value"
+            )
+        if current not in ("none", value):
+            raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
+        # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
+        frame, stacklevel = sys._getframe(0), 1
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
+            frame, stacklevel = frame.f_back, stacklevel + 1
+        warnings.warn(
+            f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+            f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
+            f"the new name; the old one will stop loading in a future release",
+            FutureWarning,
+            stacklevel=stacklevel,
+        )
+        return value
 
     def is_on(self, options) -> bool:
         return options.logit_scale_kind != "none"
