@@ -1,26 +1,25 @@
 """hf_tiednorm: normalized input-output shared embeddings for HF Transformers text-generation models.
 
-Importing the package registers every row of the family table (families/table.py: our families and the wrapper around
-any
-tied transformers LM) with the Auto classes, and marks them for ``register_for_auto_class`` so ``save_pretrained``
-writes ``auto_map`` and the two generated code files (modeling/auto_map.py): a saved folder then loads with
-``trust_remote_code=True`` where this package is not installed. The config and model classes are the package's
-public names, taken from the same table.
+Importing the package registers every row of the family table (modeling/families/table.py: our families and the
+wrapper around any tied transformers LM; ``register_family`` does it for each row) with the Auto classes, and marks
+them for ``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` and the two generated code files
+(modeling/auto_map.py): a saved folder then loads with ``trust_remote_code=True`` where this package is not
+installed. The config and model classes are the package's public names, taken from the same table.
 """
 
 from transformers import AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .modeling.families.common import TiedNormCausalLMMixin, TiedNormLMMixin
 from .modeling.families.config_fields import TIE_TOPOLOGIES
-from .modeling.families.table import FAMILIES, ROWS, public_classes, register_family, register_with_auto_classes
+from .modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .modeling.families.table import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
 from .modeling.head.layer import TiedNormEmbedding, TiedNormHead
-from .modeling.head.modes import HEAD_MODES, HeadMode, register_head_mode
+from .modeling.head.modes import HEAD_MODES, HeadMode, register_head_mode, unregister_head_mode
 from .modeling.head.options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, HeadTerm, register_head_option
 from .modeling.translation_pipeline import TiedNormTranslationPipeline
 from .training.liger import register_families_with_liger
 
-for _row in ROWS.values():
-    register_with_auto_classes(_row)
 # use_liger_kernel=True with a plain transformers.Trainer reaches the head's fused loss (training/liger.py).
 register_families_with_liger()
 globals().update(public_classes())  # TiedNormSeq2SeqConfig, TiedNormForCausalLM, TiedNormWrappedForCausalLM, ...
@@ -30,6 +29,9 @@ PIPELINE_REGISTRY.register_pipeline(
 )
 
 __version__ = "0.1.0"
+# The public names. A new family subclasses TiedNormHeadConfigMixin + TiedNormTechniquesConfigMixin (its config)
+# and TiedNormCausalLMMixin (its LM) with an HF parent, and is one keyword ModelFamily row given to register_family;
+# a head mode is a HeadMode given to register_head_mode, a head term a HeadOption given to register_head_option.
 __all__ = [
     "FAMILIES",
     "HEAD_MODES",
@@ -39,13 +41,20 @@ __all__ = [
     "HeadOptions",
     "HeadTerm",
     "LOGIT_SCALES",
+    "ModelFamily",
     "ROWS",
     "TIE_TOPOLOGIES",
+    "TiedNormCausalLMMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
+    "TiedNormHeadConfigMixin",
+    "TiedNormLMMixin",
+    "TiedNormTechniquesConfigMixin",
     "TiedNormTranslationPipeline",
     "register_family",
     "register_head_mode",
     "register_head_option",
+    "unregister_family",
+    "unregister_head_mode",
     *sorted(public_classes()),
 ]

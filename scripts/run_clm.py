@@ -41,7 +41,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, default_data_collator
 
-from hf_tiednorm.modeling.families.table import FAMILIES, families
+from hf_tiednorm.modeling.families.table import FAMILIES, families, family_named
 from hf_tiednorm.publishing.card_metrics import subset_metrics
 from hf_tiednorm.training import steps  # the main() steps both training scripts share
 from hf_tiednorm.training.arguments import (
@@ -56,7 +56,8 @@ from hf_tiednorm.training.precision import TiedNormTrainingArguments
 from hf_tiednorm.training.trainers import TiedNormTrainer, add_perplexity
 
 logger = logging.getLogger(__name__)
-# The causal family a new model is built from (hf_tiednorm/modeling/families/table.py).
+# The causal family a new model is built from by default (hf_tiednorm/modeling/families/table.py); --model_family
+# picks another.
 CAUSAL = FAMILIES[families(encoder_decoder=False)[0]]
 # The Multi30k files read by default: the shared data folder beside this checkout (a script default, not the
 # library's: hf_tiednorm assumes no checkout).
@@ -78,6 +79,17 @@ class ModelArguments(TiedNormModelArguments):
     intermediate_size: int | None = field(default=None, metadata={"help": "feed-forward dimension"})
     num_hidden_layers: int | None = field(default=None, metadata={"help": "decoder layers"})
     num_attention_heads: int | None = field(default=None, metadata={"help": "attention heads per layer"})
+    model_family: str = field(
+        default=CAUSAL.name,
+        metadata={"help": "the causal family of a new model: one registered with hf_tiednorm.register_family (read "
+                          f"when the flags are parsed; {', '.join(families(encoder_decoder=False))} built in)"},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if family_named(self.model_family, encoder_decoder=False) is None:
+            raise ValueError(f"--model_family must be one of {families(encoder_decoder=False)} (the registered causal "
+                             f"families), got {self.model_family!r}")
 
 
 @dataclass
@@ -111,15 +123,19 @@ class DataArguments(DataArgumentsBase):
             raise ValueError(f"--block_size must be >= 2, got {self.block_size}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The run; ``argv``: its flags (default: the command line), so that a caller in this process, with the head
+    modes, head options and families it registered, can run it."""
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help
+        argv=argv,
         eval_splits=("validation", "test"),  # --do_eval scores both
     )
 
     # Bad flags fail before any work: the config, blocks the positions cannot hold, a resumed architecture.
-    run_config = model_args.run_config(CAUSAL.config_class)
+    family = family_named(model_args.model_family, encoder_decoder=False)
+    run_config = model_args.run_config(family.config_class)
     # A new model gets max(--block_size, 512) positions (below); a saved one has its own.
     # A converted model reads its architecture's limit (GPT-2's n_positions); None: it has no position table.
     positions = getattr(run_config, "max_position_embeddings", None)
@@ -145,13 +161,13 @@ def main() -> None:
         ),
     )
 
-    # Model: a saved (or converted) one, or a new TiedNormForCausalLM sized to the tokenizer.
+    # Model: a saved (or converted) one, or a new model of --model_family (TiedNormForCausalLM) sized to the tokenizer.
     if model_args.model_name_or_path is not None:
         model = AutoModelForCausalLM.from_pretrained(
             model_args.model_name_or_path, config=run_config, **model_args.load_kwargs()
         )
     else:
-        config = CAUSAL.config_class(
+        config = family.config_class(
             vocab_size=len(tokenizer),
             max_position_embeddings=max(data_args.block_size, 512),
             pad_token_id=tokenizer.pad_token_id,
@@ -159,7 +175,7 @@ def main() -> None:
             eos_token_id=tokenizer.eos_token_id,
             **model_args.config_overrides(),
         )
-        model = CAUSAL.lm_class(config)
+        model = family.lm_class(config)
     steps.check_model(model, tokenizer, training_args)
 
     # Blocks of --block_size tokens; a new model's token counts and weight-norm initialization.

@@ -228,10 +228,13 @@ def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], spl
     return {"bleu": result["score"], "gen_len": float(np.mean(lengths)), "bleu_signature": result["signature"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The run; ``argv``: its flags (default: the command line), so that a caller in this process, with the head
+    modes, head options and families it registered, can run it."""
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help
+        argv=argv,
     )
     marian = model_args.model_family == MARIAN
     output_dir = Path(training_args.output_dir)

@@ -63,7 +63,7 @@ def train_steps(model, accelerator: EmulatedAccelerator, steps: int = 2, autocas
 # Syncs the emulation sees only because its "device" tensors really are on the CPU: these functions read a tensor
 # on the host only under `tensor.device.type == "cpu"` (free there) and assert on the device otherwise
 # (torch._assert_async). Reviewed one by one; the emulation cannot fake `.device`.
-CPU_ONLY_SYNCS = {("chunked_loss.py", "check_labels_in_vocabulary")}
+CPU_ONLY_SYNCS = {("modeling/loss/chunked.py", "check_labels_in_vocabulary")}
 
 
 def assert_no_own_syncs(accelerator: EmulatedAccelerator) -> None:

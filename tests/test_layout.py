@@ -195,6 +195,11 @@ def test_a_saved_model_carries_the_two_generated_files_and_auto_map_names_them(f
         module, name = reference.split(".")
         assert f"\nclass {name}(" in (tmp_path / f"{module}.py").read_text()
     assert foreign_auto_map(LEGACY_AUTO_MAPS[family]) == {}  # an earlier folder's entries are still ours
+    if family != "wrapped":  # a bare body too (fe3eb9a: transformers copied its module and failed on `from ..`)
+        model.model.save_pretrained(tmp_path / "body")
+        assert sorted(path.name for path in (tmp_path / "body").glob("*.py")) == code_files
+        body_map = json.loads((tmp_path / "body" / "config.json").read_text())["auto_map"]
+        assert body_map["AutoModel"] == expected["AutoModel"]
 
 
 def defined_functions(name: str, delegating: bool = True) -> list[str]:

@@ -39,3 +39,9 @@ def test_run_translation_refuses_a_family_that_is_no_encoder_decoder(bad, tmp_pa
     with pytest.raises(ValueError, match="--model_family must be one of"):
         run_script("run_translation", ["--output_dir", tmp_path, "--report_to", "none", "--model_family", bad],
                    monkeypatch)
+
+
+@pytest.mark.parametrize("bad", ["fairseq", "seq2seq"])
+def test_run_clm_refuses_a_family_that_is_no_registered_causal_one(bad, tmp_path):
+    with pytest.raises(ValueError, match=r"--model_family must be one of \('causal',\)"):
+        load_script("run_clm").main(["--output_dir", tmp_path, "--report_to", "none", "--model_family", bad])

@@ -174,7 +174,7 @@ def test_a_registered_term_is_a_flag_of_the_training_scripts_and_starts_in_the_w
     """The training scripts switch a registered term on by name (``--extra_terms``, as a new model's config field);
     the wrapper, whose head is built on the meta device, gives it storage at its start value like g and b."""
     (args,) = HfArgumentParser(TiedNormModelArguments).parse_args_into_dataclasses(["--extra_terms", NAME])
-    assert args.config_overrides()["extra_terms"] == (NAME,)
+    assert tuple(args.config_overrides()["extra_terms"]) == (NAME,)
     model = tiny_model("causal", **args.config_overrides())
     assert getattr(model.lm_head, NAME).shape == (model.config.vocab_size,)
     assert "--extra_terms" in HfArgumentParser(TiedNormModelArguments).format_help()

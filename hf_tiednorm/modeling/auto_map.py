@@ -181,6 +181,15 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
         del config._auto_class
 
 
+class TwoFileModelCodeMixin:
+    """Put before ``PreTrainedModel`` in a model class's bases (every family's pretrained base, so a bare body too):
+    its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        with no_module_copies(self):
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
 class TwoFileRemoteCodeMixin:
     """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
     model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
@@ -192,6 +201,6 @@ class TwoFileRemoteCodeMixin:
 
 __all__ = [
     "GENERATED_DIR", "LEGACY_MODULES", "REMOTE_CODE_MODULES", "code_reference", "drop_source_auto_map",
-    "foreign_auto_map", "no_module_copies", "TwoFileRemoteCodeMixin", "remote_code_reference",
+    "foreign_auto_map", "no_module_copies", "TwoFileModelCodeMixin", "TwoFileRemoteCodeMixin", "remote_code_reference",
     "two_file_remote_code",
 ]  # fmt: skip

@@ -199,6 +199,15 @@ def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.P
         del config._auto_class
 
 
+class TwoFileModelCodeMixin:
+    """Put before ``PreTrainedModel`` in a model class's bases (every family's pretrained base, so a bare body too):
+    its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        with no_module_copies(self):
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
 class TwoFileRemoteCodeMixin:
     """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
     model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""

@@ -62,6 +62,7 @@ from .configuration_tiednorm import (
     TiedNormCausalConfig,
     TiedNormSeq2SeqConfig,
     TiedNormWrappedConfig,
+    TwoFileModelCodeMixin,
     code_reference,
     fold_scale,
     get_head_mode,
@@ -1742,6 +1743,67 @@ class TiedNormLossMixin:
         return terms
 
 
+# ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
+"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
+rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
+constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
+FSDP2 (see its docstring)."""
+
+
+class ScaledLookupMixin:
+    """Multiplies the lookup by a constant ``embed_scale`` inside the embedding module, as BART's
+    ``BartScaledWordEmbedding`` does (Marian multiplies in its encoder/decoder instead). In l2 mode the unit rows
+    ŵ_i are scaled, just as Marian scales them."""
+
+    def __init__(self, *args, embed_scale: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.embed_scale = embed_scale
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, embed_scale={self.embed_scale:.6g}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embed_scale
+
+
+class TokenEmbedding(TiedNormEmbedding):
+    """The token embedding the families build: a ``TiedNormEmbedding`` under a name without "Norm", because
+    accelerate's FSDP2 wrapping takes the last child of the body whose class name contains "Norm" for the final
+    norm and groups it with the input embedding: the encoder-decoders' ``model.shared`` would be listed twice."""
+
+
+class ScaledTokenEmbedding(ScaledLookupMixin, TokenEmbedding):
+    """``TokenEmbedding`` whose lookups are multiplied by ``embed_scale``."""
+
+
+class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
+    """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
+
+
+def build_embedding(
+    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
+) -> TiedNormEmbedding | AdaptiveInput:
+    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
+    and plain rows otherwise;
+    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
+    module multiplies its lookups by it (``ScaledLookupMixin``)."""
+    common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
+    if embed_scale is not None:
+        common["embed_scale"] = embed_scale
+    if config.adaptive_cutoffs is not None:
+        adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
+        return adaptive(
+            num_embeddings,
+            embedding_dim,
+            config.adaptive_cutoffs,
+            div_value=config.adaptive_div_value,
+            padding_idx=config.pad_token_id,
+            **common,
+        )
+    plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
+    return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
+
+
 # ------------------------------ hf_tiednorm/modeling/translation_pipeline.py ------------------------------------
 """A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
 
@@ -2063,6 +2125,28 @@ class TiedNormHeadHostMixin:
             super().save_pretrained(save_directory, *args, **kwargs)
 
 
+# ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
+"""The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
+KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
+
+
+# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
+@dataclass
+class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+@dataclass
+class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
+    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
+
+
+# The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
+# ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
+# and return it under the installed version's name, so either version's generate() finds it, without a warning.
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
 # ------------------------------ hf_tiednorm/modeling/families/tie_topology.py -----------------------------------
 """Which modules hold the tied embedding matrix: declared once here, used by every model family.
 
@@ -2120,7 +2204,13 @@ def embedding_tie(config) -> EmbeddingTie | None:
     """
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
-        owner = config.input_embedding_path
+        owner = getattr(type(config), "input_embedding_path", None)
+        if not isinstance(owner, str):
+            raise AttributeError(
+                f"{type(config).__name__} declares no input_embedding_path: a causal family's config class names its "
+                "token embedding's module path from the LM (input_embedding_path = 'model.embed_tokens', GPT-2's "
+                "'transformer.wte'), the matrix the head ties to"
+            )
     elif config.share_encoder_decoder_embeddings:
         owner, aliases = config.shared_embedding_path, tuple(config.stack_embedding_paths)
     else:
@@ -2223,11 +2313,10 @@ def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
 
 # ------------------------------ hf_tiednorm/modeling/families/common.py -----------------------------------------
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
-Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and the
-tie
-(``families/tie_topology.py``). The head math itself lives in ``head/layer.py``, the embeddings in
-``families/embeddings.py``, the
-outputs in ``families/outputs.py``."""
+Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and
+the tie (``families/tie_topology.py``); and ``TiedNormCausalLMMixin``, the public base of a causal family's LM (the
+package's own causal family is one). The head math itself lives in ``head/layer.py``, the embeddings in
+``families/embeddings.py``, the outputs in ``families/outputs.py``."""
 
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
@@ -2243,6 +2332,19 @@ def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | Adap
 def build_output_projection(config, hidden_size: int) -> OutputProjection | None:
     """Press & Wolf's projection P before the tied head, when ``config.projection_regularization`` is set."""
     return None if config.projection_regularization is None else OutputProjection(hidden_size)
+
+
+def body_of(model: nn.Module) -> nn.Module:
+    """The HF body of a family's LM (``model.base_model``); ``TypeError`` naming the attribute it must be built under
+    when the LM has none."""
+    body = model.base_model
+    if body is model:
+        raise TypeError(
+            f"{type(model).__name__} has no body under base_model_prefix={model.base_model_prefix!r}: build the HF "
+            f"body there in __init__ (self.{model.base_model_prefix} = ...) before add_tied_norm_head; the forward "
+            "of TiedNormCausalLMMixin calls it"
+        )
+    return body
 
 
 class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMixin):
@@ -2278,91 +2380,83 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
     def _extra_auto_map(self) -> dict[str, str]:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
-        return {"AutoModel": code_reference(type(self.model))}
+        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. Only a body whose
+        # class is defined beside the LM's is in the code the folder carries (the generated file, or the module
+        # transformers copies for a family from outside the package); another (GPT2Model, say) gets no entry.
+        body = self.base_model
+        if body is self or type(body).__module__ != type(self).__module__:
+            return {}
+        return {"AutoModel": code_reference(type(body))}
+
+    def add_tied_norm_head(self, hidden_size: int) -> None:
+        """Give the model the normalized tied head (``lm_head``), Press & Wolf's projection P where the config asks
+        for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
+        the tie) unless it is one already. Call it in ``__init__`` after building the body, before ``post_init``."""
+        config = self.config
+        body_of(self)  # refuses a model without its body, by name
+        if not isinstance(self.get_input_embeddings(), (TiedNormEmbedding, AdaptiveInput)):
+            self.set_input_embeddings(build_embedding(config, config.vocab_size, hidden_size))
+        self.output_projection = build_output_projection(config, hidden_size)  # Press & Wolf's P, or None
+        self.lm_head = build_head(config, hidden_size, config.vocab_size)
 
 
-# ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
-"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
-rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
-constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
-FSDP2 (see its docstring)."""
+class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
+    """The public base of a causal family's LM: list it before the HF parent's ``PreTrainedModel`` and
+    ``GenerationMixin``. It brings the normalized tied head, the label shift, the loss (every loss path, the
+    regularizers), the tie, loading checks, saving, resizing and generation; no hidden hook to override.
 
+    What the family supplies: ``config_class`` (a config listing ``TiedNormHeadConfigMixin`` and
+    ``TiedNormTechniquesConfigMixin`` before its HF parent config, with the class attribute ``input_embedding_path``,
+    the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
+    ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
+    ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
 
-class ScaledLookupMixin:
-    """Multiplies the lookup by a constant ``embed_scale`` inside the embedding module, as BART's
-    ``BartScaledWordEmbedding`` does (Marian multiplies in its encoder/decoder instead). In l2 mode the unit rows
-    ŵ_i are scaled, just as Marian scales them."""
-
-    def __init__(self, *args, embed_scale: float = 1.0, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.embed_scale = embed_scale
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, embed_scale={self.embed_scale:.6g}"
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return super().forward(input_ids) * self.embed_scale
-
-
-class TokenEmbedding(TiedNormEmbedding):
-    """The token embedding the families build: a ``TiedNormEmbedding`` under a name without "Norm", because
-    accelerate's FSDP2 wrapping takes the last child of the body whose class name contains "Norm" for the final
-    norm and groups it with the input embedding: the encoder-decoders' ``model.shared`` would be listed twice."""
-
-
-class ScaledTokenEmbedding(ScaledLookupMixin, TokenEmbedding):
-    """``TokenEmbedding`` whose lookups are multiplied by ``embed_scale``."""
-
-
-class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
-    """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
-
-
-def build_embedding(
-    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
-) -> TiedNormEmbedding | AdaptiveInput:
-    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
-    and plain rows otherwise;
-    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
-    module multiplies its lookups by it (``ScaledLookupMixin``)."""
-    common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
-    if embed_scale is not None:
-        common["embed_scale"] = embed_scale
-    if config.adaptive_cutoffs is not None:
-        adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
-        return adaptive(
-            num_embeddings,
-            embedding_dim,
-            config.adaptive_cutoffs,
-            div_value=config.adaptive_div_value,
-            padding_idx=config.pad_token_id,
-            **common,
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> TiedNormCausalLMOutput:
+        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
+        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
+        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
+        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
+        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        outputs = body_of(self)(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
         )
-    plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
-    return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
-
-
-# ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
-"""The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
-KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
-
-
-# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
-@dataclass
-class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
-    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
-@dataclass
-class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
-# The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
-# ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
-# and return it under the installed version's name, so either version's generate() finds it, without a warning.
-CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+        # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
+        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
+        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
+        if shift_labels is not None:
+            next_tokens = shift_labels
+        # (b, kept, V); None when a fused loss computed the loss
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
+        return TiedNormCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
+            hidden_states=getattr(outputs, "hidden_states", None),
+            attentions=getattr(outputs, "attentions", None),
+            **loss_terms,
+        )
 
 
 # ------------------------------ hf_tiednorm/modeling/families/seq2seq.py ----------------------------------------
@@ -2525,7 +2619,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
-class TiedNormSeq2SeqPreTrainedModel(MarianPreTrainedModel):
+class TiedNormSeq2SeqPreTrainedModel(TwoFileModelCodeMixin, MarianPreTrainedModel):
     config_class = TiedNormSeq2SeqConfig
     config: TiedNormSeq2SeqConfig
     # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.
@@ -2561,7 +2655,7 @@ Learned positions, ``layernorm_embedding``, attention, KV cache and generation a
 """
 
 
-class TiedNormBartPreTrainedModel(BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(TwoFileModelCodeMixin, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 
@@ -2612,7 +2706,7 @@ in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and th
 """
 
 
-class TiedNormCausalPreTrainedModel(LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(TwoFileModelCodeMixin, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 
@@ -2630,67 +2724,19 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
         self.post_init()
 
 
-class TiedNormForCausalLM(WeightChecksMixin, TiedNormLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in families/tie_topology.py; loading
-    # is
-    # checked by WeightChecksMixin (finite weights, head tensors), resizing by families/head_host.py (special tokens
-    # kept).
+class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
+    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in families/tie_topology.py;
+    # loading is checked by WeightChecksMixin (finite weights, head tensors), resizing by families/head_host.py
+    # (special tokens kept); the forward (label shift, loss) is TiedNormCausalLMMixin's, the base a causal family
+    # subclasses (families/common.py).
     _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
 
     def __init__(self, config: TiedNormCausalConfig):
         super().__init__(config)
         self.model = TiedNormCausalModel(config)
         self.vocab_size = config.vocab_size
-        self.output_projection = build_output_projection(config, config.hidden_size)  # Press & Wolf's P, or None
-        self.lm_head = build_head(config, config.hidden_size, config.vocab_size)
+        self.add_tied_norm_head(config.hidden_size)  # lm_head, and Press & Wolf's P where the config asks for it
         self.post_init()
-
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (head/scoring_guard.py)
-    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> TiedNormCausalLMOutput:
-        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
-        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
-        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
-        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
-        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
-        shift_labels = kwargs.pop("shift_labels", None)
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
-        )
-        # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
-        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
-        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
-        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
-        if shift_labels is not None:
-            next_tokens = shift_labels
-        # (b, kept, V); None when a fused loss computed the loss
-        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
-        return TiedNormCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **loss_terms,
-        )
 
 
 # The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).

@@ -57,16 +57,25 @@ def argument_parser(dataclass_types: tuple[type, ...], description: str | None =
     return HfArgumentParser(dataclass_types, usage=USAGE, description=text, formatter_class=HelpFormatter)
 
 
+# The flags of the script's main(argv) when it was given them (a caller in this process); None: the command line.
+_MAIN_ARGV: list[str] | None = None
+
+
 def config_file_argument() -> str | None:
     """The .json/.yaml config file the script was started from (its first argument), or None."""
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] if _MAIN_ARGV is None else _MAIN_ARGV
     return argv[0] if argv and argv[0].endswith((".json", ".yaml", ".yml")) else None
 
 
-def parse_arguments(dataclass_types: tuple[type, ...], description: str | None = None) -> tuple:
-    """Flags, or a .json/.yaml config file as first argument followed by flags that override it."""
+def parse_arguments(
+    dataclass_types: tuple[type, ...], description: str | None = None, argv: list[str] | None = None
+) -> tuple:
+    """Flags, or a .json/.yaml config file as first argument followed by flags that override it: ``argv`` (a
+    script's ``main(argv)``, called in-process), else the command line."""
+    global _MAIN_ARGV
     parser = argument_parser(dataclass_types, description)
-    argv = sys.argv[1:]
+    _MAIN_ARGV = None if argv is None else [str(arg) for arg in argv]
+    argv = sys.argv[1:] if _MAIN_ARGV is None else _MAIN_ARGV
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         if not Path(argv[0]).is_file():
             raise FileNotFoundError(f"config file not found: {argv[0]}")
@@ -116,13 +125,6 @@ class ModelSourceArguments:
             "aliases": ["--torch_dtype"],
         },
     )
-    extra_terms: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "head terms registered from outside (hf_tiednorm.register_head_option, e.g. in a plugin the run "
-            "imports) to switch on in a new model, by name; a saved model keeps its own (its config's extra_terms)"
-        },
-    )
     vocab_size: int = field(default=8000, metadata={"help": "size of the subword vocabulary trained if none is given"})
     tokenizer_model: str = field(default="bpe", metadata={"help": f"its subword model, one of {TOKENIZER_MODELS}"})
 
@@ -139,7 +141,7 @@ class ModelSourceArguments:
         if self.model_name_or_path is not None:
             if not Path(self.model_name_or_path, "config.json").is_file():
                 raise FileNotFoundError(f"--model_name_or_path {self.model_name_or_path} holds no config.json")
-            fixed = [name for name in (*self.architecture_fields(), "extra_terms") if getattr(self, name) is not None]
+            fixed = [name for name in self.architecture_fields() if getattr(self, name) is not None]
             if fixed:
                 raise ValueError(f"--{' --'.join(fixed)} cannot change a saved model (--model_name_or_path); drop them")
             saved = json.loads(Path(self.model_name_or_path, "config.json").read_text())
@@ -169,8 +171,7 @@ class ModelSourceArguments:
 
     def config_overrides(self) -> dict[str, Any]:
         """The config fields given as flags; for a saved model (checked above) only fine-tunable ones."""
-        given = {name: getattr(self, name) for name in self.config_fields if getattr(self, name) is not None}
-        return given | ({"extra_terms": tuple(self.extra_terms)} if self.extra_terms else {})
+        return {name: getattr(self, name) for name in self.config_fields if getattr(self, name) is not None}
 
     def finetune_config(self) -> PretrainedConfig:
         """The saved model's config with the fine-tunable flags given (``__post_init__`` refuses the others);
@@ -206,6 +207,9 @@ class ModelSourceArguments:
         return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
 
 
+EXTRA_TERMS = "extra_terms"  # the config's list of registered head options (head_options.HeadOptions)
+
+
 def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
     """The model flags of both training scripts: ``ModelSourceArguments`` plus one flag per field of
     ``config_mixins`` that carries ``script_flag`` metadata (``configuration_tiednorm.py``), with its help text, its
@@ -225,11 +229,16 @@ def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArgume
         )
         for config_field in flags
     ]
+    # The head options registered from outside the package (register_head_option), by name: a new model's head
+    # learns them (the config's extra_terms); the names are checked when the config is built.
+    fields.append((EXTRA_TERMS, list[str] | None, field(default=None, metadata={
+        "help": "head options registered with hf_tiednorm.register_head_option that a new model's head learns "
+                "(per-token terms folded into the scores), by name"})))  # fmt: skip
     new_model = tuple(f.name for f in flags if f.metadata.get("new_model_only"))
     namespace = {
         "__module__": __name__,
         "__doc__": ModelSourceArguments.__doc__,
-        "config_fields": tuple(f.name for f in flags if f.name not in new_model),
+        "config_fields": (*(f.name for f in flags if f.name not in new_model), EXTRA_TERMS),
         "finetune_fields": tuple(f.name for f in flags if f.metadata.get("finetune")),
         "new_model_fields": new_model,
     }

@@ -61,18 +61,17 @@ from .weight_norm_init import weight_norm_init_
 logger = logging.getLogger(__name__)
 
 
-def start_run(
-    dataclass_types: tuple[type, ...], description: str | None = None, eval_splits: tuple[str, ...] = ("validation",)
-) -> tuple:
-    """A training script's first step: its flags (``parse_arguments``: a config file, then flags), the run's lock on
-    --output_dir (``lock_output_dir``, before anything else), logging at INFO (transformers' at the process's level),
-    the precision chosen and why, the launch checks and settings (``setup_run``), the flags used only after training
-    (``check_late_flags``; ``eval_splits``: the splits --do_eval scores), scoring a finished run without training
-    (``score_finished_run``) and the checkpoint to resume (``resolve_resume_checkpoint``), before any work.
-    ``dataclass_types`` hold the model arguments, a ``DataArgumentsBase``, a ``RunArguments`` and HF's
-    ``TrainingArguments`` (with ``Bf16DefaultMixin``). Returns the parsed dataclasses in that order, then the
-    checkpoint folder to resume (or None)."""
-    parsed = parse_arguments(dataclass_types, description)
+def start_run(dataclass_types: tuple[type, ...], description: str | None = None,
+              eval_splits: tuple[str, ...] = ("validation",), argv: list[str] | None = None) -> tuple:  # fmt: skip
+    """A training script's first step: its flags (``parse_arguments``: a config file, then flags; ``argv``, else the
+    command line), the run's lock on --output_dir (``lock_output_dir``, before anything else), logging at INFO
+    (transformers' at the process's level), the precision chosen and why, the launch checks and settings
+    (``setup_run``), the flags used only after training (``check_late_flags``; ``eval_splits``: the splits --do_eval
+    scores), scoring a finished run without training (``score_finished_run``) and the checkpoint to resume
+    (``resolve_resume_checkpoint``), before any work. ``dataclass_types`` hold the model arguments, a
+    ``DataArgumentsBase``, a ``RunArguments`` and HF's ``TrainingArguments`` (with ``Bf16DefaultMixin``). Returns the
+    parsed dataclasses in that order, then the checkpoint folder to resume (or None)."""
+    parsed = parse_arguments(dataclass_types, description, argv)
     model_args = next(args for args in parsed if isinstance(args, ModelSourceArguments))
     data_args = next(args for args in parsed if isinstance(args, DataArgumentsBase))
     run_args = next(args for args in parsed if isinstance(args, RunArguments))

@@ -15,11 +15,12 @@ import math
 from transformers import GenerationMixin
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
 
+from ..auto_map import TwoFileModelCodeMixin
 from .configuration import TiedNormBartConfig
 from .seq2seq import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
 
 
-class TiedNormBartPreTrainedModel(BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(TwoFileModelCodeMixin, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 

@@ -1,24 +1,30 @@
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
-Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and the
-tie
-(``families/tie_topology.py``). The head math itself lives in ``head/layer.py``, the embeddings in
-``families/embeddings.py``, the
-outputs in ``families/outputs.py``."""
+Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and
+the tie (``families/tie_topology.py``); and ``TiedNormCausalLMMixin``, the public base of a causal family's LM (the
+package's own causal family is one). The head math itself lives in ``head/layer.py``, the embeddings in
+``families/embeddings.py``, the outputs in ``families/outputs.py``."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 
 from ..auto_map import code_reference
-from ..head.adaptive import AdaptiveSoftmaxHead
+from ..head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.options import HeadOptions
 from ..head.peft_guard import refuse_bypassed_head
+from ..head.scoring_guard import own_scoring
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection
+from ..weight_checks import WeightChecksMixin
+from .embeddings import build_embedding
 from .head_host import TiedNormHeadHostMixin
+from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
 from .tie_topology import TiedEmbeddingsMixin
 
 
@@ -35,6 +41,19 @@ def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | Adap
 def build_output_projection(config, hidden_size: int) -> OutputProjection | None:
     """Press & Wolf's projection P before the tied head, when ``config.projection_regularization`` is set."""
     return None if config.projection_regularization is None else OutputProjection(hidden_size)
+
+
+def body_of(model: nn.Module) -> nn.Module:
+    """The HF body of a family's LM (``model.base_model``); ``TypeError`` naming the attribute it must be built under
+    when the LM has none."""
+    body = model.base_model
+    if body is model:
+        raise TypeError(
+            f"{type(model).__name__} has no body under base_model_prefix={model.base_model_prefix!r}: build the HF "
+            f"body there in __init__ (self.{model.base_model_prefix} = ...) before add_tied_norm_head; the forward "
+            "of TiedNormCausalLMMixin calls it"
+        )
+    return body
 
 
 class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMixin):
@@ -70,5 +89,80 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
     def _extra_auto_map(self) -> dict[str, str]:
         # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works.
-        return {"AutoModel": code_reference(type(self.model))}
+        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. Only a body whose
+        # class is defined beside the LM's is in the code the folder carries (the generated file, or the module
+        # transformers copies for a family from outside the package); another (GPT2Model, say) gets no entry.
+        body = self.base_model
+        if body is self or type(body).__module__ != type(self).__module__:
+            return {}
+        return {"AutoModel": code_reference(type(body))}
+
+    def add_tied_norm_head(self, hidden_size: int) -> None:
+        """Give the model the normalized tied head (``lm_head``), Press & Wolf's projection P where the config asks
+        for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
+        the tie) unless it is one already. Call it in ``__init__`` after building the body, before ``post_init``."""
+        config = self.config
+        body_of(self)  # refuses a model without its body, by name
+        if not isinstance(self.get_input_embeddings(), (TiedNormEmbedding, AdaptiveInput)):
+            self.set_input_embeddings(build_embedding(config, config.vocab_size, hidden_size))
+        self.output_projection = build_output_projection(config, hidden_size)  # Press & Wolf's P, or None
+        self.lm_head = build_head(config, hidden_size, config.vocab_size)
+
+
+class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
+    """The public base of a causal family's LM: list it before the HF parent's ``PreTrainedModel`` and
+    ``GenerationMixin``. It brings the normalized tied head, the label shift, the loss (every loss path, the
+    regularizers), the tie, loading checks, saving, resizing and generation; no hidden hook to override.
+
+    What the family supplies: ``config_class`` (a config listing ``TiedNormHeadConfigMixin`` and
+    ``TiedNormTechniquesConfigMixin`` before its HF parent config, with the class attribute ``input_embedding_path``,
+    the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
+    ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
+    ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
+
+    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
+    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> TiedNormCausalLMOutput:
+        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
+        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
+        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
+        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
+        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        outputs = body_of(self)(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
+        )
+        # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
+        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
+        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
+        if shift_labels is not None:
+            next_tokens = shift_labels
+        # (b, kept, V); None when a fused loss computed the loss
+        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
+        return TiedNormCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
+            hidden_states=getattr(outputs, "hidden_states", None),
+            attentions=getattr(outputs, "attentions", None),
+            **loss_terms,
+        )

@@ -10,8 +10,10 @@ its model card gives it; the causal classes the training scripts build; and whet
 attention for the eager one (hf_tiednorm.training.precision). The embedding paths of the tie are declared by each
 config class (``embedding_paths``, read by families/tie_topology.py).
 
-A new family is one ``ModelFamily(...)`` passed to ``register_family`` (its config and model classes live in their
-own files); the wrapper's answers depend on the wrapped config, so it is the ``WrappedFamily`` row.
+A new family is one keyword ``ModelFamily(lm_class=..., source_class=...)`` row passed to ``register_family``
+(which also registers it with the Auto classes); its config and LM classes subclass the package's public bases
+(``TiedNormHeadConfigMixin``, ``TiedNormTechniquesConfigMixin``, ``TiedNormCausalLMMixin``) and an HF parent, in
+the author's own file. The wrapper's answers depend on the wrapped config, so it is the ``WrappedFamily`` row.
 """
 
 from __future__ import annotations
@@ -24,17 +26,14 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
-    BartConfig,
     BartForConditionalGeneration,
-    LlamaConfig,
     LlamaForCausalLM,
-    MarianConfig,
     MarianMTModel,
 )
 
 from .bart import TiedNormBartForConditionalGeneration, TiedNormBartModel
 from .causal import TiedNormCausalModel, TiedNormForCausalLM
-from .configuration import TiedNormBartConfig, TiedNormCausalConfig, TiedNormSeq2SeqConfig
+from .causal_lm_names import recognise_as_causal_lm
 from .configuration_wrapped import TiedNormWrappedConfig
 from .seq2seq import TiedNormForConditionalGeneration, TiedNormSeq2SeqModel
 from .wrapped import TiedNormWrappedForCausalLM, TiedNormWrappedForSeq2SeqLM
@@ -43,21 +42,30 @@ from .wrapped import TiedNormWrappedForCausalLM, TiedNormWrappedForSeq2SeqLM
 FINAL_LOGITS_BIAS = "final_logits_bias"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelFamily:
-    """One family. ``name`` is what the training scripts' ``--model_family`` and the tests call it (``aliases``:
-    other names the recipes use for it)."""
+    """One family, built with keywords; only ``lm_class`` is required, every other field that can be derived is.
 
-    name: str
-    config_class: type
-    base_model_class: type | None
+    A new family subclasses the package's public base classes (``TiedNormHeadConfigMixin`` and
+    ``TiedNormTechniquesConfigMixin`` before its HF parent config, ``TiedNormCausalLMMixin`` before its HF parent
+    ``PreTrainedModel``) and is one row::
+
+        register_family(ModelFamily(lm_class=MyForCausalLM, source_class=GPT2LMHeadModel))
+
+    ``name`` is what the training scripts' ``--model_family`` and the tests call it (default: the ``model_type``
+    without its ``tiednorm_`` prefix; ``aliases``: other names the recipes use for it)."""
+
     lm_class: type
-    auto_class: type
-    hf_parent_config: type | None
-    card_name: str
-    # The HF checkpoints (model_type, model class) that map 1:1 onto this family; the export writes the same class.
-    source_model_type: str | None
-    source_class: type | None
+    name: str = ""  # default: config_class.model_type without "tiednorm_"
+    config_class: type | None = None  # default: lm_class.config_class
+    base_model_class: type | None = None  # the bare body AutoModel builds, if the family has one
+    auto_class: type | None = None  # default: AutoModelForSeq2SeqLM for an encoder-decoder config, else ...CausalLM
+    # The HF class that checkpoints convert from 1:1 and the export writes (the same class both ways), its config
+    # (default: source_class.config_class) and its model_type (default: that config's).
+    source_class: type | None = None
+    hf_parent_config: type | None = None
+    source_model_type: str | None = None
+    card_name: str = ""  # the architecture its model card names; default: "<source_model_type>-style ..."
     # bf16 on CPU: eager attention with an fp32 softmax instead of SDPA (training/precision.py).
     cpu_bf16_eager_attention: bool = True
     # Where the parent keeps a per-token bias after its output layer (None: it has none, a bias is refused).
@@ -71,6 +79,31 @@ class ModelFamily:
     extra_lm_classes: tuple[tuple[type, type], ...] = field(default=())
     # Whether the training scripts build it from a config (the wrapper is made by conversion only).
     from_scratch: bool = True
+
+    def __post_init__(self) -> None:
+        config_class = self.config_class or getattr(self.lm_class, "config_class", None)
+        if not isinstance(config_class, type) or not getattr(config_class, "model_type", ""):
+            raise ValueError(
+                f"ModelFamily(lm_class={getattr(self.lm_class, '__name__', self.lm_class)!r}): the LM class names no "
+                "config class with a model_type; set config_class = YourConfig on the LM class (a config class "
+                "with model_type = 'tiednorm_...') or pass config_class="
+            )
+        encoder_decoder = getattr(config_class, "is_encoder_decoder", False) is True
+        derived = {"config_class": config_class}
+        if self.auto_class is None:
+            derived["auto_class"] = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
+        parent = self.hf_parent_config or getattr(self.source_class, "config_class", None)
+        derived["hf_parent_config"] = parent
+        if self.source_model_type is None and parent is not None:
+            derived["source_model_type"] = parent.model_type
+        if not self.name:
+            derived["name"] = config_class.model_type.removeprefix("tiednorm_")
+        if not self.card_name:
+            kind = "encoder-decoder" if encoder_decoder else "causal language model"
+            source = derived.get("source_model_type", self.source_model_type)
+            derived["card_name"] = f"{source}-style {kind}" if source else f"{config_class.model_type} {kind}"
+        for key, value in derived.items():
+            object.__setattr__(self, key, value)
 
     @property
     def model_type(self) -> str:
@@ -175,15 +208,57 @@ _ROW_LISTENERS: list[Callable[[ModelFamily], None]] = []
 
 
 def register_family(family: ModelFamily) -> ModelFamily:
-    """Add ``family`` to the table (``FAMILIES`` by name unless it is the wrapper, ``ROWS`` by model_type). The
-    package's Auto registration (``__init__.py``) runs over the rows; a family registered later calls
-    ``register_with_auto_classes`` itself."""
-    for key, table in ((family.model_type, ROWS), *(((family.name, FAMILIES),) if family.from_scratch else ())):
+    """Add ``family`` to the table (``FAMILIES`` by name unless it is the wrapper, ``ROWS`` by model_type), register
+    its classes with transformers' Auto classes (``register_with_auto_classes``) and make a causal LM known to the
+    Trainer's label smoother; returns the row. A family registered twice is refused by name, except the same classes
+    again (a module imported a second time, as remote code loading a copy of it does: the first row is kept)."""
+    if not isinstance(family, ModelFamily):
+        raise TypeError(f"register_family takes a ModelFamily row, got {type(family).__name__}")
+    keys = ((family.model_type, ROWS), *(((family.name, FAMILIES),) if family.from_scratch else ()))
+    for key, table in keys:
+        if key in table and _same_classes(table[key], family):
+            return table[key]
         if key in table:
-            raise ValueError(f"a model family {key!r} is registered already")
+            raise ValueError(
+                f"a model family {key!r} is registered already ({table[key].lm_class.__qualname__}); give the new "
+                "one another name= and its config class another model_type"
+            )
+    for key, table in keys:
         table[key] = family
+    register_with_auto_classes(family)
+    for lm_class, auto_class in family.lm_classes:
+        if auto_class is AutoModelForCausalLM:
+            recognise_as_causal_lm(family.model_type, lm_class.__name__)
     for listener in _ROW_LISTENERS:
         listener(family)
+    return family
+
+
+def _same_classes(old: ModelFamily, new: ModelFamily) -> bool:
+    """Whether ``new`` holds the classes of ``old`` again: the same module name and qualified names (a module
+    imported a second time, such as remote code's copy of the module that defines them)."""
+    return all(
+        (a.__module__.rsplit(".", 1)[-1], a.__qualname__) == (b.__module__.rsplit(".", 1)[-1], b.__qualname__)
+        for a, b in ((old.lm_class, new.lm_class), (old.config_class, new.config_class))
+    )
+
+
+def unregister_family(name: str) -> ModelFamily:
+    """Remove the family called ``name`` (a test's, say) from the table and from transformers' Auto classes; returns
+    its row. ``KeyError`` naming the registered families when there is none. (A listener of ``on_family_registered``
+    keeps what it did: liger-kernel's table entry of the model_type is harmless without the family.)"""
+    if name not in FAMILIES:
+        raise KeyError(f"no model family {name!r} is registered; registered: {sorted(FAMILIES)}")
+    family = FAMILIES.pop(name)
+    ROWS.pop(family.model_type, None)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING
+
+    CONFIG_MAPPING._extra_content.pop(family.model_type, None)
+    for mapping in (MODEL_MAPPING, *(auto._model_mapping for _, auto in family.lm_classes)):
+        mapping._extra_content.pop(family.config_class, None)
+    if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(family.model_type) in {lm.__name__ for lm, _ in family.lm_classes}:
+        del MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[family.model_type]
     return family
 
 
@@ -211,26 +286,24 @@ def register_with_auto_classes(family: ModelFamily) -> None:
 
 for _row in (
     ModelFamily(
-        "seq2seq", TiedNormSeq2SeqConfig, TiedNormSeq2SeqModel, TiedNormForConditionalGeneration,
-        AutoModelForSeq2SeqLM, MarianConfig, "Marian-style encoder-decoder", "marian", MarianMTModel,
-        bias_slot=FINAL_LOGITS_BIAS, aliases=("tiednorm",),
+        lm_class=TiedNormForConditionalGeneration, base_model_class=TiedNormSeq2SeqModel, source_class=MarianMTModel,
+        card_name="Marian-style encoder-decoder", bias_slot=FINAL_LOGITS_BIAS, aliases=("tiednorm",),
     ),
     ModelFamily(
-        "bart", TiedNormBartConfig, TiedNormBartModel, TiedNormBartForConditionalGeneration,
-        AutoModelForSeq2SeqLM, BartConfig, "BART-style encoder-decoder", "bart", BartForConditionalGeneration,
-        bias_slot=FINAL_LOGITS_BIAS, export_refusal=_bart_export_refusal,
+        lm_class=TiedNormBartForConditionalGeneration, base_model_class=TiedNormBartModel,
+        source_class=BartForConditionalGeneration, card_name="BART-style encoder-decoder", bias_slot=FINAL_LOGITS_BIAS,
+        export_refusal=_bart_export_refusal,
         export_dropped_fields=("decoder_vocab_size", "share_encoder_decoder_embeddings"),
         parent_shared_key=("model.shared.weight", "model.encoder.embed_tokens.weight"),
     ),
     ModelFamily(
-        "causal", TiedNormCausalConfig, TiedNormCausalModel, TiedNormForCausalLM,
-        AutoModelForCausalLM, LlamaConfig, "Llama-style causal language model", "llama", LlamaForCausalLM,
+        lm_class=TiedNormForCausalLM, base_model_class=TiedNormCausalModel, source_class=LlamaForCausalLM,
+        card_name="Llama-style causal language model",
     ),
     WrappedFamily(
-        "wrapped", TiedNormWrappedConfig, None, TiedNormWrappedForCausalLM, AutoModelForCausalLM, None,
-        "any tied transformers LM (transformers' own code)", None, None,
-        cpu_bf16_eager_attention=False, from_scratch=False,
-        extra_lm_classes=((TiedNormWrappedForSeq2SeqLM, AutoModelForSeq2SeqLM),),
+        lm_class=TiedNormWrappedForCausalLM, config_class=TiedNormWrappedConfig, auto_class=AutoModelForCausalLM,
+        card_name="any tied transformers LM (transformers' own code)", cpu_bf16_eager_attention=False,
+        from_scratch=False, extra_lm_classes=((TiedNormWrappedForSeq2SeqLM, AutoModelForSeq2SeqLM),),
     ),
 ):
     register_family(_row)
@@ -276,6 +349,5 @@ def public_classes() -> dict[str, type]:
 __all__ = [
     "FAMILIES", "FINAL_LOGITS_BIAS", "ROWS", "WRAPPED", "ModelFamily", "WrappedFamily", "families",
     "family_named", "family_of_config", "family_of_model_type", "family_of_source", "on_family_registered",
-    "public_classes",
-    "register_family", "register_with_auto_classes",
+    "public_classes", "register_family", "register_with_auto_classes", "unregister_family",
 ]  # fmt: skip
