@@ -97,7 +97,7 @@ class PlainExport:
     model: PreTrainedModel
     parent: str  # the parent model class
     source_type: str  # the hf_tiednorm model_type
-    head: dict  # head_mode, logit_scale_kind, logit_bias of the source
+    head: dict  # head_mode, each built-in head term's switch and extra_terms of the source (term_switches)
     tied: bool  # whether the output layer stayed tied to the input embedding
     bias_slot: str | None  # where the effective bias went (None: it is identically zero)
     added_values: int  # stored values added (negative: removed), the untied V×d matrix minus the folded terms
