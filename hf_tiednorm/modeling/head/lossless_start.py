@@ -37,9 +37,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .mode_checks import LOSSLESS_RTOL
+from .mode_checks import LOSSLESS_RTOL, MODE_LOSSLESS_TERMS
 from .options import HEAD_OPTIONS, HeadOptions, head_terms
-from .terms import MODE_LOSSLESS_TERMS
 
 
 def check_lossless_settings(config) -> None:

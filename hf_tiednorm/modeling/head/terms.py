@@ -23,9 +23,6 @@ import torch
 
 from .options import LOGIT_SCALES, HeadTerm, add_head_term
 
-# The order of a mode's ``lossless_terms`` (head_modes.py): the values it gives the scale and the bias.
-MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
-
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
     """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
@@ -199,4 +196,4 @@ class LogitBiasTerm(HeadTerm):
 
 BUILTIN_TERMS: tuple[HeadTerm, ...] = (add_head_term(LogitScaleTerm()), add_head_term(LogitBiasTerm()))
 
-__all__ = ["BUILTIN_TERMS", "MODE_LOSSLESS_TERMS", "LogitBiasTerm", "LogitScaleTerm", "default_logit_scale"]
+__all__ = ["BUILTIN_TERMS", "LogitBiasTerm", "LogitScaleTerm", "default_logit_scale"]
