@@ -183,3 +183,18 @@ def test_a_registered_term_is_a_flag_of_the_training_scripts_and_starts_in_the_w
                                   generic=True)  # fmt: skip
     term = getattr(wrapped.get_output_embeddings(), NAME)
     assert not term.is_meta and torch.equal(term, torch.ones_like(term))
+
+
+def test_a_term_added_from_outside_is_switched_by_extra_terms_not_by_config_fields_of_its_own():
+    """A config has fields for the built-in terms only: an added term that declares its own is refused by name
+    (it could never be switched on), and nothing is registered."""
+
+    class Sharpness(HeadTerm):
+        name, help, init, card, config_fields = "sharpness", "h", 1.0, "c", ("sharpness_kind",)
+
+        def fold(self, values, scale, bias):
+            return fold_temperature(values, scale, bias)
+
+    with pytest.raises(ValueError, match=r"'sharpness' \(register_head_option\) declares config_fields"):
+        register_head_option(Sharpness())
+    assert "sharpness" not in HEAD_OPTIONS

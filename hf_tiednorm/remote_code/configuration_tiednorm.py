@@ -970,6 +970,11 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
         )
     if name in HEAD_OPTIONS:
         raise ValueError(f"a head option {name!r} is registered already")
+    if option.config_fields:  # HeadOptions and the configs declare the built-ins' fields only
+        raise ValueError(
+            f"head option {name!r} (register_head_option) declares config_fields {option.config_fields}, which no "
+            "config has: a term added from outside is switched on by naming it in extra_terms; leave config_fields ()"
+        )
     if name in taken_head_names():
         raise ValueError(
             f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
