@@ -24,7 +24,7 @@ import argparse
 import os
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
 from ..modeling.families.head_host import keep_head_terms_fp32
 from ..modeling.families.table import WRAPPED, family_of_source
@@ -55,7 +55,7 @@ from .source_provenance import (
     portable_name_or_path,
     record_provenance,
 )
-from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, staged_folder
+from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, copy_tokenizer, staged_folder
 
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
@@ -78,19 +78,6 @@ def head_options_of(options: HeadOptions | None, head_mode: str | None, settings
         given = ", ".join(f"{name}=..." for name in ([] if head_mode is None else ["head_mode"]) + list(settings))
         raise ValueError(f"pass the head's settings either as options or as {given}, not both")
     return options.with_lossless_start() if lossless else options
-
-
-def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
-    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
-    and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
-    arguments."""
-    tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
-    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
-    # the tokenizer; published, it would make every user's load local-only.
-    for key in ("is_local", "local_files_only"):
-        tokenizer.init_kwargs.pop(key, None)
-    tokenizer.save_pretrained(output_dir)
-    return tokenizer
 
 
 def normalize_tied_head(

@@ -60,13 +60,13 @@ from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from ..modeling.head.modes import get_head_mode
 from ..modeling.head.options import HeadOptions, learned_terms
-from .convert import copy_tokenizer
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
 from .staging_checks import (
     check_new_folder,
     check_tokenizer_files,
     check_tokenizer_fits,
     check_weight_files,
+    copy_tokenizer,
     find_tokenizer,
     staged_folder,
 )

@@ -13,7 +13,7 @@ each of these into an error naming the tensor, the config field where one is inv
 itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
 ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
 from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``weight_checks.WeightChecksMixin``), so transformers' report table is still printed first.
+``WeightChecksMixin``, below), so transformers' report table is still printed first.
 
 This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
 """
@@ -25,6 +25,7 @@ from torch import nn
 from .head.adaptive import embedding_matrices
 from .head.layer import NormalizedScoresMixin
 from .head.options import HEAD_OPTIONS, HeadOptions
+from .weight_checks import check_finite_weights
 
 
 def _term_setting(model: nn.Module, name: str) -> str:
@@ -162,7 +163,27 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
 
 
+class WeightChecksMixin:
+    """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded
+    (modeling/load_checks.py).
+    First among a model class's bases."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True returns a tuple
+        check_finite_weights(model, pretrained_model_name_or_path)
+        return loaded
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        # transformers' hook on the loading report (from_pretrained): a missing or unexpected head term, or a missing
+        # shared embedding, is an error naming the tensor and the config field (modeling/load_checks.py).
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        check_loaded_head(self, loading_info)
+
+
 __all__ = [
+    "WeightChecksMixin",
     "check_loaded_body",
     "check_loaded_head",
     "check_source_loaded",

@@ -751,6 +751,78 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         return torch.cat(log_probs, dim=-1)
 
 
+# ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
+"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
+
+* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
+  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
+  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
+* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
+  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
+  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
+``load_checks.WeightChecksMixin`` runs the finite-weights check where a model family loads.
+
+This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
+"""
+
+
+SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+
+def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = None) -> None:
+    """Raise ``ValueError`` naming the first parameter of ``model`` holding NaN or inf (and how many values do);
+    ``source`` (the folder loaded) goes into the message. Tensors on the meta device are skipped."""
+    for name, parameter in model.named_parameters():
+        if not parameter.is_floating_point() or parameter.is_meta:
+            continue
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor: this rank's shard
+        finite = torch.isfinite(local.detach())
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            origin = f" of {source}" if source is not None else ""
+            raise ValueError(
+                f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
+                f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "
+                "earlier checkpoint)"
+            )
+
+
+def special_token_ids(model: nn.Module) -> dict[str, int]:
+    """The special-token ids the model generates and pads with, by field, from its config and generation config
+    (a list-valued ``eos_token_id`` gives one entry per id)."""
+    ids = {}
+    config = model.config
+    sources = [getattr(config, "text_config", None), config, getattr(model, "generation_config", None)]
+    for source in filter(None, sources):
+        for field in SPECIAL_TOKEN_FIELDS:
+            value = getattr(source, field, None)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            for i, token_id in enumerate(values):
+                if isinstance(token_id, int):
+                    ids[field if len(values) == 1 else f"{field}[{i}]"] = token_id
+    return ids
+
+
+def check_resize_keeps_special_tokens(
+    model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None
+) -> None:
+    """Refuse a vocabulary size that would drop a special token's row (pad, bos, eos, decoder start): ``ValueError``
+    naming the size and the tokens. ``new_num_tokens`` None (only padding to a multiple) keeps every row."""
+    if new_num_tokens is None:
+        return
+    size = new_num_tokens
+    if pad_to_multiple_of is not None:
+        size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
+    dropped = {field: token_id for field, token_id in special_token_ids(model).items() if token_id >= size}
+    if dropped:
+        listed = ", ".join(f"{field}={token_id}" for field, token_id in dropped.items())
+        raise ValueError(
+            f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the special "
+            f"token(s) {listed}: generation could then never produce or pad with them; keep at least "
+            f"{max(dropped.values()) + 1} tokens"
+        )
+
+
 # ------------------------------ hf_tiednorm/modeling/load_checks.py ---------------------------------------------
 """A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
 tensor of the file must find its place, checked when ``from_pretrained`` finishes.
@@ -767,7 +839,7 @@ each of these into an error naming the tensor, the config field where one is inv
 itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
 ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
 from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``weight_checks.WeightChecksMixin``), so transformers' report table is still printed first.
+``WeightChecksMixin``, below), so transformers' report table is still printed first.
 
 This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
 """
@@ -906,78 +978,6 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
-
-
-# ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
-"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
-
-* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
-  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
-  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
-* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
-  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
-  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
-* ``WeightChecksMixin`` runs the load checks where a model family loads: put it first among the bases.
-
-This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
-"""
-
-
-SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-
-
-def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = None) -> None:
-    """Raise ``ValueError`` naming the first parameter of ``model`` holding NaN or inf (and how many values do);
-    ``source`` (the folder loaded) goes into the message. Tensors on the meta device are skipped."""
-    for name, parameter in model.named_parameters():
-        if not parameter.is_floating_point() or parameter.is_meta:
-            continue
-        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor: this rank's shard
-        finite = torch.isfinite(local.detach())
-        if not bool(finite.all()):
-            bad = int((~finite).sum())
-            origin = f" of {source}" if source is not None else ""
-            raise ValueError(
-                f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
-                f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "
-                "earlier checkpoint)"
-            )
-
-
-def special_token_ids(model: nn.Module) -> dict[str, int]:
-    """The special-token ids the model generates and pads with, by field, from its config and generation config
-    (a list-valued ``eos_token_id`` gives one entry per id)."""
-    ids = {}
-    config = model.config
-    sources = [getattr(config, "text_config", None), config, getattr(model, "generation_config", None)]
-    for source in filter(None, sources):
-        for field in SPECIAL_TOKEN_FIELDS:
-            value = getattr(source, field, None)
-            values = value if isinstance(value, (list, tuple)) else [value]
-            for i, token_id in enumerate(values):
-                if isinstance(token_id, int):
-                    ids[field if len(values) == 1 else f"{field}[{i}]"] = token_id
-    return ids
-
-
-def check_resize_keeps_special_tokens(
-    model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None
-) -> None:
-    """Refuse a vocabulary size that would drop a special token's row (pad, bos, eos, decoder start): ``ValueError``
-    naming the size and the tokens. ``new_num_tokens`` None (only padding to a multiple) keeps every row."""
-    if new_num_tokens is None:
-        return
-    size = new_num_tokens
-    if pad_to_multiple_of is not None:
-        size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
-    dropped = {field: token_id for field, token_id in special_token_ids(model).items() if token_id >= size}
-    if dropped:
-        listed = ", ".join(f"{field}={token_id}" for field, token_id in dropped.items())
-        raise ValueError(
-            f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the special "
-            f"token(s) {listed}: generation could then never produce or pad with them; keep at least "
-            f"{max(dropped.values()) + 1} tokens"
-        )
 
 
 class WeightChecksMixin:

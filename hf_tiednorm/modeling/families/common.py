@@ -19,9 +19,9 @@ from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.options import HeadOptions
 from ..head.peft_guard import refuse_bypassed_head
 from ..head.scoring_guard import own_scoring
+from ..load_checks import WeightChecksMixin
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection
-from ..weight_checks import WeightChecksMixin
 from .embeddings import build_embedding
 from .head_host import TiedNormHeadHostMixin
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput

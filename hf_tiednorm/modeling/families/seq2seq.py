@@ -27,8 +27,8 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from ..auto_map import TwoFileModelCodeMixin
 from ..head.lossless_start import start_resized_tokens
 from ..head.scoring_guard import own_scoring
-from ..load_checks import check_loaded_body
-from ..weight_checks import WeightChecksMixin, check_resize_keeps_special_tokens
+from ..load_checks import WeightChecksMixin, check_loaded_body
+from ..weight_checks import check_resize_keeps_special_tokens
 from .common import TiedNormLMMixin, build_head, build_output_projection
 from .configuration import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .embeddings import build_embedding

@@ -29,9 +29,9 @@ from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.options import HeadOptions
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
+from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside
-from ..weight_checks import WeightChecksMixin
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
