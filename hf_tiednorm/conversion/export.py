@@ -72,8 +72,8 @@ from .staging_checks import (
 )
 
 # The parent of each row of the family table (families/table.py) is the architecture it converts from 1:1, the
-# wrapper's the
-# wrapped one; the table answers every per-family question of the export, so a new family exports without an edit here.
+# wrapper's the wrapped one; the table answers every per-family question of the export, so a new family exports without
+# an edit here.
 BIAS_PARENTS = "Marian, BART, mBART, Pegasus, Blenderbot (architectures with a final_logits_bias)"
 # Fields that only hf_tiednorm's configs have (the parent config must not carry them) and bookkeeping that names the
 # source or its remote code.

@@ -2476,8 +2476,7 @@ Attention, layers, positions, KV cache and generation are the parent's.
 class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
     """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
     ``config.tie_topology`` (``families/tie_topology.py``), with Marian's embedding accessors so that one set of resize
-    rules
-    serves both."""
+    rules serves both."""
 
     def __init__(self, config: TieTopologyConfigMixin):
         super().__init__(config)

@@ -79,8 +79,7 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
         ),
     )
     # Set by a conversion's lossless start (head/lossless_start.py): the per-token g_i / b_i started from the rows'
-    # norms
-    # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
+    # norms (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
 
     def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
@@ -249,8 +248,8 @@ class TieTopologyConfigMixin:
     """
 
     # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
-    # the
-    # shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no fields.
+    # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no
+    # fields.
     shared_embedding_path = "model.shared"
     stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
 
