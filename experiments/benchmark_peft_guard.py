@@ -1,9 +1,8 @@
 """What the PEFT guard costs per decoding step: a converted model's greedy decoding time over its source's.
 
 The guard (hf_tiednorm/modeling/head/peft_guard.py) runs before every forward of a model with the normalized head, so
-before
-every decoding step of ``generate``. Contenders, in one process, round-robin (start rotated each repetition), each
-decoding the same prompt greedily for exactly ``--new-tokens`` tokens:
+before every decoding step of ``generate``. Contenders, in one process, round-robin (start rotated each repetition),
+each decoding the same prompt greedily for exactly ``--new-tokens`` tokens:
 
 * ``source``: the model as transformers loads it;
 * ``converted``: ``convert_checkpoint(source, head_mode="baseline")``, hf_tiednorm's own ``TiedNormForCausalLM`` (the

@@ -5,12 +5,11 @@ family, train it and measure it against the same model trained unsharded in this
         [FAMILY ...] [--device {auto,cpu,cuda}]
 
 ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.modeling.families.tie_topology.fully_shard_tied``),
-"accelerate"
-(accelerate's own FSDP2 preparation, ``fsdp_version=2`` + transformer-based wrapping) or "zero3" (DeepSpeed ZeRO-3
-through accelerate). Rank 0 writes {family: {measurement: value}} to OUT_JSON; the test asserts on the numbers.
+"accelerate" (accelerate's own FSDP2 preparation, ``fsdp_version=2`` + transformer-based wrapping) or "zero3" (DeepSpeed
+ZeRO-3 through accelerate). Rank 0 writes {family: {measurement: value}} to OUT_JSON; the test asserts on the numbers.
 Every rank gets 2 examples of a global batch of 2 x world size, so the sharded run and the reference see the same
-examples; the optimizer is SGD because Adam's update is blind to a gradient scaled by the world size (FSDP2 over
-gloo summing instead of averaging, torch issue 162338) and SGD's is not.
+examples; the optimizer is SGD because Adam's update is blind to a gradient scaled by the world size (FSDP2 over gloo
+summing instead of averaging, torch issue 162338) and SGD's is not.
 
 Device: ``--device cpu`` runs CPU processes over gloo (what tests/end_to_end/test_distributed.py launches); ``cuda``
 puts rank ``LOCAL_RANK`` on GPU ``LOCAL_RANK`` over nccl (one process per GPU); ``auto`` (default) is ``cuda`` when a

@@ -20,9 +20,8 @@ translation scripts' files, Multi30k by default): the source sentence is the pro
 The model is any causal hf_tiednorm folder: an own-family run (scripts/run_clm.py), a conversion (``tiednorm-convert``,
 e.g. SmolLM2 with ``--lossless-start``) or a saved wrapper. TRL scores the tokens through the model's normalized head
 exactly (hf_tiednorm/modeling/head/scoring_guard.py); its metrics (``mean_token_accuracy`` and ``entropy`` in SFT,
-rewards and
-log-probabilities in DPO / GRPO) are logged as usual. ``--lora`` trains LoRA adapters on the attention and MLP
-layers through TRL's ``peft_config`` (never on the head or the embedding: hf_tiednorm/modeling/head/peft_guard.py).
+rewards and log-probabilities in DPO / GRPO) are logged as usual. ``--lora`` trains LoRA adapters on the attention and
+MLP layers through TRL's ``peft_config`` (never on the head or the embedding: hf_tiednorm/modeling/head/peft_guard.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import argparse
 import os
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
 from ..modeling.families.head_host import keep_head_terms_fp32
 from ..modeling.families.table import WRAPPED, family_of_source
@@ -33,7 +33,7 @@ from ..modeling.families.wrapped import (
 )
 from ..modeling.head.lossless_start import start_lossless, take_row_scales
 from ..modeling.head.modes import DEFAULT_HEAD_MODE
-from ..modeling.head.options import HeadOptions, learned_terms
+from ..modeling.head.options import HeadOptions, learned_terms, takes_row_scales
 from ..modeling.head.peft_guard import refuse_peft_before_normalizing
 from ..modeling.load_checks import check_source_loaded
 from .convert_checks import (
@@ -55,46 +55,41 @@ from .source_provenance import (
     portable_name_or_path,
     record_provenance,
 )
-from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, staged_folder
+from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, copy_tokenizer, staged_folder
 
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
     "model_type", "architectures", "transformers_version", "_name_or_path", "_model_name_or_path", "auto_map",
     "tie_word_embeddings", "share_encoder_decoder_embeddings",
 )  # fmt: skip
-# Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the learned logit scale
-# and bias that only the options logit_scale_kind="scalar"/"vector" and logit_bias add (initialized by the model).
+# Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the head's learned
+# terms (head/options.HeadTerm) that only its options add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 def _target_only_keys() -> set[str]:
     return {f"lm_head.{term}" for term in learned_terms()}
 
 
-def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
-    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
-    and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
-    arguments."""
-    tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
-    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
-    # the tokenizer; published, it would make every user's load local-only.
-    for key in ("is_local", "local_files_only"):
-        tokenizer.init_kwargs.pop(key, None)
-    tokenizer.save_pretrained(output_dir)
-    return tokenizer
+def head_options_of(options: HeadOptions | None, head_mode: str | None, settings: dict, lossless: bool) -> HeadOptions:
+    """The head's settings given as ``options`` or as keywords (``head_mode`` and any other ``HeadOptions`` field:
+    each head term's config fields, ``extra_terms``, ``norm_eps``), not both; with a lossless start's terms on."""
+    if options is None:
+        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, **settings)  # an unknown keyword: TypeError
+    elif head_mode is not None or settings:
+        given = ", ".join(f"{name}=..." for name in ([] if head_mode is None else ["head_mode"]) + list(settings))
+        raise ValueError(f"pass the head's settings either as options or as {given}, not both")
+    return options.with_lossless_start() if lossless else options
 
 
 def normalize_tied_head(
     model: PreTrainedModel,
     head_mode: str | None = None,
     *,
-    logit_scale_kind: str = "none",
-    logit_scale_init: float | None = None,
-    logit_bias: bool = False,
-    norm_eps: float = 1e-6,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
     generic: bool = False,
     base_model: str | None = None,
     license: str | None = None,
+    **head_settings,
 ) -> PreTrainedModel:
     """Return the loaded tied ``model`` (a causal LM or an encoder-decoder) with the normalized tied head.
 
@@ -112,9 +107,10 @@ def normalize_tied_head(
     Args:
         model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
             works too).
-        head_mode, logit_scale_kind, logit_scale_init, logit_bias, norm_eps: the head's settings (head/options.py), or
-            ``options`` holding them all (then leave these unset); ``head_mode`` None: the default mode.
-        lossless_start: start at the source's logits (module docstring); chooses ``logit_scale_kind`` / ``logit_bias``.
+        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``options`` holding them all (then leave these unset); ``head_mode``
+            None: the default mode.
+        lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
         generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
             them (the CLI's ``--generic``). Other architectures are wrapped either way.
         base_model, license: the source's Hub id and license, recorded in the config (``provenance``, read by every
@@ -128,13 +124,7 @@ def normalize_tied_head(
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (head/peft_guard.py)
     check_base_model_id(base_model)
-    if options is None:
-        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale_kind=logit_scale_kind,
-                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
-    elif head_mode is not None:
-        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
-    if lossless_start:
-        options = options.with_lossless_start()
+    options = head_options_of(options, head_mode, head_settings, lossless_start)
     drop_quantization_state(model)
     name_or_path = model.name_or_path
     own_family = not generic and family_of_source(model.config.model_type) is not None
@@ -227,16 +217,13 @@ def convert_checkpoint(
     output_dir: str | os.PathLike | None = None,
     *,
     head_mode: str | None = None,
-    logit_scale_kind: str = "none",
-    logit_scale_init: float | None = None,
-    logit_bias: bool = False,
-    norm_eps: float = 1e-6,
     generic: bool = False,
     gguf_file: str | None = None,
     lossless_start: bool = False,
     options: HeadOptions | None = None,
     base_model: str | None = None,
     license: str | None = None,
+    **head_settings,
 ) -> PreTrainedModel:
     """Load the tied checkpoint in ``source`` with the normalized head in ``head_mode``.
 
@@ -250,9 +237,10 @@ def convert_checkpoint(
             the path of a ``.gguf`` file itself.
         gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs the gguf extra:
             ``python -m pip install -e ".[gguf]"``).
-        lossless_start: start at the source's logits (module docstring); sets ``logit_scale_kind`` / ``logit_bias``.
-        head_mode, logit_scale_kind, logit_scale_init, logit_bias, norm_eps: the head's settings (head/options.py), or
-            ``options`` holding them all; ``head_mode`` None: the default mode (head_modes.DEFAULT_HEAD_MODE).
+        lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
+        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``options`` holding them all; ``head_mode`` None: the default mode
+            (head_modes.DEFAULT_HEAD_MODE).
         base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
             saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
             ``general.license`` (source_provenance.py). None: what the source states, else unknown.
@@ -269,13 +257,7 @@ def convert_checkpoint(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
         )
     check_base_model_id(base_model)
-    if options is None:
-        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, logit_scale_kind=logit_scale_kind,
-                              logit_scale_init=logit_scale_init, logit_bias=logit_bias, norm_eps=norm_eps)
-    elif head_mode is not None:
-        raise ValueError("pass the head's settings either as options or as head_mode=..., not both")
-    if lossless_start:
-        options = options.with_lossless_start()
+    options = head_options_of(options, head_mode, head_settings, lossless_start)
     if output_dir is not None:
         output_dir = Path(output_dir)
         existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
@@ -294,7 +276,7 @@ def convert_checkpoint(
     # An untied source whose output rows are positive multiples c_i of its input rows (a plain export with a trained
     # logit scale) converts with a lossless start that sets a logit scale: c_i goes into g_i. Others are refused.
     parallel = (
-        lossless_start and "logit_scale" in options.mode.lossless_start
+        lossless_start and takes_row_scales(options.mode)
         and not getattr(source_config, "tie_word_embeddings", False)
     )  # fmt: skip
     auto = check_convertible(tied_copy(source_config) if parallel else source_config)  # before loading any weight

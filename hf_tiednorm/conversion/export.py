@@ -59,21 +59,21 @@ from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormT
 from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import LEARNED_TERMS, TERM_CONFIG_FIELDS, learned_terms
-from .convert import copy_tokenizer
+from ..modeling.head.options import HeadOptions, learned_terms
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
 from .staging_checks import (
     check_new_folder,
     check_tokenizer_files,
     check_tokenizer_fits,
     check_weight_files,
+    copy_tokenizer,
     find_tokenizer,
     staged_folder,
 )
 
 # The parent of each row of the family table (families/table.py) is the architecture it converts from 1:1, the
-# wrapper's the
-# wrapped one; the table answers every per-family question of the export, so a new family exports without an edit here.
+# wrapper's the wrapped one; the table answers every per-family question of the export, so a new family exports without
+# an edit here.
 BIAS_PARENTS = "Marian, BART, mBART, Pegasus, Blenderbot (architectures with a final_logits_bias)"
 # Fields that only hf_tiednorm's configs have (the parent config must not carry them) and bookkeeping that names the
 # source or its remote code.
@@ -97,7 +97,7 @@ class PlainExport:
     model: PreTrainedModel
     parent: str  # the parent model class
     source_type: str  # the hf_tiednorm model_type
-    head: dict  # head_mode, logit_scale_kind, logit_bias of the source
+    head: dict  # head_mode, each built-in head term's switch and extra_terms of the source (term_switches)
     tied: bool  # whether the output layer stayed tied to the input embedding
     bias_slot: str | None  # where the effective bias went (None: it is identically zero)
     added_values: int  # stored values added (negative: removed), the untied V×d matrix minus the folded terms
@@ -142,8 +142,11 @@ def _bias_reason(model: PreTrainedModel) -> str:
     _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
     if mode_bias is not None and mode_bias.count_nonzero():
         reasons.append(f"head_mode {head.mode.name!r} (its score {head.mode.equation}, times g)")
-    if head.logit_bias is not None and head.logit_bias.count_nonzero():
-        reasons.append("logit_bias=True (the learned per-token b)")
+    rows = slice(0, head.weight.shape[0])
+    for term in head.options.active_terms():  # a learned term that shifts the scores (b, or a registered one)
+        _, shift = term.fold_into(head, None, None, rows, head.weight.device)
+        if shift is not None and shift.count_nonzero():
+            reasons.append(term.bias_text())
     return " and ".join(reasons) or "the model's final_logits_bias"
 
 
@@ -350,11 +353,12 @@ def export_plain(
         finally:
             for module, mode in training.items():
                 module.training = mode
+    options = HeadOptions.from_config(model.config)  # the head's settings, recorded (the card shows them)
     result = PlainExport(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={k: getattr(model.config, k) for k in ("head_mode", *(TERM_CONFIG_FIELDS[t] for t in LEARNED_TERMS))},
+        head={"head_mode": options.head_mode, **options.term_switches(), "extra_terms": options.extra_terms},
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),

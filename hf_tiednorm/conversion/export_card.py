@@ -15,6 +15,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..modeling.families.table import family_of_source
 from ..modeling.head.modes import get_head_mode
+from ..modeling.head.options import head_terms, takes_row_scales
 from .convert_checks import parallel_row_scales
 from .source_provenance import PROVENANCE, folder_provenance, source_text
 from .staging_checks import unshipped_head_mode
@@ -35,6 +36,13 @@ def baked_rows(head_mode: str) -> str:
 
 
 @torch.no_grad()
+def _terms_text(head: dict) -> str:
+    """The head terms of an export's ``head`` record (``export.head_record``) for its card: "logit scale `vector`,
+    logit bias `True`" and each registered term on."""
+    shown = [f"{t.name.replace('_', ' ')} `{head[t.config_fields[0]]}`" for t in head_terms() if t.config_fields]
+    return ", ".join([*shown, *(f"{name.replace('_', ' ')} `True`" for name in head.get("extra_terms", ()))])
+
+
 def _untied_refusal(model) -> str | None:
     """Why ``tiednorm-convert --lossless-start`` cannot tie the untied export ``model`` back (the converter's own
     conditions, convert.py: a config that reloads untied, output rows that are positive multiples of the input rows,
@@ -69,7 +77,7 @@ def convert_back(result, folder: str = THIS_FOLDER) -> tuple[list[str] | None, s
     note = "the lossless start gives back these logits"
     if shipped and result.tied and mode.lossless_start is None and mode.normalizes_input_lookups:
         arguments, note = ["--head-mode", mode.name], f"{mode.name}'s lookups are baked already: the same logits"
-    elif shipped and mode.lossless_start is not None and (result.tied or "logit_scale" in mode.lossless_start):
+    elif shipped and mode.lossless_start is not None and (result.tied or takes_row_scales(mode)):
         arguments = ["--head-mode", mode.name, "--lossless-start"]
     else:  # any tied or parallel export comes back with a per-token logit scale: cosine's start sets one
         arguments = ["--head-mode", "cosine", "--lossless-start"]
@@ -161,7 +169,7 @@ def export_card(result, repo_id: str | None = None, source: str | Path | None = 
 
 A **{result.parent}** checkpoint for stock `transformers` (no remote code, `hf_tiednorm` not needed). It was trained
 with a **normalized tied output head** (`hf_tiednorm`, `head_mode="{head["head_mode"]}"`: {mode.equation}, {mode.paper};
-logit scale `{head["logit_scale_kind"]}`, logit bias `{head["logit_bias"]}`) and **exported plain**: every head mode is
+{_terms_text(head)}) and **exported plain**: every head mode is
 an affine map of the plain scores, so the output layer's rows are the effective ones ({baked_rows(head["head_mode"])});
 {checked}.
 

@@ -12,10 +12,10 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
-from ..modeling.head.options import HEAD_OPTIONS, RENAMED_CONFIG_FIELDS, HeadOptions
+from ..modeling.head.options import HEAD_OPTIONS, HeadOptions, renamed_config_fields, switched_terms
 
 # A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
-_OLD_NAMES = {new: old for old, new in RENAMED_CONFIG_FIELDS.items()}
+_OLD_NAMES = {new: old for old, (new, _) in renamed_config_fields().items()}
 
 
 def flag_type(annotation: Any) -> Any:
@@ -81,12 +81,12 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--dashed-name`` switch per registered head option (head_options.register_head_option), added after
+    """One ``--dashed-name`` switch per registered head option (head/options.register_head_option), added after
     every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
     ``output_dir`` argument) is refused naming the option, since the switch would be shadowed or read the other
     argument's value."""
     taken = {action.dest: action for action in parser._actions}
-    for option in HEAD_OPTIONS.values():
+    for option in map(HEAD_OPTIONS.get, switched_terms()):  # a built-in term's flags are its config fields'
         flag = f"--{option.name.replace('_', '-')}"
         clash = taken.get(option.name) or parser._option_string_actions.get(flag)
         if clash is not None:
@@ -102,7 +102,7 @@ def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
 def head_options_from_flags(args: argparse.Namespace) -> HeadOptions:
     """The ``HeadOptions`` of the flags ``add_head_option_flags`` and ``add_registered_option_flags`` added (checked
     once, as every HeadOptions is)."""
-    extra = tuple(name for name in HEAD_OPTIONS if getattr(args, name) is True)
+    extra = tuple(name for name in switched_terms() if getattr(args, name) is True)
     return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()}, extra_terms=extra)
 
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from ..modeling.head import modes as head_modes
 from .path_identity import is_same_or_inside
 
@@ -234,7 +236,21 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
+    """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
+    and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
+    arguments."""
+    tokenizer = AutoTokenizer.from_pretrained(source, **load_options)
+    # Load-time bookkeeping that transformers keeps in init_kwargs describes this machine (e.g. offline mode), not
+    # the tokenizer; published, it would make every user's load local-only.
+    for key in ("is_local", "local_files_only"):
+        tokenizer.init_kwargs.pop(key, None)
+    tokenizer.save_pretrained(output_dir)
+    return tokenizer
+
+
 __all__ = [
+    "copy_tokenizer",
     "local_paths_in", "safetensors_problem",
     "check_new_folder",
     "check_no_token",

@@ -1,20 +1,19 @@
 """A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
 tensor of the file must find its place, checked when ``from_pretrained`` finishes.
 
-transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for
-as "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained
-``logit_scale`` g (scalar or per token) or ``logit_bias`` b missing from ``model.safetensors`` loads as g = 1 /
-b = 0, a ``config.json`` edited to ``logit_scale_kind="none"`` or ``logit_bias=false`` drops the trained terms, and one
-edited to add them starts them fresh; and a file without the shared embedding loads with the embedding left on the
-meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which
-``generate`` fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is
-initialized at random and any tensor the model has no place for is dropped, which changes the logits just as
-silently. ``check_loaded_head`` turns each of these into an error naming the tensor, the config field where one is
-involved, and the folder. What transformers itself accounts for is not an error: a tied copy that is saved once, a
-non-persistent buffer, a family's ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old
-checkpoint's ``rotary_emb.inv_freq``. It runs from transformers' own hook on the loading report
-(``_adjust_missing_and_unexpected_keys``, see ``weight_checks.WeightChecksMixin``), so transformers' report table
-is still printed first.
+transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
+"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
+term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
+edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
+meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
+fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
+any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
+each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
+itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
+``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
+from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
+``WeightChecksMixin``, below), so transformers' report table is still printed first.
 
 This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
 """
@@ -25,39 +24,40 @@ from torch import nn
 
 from .head.adaptive import embedding_matrices
 from .head.layer import NormalizedScoresMixin
-from .head.options import LEARNED_TERMS, TERM_CONFIG_FIELDS
+from .head.options import HEAD_OPTIONS, HeadOptions
+from .weight_checks import check_finite_weights
 
-HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its parameters (head/options.py)
 
-
-def _term_field(model: nn.Module, term: str) -> str:
-    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale_kind='vector'"."""
-    name = TERM_CONFIG_FIELDS.get(term, term)
-    return f"{name}={getattr(model.config, name, None)!r}"
+def _term_setting(model: nn.Module, name: str) -> str:
+    """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
+    "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
+    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms: a term the config declares but the weights lack, or a term the
-    weights hold but the config does not declare (state-dict keys such as 'lm_head.logit_scale')."""
-    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
+    as 'lm_head.logit_scale')."""
+    heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     errors = []
     for key in sorted(missing | unexpected):
         module, _, leaf = key.rpartition(".")
-        if module not in heads or leaf not in HEAD_TERMS:
+        if module not in heads or leaf not in HEAD_OPTIONS:
             continue
+        setting = _term_setting(model, leaf)
+        switch = setting.partition("=")[0]
         if key in missing:
             errors.append(
-                f"tensor {key!r} is missing from the weights, but config.json declares {_term_field(model, leaf)}: "
-                "a learned term of the head is part of the trained function, and it would start afresh (g = 1, "
-                f"b = 0). Restore the weights file, or set {TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to "
+                f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned term of "
+                f"the head is part of the trained function, and it would start afresh (at "
+                f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in config.json to "
                 "what the model was trained with"
             )
         else:
             errors.append(
-                f"the weights hold a trained {key!r}, but config.json declares {_term_field(model, leaf)}, which has "
-                "no such tensor: loading would drop it and change the logits. Set "
-                f"{TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to what the model was trained with "
-                "(logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; logit_bias true)"
+                f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
+                f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
+                f"trained with ({HEAD_OPTIONS[leaf].help})"
             )
     return errors
 
@@ -96,7 +96,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
-    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name in keys and (id(parameter) in shared or parameter.is_meta):
             named.add(name)
@@ -163,8 +163,27 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
 
 
+class WeightChecksMixin:
+    """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded
+    (modeling/load_checks.py).
+    First among a model class's bases."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True returns a tuple
+        check_finite_weights(model, pretrained_model_name_or_path)
+        return loaded
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        # transformers' hook on the loading report (from_pretrained): a missing or unexpected head term, or a missing
+        # shared embedding, is an error naming the tensor and the config field (modeling/load_checks.py).
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        check_loaded_head(self, loading_info)
+
+
 __all__ = [
-    "HEAD_TERMS",
+    "WeightChecksMixin",
     "check_loaded_body",
     "check_loaded_head",
     "check_source_loaded",

@@ -6,7 +6,7 @@
 * ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
   ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
   (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
-* ``WeightChecksMixin`` runs the load checks where a model family loads: put it first among the bases.
+``load_checks.WeightChecksMixin`` runs the finite-weights check where a model family loads.
 
 This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
 """
@@ -17,8 +17,6 @@ import os
 
 import torch
 from torch import nn
-
-from .load_checks import check_loaded_head
 
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
@@ -77,23 +75,4 @@ def check_resize_keeps_special_tokens(
         )
 
 
-class WeightChecksMixin:
-    """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded
-    (modeling/load_checks.py).
-    First among a model class's bases."""
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True returns a tuple
-        check_finite_weights(model, pretrained_model_name_or_path)
-        return loaded
-
-    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
-        # transformers' hook on the loading report (from_pretrained): a missing or unexpected head term, or a missing
-        # shared embedding, is an error naming the tensor and the config field (modeling/load_checks.py).
-        super()._adjust_missing_and_unexpected_keys(loading_info)
-        check_loaded_head(self, loading_info)
-
-
-__all__ = ["WeightChecksMixin", "check_finite_weights", "check_resize_keeps_special_tokens", "special_token_ids"]
+__all__ = ["check_finite_weights", "check_resize_keeps_special_tokens", "special_token_ids"]

@@ -36,7 +36,6 @@ except ImportError:
     from httpx import TransportError
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from ..conversion.convert import copy_tokenizer
 from ..conversion.export import export_plain
 from ..conversion.export_card import write_export_card
 from ..conversion.staging_checks import (
@@ -45,6 +44,7 @@ from ..conversion.staging_checks import (
     check_staged_files,
     check_tokenizer_files,
     check_tokenizer_fits,
+    copy_tokenizer,
     find_tokenizer,
     staged_folder,
     unshipped_head_mode,

@@ -33,9 +33,8 @@ from transformers import AutoConfig, PreTrainedConfig
 from ..conversion.source_provenance import PROVENANCE
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
-from ..modeling.head.layer import default_logit_scale
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import HEAD_OPTIONS, HeadOptions
+from ..modeling.head.options import HeadOptions, head_terms
 from .card_metrics import eval_results, metric_subsets, parse_metrics, training_settings
 from .provenance import (
     add_provenance_arguments,
@@ -141,27 +140,19 @@ def _stored_range(folder: Path, suffix: str) -> tuple[float, float] | None:
     return None
 
 
-def _logit_scale_text(config: TiedNormConfig, folder: Path | None = None) -> str:
-    """The logit scale as the weights hold it: a learned scale is described by its saved values (a lossless start
-    sets g_i = ‖w_i‖, not the configured initial value), the initial value only when no weights are saved."""
-    if config.logit_scale_kind == "none":
-        return "none"
-    stored = _stored_range(folder, "logit_scale") if folder is not None and config.logit_scale_kind != "fixed" else None
-    if stored is not None:
-        low, high = stored
-        if config.logit_scale_kind == "scalar":
-            return f"one learned g (g = {low:.4g} in these weights)"
-        return (f"a learned g_i per token (g_i in {low:.4g}–{high:.4g} in these weights; a lossless start sets "
-                "g_i = ‖w_i‖ of the source)")
+def _term_rows(config: TiedNormConfig, folder: Path | None = None) -> tuple[dict, list]:
+    """The card's rows of the head's learned terms (``HeadTerm.card_row``): the built-ins' by name (the template's
+    own rows), and (name, text) of each registered term the config switches on. A learned term is described by its
+    saved values where ``folder`` holds them."""
     hidden_size = family_of_config(config).head_hidden_size(config)
-    g = config.logit_scale_init
-    if g is None:
-        g = default_logit_scale(config.logit_scale_kind, hidden_size)
-    return {
-        "fixed": f"fixed g = {g:.4g}",
-        "scalar": f"one learned g (initialized to {g:.4g})",
-        "vector": f"a learned g_i per token (initialized to {g:.4g})",
-    }[config.logit_scale_kind]
+
+    def stored(name: str) -> tuple[float, float] | None:
+        return _stored_range(folder, f".{name}") if folder is not None else None
+
+    options = HeadOptions.from_config(config)
+    built_in = {t.name: t.card_row(config, stored, hidden_size) for t in head_terms() if t.config_fields}
+    added = [(t.name, t.card_row(config, stored, hidden_size)) for t in options.active_terms() if not t.config_fields]
+    return built_in, added
 
 
 def _num_parameters(folder: Path) -> str:
@@ -293,6 +284,7 @@ def render_model_card(
         model_name=model_name,
         eval_results=eval_results(results, signature, dataset, is_encoder_decoder) or None,
     )
+    built_in_terms, added_terms = _term_rows(config, folder)
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path()),
@@ -306,11 +298,8 @@ def render_model_card(
         head_mode=config.head_mode,
         mode_equation=mode.equation,
         mode_reference=mode.paper,
-        logit_scale=_logit_scale_text(config, folder),
-        logit_bias="a learned b_i per token, added to the scores (zero at initialization)"
-        if getattr(config, "logit_bias", False)
-        else "none",
-        extra_terms=[(name, HEAD_OPTIONS[name].card) for name in HeadOptions.from_config(config).extra_terms],
+        **built_in_terms,
+        extra_terms=added_terms,
         tie_topology=_tie_topology_text(config),
         label_smoothing=getattr(config, "label_smoothing", 0.0),  # a converted model has its architecture's loss
         num_parameters=_num_parameters(folder),

@@ -2,7 +2,7 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 10 package modules, in dependency order, each under a rule naming its file.
+# 11 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
@@ -242,7 +242,10 @@ ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
 # rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
 LOSSLESS_RTOL = 1e-5
 COLUMN_TERM_NAMES = ("scale", "bias")
-LOSSLESS_TERM_NAMES = ("logit_scale g", "logit_bias b")
+# The learned head terms a mode's lossless start sets, in the order of its ``lossless_terms`` (the scale g, then the
+# bias b): the built-in terms of head/terms.py, which take their lossless values from these.
+MODE_LOSSLESS_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
+LOSSLESS_TERM_NAMES = tuple(f"{name} {symbol}" for name, symbol in zip(MODE_LOSSLESS_TERMS, "gb", strict=True))
 
 
 def check_terms(mode_name: "str", method: "str", terms, weight: "torch.Tensor", names=COLUMN_TERM_NAMES) -> "ColumnTerms":
@@ -337,7 +340,7 @@ def checked_lossless_terms(method: "Callable") -> "Callable":
             self.name, "lossless_terms", method(self, weight, eps, *args, **kwargs), weight, LOSSLESS_TERM_NAMES
         )
         declared = self.lossless_start or ()
-        for term, value in (("logit_scale", g), ("logit_bias", b)):
+        for term, value in zip(MODE_LOSSLESS_TERMS, (g, b), strict=True):
             if value is not None and term not in declared:
                 raise ValueError(
                     f"head mode {self.name!r}: lossless_terms returned a {term} but lossless_start={declared!r} does "
@@ -608,11 +611,12 @@ class HeadMode:
         if self.lossless_start is None:
             raise ValueError(self.lossless_refusal)
         scale, bias = self.column_terms(weight, eps)
+        scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
         g = None
-        if "logit_scale" in self.lossless_start:
+        if scale_term in self.lossless_start:
             g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
         b = None
-        if "logit_bias" in self.lossless_start:
+        if bias_term in self.lossless_start:
             b = -bias if g is None else -bias * g
         return g, b
 
@@ -712,8 +716,9 @@ def register_head_mode(mode: "HeadMode", *, replace: "bool" = False) -> "HeadMod
             f"mode would reload in another process as the built-in {mode.name!r}, with other logits and no error. "
             "Register your mode under a name of its own"
         )
-    if mode.lossless_start is not None and set(mode.lossless_start) - {"logit_scale", "logit_bias"}:
-        raise ValueError(f"head mode {mode.name!r}: lossless_start may name 'logit_scale' / 'logit_bias' only")
+    if mode.lossless_start is not None and set(mode.lossless_start) - set(MODE_LOSSLESS_TERMS):
+        names = " / ".join(map(repr, MODE_LOSSLESS_TERMS))
+        raise ValueError(f"head mode {mode.name!r}: lossless_start may name {names} only")
     if mode.name in _REGISTRY and not replace:
         raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
     # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.
@@ -795,8 +800,9 @@ def head_mode_summaries() -> "str":
 A head is built from a config (``HeadOptions.from_config``), from the converter's arguments or CLI, or directly; each
 path builds one ``HeadOptions``, which checks every setting once when it is made, and passes it whole to the head
 (``TiedNormHead(..., options=...)``), the wrapper's config (``as_config_fields``) and the lossless start
-(``with_lossless_start``). A new head option is one field here plus its config field (configuration_tiednorm.py)
-and the head code that reads it.
+(``with_lossless_start``). The head's learned terms (its logit scale g and bias b, and any added from outside) are
+``HeadTerm`` objects in one registry (``HEAD_OPTIONS``; the built-ins in terms.py): a new term is a
+``HeadTerm`` registered with ``register_head_option`` and nothing else.
 """
 
 
@@ -805,69 +811,144 @@ LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: "tuple[str, ...]" = get_args(LogitScale)
 
 
-# The head's learned per-token terms, named as the head's parameters (state-dict keys such as
-# 'lm_head.logit_scale'): what the load checks, the lossless start, the converter, the export and the card read.
-LEARNED_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
-# The config field that switches each learned term on. The scale's is not called ``logit_scale``: TRL, vLLM and
-# transformers' Cohere models read ``config.logit_scale`` as a float multiplier of the logits.
-TERM_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind", "logit_bias": "logit_bias"}
-# Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
-# under the old name still load, with a FutureWarning (configuration_tiednorm.py).
-RENAMED_CONFIG_FIELDS: "dict[str, str]" = {"logit_scale": "logit_scale_kind"}
-
-
-def renamed_field_value(old: "str", new: "str", value, current):
-    """The value of field ``new`` given under its old name ``old`` (a config saved before the rename), with a
-    FutureWarning; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float multiplier of
-    other architectures, which this head's options do not read) or one contradicting ``new`` given too."""
-    if not (isinstance(value, str) and value in LOGIT_SCALES):
-        raise ValueError(
-            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} as "
-            f"a float multiplier of the logits, which this head would not apply); the head's scale is {new}, one of "
-            f"{LOGIT_SCALES}, with logit_scale_init for its value"
-        )
-    if current not in ("none", value):
-        raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-    # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
-    frame, stacklevel = sys._getframe(0), 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
-        frame, stacklevel = frame.f_back, stacklevel + 1
-    warnings.warn(
-        f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-        f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
-        f"the new name; the old one will stop loading in a future release",
-        FutureWarning,
-        stacklevel=stacklevel,
-    )
-    return value
+def renamed_config_fields() -> "dict[str, tuple[str, HeadTerm]]":
+    """Config fields renamed since models were saved with them: old name -> (new name, the term that owns it), from
+    each term's ``renamed_fields``. config.json and keyword arguments under the old name still load, with a
+    FutureWarning (``HeadTerm.renamed_value``)."""
+    return {old: (new, term) for term in head_terms() for old, new in term.renamed_fields.items()}
 
 
 def renamed_fields_set(config, kwargs: "dict") -> "dict":
     """Set on ``config`` each field that ``kwargs`` (a config's extra keywords: config.json, from_pretrained) gives
-    under its old name (``RENAMED_CONFIG_FIELDS``, with a FutureWarning); returns the other keywords."""
-    for old, new in RENAMED_CONFIG_FIELDS.items():
+    under its old name (``renamed_config_fields``, with a FutureWarning); returns the other keywords."""
+    for old, (new, term) in renamed_config_fields().items():
         if old in kwargs:
             kwargs = dict(kwargs)
-            setattr(config, new, renamed_field_value(old, new, kwargs.pop(old), getattr(config, new)))
+            setattr(config, new, term.renamed_value(old, new, kwargs.pop(old), getattr(config, new)))
     return kwargs
 
 
+class HeadTerm:
+    """A learned term of the head, folded into its (scale, bias): the one protocol of the built-in terms (the logit
+    scale g and bias b, terms.py) and of a term added from outside (``HeadOption``). The head, the fold, a
+    resize, fp32 handling, a lossless start, the load checks, the flags, the export and the card ask a term only
+    these; none of them names one. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+
+    Attributes:
+        name: the head's parameter (``lm_head.<name>``, a state-dict key), a Python identifier.
+        help: the help of its flag (converter, training scripts).
+        config_fields: the ``HeadOptions``/config fields that set it (their flags are the term's flags); () for a
+            term switched on by naming it in ``extra_terms`` (its flag is the switch ``--<name>``).
+        keep_fp32: kept fp32 under a bf16/fp16 load or cast (a step of a small learning rate rounds away in bf16).
+        row_scaled: multiplied by c_i where a source's output rows were c_i·w_i (``take_row_scales``), because it
+            multiplies or shifts the whole logit (g and b).
+        takes_row_scales: a lossless start that sets it can absorb those c_i (a per-token scale of the logit).
+    """
+
+    name: "str"
+    help: "str"
+    config_fields: "tuple[str, ...]" = ()
+    renamed_fields: "dict[str, str]" = {}  # noqa: RUF012 (read only) old config field name -> its new name
+    keep_fp32: "bool" = True
+    row_scaled: "bool" = False
+    takes_row_scales: "bool" = False
+
+    def renamed_value(self, old: "str", new: "str", value, current):
+        """The value of config field ``new`` given under its old name ``old`` (``renamed_fields``), or
+        ``ValueError``; a term that renamed a field says what the old name may hold."""
+        raise ValueError(f"{old}={value!r}: the config field {old} is now {new}")
+
+    def is_on(self, options) -> "bool":
+        """Whether a head with ``options`` holds (or applies) this term."""
+        return self.name in options.extra_terms
+
+    def setting(self, options) -> "str":
+        """The config setting that switches it, as config.json states it (load checks' messages)."""
+        return f"extra_terms={list(options.extra_terms)!r}"
+
+    def check(self, options) -> "None":
+        """``ValueError`` naming the field for a bad setting of ``options`` (a ``HeadOptions`` being made)."""
+
+    def start_value(self, options, hidden_size: "int") -> "float":
+        """The value the parameter starts at (and a resized vocabulary's new tokens get)."""
+        return float(self.init)
+
+    def shape(self, options, vocab_size: "int") -> "tuple[int, ...] | None":
+        """The parameter's shape for ``options``; None: the head holds no parameter for it."""
+        return (vocab_size,) if self.is_on(options) else None
+
+    def fold_into(self, head, scale, bias, rows: "slice", device):
+        """(scale, bias) of the tokens ``rows`` (a slice with both ends; fp32, (n,) or None) with this term folded
+        in; ``device``: the head's."""
+        return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
+
+    def lossless_options(self, options, mode) -> "dict":
+        """The ``HeadOptions`` fields a lossless start of ``mode`` sets for this term, or ``ValueError`` naming the
+        setting that makes the start impossible."""
+        return {}
+
+    def lossless_value(self, head, rows, mode_terms: "dict"):
+        """The value a lossless start gives this term for the rows ``rows`` (``mode_terms``: the mode's
+        ``lossless_terms`` by name); None: left as it is (then checked to change no score)."""
+        value = getattr(self, "lossless", None)
+        return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
+
+    def card_row(self, config, stored, hidden_size: "int") -> "str | None":
+        """The model card's text for it (``stored(name)``: the (min, max) of a saved tensor, or None); None where
+        ``config`` does not switch it on."""
+        return self.card if self.is_on(HeadOptions.from_config(config)) else None
+
+    def bias_text(self) -> "str":
+        """What a plain export's refusal of a bias says this term is."""
+        return f"the registered head term {self.name!r}"
+
+
 @dataclass(frozen=True)
-class HeadOption:
+class HeadOption(HeadTerm):
     """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
     a parameter of the head named ``name``, started at ``init`` and folded into the column terms by ``fold(t, scale,
     bias) -> (scale, bias)`` (so the plain export bakes it like g and b). A model switches it on with
     ``HeadOptions(extra_terms=(name,))``; its config records the names (``extra_terms``), and a process where the
-    option is not registered refuses the model by name, as it refuses an unknown head mode."""
+    option is not registered refuses the model by name, as it refuses an unknown head mode. ``lossless``: the value
+    a lossless start sets it to (None: left at ``init``); ``keep_fp32``: kept fp32 under a bf16/fp16 load."""
 
     name: "str"
     help: "str"
     init: "float"
     fold: "Callable"
     card: "str"  # the model card's line for it
+    keep_fp32: "bool" = True
+    lossless: "float | None" = None
 
 
-HEAD_OPTIONS: "dict[str, HeadOption]" = {}
+# Every head term, in the order they fold: the built-ins first (terms.py registers them at import), then those
+# registered from outside (``register_head_option``).
+HEAD_OPTIONS: "dict[str, HeadTerm]" = {}
+HEAD_TERMS = HEAD_OPTIONS
+
+
+def head_terms() -> "tuple[HeadTerm, ...]":
+    """Every registered head term, built-in and added, in folding order."""
+    return tuple(HEAD_OPTIONS.values())
+
+
+def add_head_term(term: "HeadTerm") -> "HeadTerm":
+    """Put ``term`` in the registry (a built-in's way in, at import; ``register_head_option`` checks more)."""
+    if term.name in HEAD_OPTIONS:
+        raise ValueError(f"a head option {term.name!r} is registered already")
+    HEAD_OPTIONS[term.name] = term
+    return term
+
+
+def takes_row_scales(mode) -> "bool":
+    """Whether ``mode``'s lossless start sets a term that can absorb a source's output row scales c_i (a per-token
+    scale of the logit, ``HeadTerm.takes_row_scales``): an untied source with rows c_i·w_i converts losslessly."""
+    return any(HEAD_OPTIONS[name].takes_row_scales for name in mode.lossless_start or () if name in HEAD_OPTIONS)
+
+
+def switched_terms() -> "tuple[str, ...]":
+    """The names of the terms a model switches on by naming them in ``extra_terms``."""
+    return tuple(term.name for term in HEAD_OPTIONS.values() if not term.config_fields)
 
 
 def register_head_option(option: "HeadOption") -> "HeadOption":
@@ -878,8 +959,8 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
     anything the head already holds (``HEAD_NAME_SOURCES``: ``norm_eps``, ``weight``, ``options``, ...): a
     parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
     """
-    if not isinstance(option, HeadOption):
-        raise TypeError(f"register_head_option takes a HeadOption, got {type(option).__name__}")
+    if not isinstance(option, HeadTerm):
+        raise TypeError(f"register_head_option takes a HeadOption (a HeadTerm), got {type(option).__name__}")
     name = option.name
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
         raise ValueError(
@@ -887,15 +968,19 @@ def register_head_option(option: "HeadOption") -> "HeadOption":
             "(letters, digits and underscores: it becomes the head's parameter lm_head.<name> and the converter's "
             "flag --<name with dashes>), e.g. 'logit_temperature'"
         )
-    if name in HEAD_OPTIONS or name in LEARNED_TERMS:
+    if name in HEAD_OPTIONS:
         raise ValueError(f"a head option {name!r} is registered already")
+    if option.config_fields:  # HeadOptions and the configs declare the built-ins' fields only
+        raise ValueError(
+            f"head option {name!r} (register_head_option) declares config_fields {option.config_fields}, which no "
+            "config has: a term added from outside is switched on by naming it in extra_terms; leave config_fields ()"
+        )
     if name in taken_head_names():
         raise ValueError(
             f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
             "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
         )
-    HEAD_OPTIONS[name] = option
-    return option
+    return add_head_term(option)
 
 
 # Callables giving every name a head holds (its attributes, methods and parameters): head/layer.py adds
@@ -908,13 +993,13 @@ def taken_head_names() -> "frozenset[str]":
     every ``HeadOptions`` field, the renamed ones' old names included."""
     if not HEAD_NAME_SOURCES:
         raise RuntimeError("no head has declared its names (head/layer.py is not loaded): cannot check a name")
-    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
+    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(renamed_config_fields())
     return frozenset(fields.union(*(source() for source in HEAD_NAME_SOURCES)))
 
 
 def learned_terms() -> "tuple[str, ...]":
-    """Every learned per-token term a head may hold: ``LEARNED_TERMS`` and the registered options'."""
-    return (*LEARNED_TERMS, *HEAD_OPTIONS)
+    """Every learned term a head may hold, named as its parameter (state-dict keys such as 'lm_head.<name>')."""
+    return tuple(HEAD_OPTIONS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -950,27 +1035,17 @@ class HeadOptions:
         if len(set(extra)) != len(extra):
             raise ValueError(f"extra_terms names a head option twice: {list(extra)}")
         object.__setattr__(self, "extra_terms", tuple(extra))  # a config.json's list, as the hashable tuple
-        unknown = [name for name in self.extra_terms if name not in HEAD_OPTIONS]
+        switched = switched_terms()
+        unknown = [name for name in self.extra_terms if name not in switched]
         if unknown:
             raise ValueError(
-                f"head option(s) {unknown} are not registered in this process (registered: {sorted(HEAD_OPTIONS)}): "
+                f"head option(s) {unknown} are not registered in this process (registered: {sorted(switched)}): "
                 "the model was trained with a head option registered at runtime (register_head_option); register it "
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
-        if self.logit_scale_kind not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
-        if self.logit_scale_init is not None:
-            if not 0 < self.logit_scale_init < math.inf:
-                raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
-            if self.logit_scale_kind == "none":
-                raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
-                    "logit_scale_kind "
-                    "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-                )
-        if not isinstance(self.logit_bias, bool):
-            raise ValueError(f"logit_bias must be True or False, got {self.logit_bias!r}")
+        for term in head_terms():  # each term checks its own fields (terms.py)
+            term.check(self)
         if not 0 < self.norm_eps < math.inf:
             raise ValueError(f"norm_eps must be > 0 and finite, got {self.norm_eps}")
 
@@ -991,6 +1066,22 @@ class HeadOptions:
         """The options that are config fields of the package (``TiedNormHeadConfigMixin``)."""
         return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("registry"))
 
+    def active_terms(self) -> "tuple[HeadTerm, ...]":
+        """The head terms these options switch on, in the order they fold: the built-ins' (set by their config
+        fields) in registry order, then ``extra_terms`` in their order."""
+        built_in = (term for term in head_terms() if term.config_fields and term.is_on(self))
+        return (*built_in, *map(HEAD_OPTIONS.get, self.extra_terms))
+
+    def term_switches(self) -> "dict":
+        """Each built-in term's switch (its first config field) and its value: {"logit_scale_kind": ..., ...}."""
+        switches = [term.config_fields[0] for term in head_terms() if term.config_fields]
+        return {name: getattr(self, name) for name in switches}
+
+    def term_settings(self) -> "str":
+        """The terms' settings as config.json states them (a head's repr): "logit_scale_kind='none', ..."."""
+        settings = (term.setting(self) for term in head_terms() if term.config_fields or term.is_on(self))
+        return ", ".join(dict.fromkeys(settings))
+
     def as_config_fields(self) -> "dict":
         """The config fields (``head_mode=...``, ...) of these options; ``extra_terms`` only when one is on."""
         fields = dataclasses.asdict(self)
@@ -1004,33 +1095,10 @@ class HeadOptions:
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
-        logit_scale = self.logit_scale_kind
-        if "logit_scale" in mode.lossless_start:
-            if logit_scale not in ("none", "vector"):
-                raise ValueError(
-                    f"lossless_start for head_mode {self.head_mode!r} sets a per-token logit scale "
-                    f"(logit_scale_kind='vector'); logit_scale_kind={logit_scale!r} cannot give back the source's "
-                    "logits: leave logit_scale_kind unset or 'vector'"
-                )
-            if self.logit_scale_init is not None:
-                # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
-                # dropped while config.json recorded it.
-                raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} (--logit-scale-init) cannot be combined with "
-                    f"lossless_start (--lossless-start): for head_mode {self.head_mode!r} the lossless start sets "
-                    "every per-token logit scale g_i itself, to the value that gives back the source's logits "
-                    f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
-                    "lossless_start"
-                )
-            logit_scale = "vector"
-        elif logit_scale != "none":
-            raise ValueError(
-                f"lossless_start for head_mode {self.head_mode!r} needs no logit scale ({mode.equation}; its start "
-                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={logit_scale!r} would "
-                "multiply the scores: leave logit_scale_kind='none'"
-            )
-        logit_bias = self.logit_bias or "logit_bias" in mode.lossless_start
-        return dataclasses.replace(self, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+        changes = {}
+        for term in head_terms():
+            changes.update(term.lossless_options(self, mode))
+        return dataclasses.replace(self, **changes)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/lossless_start.py -------------------------------------
@@ -1069,12 +1137,19 @@ refused.
 """
 
 
-def lossless_head_options(head_mode: "str", logit_scale: "str", logit_bias: "bool") -> "tuple[str, bool]":
-    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
-    or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    options = HeadOptions(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
-    options = options.with_lossless_start()
-    return options.logit_scale_kind, options.logit_bias
+def check_lossless_settings(config) -> "None":
+    """``ValueError`` unless ``config``'s head terms are switched as a lossless start of its ``head_mode`` needs
+    (``HeadOptions.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
+    the switches (each term's first config field) and their needed values."""
+    switches = tuple(HeadOptions().term_switches())
+    options = HeadOptions(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
+    needed = options.with_lossless_start()  # raises for l2
+    want, have = (tuple(o.term_switches().values()) for o in (needed, options))
+    if want != have:
+        raise ValueError(
+            f"lossless_start=True with head_mode={config.head_mode!r} needs ({', '.join(switches)}) = {want}, got "
+            f"{have}; set them so, or lossless_start=False"
+        )
 
 
 @torch.no_grad()
@@ -1082,14 +1157,11 @@ def start_lossless(model: "PreTrainedModel") -> "None":
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
     ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``lossless_head_options``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    ``HeadOptions.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
     g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
-    # lossless_terms returns the values of LEARNED_TERMS (g, b) in their order; None: the mode leaves it alone.
-    for term, value in zip(LEARNED_TERMS, head.mode.lossless_terms(head.weight, head.norm_eps), strict=True):
-        if value is not None:
-            getattr(head, term).copy_(value)
+    _set_lossless_terms(head, 0)
     check_registered_options_neutral(head)
     model.config.lossless_start = True
 
@@ -1107,7 +1179,8 @@ def check_registered_options_neutral(head) -> "None":
     norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)
     gain = torch.ones_like(norms) if scale is None else scale
     offset = torch.zeros_like(norms) if bias is None else bias
-    learned_bias = 0 if head.logit_bias is None else head.logit_bias.float().abs()
+    _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
+    learned_bias = 0 if mode_bias is None else mode_bias.abs()  # what a lossless start's bias cancels
     error = (gain - 1).abs() * norms + offset.abs()  # the most a logit is off, for a unit-norm h
     excess = (error - LOSSLESS_RTOL * (norms + learned_bias) - head.norm_eps).nan_to_num(nan=torch.inf)
     row = int(excess.argmax())
@@ -1122,6 +1195,17 @@ def check_registered_options_neutral(head) -> "None":
         )
 
 
+def _set_lossless_terms(head, first: "int") -> "None":
+    """Set every learned term of ``head`` that a lossless start sets (``HeadTerm.lossless_value``: the built-ins
+    from their mode's ``lossless_terms``, a registered one to its ``lossless`` value) for tokens ``first`` and up."""
+    rows = head.weight[first:]
+    mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
+    for term in head.options.active_terms():
+        value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
+        if value is not None:
+            getattr(head, term.name)[first:] = value
+
+
 @torch.no_grad()
 def start_resized_tokens(model: "PreTrainedModel", first_new: "int") -> "None":
     """After ``resize_token_embeddings`` of a lossless-started ``model`` (``config.lossless_start``), start the new
@@ -1130,10 +1214,7 @@ def start_resized_tokens(model: "PreTrainedModel", first_new: "int") -> "None":
     head = model.get_output_embeddings()
     if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
         return
-    terms = head.mode.lossless_terms(head.weight[first_new:], head.norm_eps)  # (new,) each, or None
-    for term, value in zip(LEARNED_TERMS, terms, strict=True):
-        if value is not None:
-            getattr(head, term)[first_new:] = value
+    _set_lossless_terms(head, first_new)
 
 
 @torch.no_grad()
@@ -1141,10 +1222,200 @@ def take_row_scales(model: "PreTrainedModel", row_scales: "torch.Tensor") -> "No
     """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
     c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
     head = model.get_output_embeddings()
-    for term in LEARNED_TERMS:  # both scale the logit: c_i times each
-        learned = getattr(head, term)
-        if learned is not None:
+    for term in head_terms():  # those that scale or shift the whole logit (g, b): c_i times each
+        learned = getattr(head, term.name, None)
+        if term.row_scaled and learned is not None:
             learned.mul_(row_scales.to(learned))
+
+
+# ------------------------------ hf_tiednorm/modeling/head/terms.py ----------------------------------------------
+"""The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
+(options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
+
+* ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
+  FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
+  g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise, ``fixed`` at √d (layer.py).
+* ``logit_bias`` (config field ``logit_bias``): a learned b_i per token, zero at first, added after the scale: where
+  a model can keep the unigram prior that a normalized head deletes.
+
+Everything the package does with them (the head's parameters and fold, a resize's new tokens, fp32, a lossless
+start, the load checks, the flags, the export and the card) asks these objects, through the ``HeadTerm`` hooks.
+Their config fields and state-dict keys (``lm_head.logit_scale``, ``lm_head.logit_bias``) are those of every saved
+model.
+"""
+
+
+def default_logit_scale(logit_scale: "str", hidden_size: "int") -> "float":
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
+    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
+    ``fixed`` model's function depends on it, so it keeps its meaning)."""
+    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
+
+
+class LogitScaleTerm(HeadTerm):
+    """g: multiplies the mode's (scale, bias); a parameter for ``scalar`` (0-dim) and ``vector`` (V,)."""
+
+    name = "logit_scale"
+    help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
+    config_fields = ("logit_scale_kind", "logit_scale_init")
+    # Its switch was called logit_scale: TRL, vLLM and transformers' Cohere read config.logit_scale as a float.
+    renamed_fields = {"logit_scale": "logit_scale_kind"}  # noqa: RUF012
+    row_scaled = takes_row_scales = True
+
+    def renamed_value(self, old: "str", new: "str", value, current):
+        """``value`` given under the old name with a FutureWarning; ``ValueError`` for a value the old field never
+        took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's options do not
+        read) or one contradicting ``new`` given too."""
+        if not (isinstance(value, str) and value in LOGIT_SCALES):
+            raise ValueError(
+                f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} "
+                f"as a float multiplier of the logits, which this head would not apply); the head's scale is {new}, "
+                f"one of {LOGIT_SCALES}, with logit_scale_init for its value"
+            )
+        if current not in ("none", value):
+            raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
+        # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
+        frame, stacklevel = sys._getframe(0), 1
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
+            frame, stacklevel = frame.f_back, stacklevel + 1
+        warnings.warn(
+            f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+            f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
+            f"the new name; the old one will stop loading in a future release",
+            FutureWarning,
+            stacklevel=stacklevel,
+        )
+        return value
+
+    def is_on(self, options) -> "bool":
+        return options.logit_scale_kind != "none"
+
+    def setting(self, options) -> "str":
+        return f"logit_scale_kind={options.logit_scale_kind!r}"
+
+    def check(self, options) -> "None":
+        if options.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {options.logit_scale_kind!r}")
+        if options.logit_scale_init is not None:
+            if not 0 < options.logit_scale_init < math.inf:
+                raise ValueError(f"logit_scale_init must be > 0 and finite, got {options.logit_scale_init}")
+            if options.logit_scale_kind == "none":
+                raise ValueError(
+                    f"logit_scale_init={options.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    "logit_scale_kind "
+                    "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
+                )
+
+    def start_value(self, options, hidden_size: "int") -> "float":
+        init = options.logit_scale_init
+        return float(init) if init is not None else default_logit_scale(options.logit_scale_kind, hidden_size)
+
+    def shape(self, options, vocab_size: "int") -> "tuple[int, ...] | None":
+        return {"scalar": (), "vector": (vocab_size,)}.get(options.logit_scale_kind)
+
+    def fold_into(self, head, scale, bias, rows: "slice", device):
+        # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias; "fixed" is a constant, not a parameter
+        if head.options.logit_scale_kind == "none":
+            return scale, bias
+        g = head.logit_scale
+        g = g.float() if g is not None else torch.tensor(head.term_starts[self.name], device=device)
+        g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
+        return (g if scale is None else scale * g), (None if bias is None else bias * g)
+
+    def lossless_options(self, options, mode) -> "dict":
+        kind = options.logit_scale_kind
+        if "logit_scale" in mode.lossless_start:
+            if kind not in ("none", "vector"):
+                raise ValueError(
+                    f"lossless_start for head_mode {options.head_mode!r} sets a per-token logit scale "
+                    f"(logit_scale_kind='vector'); logit_scale_kind={kind!r} cannot give back the source's "
+                    "logits: leave logit_scale_kind unset or 'vector'"
+                )
+            if options.logit_scale_init is not None:
+                # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
+                # dropped while config.json recorded it.
+                raise ValueError(
+                    f"logit_scale_init={options.logit_scale_init} (--logit-scale-init) cannot be combined with "
+                    f"lossless_start (--lossless-start): for head_mode {options.head_mode!r} the lossless start sets "
+                    "every per-token logit scale g_i itself, to the value that gives back the source's logits "
+                    f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
+                    "lossless_start"
+                )
+            return {"logit_scale_kind": "vector"}
+        if kind != "none":
+            raise ValueError(
+                f"lossless_start for head_mode {options.head_mode!r} needs no logit scale ({mode.equation}; its start "
+                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={kind!r} would "
+                "multiply the scores: leave logit_scale_kind='none'"
+            )
+        return {}
+
+    def lossless_value(self, head, rows, mode_terms: "dict"):
+        return mode_terms.get(self.name)
+
+    def card_row(self, config, stored, hidden_size: "int") -> "str":
+        """The logit scale as the weights hold it: a learned scale is described by its saved values (``stored(name)``:
+        their (min, max); a lossless start sets g_i = ‖w_i‖, not the configured initial value), the initial value
+        only when no weights are saved."""
+        kind = config.logit_scale_kind
+        if kind == "none":
+            return "none"
+        saved = stored(self.name) if kind != "fixed" else None
+        if saved is not None:
+            low, high = saved
+            if kind == "scalar":
+                return f"one learned g (g = {low:.4g} in these weights)"
+            return (
+                f"a learned g_i per token (g_i in {low:.4g}–{high:.4g} in these weights; a lossless start sets "
+                "g_i = ‖w_i‖ of the source)"
+            )
+        g = self.start_value(config, hidden_size)
+        return {
+            "fixed": f"fixed g = {g:.4g}",
+            "scalar": f"one learned g (initialized to {g:.4g})",
+            "vector": f"a learned g_i per token (initialized to {g:.4g})",
+        }[kind]
+
+
+class LogitBiasTerm(HeadTerm):
+    """b: a learned (V,) bias added to the scores after the scale, zero at first."""
+
+    name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
+    config_fields = ("logit_bias",)
+    row_scaled = True
+
+    def is_on(self, options) -> "bool":
+        return options.logit_bias
+
+    def setting(self, options) -> "str":
+        return f"logit_bias={options.logit_bias!r}"
+
+    def check(self, options) -> "None":
+        if not isinstance(options.logit_bias, bool):
+            raise ValueError(f"logit_bias must be True or False, got {options.logit_bias!r}")
+
+    def fold_into(self, head, scale, bias, rows: "slice", device):
+        if head.logit_bias is None:
+            return scale, bias
+        learned = head.logit_bias[rows].float()
+        return scale, (learned if bias is None else bias + learned)
+
+    def lossless_options(self, options, mode) -> "dict":
+        return {"logit_bias": options.logit_bias or "logit_bias" in mode.lossless_start}
+
+    def lossless_value(self, head, rows, mode_terms: "dict"):
+        return mode_terms.get(self.name)
+
+    def card_row(self, config, stored, hidden_size: "int") -> "str":
+        if getattr(config, "logit_bias", False):
+            return "a learned b_i per token, added to the scores (zero at initialization)"
+        return "none"
+
+    def bias_text(self) -> "str":
+        return "logit_bias=True (the learned per-token b)"
+
+
+BUILTIN_TERMS: "tuple[HeadTerm, ...]" = (add_head_term(LogitScaleTerm()), add_head_term(LogitBiasTerm()))
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
@@ -1323,22 +1594,15 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
         ),
     )
     # Set by a conversion's lossless start (head/lossless_start.py): the per-token g_i / b_i started from the rows'
-    # norms
-    # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
+    # norms (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
 
     def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
         super().__post_init__(**renamed_fields_set(self, kwargs))
 
     def validate_lossless_start(self) -> None:
-        needed = (self.logit_scale_kind, self.logit_bias)
         if self.lossless_start:
-            needed = lossless_head_options(self.head_mode, *needed)  # raises for l2
-        if needed != (self.logit_scale_kind, self.logit_bias):
-            raise ValueError(
-                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale_kind, logit_bias) = "
-                f"{needed}, got ({self.logit_scale_kind!r}, {self.logit_bias}); set them so, or lossless_start=False"
-            )
+            check_lossless_settings(self)  # the head terms a lossless start of head_mode sets (lossless_start.py)
 
     @property
     def head_options(self) -> HeadOptions:
@@ -1499,8 +1763,8 @@ class TieTopologyConfigMixin:
     """
 
     # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
-    # the
-    # shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no fields.
+    # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no
+    # fields.
     shared_embedding_path = "model.shared"
     stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
 

@@ -55,10 +55,8 @@ from .configuration_tiednorm import (
     HEAD_OPTIONS,
     HeadMode,
     HeadOptions,
-    LEARNED_TERMS,
     LossTerms,
     OutputProjection,
-    TERM_CONFIG_FIELDS,
     TieTopologyConfigMixin,
     TiedNormBartConfig,
     TiedNormCausalConfig,
@@ -68,6 +66,8 @@ from .configuration_tiednorm import (
     code_reference,
     fold_scale,
     get_head_mode,
+    head_terms,
+    learned_terms,
     no_module_copies,
     projection_penalty,
     start_resized_tokens,
@@ -117,13 +117,6 @@ through ``column_terms()`` like the mode's own bias.
 """
 
 
-def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
-    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
-    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
-    ``fixed`` model's function depends on it, so it keeps its meaning)."""
-    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
-
-
 class NormalizedScoresMixin:
     """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
     learned logit-scale parameter, and column terms that are held fixed during one generation.
@@ -136,40 +129,27 @@ class NormalizedScoresMixin:
         self.options = options
         self.head_mode = options.head_mode
         self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
-        logit_scale = self.logit_scale_kind = options.logit_scale_kind
-        init_value = options.logit_scale_init
-        default = default_logit_scale(logit_scale, hidden_size)
-        self.logit_scale_init = float(init_value) if init_value is not None else default
         self.norm_eps = options.norm_eps
-        if logit_scale == "scalar":
-            self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
-        elif logit_scale == "vector":
-            self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init, device=device))
-        else:  # "fixed" is a constant, not a parameter; "none" has no scale
-            self.logit_scale = None
-        # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
-        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
-        for name in options.extra_terms:  # registered head options (head_options.register_head_option)
-            # register_parameter, not setattr: a name the head holds already is refused, never replaced
-            self.register_parameter(name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init,
-                                                                  device=device)))
+        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
+        self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
+        for term in head_terms():
+            shape = term.shape(options, vocab_size)
+            if shape is not None:
+                # register_parameter, not setattr: a name the head holds already is refused, never replaced
+                value = torch.full(shape, self.term_starts[term.name], device=device)
+                self.register_parameter(term.name, nn.Parameter(value))
+            elif term.config_fields:  # a built-in term's attribute is always there (None: off)
+                setattr(self, term.name, None)
         self._frozen_depth = 0
         self._frozen_terms = None
 
-    def add_logit_bias(self, bias: torch.Tensor | None, lo: int = 0, hi: int | None = None) -> torch.Tensor | None:
-        """``bias`` (fp32, (n,) or None) plus the learned logit bias of tokens [lo, hi), if the head has one."""
-        if self.logit_bias is None:
-            return bias
-        learned = self.logit_bias[lo:hi].float()
-        return learned if bias is None else bias + learned
-
-    def logit_scale_values(self, device: torch.device) -> torch.Tensor | None:
-        """g as an fp32 tensor: 0-dim ("fixed", "scalar") or (V,) ("vector"); None for "none"."""
-        if self.logit_scale_kind == "none":
-            return None
-        if self.logit_scale is not None:
-            return self.logit_scale.float()
-        return torch.tensor(self.logit_scale_init, device=device)
+    def fold_terms(self, scale, bias, rows: slice, device):
+        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
+        then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
+        for term in self.options.active_terms():
+            scale, bias = term.fold_into(self, scale, bias, rows, device)
+        return scale, bias
 
     @contextmanager
     def frozen_column_terms(self) -> Iterator[None]:
@@ -217,38 +197,22 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}, "
-            f"logit_bias={self.logit_bias is not None}"
-        )
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
 
     def match_vocab_size(self) -> None:
         """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
         zero logit bias."""
         vocab_size = self.weight.shape[0]
         self.out_features = vocab_size
-        if self.logit_scale_kind == "vector" and self.logit_scale.shape[0] != vocab_size:
-            self.logit_scale = nn.Parameter(_resized(self.logit_scale.data, vocab_size, self.logit_scale_init))
-        if self.logit_bias is not None and self.logit_bias.shape[0] != vocab_size:
-            self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
-        for name in self.options.extra_terms:  # registered head options: new tokens start at the option's init
-            term = getattr(self, name)
-            if term.shape[0] != vocab_size:
-                setattr(self, name, nn.Parameter(_resized(term.data, vocab_size, HEAD_OPTIONS[name].init)))
+        for term in head_terms():  # a per-token term's new tokens start at the term's start value
+            values = getattr(self, term.name, None)
+            if values is not None and values.dim() == 1 and values.shape[0] != vocab_size:
+                resized = _resized(values.data, vocab_size, self.term_starts[term.name])
+                setattr(self, term.name, nn.Parameter(resized))
 
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
-        g = self.logit_scale_values(self.weight.device)
-        if g is not None:
-            # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
-            scale = g if scale is None else scale * g
-            if scale.dim() == 0:  # a single g for every token
-                scale = scale.expand(self.weight.shape[0])
-            bias = None if bias is None else bias * g
-        scale, bias = scale, self.add_logit_bias(bias)
-        for name in self.options.extra_terms:  # registered head options fold their learned term in
-            scale, bias = HEAD_OPTIONS[name].fold(getattr(self, name).float(), scale, bias)
-        return scale, bias
+        return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
 
     @torch.no_grad()
     def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -282,8 +246,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head_options.register_head_option), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 
 
@@ -745,7 +709,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
@@ -755,15 +719,10 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
 
     def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
         """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
-        g = self.logit_scale_values(self.cluster.weight.device)
         terms = []
         for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
             scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
-            if g is not None:
-                g_band = g[lo:hi] if g.dim() else g.expand(hi - lo)
-                scale = g_band if scale is None else scale * g_band
-                bias = None if bias is None else bias * g_band
-            terms.append((scale, self.add_logit_bias(bias, lo, hi)))
+            terms.append(self.fold_terms(scale, bias, slice(lo, hi), self.cluster.weight.device))  # g, b folded in
         return terms
 
     def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
@@ -792,60 +751,130 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         return torch.cat(log_probs, dim=-1)
 
 
+# ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
+"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
+
+* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
+  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
+  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
+* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
+  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
+  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
+``load_checks.WeightChecksMixin`` runs the finite-weights check where a model family loads.
+
+This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
+"""
+
+
+SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+
+def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = None) -> None:
+    """Raise ``ValueError`` naming the first parameter of ``model`` holding NaN or inf (and how many values do);
+    ``source`` (the folder loaded) goes into the message. Tensors on the meta device are skipped."""
+    for name, parameter in model.named_parameters():
+        if not parameter.is_floating_point() or parameter.is_meta:
+            continue
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor: this rank's shard
+        finite = torch.isfinite(local.detach())
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            origin = f" of {source}" if source is not None else ""
+            raise ValueError(
+                f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
+                f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "
+                "earlier checkpoint)"
+            )
+
+
+def special_token_ids(model: nn.Module) -> dict[str, int]:
+    """The special-token ids the model generates and pads with, by field, from its config and generation config
+    (a list-valued ``eos_token_id`` gives one entry per id)."""
+    ids = {}
+    config = model.config
+    sources = [getattr(config, "text_config", None), config, getattr(model, "generation_config", None)]
+    for source in filter(None, sources):
+        for field in SPECIAL_TOKEN_FIELDS:
+            value = getattr(source, field, None)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            for i, token_id in enumerate(values):
+                if isinstance(token_id, int):
+                    ids[field if len(values) == 1 else f"{field}[{i}]"] = token_id
+    return ids
+
+
+def check_resize_keeps_special_tokens(
+    model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None
+) -> None:
+    """Refuse a vocabulary size that would drop a special token's row (pad, bos, eos, decoder start): ``ValueError``
+    naming the size and the tokens. ``new_num_tokens`` None (only padding to a multiple) keeps every row."""
+    if new_num_tokens is None:
+        return
+    size = new_num_tokens
+    if pad_to_multiple_of is not None:
+        size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
+    dropped = {field: token_id for field, token_id in special_token_ids(model).items() if token_id >= size}
+    if dropped:
+        listed = ", ".join(f"{field}={token_id}" for field, token_id in dropped.items())
+        raise ValueError(
+            f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the special "
+            f"token(s) {listed}: generation could then never produce or pad with them; keep at least "
+            f"{max(dropped.values()) + 1} tokens"
+        )
+
+
 # ------------------------------ hf_tiednorm/modeling/load_checks.py ---------------------------------------------
 """A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
 tensor of the file must find its place, checked when ``from_pretrained`` finishes.
 
-transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for
-as "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained
-``logit_scale`` g (scalar or per token) or ``logit_bias`` b missing from ``model.safetensors`` loads as g = 1 /
-b = 0, a ``config.json`` edited to ``logit_scale_kind="none"`` or ``logit_bias=false`` drops the trained terms, and one
-edited to add them starts them fresh; and a file without the shared embedding loads with the embedding left on the
-meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which
-``generate`` fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is
-initialized at random and any tensor the model has no place for is dropped, which changes the logits just as
-silently. ``check_loaded_head`` turns each of these into an error naming the tensor, the config field where one is
-involved, and the folder. What transformers itself accounts for is not an error: a tied copy that is saved once, a
-non-persistent buffer, a family's ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old
-checkpoint's ``rotary_emb.inv_freq``. It runs from transformers' own hook on the loading report
-(``_adjust_missing_and_unexpected_keys``, see ``weight_checks.WeightChecksMixin``), so transformers' report table
-is still printed first.
+transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
+"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
+term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
+edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
+meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
+fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
+any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
+each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
+itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
+``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
+from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
+``WeightChecksMixin``, below), so transformers' report table is still printed first.
 
 This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
 """
 
 
-HEAD_TERMS = LEARNED_TERMS  # the head's learned per-token terms, named as its parameters (head/options.py)
-
-
-def _term_field(model: nn.Module, term: str) -> str:
-    """``term``'s config field and its value as the folder's config.json states it, e.g. "logit_scale_kind='vector'"."""
-    name = TERM_CONFIG_FIELDS.get(term, term)
-    return f"{name}={getattr(model.config, name, None)!r}"
+def _term_setting(model: nn.Module, name: str) -> str:
+    """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
+    "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
+    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms: a term the config declares but the weights lack, or a term the
-    weights hold but the config does not declare (state-dict keys such as 'lm_head.logit_scale')."""
-    heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
+    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
+    as 'lm_head.logit_scale')."""
+    heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     errors = []
     for key in sorted(missing | unexpected):
         module, _, leaf = key.rpartition(".")
-        if module not in heads or leaf not in HEAD_TERMS:
+        if module not in heads or leaf not in HEAD_OPTIONS:
             continue
+        setting = _term_setting(model, leaf)
+        switch = setting.partition("=")[0]
         if key in missing:
             errors.append(
-                f"tensor {key!r} is missing from the weights, but config.json declares {_term_field(model, leaf)}: "
-                "a learned term of the head is part of the trained function, and it would start afresh (g = 1, "
-                f"b = 0). Restore the weights file, or set {TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to "
+                f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned term of "
+                f"the head is part of the trained function, and it would start afresh (at "
+                f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in config.json to "
                 "what the model was trained with"
             )
         else:
             errors.append(
-                f"the weights hold a trained {key!r}, but config.json declares {_term_field(model, leaf)}, which has "
-                "no such tensor: loading would drop it and change the logits. Set "
-                f"{TERM_CONFIG_FIELDS.get(leaf, leaf)} in config.json to what the model was trained with "
-                "(logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one; logit_bias true)"
+                f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
+                f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
+                f"trained with ({HEAD_OPTIONS[leaf].help})"
             )
     return errors
 
@@ -884,7 +913,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
-    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name in keys and (id(parameter) in shared or parameter.is_meta):
             named.add(name)
@@ -949,78 +978,6 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
-
-
-# ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
-"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
-
-* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
-  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
-  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
-* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
-  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
-  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
-* ``WeightChecksMixin`` runs the load checks where a model family loads: put it first among the bases.
-
-This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
-"""
-
-
-SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-
-
-def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = None) -> None:
-    """Raise ``ValueError`` naming the first parameter of ``model`` holding NaN or inf (and how many values do);
-    ``source`` (the folder loaded) goes into the message. Tensors on the meta device are skipped."""
-    for name, parameter in model.named_parameters():
-        if not parameter.is_floating_point() or parameter.is_meta:
-            continue
-        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor: this rank's shard
-        finite = torch.isfinite(local.detach())
-        if not bool(finite.all()):
-            bad = int((~finite).sum())
-            origin = f" of {source}" if source is not None else ""
-            raise ValueError(
-                f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
-                f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "
-                "earlier checkpoint)"
-            )
-
-
-def special_token_ids(model: nn.Module) -> dict[str, int]:
-    """The special-token ids the model generates and pads with, by field, from its config and generation config
-    (a list-valued ``eos_token_id`` gives one entry per id)."""
-    ids = {}
-    config = model.config
-    sources = [getattr(config, "text_config", None), config, getattr(model, "generation_config", None)]
-    for source in filter(None, sources):
-        for field in SPECIAL_TOKEN_FIELDS:
-            value = getattr(source, field, None)
-            values = value if isinstance(value, (list, tuple)) else [value]
-            for i, token_id in enumerate(values):
-                if isinstance(token_id, int):
-                    ids[field if len(values) == 1 else f"{field}[{i}]"] = token_id
-    return ids
-
-
-def check_resize_keeps_special_tokens(
-    model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None
-) -> None:
-    """Refuse a vocabulary size that would drop a special token's row (pad, bos, eos, decoder start): ``ValueError``
-    naming the size and the tokens. ``new_num_tokens`` None (only padding to a multiple) keeps every row."""
-    if new_num_tokens is None:
-        return
-    size = new_num_tokens
-    if pad_to_multiple_of is not None:
-        size = -(-size // pad_to_multiple_of) * pad_to_multiple_of
-    dropped = {field: token_id for field, token_id in special_token_ids(model).items() if token_id >= size}
-    if dropped:
-        listed = ", ".join(f"{field}={token_id}" for field, token_id in dropped.items())
-        raise ValueError(
-            f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the special "
-            f"token(s) {listed}: generation could then never produce or pad with them; keep at least "
-            f"{max(dropped.values()) + 1} tokens"
-        )
 
 
 class WeightChecksMixin:
@@ -2049,10 +2006,15 @@ def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
         model.reshard()
 
 
+def fp32_term_names() -> list[str]:
+    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``), as parameter names."""
+    return [term.name for term in head_terms() if term.keep_fp32]
+
+
 def keep_head_terms_fp32(model: nn.Module) -> None:
-    """Put the head's learned per-token terms (``TiedNormHeadHostMixin._keep_in_fp32_modules_strict``) back in fp32
-    after a cast of the whole model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
-    kept = TiedNormHeadHostMixin._keep_in_fp32_modules_strict
+    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
+    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
+    kept = fp32_term_names()
     for name, param in model.named_parameters():
         if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
             param.data = param.data.float()
@@ -2065,7 +2027,8 @@ class TiedNormHeadHostMixin:
     # The head's learned per-token terms stay fp32 under every load dtype (transformers' strict keep-in-fp32 list:
     # from_pretrained(dtype=torch.bfloat16 / float16) casts everything else): in bf16, a step of a small learning
     # rate rounds away on g_i ~ 1 (bf16 has 8 mantissa bits), so g and b would never train.
-    _keep_in_fp32_modules_strict = ["logit_scale", "logit_bias"]
+    # The built-in ones here; finish_head_hosting names those the model has, registered ones included.
+    _keep_in_fp32_modules_strict = fp32_term_names()
 
     def __setattr__(self, name: str, value) -> None:
         if name == "forward":  # TRL's add_fused_lm_head served exactly, any other one judged (head/scoring_guard.py)
@@ -2077,9 +2040,10 @@ class TiedNormHeadHostMixin:
         ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
+        terms = learned_terms()
         self._keep_in_fp32_modules_strict = {
-            name for name in self._keep_in_fp32_modules_strict
-            if name not in TiedNormHeadHostMixin._keep_in_fp32_modules_strict or getattr(head, name, None) is not None
+            *(name for name in self._keep_in_fp32_modules_strict or () if name not in terms),
+            *(name for name in fp32_term_names() if getattr(head, name, None) is not None),
         }
         install_scoring_guard(self)  # on the backbone every forward runs (the last post_init call sees the built one)
 
@@ -2397,10 +2361,10 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_scale is not None:
-            init.constant_(module.logit_scale, module.logit_scale_init)
-        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_bias is not None:
-            init.zeros_(module.logit_bias)
+        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)):  # the learned terms at their start values
+            for name, start in module.term_starts.items():
+                if getattr(module, name, None) is not None:
+                    init.constant_(getattr(module, name), start)
         if isinstance(module, OutputProjection):
             init.eye_(module.weight)  # P = I: a fresh model scores as if there were no projection
         std = getattr(self.config, "embedding_init_std", None)
@@ -2512,8 +2476,7 @@ Attention, layers, positions, KV cache and generation are the parent's.
 class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
     """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
     ``config.tie_topology`` (``families/tie_topology.py``), with Marian's embedding accessors so that one set of resize
-    rules
-    serves both."""
+    rules serves both."""
 
     def __init__(self, config: TieTopologyConfigMixin):
         super().__init__(config)
@@ -3019,10 +2982,9 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
         dtype=weight.dtype,
     )
     head.weight = weight  # Press & Wolf: the output embedding is the input embedding
-    if head.logit_scale is not None:  # the learned g, created on meta with the weight: give it storage, at g's init
-        head.logit_scale = nn.Parameter(torch.full_like(head.logit_scale, head.logit_scale_init, device=weight.device))
-    if head.logit_bias is not None:  # the learned b, zero at first
-        head.logit_bias = nn.Parameter(torch.zeros_like(head.logit_bias, device=weight.device))
+    for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
+        if getattr(head, name, None) is not None:
+            setattr(head, name, nn.Parameter(torch.full_like(getattr(head, name), start, device=weight.device)))
     body.set_output_embeddings(head)
     if head.mode.normalizes_input_lookups:
         # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.

@@ -84,11 +84,10 @@ def serve_liger_request(model=None, **_kernel_options) -> None:
 
 def register_with_liger(model_type: str, table: dict | None = None) -> bool:
     """Enter ``model_type`` (a row of the family table, when the package is imported or the row registered) in
-    liger-kernel's
-    model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True`` with a plain
-    ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing. Where
-    liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own check
-    then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
+    liger-kernel's model-type table (``MODEL_TYPE_TO_APPLY_LIGER_FN``, or ``table``), so that ``use_liger_kernel=True``
+    with a plain ``transformers.Trainer`` reaches ``serve_liger_request`` instead of an INFO line that changes nothing.
+    Where liger-kernel is not installed or there is no CUDA (it cannot run), nothing is registered: the Trainer's own
+    check then fails, or the Trainers of hf_tiednorm refuse by name. Registered without CUDA too: liger-kernel installed
     on a CPU then refuses at ``train()``, naming CUDA (``serve_liger_request``), where the Trainer would train with
     nothing applied and no message (issue 51). Returns whether the type is registered."""
     if table is None:

@@ -216,8 +216,7 @@ CPU_BF16_ATTENTION = "eager_fp32_softmax"
 
 def reproduces_eager_attention(config) -> bool:
     """Whether ``config``'s model asks for ``CPU_BF16_ATTENTION`` (its row of the family table, families/table.py), or
-    is
-    the HF parent of such a family (run_translation.py's Marian contender)."""
+    is the HF parent of such a family (run_translation.py's Marian contender)."""
     row = family_of_config(config) or family_of_source(getattr(config, "model_type", None))
     return row is not None and row.cpu_bf16_eager_attention
 

@@ -1,6 +1,5 @@
 """The plain export asks the head-mode registry (hf_tiednorm/modeling/head/modes.py) what a mode is — its column terms,
-its
-input lookups, its equation for the card — and compares no mode name: a toy sixth mode, registered in this test
+its input lookups, its equation for the card — and compares no mode name: a toy sixth mode, registered in this test
 alone, with unit-row input lookups and a bias term of its own, exports with the source's logits."""
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Each route runs once (scripts/fsdp_tie_worker.py under torch.distributed.run; the numbers it measures are
 asserted here): FSDP2 through torch's ``fully_shard`` (``hf_tiednorm.modeling.families.tie_topology.fully_shard_tied``)
-and through
-accelerate's own FSDP2 preparation (transformer-based wrapping, as scripts/accelerate/fsdp2.yaml), about 20 s each;
-DeepSpeed ZeRO-3 is in the slow set. The reference is the same model trained by one process on the whole global
+and through accelerate's own FSDP2 preparation (transformer-based wrapping, as scripts/accelerate/fsdp2.yaml), about 20
+s each; DeepSpeed ZeRO-3 is in the slow set. The reference is the same model trained by one process on the whole global
 batch with the same SGD steps.
 """
 

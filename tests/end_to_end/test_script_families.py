@@ -1,6 +1,6 @@
 """The training scripts take every model family of hf_tiednorm (hf_tiednorm/modeling/families/table.py):
-run_translation.py every
-encoder-decoder one (BART trains from scratch with the main recipe's flags), run_clm.py the causal ones."""
+run_translation.py every encoder-decoder one (BART trains from scratch with the main recipe's flags), run_clm.py the
+causal ones."""
 
 from __future__ import annotations
 

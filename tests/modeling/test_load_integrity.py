@@ -14,6 +14,7 @@ from testing_utils import FAMILIES, run_without_package, tiny_model
 from tiny_architectures import source_model
 
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
+from hf_tiednorm.modeling.head.options import HEAD_OPTIONS, HeadOptions, head_terms
 
 WRAPPED = ("gpt2", "t5")
 # Every model of the package: its name, and a builder taking the head's learned-term options.
@@ -31,7 +32,7 @@ def saved(name: str, folder: Path, **head) -> type:
     model = build(name, **head)
     head_module = model.get_output_embeddings()
     with torch.no_grad():
-        for term in (head_module.logit_scale, head_module.logit_bias):
+        for term in (getattr(head_module, term.name, None) for term in head_terms()):
             if term is not None:
                 term.uniform_(0.5, 2.0)
     model.save_pretrained(folder)
@@ -52,12 +53,13 @@ def edit_config(folder: Path, **fields) -> None:
     (folder / "config.json").write_text(json.dumps(config | fields))
 
 
-@pytest.mark.parametrize("term", ["logit_scale", "logit_bias"])
+@pytest.mark.parametrize("term", [term.name for term in head_terms()])  # the built-in ones (an added one: its test)
 @pytest.mark.parametrize("name", MODELS)
 def test_a_learned_head_term_missing_from_the_weights_is_refused(name, term, tmp_path):
     cls = saved(name, tmp_path, logit_scale_kind="vector", logit_bias=True)
     (key,) = drop_tensors(tmp_path, lambda key: key.endswith(f".{term}"))
-    declared = "logit_scale_kind='vector'" if term == "logit_scale" else "logit_bias=True"
+    declared = HEAD_OPTIONS[term].setting(HeadOptions(logit_scale_kind="vector", logit_bias=True))
+    assert declared in ("logit_scale_kind='vector'", "logit_bias=True")  # as config.json states it
     with pytest.raises(
         ValueError,
         match=rf"tensor '{key}' is missing from the weights, but config.json declares "

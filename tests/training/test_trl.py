@@ -3,9 +3,8 @@
 TRL's ``add_fused_lm_head`` (installed by SFT, DPO, GRPO, ...) scores ``base_model``'s last hidden state with
 ``get_output_embeddings().weight`` / ``.bias``; the model serves it the head as the plain linear layer it computes
 (hf_tiednorm/modeling/head/scoring_guard.py), so TRL's log-probabilities are the normalized head's. Every other
-replacement of the
-forward is refused by name. The training runs of every trainer, data kind, family and loss implementation are
-``slow``; the exactness and the guards run by default.
+replacement of the forward is refused by name. The training runs of every trainer, data kind, family and loss
+implementation are ``slow``; the exactness and the guards run by default.
 """
 
 from __future__ import annotations

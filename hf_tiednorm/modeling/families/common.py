@@ -19,9 +19,9 @@ from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.options import HeadOptions
 from ..head.peft_guard import refuse_bypassed_head
 from ..head.scoring_guard import own_scoring
+from ..load_checks import WeightChecksMixin
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection
-from ..weight_checks import WeightChecksMixin
 from .embeddings import build_embedding
 from .head_host import TiedNormHeadHostMixin
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
@@ -70,10 +70,10 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_scale is not None:
-            init.constant_(module.logit_scale, module.logit_scale_init)
-        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)) and module.logit_bias is not None:
-            init.zeros_(module.logit_bias)
+        if isinstance(module, (TiedNormHead, AdaptiveSoftmaxHead)):  # the learned terms at their start values
+            for name, start in module.term_starts.items():
+                if getattr(module, name, None) is not None:
+                    init.constant_(getattr(module, name), start)
         if isinstance(module, OutputProjection):
             init.eye_(module.weight)  # P = I: a fresh model scores as if there were no projection
         std = getattr(self.config, "embedding_init_std", None)

@@ -15,9 +15,10 @@ from transformers import BartConfig, LlamaConfig, MarianConfig
 from transformers.utils.type_validators import interval, positive_int_field
 
 from ..auto_map import TwoFileRemoteCodeMixin
-from ..head.lossless_start import lossless_head_options
+from ..head.lossless_start import check_lossless_settings
 from ..head.modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
 from ..head.options import HeadOptions, LogitScale, renamed_fields_set
+from ..head.terms import BUILTIN_TERMS  # noqa: F401 (the built-in head terms every HeadOptions check asks)
 from ..loss.regularizers import LOSS_TERMS
 from .config_fields import (
     TIE_TOPOLOGIES,
@@ -78,22 +79,15 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
         ),
     )
     # Set by a conversion's lossless start (head/lossless_start.py): the per-token g_i / b_i started from the rows'
-    # norms
-    # (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
+    # norms (not from logit_scale_init / 0), and tokens added by resize_token_embeddings start the same way.
     lossless_start: bool = False
 
     def __post_init__(self, **kwargs):  # logit_scale, the old name of logit_scale_kind (TRL reads it as a float)
         super().__post_init__(**renamed_fields_set(self, kwargs))
 
     def validate_lossless_start(self) -> None:
-        needed = (self.logit_scale_kind, self.logit_bias)
         if self.lossless_start:
-            needed = lossless_head_options(self.head_mode, *needed)  # raises for l2
-        if needed != (self.logit_scale_kind, self.logit_bias):
-            raise ValueError(
-                f"lossless_start=True with head_mode={self.head_mode!r} needs (logit_scale_kind, logit_bias) = "
-                f"{needed}, got ({self.logit_scale_kind!r}, {self.logit_bias}); set them so, or lossless_start=False"
-            )
+            check_lossless_settings(self)  # the head terms a lossless start of head_mode sets (lossless_start.py)
 
     @property
     def head_options(self) -> HeadOptions:
@@ -254,8 +248,8 @@ class TieTopologyConfigMixin:
     """
 
     # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
-    # the
-    # shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no fields.
+    # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no
+    # fields.
     shared_embedding_path = "model.shared"
     stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
 

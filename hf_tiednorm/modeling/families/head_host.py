@@ -24,6 +24,7 @@ from ..auto_map import no_module_copies
 from ..head.adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from ..head.layer import TiedNormHead
 from ..head.lossless_start import start_resized_tokens
+from ..head.options import head_terms, learned_terms
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import FoldedLinear, install_scoring_guard, is_serving_folded_head, serve_replaced_forward
 from ..translation_pipeline import add_translation_pipeline
@@ -46,10 +47,15 @@ def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
         model.reshard()
 
 
+def fp32_term_names() -> list[str]:
+    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``), as parameter names."""
+    return [term.name for term in head_terms() if term.keep_fp32]
+
+
 def keep_head_terms_fp32(model: nn.Module) -> None:
-    """Put the head's learned per-token terms (``TiedNormHeadHostMixin._keep_in_fp32_modules_strict``) back in fp32
-    after a cast of the whole model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
-    kept = TiedNormHeadHostMixin._keep_in_fp32_modules_strict
+    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
+    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
+    kept = fp32_term_names()
     for name, param in model.named_parameters():
         if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
             param.data = param.data.float()
@@ -62,7 +68,8 @@ class TiedNormHeadHostMixin:
     # The head's learned per-token terms stay fp32 under every load dtype (transformers' strict keep-in-fp32 list:
     # from_pretrained(dtype=torch.bfloat16 / float16) casts everything else): in bf16, a step of a small learning
     # rate rounds away on g_i ~ 1 (bf16 has 8 mantissa bits), so g and b would never train.
-    _keep_in_fp32_modules_strict = ["logit_scale", "logit_bias"]
+    # The built-in ones here; finish_head_hosting names those the model has, registered ones included.
+    _keep_in_fp32_modules_strict = fp32_term_names()
 
     def __setattr__(self, name: str, value) -> None:
         if name == "forward":  # TRL's add_fused_lm_head served exactly, any other one judged (head/scoring_guard.py)
@@ -74,9 +81,10 @@ class TiedNormHeadHostMixin:
         ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
+        terms = learned_terms()
         self._keep_in_fp32_modules_strict = {
-            name for name in self._keep_in_fp32_modules_strict
-            if name not in TiedNormHeadHostMixin._keep_in_fp32_modules_strict or getattr(head, name, None) is not None
+            *(name for name in self._keep_in_fp32_modules_strict or () if name not in terms),
+            *(name for name in fp32_term_names() if getattr(head, name, None) is not None),
         }
         install_scoring_guard(self)  # on the backbone every forward runs (the last post_init call sees the built one)
 
@@ -158,4 +166,4 @@ class TiedNormHeadHostMixin:
             super().save_pretrained(save_directory, *args, **kwargs)
 
 
-__all__ = ["TiedNormHeadHostMixin", "keep_head_terms_fp32"]
+__all__ = ["TiedNormHeadHostMixin", "fp32_term_names", "keep_head_terms_fp32"]

@@ -27,8 +27,8 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from ..auto_map import TwoFileModelCodeMixin
 from ..head.lossless_start import start_resized_tokens
 from ..head.scoring_guard import own_scoring
-from ..load_checks import check_loaded_body
-from ..weight_checks import WeightChecksMixin, check_resize_keeps_special_tokens
+from ..load_checks import WeightChecksMixin, check_loaded_body
+from ..weight_checks import check_resize_keeps_special_tokens
 from .common import TiedNormLMMixin, build_head, build_output_projection
 from .configuration import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
 from .embeddings import build_embedding
@@ -39,8 +39,7 @@ from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
 class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
     """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
     ``config.tie_topology`` (``families/tie_topology.py``), with Marian's embedding accessors so that one set of resize
-    rules
-    serves both."""
+    rules serves both."""
 
     def __init__(self, config: TieTopologyConfigMixin):
         super().__init__(config)

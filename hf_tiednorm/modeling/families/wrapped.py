@@ -29,9 +29,9 @@ from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.options import HeadOptions
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
+from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside
-from ..weight_checks import WeightChecksMixin
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
@@ -93,10 +93,9 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
         dtype=weight.dtype,
     )
     head.weight = weight  # Press & Wolf: the output embedding is the input embedding
-    if head.logit_scale is not None:  # the learned g, created on meta with the weight: give it storage, at g's init
-        head.logit_scale = nn.Parameter(torch.full_like(head.logit_scale, head.logit_scale_init, device=weight.device))
-    if head.logit_bias is not None:  # the learned b, zero at first
-        head.logit_bias = nn.Parameter(torch.zeros_like(head.logit_bias, device=weight.device))
+    for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
+        if getattr(head, name, None) is not None:
+            setattr(head, name, nn.Parameter(torch.full_like(getattr(head, name), start, device=weight.device)))
     body.set_output_embeddings(head)
     if head.mode.normalizes_input_lookups:
         # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.

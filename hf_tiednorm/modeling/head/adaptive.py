@@ -153,7 +153,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
@@ -163,15 +163,10 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
 
     def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
         """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
-        g = self.logit_scale_values(self.cluster.weight.device)
         terms = []
         for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
             scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
-            if g is not None:
-                g_band = g[lo:hi] if g.dim() else g.expand(hi - lo)
-                scale = g_band if scale is None else scale * g_band
-                bias = None if bias is None else bias * g_band
-            terms.append((scale, self.add_logit_bias(bias, lo, hi)))
+            terms.append(self.fold_terms(scale, bias, slice(lo, hi), self.cluster.weight.device))  # g, b folded in
         return terms
 
     def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:

@@ -39,7 +39,6 @@ through ``column_terms()`` like the mode's own bias.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -49,14 +48,7 @@ from torch import nn
 
 from .folded_weight import fold_scale
 from .modes import HeadMode, unit_rows
-from .options import HEAD_NAME_SOURCES, HEAD_OPTIONS, HeadOptions
-
-
-def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
-    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
-    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
-    ``fixed`` model's function depends on it, so it keeps its meaning)."""
-    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
+from .options import HEAD_NAME_SOURCES, HeadOptions, head_terms
 
 
 class NormalizedScoresMixin:
@@ -71,40 +63,27 @@ class NormalizedScoresMixin:
         self.options = options
         self.head_mode = options.head_mode
         self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
-        logit_scale = self.logit_scale_kind = options.logit_scale_kind
-        init_value = options.logit_scale_init
-        default = default_logit_scale(logit_scale, hidden_size)
-        self.logit_scale_init = float(init_value) if init_value is not None else default
         self.norm_eps = options.norm_eps
-        if logit_scale == "scalar":
-            self.logit_scale = nn.Parameter(torch.full((), self.logit_scale_init, device=device))
-        elif logit_scale == "vector":
-            self.logit_scale = nn.Parameter(torch.full((vocab_size,), self.logit_scale_init, device=device))
-        else:  # "fixed" is a constant, not a parameter; "none" has no scale
-            self.logit_scale = None
-        # b_i, added to the scores after the scale: zero at initialization, so the head scores as without it.
-        self.logit_bias = nn.Parameter(torch.zeros(vocab_size, device=device)) if options.logit_bias else None
-        for name in options.extra_terms:  # registered head options (head_options.register_head_option)
-            # register_parameter, not setattr: a name the head holds already is refused, never replaced
-            self.register_parameter(name, nn.Parameter(torch.full((vocab_size,), HEAD_OPTIONS[name].init,
-                                                                  device=device)))
+        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
+        self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
+        for term in head_terms():
+            shape = term.shape(options, vocab_size)
+            if shape is not None:
+                # register_parameter, not setattr: a name the head holds already is refused, never replaced
+                value = torch.full(shape, self.term_starts[term.name], device=device)
+                self.register_parameter(term.name, nn.Parameter(value))
+            elif term.config_fields:  # a built-in term's attribute is always there (None: off)
+                setattr(self, term.name, None)
         self._frozen_depth = 0
         self._frozen_terms = None
 
-    def add_logit_bias(self, bias: torch.Tensor | None, lo: int = 0, hi: int | None = None) -> torch.Tensor | None:
-        """``bias`` (fp32, (n,) or None) plus the learned logit bias of tokens [lo, hi), if the head has one."""
-        if self.logit_bias is None:
-            return bias
-        learned = self.logit_bias[lo:hi].float()
-        return learned if bias is None else bias + learned
-
-    def logit_scale_values(self, device: torch.device) -> torch.Tensor | None:
-        """g as an fp32 tensor: 0-dim ("fixed", "scalar") or (V,) ("vector"); None for "none"."""
-        if self.logit_scale_kind == "none":
-            return None
-        if self.logit_scale is not None:
-            return self.logit_scale.float()
-        return torch.tensor(self.logit_scale_init, device=device)
+    def fold_terms(self, scale, bias, rows: slice, device):
+        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
+        then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
+        for term in self.options.active_terms():
+            scale, bias = term.fold_into(self, scale, bias, rows, device)
+        return scale, bias
 
     @contextmanager
     def frozen_column_terms(self) -> Iterator[None]:
@@ -152,38 +131,22 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, head_mode={self.head_mode!r}, logit_scale_kind={self.logit_scale_kind!r}, "
-            f"logit_bias={self.logit_bias is not None}"
-        )
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
 
     def match_vocab_size(self) -> None:
         """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
         zero logit bias."""
         vocab_size = self.weight.shape[0]
         self.out_features = vocab_size
-        if self.logit_scale_kind == "vector" and self.logit_scale.shape[0] != vocab_size:
-            self.logit_scale = nn.Parameter(_resized(self.logit_scale.data, vocab_size, self.logit_scale_init))
-        if self.logit_bias is not None and self.logit_bias.shape[0] != vocab_size:
-            self.logit_bias = nn.Parameter(_resized(self.logit_bias.data, vocab_size, 0.0))
-        for name in self.options.extra_terms:  # registered head options: new tokens start at the option's init
-            term = getattr(self, name)
-            if term.shape[0] != vocab_size:
-                setattr(self, name, nn.Parameter(_resized(term.data, vocab_size, HEAD_OPTIONS[name].init)))
+        for term in head_terms():  # a per-token term's new tokens start at the term's start value
+            values = getattr(self, term.name, None)
+            if values is not None and values.dim() == 1 and values.shape[0] != vocab_size:
+                resized = _resized(values.data, vocab_size, self.term_starts[term.name])
+                setattr(self, term.name, nn.Parameter(resized))
 
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
-        g = self.logit_scale_values(self.weight.device)
-        if g is not None:
-            # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias
-            scale = g if scale is None else scale * g
-            if scale.dim() == 0:  # a single g for every token
-                scale = scale.expand(self.weight.shape[0])
-            bias = None if bias is None else bias * g
-        scale, bias = scale, self.add_logit_bias(bias)
-        for name in self.options.extra_terms:  # registered head options fold their learned term in
-            scale, bias = HEAD_OPTIONS[name].fold(getattr(self, name).float(), scale, bias)
-        return scale, bias
+        return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
 
     @torch.no_grad()
     def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -217,8 +180,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head_options.register_head_option), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, options=HeadOptions(logit_scale_kind="vector", logit_bias=True), device="meta")
+    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 
 
@@ -285,7 +248,6 @@ __all__ = [
     "NormalizedScoresMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
-    "default_logit_scale",
     "head_attribute_names",
     "out_of_vocabulary_message",
 ]

@@ -37,16 +37,23 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .mode_checks import LOSSLESS_RTOL
-from .options import HEAD_OPTIONS, LEARNED_TERMS, HeadOptions
+from .mode_checks import LOSSLESS_RTOL, MODE_LOSSLESS_TERMS
+from .options import HEAD_OPTIONS, HeadOptions, head_terms
 
 
-def lossless_head_options(head_mode: str, logit_scale: str, logit_bias: bool) -> tuple[str, bool]:
-    """The (logit_scale, logit_bias) that a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start``),
-    or ``ValueError`` naming the option that makes it impossible (see the module docstring's table)."""
-    options = HeadOptions(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
-    options = options.with_lossless_start()
-    return options.logit_scale_kind, options.logit_bias
+def check_lossless_settings(config) -> None:
+    """``ValueError`` unless ``config``'s head terms are switched as a lossless start of its ``head_mode`` needs
+    (``HeadOptions.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
+    the switches (each term's first config field) and their needed values."""
+    switches = tuple(HeadOptions().term_switches())
+    options = HeadOptions(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
+    needed = options.with_lossless_start()  # raises for l2
+    want, have = (tuple(o.term_switches().values()) for o in (needed, options))
+    if want != have:
+        raise ValueError(
+            f"lossless_start=True with head_mode={config.head_mode!r} needs ({', '.join(switches)}) = {want}, got "
+            f"{have}; set them so, or lossless_start=False"
+        )
 
 
 @torch.no_grad()
@@ -54,14 +61,11 @@ def start_lossless(model: PreTrainedModel) -> None:
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
     ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``lossless_head_options``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    ``HeadOptions.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
     g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
-    # lossless_terms returns the values of LEARNED_TERMS (g, b) in their order; None: the mode leaves it alone.
-    for term, value in zip(LEARNED_TERMS, head.mode.lossless_terms(head.weight, head.norm_eps), strict=True):
-        if value is not None:
-            getattr(head, term).copy_(value)
+    _set_lossless_terms(head, 0)
     check_registered_options_neutral(head)
     model.config.lossless_start = True
 
@@ -79,7 +83,8 @@ def check_registered_options_neutral(head) -> None:
     norms = torch.linalg.vector_norm(head.weight.float(), dim=-1)
     gain = torch.ones_like(norms) if scale is None else scale
     offset = torch.zeros_like(norms) if bias is None else bias
-    learned_bias = 0 if head.logit_bias is None else head.logit_bias.float().abs()
+    _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
+    learned_bias = 0 if mode_bias is None else mode_bias.abs()  # what a lossless start's bias cancels
     error = (gain - 1).abs() * norms + offset.abs()  # the most a logit is off, for a unit-norm h
     excess = (error - LOSSLESS_RTOL * (norms + learned_bias) - head.norm_eps).nan_to_num(nan=torch.inf)
     row = int(excess.argmax())
@@ -94,6 +99,17 @@ def check_registered_options_neutral(head) -> None:
         )
 
 
+def _set_lossless_terms(head, first: int) -> None:
+    """Set every learned term of ``head`` that a lossless start sets (``HeadTerm.lossless_value``: the built-ins
+    from their mode's ``lossless_terms``, a registered one to its ``lossless`` value) for tokens ``first`` and up."""
+    rows = head.weight[first:]
+    mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
+    for term in head.options.active_terms():
+        value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
+        if value is not None:
+            getattr(head, term.name)[first:] = value
+
+
 @torch.no_grad()
 def start_resized_tokens(model: PreTrainedModel, first_new: int) -> None:
     """After ``resize_token_embeddings`` of a lossless-started ``model`` (``config.lossless_start``), start the new
@@ -102,10 +118,7 @@ def start_resized_tokens(model: PreTrainedModel, first_new: int) -> None:
     head = model.get_output_embeddings()
     if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
         return
-    terms = head.mode.lossless_terms(head.weight[first_new:], head.norm_eps)  # (new,) each, or None
-    for term, value in zip(LEARNED_TERMS, terms, strict=True):
-        if value is not None:
-            getattr(head, term)[first_new:] = value
+    _set_lossless_terms(head, first_new)
 
 
 @torch.no_grad()
@@ -113,11 +126,11 @@ def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
     """After the lossless start of a source whose output rows were c_i·w_i: g_i·(score) + b_i = w_i·h becomes
     c_i·g_i·(score) + c_i·b_i = c_i·(w_i·h), the source's logit (in place)."""
     head = model.get_output_embeddings()
-    for term in LEARNED_TERMS:  # both scale the logit: c_i times each
-        learned = getattr(head, term)
-        if learned is not None:
+    for term in head_terms():  # those that scale or shift the whole logit (g, b): c_i times each
+        learned = getattr(head, term.name, None)
+        if term.row_scaled and learned is not None:
             learned.mul_(row_scales.to(learned))
 
 
-__all__ = ["check_registered_options_neutral", "lossless_head_options", "start_lossless", "start_resized_tokens",
+__all__ = ["check_registered_options_neutral", "check_lossless_settings", "start_lossless", "start_resized_tokens",
            "take_row_scales"]

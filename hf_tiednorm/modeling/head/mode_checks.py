@@ -28,7 +28,10 @@ ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
 # rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
 LOSSLESS_RTOL = 1e-5
 COLUMN_TERM_NAMES = ("scale", "bias")
-LOSSLESS_TERM_NAMES = ("logit_scale g", "logit_bias b")
+# The learned head terms a mode's lossless start sets, in the order of its ``lossless_terms`` (the scale g, then the
+# bias b): the built-in terms of head/terms.py, which take their lossless values from these.
+MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+LOSSLESS_TERM_NAMES = tuple(f"{name} {symbol}" for name, symbol in zip(MODE_LOSSLESS_TERMS, "gb", strict=True))
 
 
 def check_terms(mode_name: str, method: str, terms, weight: torch.Tensor, names=COLUMN_TERM_NAMES) -> ColumnTerms:
@@ -123,7 +126,7 @@ def checked_lossless_terms(method: Callable) -> Callable:
             self.name, "lossless_terms", method(self, weight, eps, *args, **kwargs), weight, LOSSLESS_TERM_NAMES
         )
         declared = self.lossless_start or ()
-        for term, value in (("logit_scale", g), ("logit_bias", b)):
+        for term, value in zip(MODE_LOSSLESS_TERMS, (g, b), strict=True):
             if value is not None and term not in declared:
                 raise ValueError(
                     f"head mode {self.name!r}: lossless_terms returned a {term} but lossless_start={declared!r} does "

@@ -42,7 +42,13 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from .folded_weight import squared_row_norms
-from .mode_checks import ColumnTerms, checked_column_terms, checked_lossless_terms, probe_head_mode
+from .mode_checks import (
+    MODE_LOSSLESS_TERMS,
+    ColumnTerms,
+    checked_column_terms,
+    checked_lossless_terms,
+    probe_head_mode,
+)
 
 LIU_ET_AL = "Liu, Zhai & Chen (2020)"
 
@@ -122,11 +128,12 @@ class HeadMode:
         if self.lossless_start is None:
             raise ValueError(self.lossless_refusal)
         scale, bias = self.column_terms(weight, eps)
+        scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
         g = None
-        if "logit_scale" in self.lossless_start:
+        if scale_term in self.lossless_start:
             g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
         b = None
-        if "logit_bias" in self.lossless_start:
+        if bias_term in self.lossless_start:
             b = -bias if g is None else -bias * g
         return g, b
 
@@ -226,8 +233,9 @@ def register_head_mode(mode: HeadMode, *, replace: bool = False) -> HeadMode:
             f"mode would reload in another process as the built-in {mode.name!r}, with other logits and no error. "
             "Register your mode under a name of its own"
         )
-    if mode.lossless_start is not None and set(mode.lossless_start) - {"logit_scale", "logit_bias"}:
-        raise ValueError(f"head mode {mode.name!r}: lossless_start may name 'logit_scale' / 'logit_bias' only")
+    if mode.lossless_start is not None and set(mode.lossless_start) - set(MODE_LOSSLESS_TERMS):
+        names = " / ".join(map(repr, MODE_LOSSLESS_TERMS))
+        raise ValueError(f"head mode {mode.name!r}: lossless_start may name {names} only")
     if mode.name in _REGISTRY and not replace:
         raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
     # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.

@@ -3,8 +3,9 @@
 A head is built from a config (``HeadOptions.from_config``), from the converter's arguments or CLI, or directly; each
 path builds one ``HeadOptions``, which checks every setting once when it is made, and passes it whole to the head
 (``TiedNormHead(..., options=...)``), the wrapper's config (``as_config_fields``) and the lossless start
-(``with_lossless_start``). A new head option is one field here plus its config field (configuration_tiednorm.py)
-and the head code that reads it.
+(``with_lossless_start``). The head's learned terms (its logit scale g and bias b, and any added from outside) are
+``HeadTerm`` objects in one registry (``HEAD_OPTIONS``; the built-ins in terms.py): a new term is a
+``HeadTerm`` registered with ``register_head_option`` and nothing else.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import math
-import sys
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+import torch
 
 from .modes import DEFAULT_HEAD_MODE, HeadMode, get_head_mode
 
@@ -25,69 +26,144 @@ LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: tuple[str, ...] = get_args(LogitScale)
 
 
-# The head's learned per-token terms, named as the head's parameters (state-dict keys such as
-# 'lm_head.logit_scale'): what the load checks, the lossless start, the converter, the export and the card read.
-LEARNED_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
-# The config field that switches each learned term on. The scale's is not called ``logit_scale``: TRL, vLLM and
-# transformers' Cohere models read ``config.logit_scale`` as a float multiplier of the logits.
-TERM_CONFIG_FIELDS: dict[str, str] = {"logit_scale": "logit_scale_kind", "logit_bias": "logit_bias"}
-# Config fields renamed since models were saved with them (old name -> new name): config.json and keyword arguments
-# under the old name still load, with a FutureWarning (configuration_tiednorm.py).
-RENAMED_CONFIG_FIELDS: dict[str, str] = {"logit_scale": "logit_scale_kind"}
-
-
-def renamed_field_value(old: str, new: str, value, current):
-    """The value of field ``new`` given under its old name ``old`` (a config saved before the rename), with a
-    FutureWarning; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float multiplier of
-    other architectures, which this head's options do not read) or one contradicting ``new`` given too."""
-    if not (isinstance(value, str) and value in LOGIT_SCALES):
-        raise ValueError(
-            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} as "
-            f"a float multiplier of the logits, which this head would not apply); the head's scale is {new}, one of "
-            f"{LOGIT_SCALES}, with logit_scale_init for its value"
-        )
-    if current not in ("none", value):
-        raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-    # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
-    frame, stacklevel = sys._getframe(0), 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
-        frame, stacklevel = frame.f_back, stacklevel + 1
-    warnings.warn(
-        f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-        f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
-        f"the new name; the old one will stop loading in a future release",
-        FutureWarning,
-        stacklevel=stacklevel,
-    )
-    return value
+def renamed_config_fields() -> dict[str, tuple[str, HeadTerm]]:
+    """Config fields renamed since models were saved with them: old name -> (new name, the term that owns it), from
+    each term's ``renamed_fields``. config.json and keyword arguments under the old name still load, with a
+    FutureWarning (``HeadTerm.renamed_value``)."""
+    return {old: (new, term) for term in head_terms() for old, new in term.renamed_fields.items()}
 
 
 def renamed_fields_set(config, kwargs: dict) -> dict:
     """Set on ``config`` each field that ``kwargs`` (a config's extra keywords: config.json, from_pretrained) gives
-    under its old name (``RENAMED_CONFIG_FIELDS``, with a FutureWarning); returns the other keywords."""
-    for old, new in RENAMED_CONFIG_FIELDS.items():
+    under its old name (``renamed_config_fields``, with a FutureWarning); returns the other keywords."""
+    for old, (new, term) in renamed_config_fields().items():
         if old in kwargs:
             kwargs = dict(kwargs)
-            setattr(config, new, renamed_field_value(old, new, kwargs.pop(old), getattr(config, new)))
+            setattr(config, new, term.renamed_value(old, new, kwargs.pop(old), getattr(config, new)))
     return kwargs
 
 
+class HeadTerm:
+    """A learned term of the head, folded into its (scale, bias): the one protocol of the built-in terms (the logit
+    scale g and bias b, terms.py) and of a term added from outside (``HeadOption``). The head, the fold, a
+    resize, fp32 handling, a lossless start, the load checks, the flags, the export and the card ask a term only
+    these; none of them names one. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+
+    Attributes:
+        name: the head's parameter (``lm_head.<name>``, a state-dict key), a Python identifier.
+        help: the help of its flag (converter, training scripts).
+        config_fields: the ``HeadOptions``/config fields that set it (their flags are the term's flags); () for a
+            term switched on by naming it in ``extra_terms`` (its flag is the switch ``--<name>``).
+        keep_fp32: kept fp32 under a bf16/fp16 load or cast (a step of a small learning rate rounds away in bf16).
+        row_scaled: multiplied by c_i where a source's output rows were c_i·w_i (``take_row_scales``), because it
+            multiplies or shifts the whole logit (g and b).
+        takes_row_scales: a lossless start that sets it can absorb those c_i (a per-token scale of the logit).
+    """
+
+    name: str
+    help: str
+    config_fields: tuple[str, ...] = ()
+    renamed_fields: dict[str, str] = {}  # noqa: RUF012 (read only) old config field name -> its new name
+    keep_fp32: bool = True
+    row_scaled: bool = False
+    takes_row_scales: bool = False
+
+    def renamed_value(self, old: str, new: str, value, current):
+        """The value of config field ``new`` given under its old name ``old`` (``renamed_fields``), or
+        ``ValueError``; a term that renamed a field says what the old name may hold."""
+        raise ValueError(f"{old}={value!r}: the config field {old} is now {new}")
+
+    def is_on(self, options) -> bool:
+        """Whether a head with ``options`` holds (or applies) this term."""
+        return self.name in options.extra_terms
+
+    def setting(self, options) -> str:
+        """The config setting that switches it, as config.json states it (load checks' messages)."""
+        return f"extra_terms={list(options.extra_terms)!r}"
+
+    def check(self, options) -> None:
+        """``ValueError`` naming the field for a bad setting of ``options`` (a ``HeadOptions`` being made)."""
+
+    def start_value(self, options, hidden_size: int) -> float:
+        """The value the parameter starts at (and a resized vocabulary's new tokens get)."""
+        return float(self.init)
+
+    def shape(self, options, vocab_size: int) -> tuple[int, ...] | None:
+        """The parameter's shape for ``options``; None: the head holds no parameter for it."""
+        return (vocab_size,) if self.is_on(options) else None
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        """(scale, bias) of the tokens ``rows`` (a slice with both ends; fp32, (n,) or None) with this term folded
+        in; ``device``: the head's."""
+        return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
+
+    def lossless_options(self, options, mode) -> dict:
+        """The ``HeadOptions`` fields a lossless start of ``mode`` sets for this term, or ``ValueError`` naming the
+        setting that makes the start impossible."""
+        return {}
+
+    def lossless_value(self, head, rows, mode_terms: dict):
+        """The value a lossless start gives this term for the rows ``rows`` (``mode_terms``: the mode's
+        ``lossless_terms`` by name); None: left as it is (then checked to change no score)."""
+        value = getattr(self, "lossless", None)
+        return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
+
+    def card_row(self, config, stored, hidden_size: int) -> str | None:
+        """The model card's text for it (``stored(name)``: the (min, max) of a saved tensor, or None); None where
+        ``config`` does not switch it on."""
+        return self.card if self.is_on(HeadOptions.from_config(config)) else None
+
+    def bias_text(self) -> str:
+        """What a plain export's refusal of a bias says this term is."""
+        return f"the registered head term {self.name!r}"
+
+
 @dataclass(frozen=True)
-class HeadOption:
+class HeadOption(HeadTerm):
     """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
     a parameter of the head named ``name``, started at ``init`` and folded into the column terms by ``fold(t, scale,
     bias) -> (scale, bias)`` (so the plain export bakes it like g and b). A model switches it on with
     ``HeadOptions(extra_terms=(name,))``; its config records the names (``extra_terms``), and a process where the
-    option is not registered refuses the model by name, as it refuses an unknown head mode."""
+    option is not registered refuses the model by name, as it refuses an unknown head mode. ``lossless``: the value
+    a lossless start sets it to (None: left at ``init``); ``keep_fp32``: kept fp32 under a bf16/fp16 load."""
 
     name: str
     help: str
     init: float
     fold: Callable
     card: str  # the model card's line for it
+    keep_fp32: bool = True
+    lossless: float | None = None
 
 
-HEAD_OPTIONS: dict[str, HeadOption] = {}
+# Every head term, in the order they fold: the built-ins first (terms.py registers them at import), then those
+# registered from outside (``register_head_option``).
+HEAD_OPTIONS: dict[str, HeadTerm] = {}
+HEAD_TERMS = HEAD_OPTIONS
+
+
+def head_terms() -> tuple[HeadTerm, ...]:
+    """Every registered head term, built-in and added, in folding order."""
+    return tuple(HEAD_OPTIONS.values())
+
+
+def add_head_term(term: HeadTerm) -> HeadTerm:
+    """Put ``term`` in the registry (a built-in's way in, at import; ``register_head_option`` checks more)."""
+    if term.name in HEAD_OPTIONS:
+        raise ValueError(f"a head option {term.name!r} is registered already")
+    HEAD_OPTIONS[term.name] = term
+    return term
+
+
+def takes_row_scales(mode) -> bool:
+    """Whether ``mode``'s lossless start sets a term that can absorb a source's output row scales c_i (a per-token
+    scale of the logit, ``HeadTerm.takes_row_scales``): an untied source with rows c_i·w_i converts losslessly."""
+    return any(HEAD_OPTIONS[name].takes_row_scales for name in mode.lossless_start or () if name in HEAD_OPTIONS)
+
+
+def switched_terms() -> tuple[str, ...]:
+    """The names of the terms a model switches on by naming them in ``extra_terms``."""
+    return tuple(term.name for term in HEAD_OPTIONS.values() if not term.config_fields)
 
 
 def register_head_option(option: HeadOption) -> HeadOption:
@@ -98,8 +174,8 @@ def register_head_option(option: HeadOption) -> HeadOption:
     anything the head already holds (``HEAD_NAME_SOURCES``: ``norm_eps``, ``weight``, ``options``, ...): a
     parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
     """
-    if not isinstance(option, HeadOption):
-        raise TypeError(f"register_head_option takes a HeadOption, got {type(option).__name__}")
+    if not isinstance(option, HeadTerm):
+        raise TypeError(f"register_head_option takes a HeadOption (a HeadTerm), got {type(option).__name__}")
     name = option.name
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
         raise ValueError(
@@ -107,15 +183,19 @@ def register_head_option(option: HeadOption) -> HeadOption:
             "(letters, digits and underscores: it becomes the head's parameter lm_head.<name> and the converter's "
             "flag --<name with dashes>), e.g. 'logit_temperature'"
         )
-    if name in HEAD_OPTIONS or name in LEARNED_TERMS:
+    if name in HEAD_OPTIONS:
         raise ValueError(f"a head option {name!r} is registered already")
+    if option.config_fields:  # HeadOptions and the configs declare the built-ins' fields only
+        raise ValueError(
+            f"head option {name!r} (register_head_option) declares config_fields {option.config_fields}, which no "
+            "config has: a term added from outside is switched on by naming it in extra_terms; leave config_fields ()"
+        )
     if name in taken_head_names():
         raise ValueError(
             f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
             "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
         )
-    HEAD_OPTIONS[name] = option
-    return option
+    return add_head_term(option)
 
 
 # Callables giving every name a head holds (its attributes, methods and parameters): head/layer.py adds
@@ -128,13 +208,13 @@ def taken_head_names() -> frozenset[str]:
     every ``HeadOptions`` field, the renamed ones' old names included."""
     if not HEAD_NAME_SOURCES:
         raise RuntimeError("no head has declared its names (head/layer.py is not loaded): cannot check a name")
-    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(RENAMED_CONFIG_FIELDS)
+    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(renamed_config_fields())
     return frozenset(fields.union(*(source() for source in HEAD_NAME_SOURCES)))
 
 
 def learned_terms() -> tuple[str, ...]:
-    """Every learned per-token term a head may hold: ``LEARNED_TERMS`` and the registered options'."""
-    return (*LEARNED_TERMS, *HEAD_OPTIONS)
+    """Every learned term a head may hold, named as its parameter (state-dict keys such as 'lm_head.<name>')."""
+    return tuple(HEAD_OPTIONS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,27 +250,17 @@ class HeadOptions:
         if len(set(extra)) != len(extra):
             raise ValueError(f"extra_terms names a head option twice: {list(extra)}")
         object.__setattr__(self, "extra_terms", tuple(extra))  # a config.json's list, as the hashable tuple
-        unknown = [name for name in self.extra_terms if name not in HEAD_OPTIONS]
+        switched = switched_terms()
+        unknown = [name for name in self.extra_terms if name not in switched]
         if unknown:
             raise ValueError(
-                f"head option(s) {unknown} are not registered in this process (registered: {sorted(HEAD_OPTIONS)}): "
+                f"head option(s) {unknown} are not registered in this process (registered: {sorted(switched)}): "
                 "the model was trained with a head option registered at runtime (register_head_option); register it "
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
-        if self.logit_scale_kind not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
-        if self.logit_scale_init is not None:
-            if not 0 < self.logit_scale_init < math.inf:
-                raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
-            if self.logit_scale_kind == "none":
-                raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
-                    "logit_scale_kind "
-                    "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-                )
-        if not isinstance(self.logit_bias, bool):
-            raise ValueError(f"logit_bias must be True or False, got {self.logit_bias!r}")
+        for term in head_terms():  # each term checks its own fields (terms.py)
+            term.check(self)
         if not 0 < self.norm_eps < math.inf:
             raise ValueError(f"norm_eps must be > 0 and finite, got {self.norm_eps}")
 
@@ -211,6 +281,22 @@ class HeadOptions:
         """The options that are config fields of the package (``TiedNormHeadConfigMixin``)."""
         return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("registry"))
 
+    def active_terms(self) -> tuple[HeadTerm, ...]:
+        """The head terms these options switch on, in the order they fold: the built-ins' (set by their config
+        fields) in registry order, then ``extra_terms`` in their order."""
+        built_in = (term for term in head_terms() if term.config_fields and term.is_on(self))
+        return (*built_in, *map(HEAD_OPTIONS.get, self.extra_terms))
+
+    def term_switches(self) -> dict:
+        """Each built-in term's switch (its first config field) and its value: {"logit_scale_kind": ..., ...}."""
+        switches = [term.config_fields[0] for term in head_terms() if term.config_fields]
+        return {name: getattr(self, name) for name in switches}
+
+    def term_settings(self) -> str:
+        """The terms' settings as config.json states them (a head's repr): "logit_scale_kind='none', ..."."""
+        settings = (term.setting(self) for term in head_terms() if term.config_fields or term.is_on(self))
+        return ", ".join(dict.fromkeys(settings))
+
     def as_config_fields(self) -> dict:
         """The config fields (``head_mode=...``, ...) of these options; ``extra_terms`` only when one is on."""
         fields = dataclasses.asdict(self)
@@ -224,37 +310,14 @@ class HeadOptions:
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
-        logit_scale = self.logit_scale_kind
-        if "logit_scale" in mode.lossless_start:
-            if logit_scale not in ("none", "vector"):
-                raise ValueError(
-                    f"lossless_start for head_mode {self.head_mode!r} sets a per-token logit scale "
-                    f"(logit_scale_kind='vector'); logit_scale_kind={logit_scale!r} cannot give back the source's "
-                    "logits: leave logit_scale_kind unset or 'vector'"
-                )
-            if self.logit_scale_init is not None:
-                # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
-                # dropped while config.json recorded it.
-                raise ValueError(
-                    f"logit_scale_init={self.logit_scale_init} (--logit-scale-init) cannot be combined with "
-                    f"lossless_start (--lossless-start): for head_mode {self.head_mode!r} the lossless start sets "
-                    "every per-token logit scale g_i itself, to the value that gives back the source's logits "
-                    f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
-                    "lossless_start"
-                )
-            logit_scale = "vector"
-        elif logit_scale != "none":
-            raise ValueError(
-                f"lossless_start for head_mode {self.head_mode!r} needs no logit scale ({mode.equation}; its start "
-                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={logit_scale!r} would "
-                "multiply the scores: leave logit_scale_kind='none'"
-            )
-        logit_bias = self.logit_bias or "logit_bias" in mode.lossless_start
-        return dataclasses.replace(self, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+        changes = {}
+        for term in head_terms():
+            changes.update(term.lossless_options(self, mode))
+        return dataclasses.replace(self, **changes)
 
 
 __all__ = [
-    "HEAD_OPTIONS", "LEARNED_TERMS", "LOGIT_SCALES", "RENAMED_CONFIG_FIELDS", "TERM_CONFIG_FIELDS", "HeadOption",
-    "HEAD_NAME_SOURCES", "HeadOptions", "LogitScale", "learned_terms", "register_head_option", "taken_head_names",
-    "renamed_field_value", "renamed_fields_set",
+    "HEAD_OPTIONS", "HEAD_TERMS", "LOGIT_SCALES", "HeadOption", "HeadTerm", "renamed_config_fields",
+    "HEAD_NAME_SOURCES", "HeadOptions", "LogitScale", "add_head_term", "head_terms", "learned_terms",
+    "register_head_option", "switched_terms", "takes_row_scales", "taken_head_names", "renamed_fields_set",
 ]  # fmt: skip

@@ -47,7 +47,8 @@ def test_a_learned_logit_scale_starts_at_one_and_a_fixed_one_at_sqrt_d():
     vector = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="vector"))
     assert torch.equal(vector.logit_scale.detach(), torch.ones(10))
     fixed = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="fixed"))
-    assert fixed.logit_scale is None and fixed.logit_scale_values(torch.device("cpu")).item() == pytest.approx(8.0)
+    assert fixed.logit_scale is None and fixed.term_starts["logit_scale"] == pytest.approx(8.0)
+    assert torch.equal(fixed.column_terms()[0], torch.full((10,), fixed.term_starts["logit_scale"]))  # folded in
     started = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="vector", logit_scale_init=3.0))
     assert started.logit_scale[0].item() == 3.0
 

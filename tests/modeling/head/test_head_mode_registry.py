@@ -1,8 +1,7 @@
 """A head mode is described once (hf_tiednorm/modeling/head/modes.py): a sixth mode defined and registered in this test
-alone,
-with no edit to the package, trains in every family, saves and reloads, writes its card, is a choice of both training
-scripts and converts with the lossless start it declares; a saved folder's remote code, which does not define it,
-refuses it by name."""
+alone, with no edit to the package, trains in every family, saves and reloads, writes its card, is a choice of both
+training scripts and converts with the lossless start it declares; a saved folder's remote code, which does not define
+it, refuses it by name."""
 
 from __future__ import annotations
 

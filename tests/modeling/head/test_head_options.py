@@ -1,6 +1,5 @@
 """The head's settings are one value (hf_tiednorm/modeling/head/options.py), checked once and passed whole; a
-conversion checks
-its source once."""
+conversion checks its source once."""
 
 from __future__ import annotations
 
