@@ -3,8 +3,6 @@ classes) and the fixtures. The helpers live in ``testing_utils.py``."""
 
 from __future__ import annotations
 
-import ctypes.util
-import functools
 import os
 import sys
 from pathlib import Path
@@ -17,11 +15,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The experiments (experiments/, outside the package): its scripts import paper_grid/ beside them, as
 # `python experiments/<script>.py` finds it; the tests import it the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-
-# CPython's ctypes.util.find_library starts `/sbin/ldconfig -p` at every call, and every training run set up on the
-# CPU asks it for libc (hf_tiednorm/training/cpu_memory.py: mallopt): the answer cannot change within a session, so
-# the in-process runs ask it once, not one process launch per run.
-ctypes.util.find_library = functools.cache(ctypes.util.find_library)
 
 import script_helpers  # noqa: E402, F401  (puts experiments/ on sys.path: tests import paper_grid from there)
 from testing_utils import MULTI30K  # noqa: E402

@@ -19,7 +19,6 @@ as PyTorch's CUDA caching allocator does on the GPU, and at the same price: the 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import platform
 
 # mallopt() parameters, from glibc's <malloc.h>.
@@ -37,7 +36,9 @@ def keep_freed_memory() -> str:
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return f"CPU memory: left to the allocator (not glibc on Linux: {platform.system()} {platform.libc_ver()[0]})"
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    # The process's own symbols, glibc's among them: ctypes.util.find_library("c") would start `ldconfig -p` at
+    # every call (one process launch per training run set up).
+    libc = ctypes.CDLL(None)
     if not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, MAX_TRIM_THRESHOLD)):
         raise RuntimeError("glibc's mallopt refused M_MMAP_MAX = 0 / M_TRIM_THRESHOLD = 2 GiB")
     return "CPU memory: freed tensor memory stays in the process for reuse (glibc mmap off, heap not trimmed)"

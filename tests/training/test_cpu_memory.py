@@ -50,3 +50,20 @@ def test_setup_run_keeps_freed_memory_on_cpu_unless_opted_out(keep, tmp_path):
     faults = faults_before_and_after(setup)
     assert faults["default"] > 4 * 10_000, faults  # glibc unmaps each freed 64 MiB block: the premise of the module
     assert (faults["after"] < 1_000) is keep, faults
+
+
+def test_the_set_up_starts_no_process(monkeypatch):
+    """Every training run set up on a CPU asks for glibc's mallopt: ctypes.util.find_library("c") started
+    `ldconfig -p` each time (one process launch per run, most of the test suite's launches); the process's own
+    symbols hold mallopt already."""
+    from hf_tiednorm.training import cpu_memory
+
+    launched, original = [], subprocess.Popen.__init__
+
+    def counting(self, *args, **kwargs):
+        launched.append(args)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", counting)
+    assert "stays in the process" in cpu_memory.keep_freed_memory()
+    assert launched == []
