@@ -1203,7 +1203,7 @@ def _set_lossless_terms(head, first: "int") -> "None":
     for term in head.options.active_terms():
         value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
         if value is not None:
-            getattr(head, term.name)[first:] = value
+            getattr(head, term.name)[first:].copy_(value)  # copy_: from any device, as a load does
 
 
 @torch.no_grad()

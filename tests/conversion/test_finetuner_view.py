@@ -21,7 +21,7 @@ from hf_tiednorm.conversion import export
 from hf_tiednorm.conversion.source_provenance import gguf_provenance
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.modeling.families.configuration_wrapped import OWN_FAMILY_FIELDS
-from hf_tiednorm.modeling.families.head_host import TiedNormHeadHostMixin
+from hf_tiednorm.modeling.families.head_host import fp32_term_names
 from hf_tiednorm.publishing import hub, model_card
 from hf_tiednorm.publishing.card_metrics import parse_metrics
 from hf_tiednorm.publishing.provenance import UNKNOWN_LICENSE
@@ -335,7 +335,9 @@ def test_the_docs_say_what_the_code_does():
     assert "start by the same map from their initial rows: g_i = ‖w_new‖ (cosine)" in converting
     assert "get g = `logit_scale_init` (1 by default) and b = 0" not in converting
     # item 2: the fp32 head terms, by the mechanism the code uses
-    assert TiedNormHeadHostMixin._keep_in_fp32_modules_strict == ["logit_scale", "logit_bias"]
+    assert fp32_term_names() == ["logit_scale", "logit_bias"]  # the registry's terms that stay fp32
+    model = tiny_model("causal", logit_scale_kind="vector", logit_bias=True)
+    assert {"logit_scale", "logit_bias"} <= set(model._keep_in_fp32_modules_strict)  # what from_pretrained reads
     assert "`_keep_in_fp32_modules_strict`" in training and "keeps them fp32" in converting
     # item 4: one default; items 1, 6, 8
     assert "give the same model for every source both accept, by default" in converting
