@@ -66,3 +66,15 @@ def test_isolation_still_blocks_the_package_reachable_from_that_clone(clone_venv
         python=str(python),
     )
     assert out.startswith("blocked:"), out
+
+
+def test_a_script_in_the_shared_process_without_the_package_reads_an_empty_stdin(tmp_path):
+    """The shared process reads its requests on stdin: a script's input() (transformers' "run the custom code?"
+    prompt, 15 s timeout) must see end-of-file at once, as a fresh process given /dev/null does, and leave the next
+    request alone."""
+    import time
+
+    started = time.monotonic()
+    out = run_without_package("try:\n    input()\nexcept EOFError:\n    print('eof')\n", cwd=tmp_path)
+    assert out.strip() == "eof" and time.monotonic() - started < 10
+    assert run_without_package("print('next')\n", cwd=tmp_path).strip() == "next"

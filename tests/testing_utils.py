@@ -143,10 +143,13 @@ _WORKER_LOOP = """
 import contextlib, io, json, os, sys, traceback
 import torch, transformers
 answers = os.fdopen(int(sys.argv[1]), "w")
+# The requests arrive on stdin; a script reads an empty one, as a fresh process given /dev/null does: transformers'
+# "run the custom code? [y/N]" prompt would otherwise wait out its 15 s timeout (or read the next request).
+requests, sys.stdin = sys.stdin, open(os.devnull)
 # What a script may change in the process, restored before the next one as a fresh process would have it.
 threads, dtype, seed = torch.get_num_threads(), torch.get_default_dtype(), torch.initial_seed()
 attention = dict(transformers.AttentionInterface._global_mapping)
-for request in sys.stdin:
+for request in requests:
     request = json.loads(request)
     for name in [name for name in sys.modules if name.startswith("transformers_modules")]:
         del sys.modules[name]
