@@ -68,7 +68,6 @@ from .configuration_tiednorm import (
     get_head_mode,
     head_terms,
     learned_terms,
-    no_module_copies,
     projection_penalty,
     start_resized_tokens,
     unit_rows,
@@ -2121,8 +2120,7 @@ class TiedNormHeadHostMixin:
         extra = self._extra_auto_map()
         if extra:
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
-        with no_module_copies(self):  # the folder's code: the two generated files (auto_map.py)
-            super().save_pretrained(save_directory, *args, **kwargs)
+        super().save_pretrained(save_directory, *args, **kwargs)  # the folder's code: TwoFileModelCodeMixin
 
 
 # ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
@@ -2993,7 +2991,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, PreTrainedModel):
+class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
     hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
     ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""

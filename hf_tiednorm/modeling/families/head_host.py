@@ -20,7 +20,6 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from ..auto_map import no_module_copies
 from ..head.adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from ..head.layer import TiedNormHead
 from ..head.lossless_start import start_resized_tokens
@@ -162,8 +161,7 @@ class TiedNormHeadHostMixin:
         extra = self._extra_auto_map()
         if extra:
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
-        with no_module_copies(self):  # the folder's code: the two generated files (auto_map.py)
-            super().save_pretrained(save_directory, *args, **kwargs)
+        super().save_pretrained(save_directory, *args, **kwargs)  # the folder's code: TwoFileModelCodeMixin
 
 
 __all__ = ["TiedNormHeadHostMixin", "fp32_term_names", "keep_head_terms_fp32"]
