@@ -7,10 +7,15 @@ hidden states, W and the head's learned terms):
 * ``<mode>:plain``: our head's plain path (``TiedNormHead.forward`` + ``token_cross_entropy``);
 * ``<mode>:fused``: what ``loss_implementation="fused"`` picks on this device (liger-kernel on CUDA where installed,
   torch's ``F.linear_cross_entropy`` where exact, else the chunked loop), on the folded weight;
-* ``<mode>:chunked`` / ``<mode>:torch`` (``--paths``): one fused path by name.
+* ``<mode>:chunked`` / ``<mode>:torch`` (``--paths``): one fused path by name;
+* ``<mode>:fold`` (``--paths``): no loss, the head's own O(V·d) work alone (its folded weight and bias forward, and
+  their backward from a given gradient): what a mode adds to any loss path, measurable where the matmuls are slow.
 
 One process, round-robin: every repetition runs each contender once, in turn, so all see the same machine load; the
-ratios are per repetition against the ``plain`` run of the same repetition (median, min–max). Peak memory is what
+ratios are per repetition against the ``plain`` run of the same repetition (median, min–max), and for each
+``<mode>:<path>`` also against ``baseline:<path>`` (``time_ratio_to_baseline``: the normalized head's cost over the
+plain tied head's on the same loss path), in wall time and in the process's CPU time (``cpu_time_ratio_to_baseline``,
+``time.process_time``: what other processes on a busy machine change least). Peak memory is what
 one loss + backward adds above its inputs: on CUDA ``torch.cuda.max_memory_allocated`` after a reset; on the CPU
 (no allocator statistics) the kernel's resident-set high-water mark (``VmHWM``, reset through
 ``/proc/self/clear_refs``) minus the resident set before, with glibc told to mmap every block ≥ 128 KiB
@@ -67,7 +72,9 @@ class Args:
     head_modes: str = field(default="baseline,cosine,distance", metadata={"help": "comma-separated head modes"})
     logit_scale_kind: str = field(default="vector", metadata={"help": "logit scale of the normalized modes' head"})
     logit_bias: bool = field(default=True, metadata={"help": "a learned logit bias on the normalized modes' head"})
-    paths: str = field(default="plain,fused", metadata={"help": "our paths: plain, fused, chunked, torch"})
+    paths: str = field(
+        default="plain,fused", metadata={"help": "our paths: plain, fused, chunked, torch; fold: the O(V·d) work"}
+    )
     reps: int = field(default=3, metadata={"help": "round-robin repetitions"})
     threads: int = field(default=0, metadata={"help": "torch threads; 0 = torch's default"})
     output: str = field(
@@ -118,6 +125,7 @@ def contenders(args: Args, dtype, tokens: int):
     labels = torch.randint(0, args.vocab, (tokens,), device=device)
     labels[::17] = -100  # some padding, as in a real batch
     steps, kernels, params = {}, {}, [weight, hidden]
+    FreshGradient = _fresh_gradient()  # noqa: N806
 
     def reset(*params):
         for p in params:
@@ -129,7 +137,8 @@ def contenders(args: Args, dtype, tokens: int):
         loss.backward()
         return loss
 
-    steps["plain"] = plain
+    if set(args.paths.split(",")) - {"fold"}:  # the reference of the loss paths (the fold alone computes no loss)
+        steps["plain"] = plain
     for mode in args.head_modes.split(","):
         normalized = mode != "baseline"
         options = HeadOptions(head_mode=mode, logit_scale_kind=args.logit_scale_kind if normalized else "none",
@@ -147,6 +156,24 @@ def contenders(args: Args, dtype, tokens: int):
                     loss.backward()
                     return loss
 
+            elif path == "fold":
+                # The head's own O(V·d) work alone: its folded weight and bias, forward and backward, given the
+                # gradients a loss hands back (a fresh (V, d) buffer, as the loss's matmul gives it: a copy, made for
+                # every mode, baseline's identity fold included, so the difference to baseline:fold is the work).
+                grad_w = (torch.randn(args.vocab, args.dim, device=device) * 1e-3).to(dtype)
+                grad_b = torch.randn(args.vocab, device=device) * 1e-3
+
+                def step(head=head, grad_w=grad_w, grad_b=grad_b):
+                    reset(weight, *head.parameters())
+                    folded, bias = head.folded_weight_and_bias()
+                    outputs, grads = [FreshGradient.apply(folded)], [grad_w]
+                    if bias is not None:
+                        outputs.append(bias)
+                        grads.append(grad_b)
+                    torch.autograd.backward(outputs, grads)
+                    return outputs[0][0, 0]
+
+                kernels[f"{mode}:{path}"] = "fold"
             else:
                 kernel = choose_loss_path("fused", head, tokens) if path == "fused" else path
 
@@ -159,6 +186,23 @@ def contenders(args: Args, dtype, tokens: int):
                 kernels[f"{mode}:{path}"] = kernel
             steps[f"{mode}:{path}"] = step
     return steps, kernels, params
+
+
+def _fresh_gradient():
+    import torch
+
+    class FreshGradient(torch.autograd.Function):
+        """Identity whose backward hands on a copy of its gradient: a buffer nobody else holds, as a matmul's."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.clone()
+
+    return FreshGradient
 
 
 def _summary(values: list[float]) -> dict:
@@ -186,7 +230,9 @@ def main() -> None:
                     "threads": torch.get_num_threads()},
         "method": "one process, round-robin over the contenders in every repetition; peak = bytes one loss + "
         "backward adds above its inputs (CUDA: max_memory_allocated; CPU: VmHWM - VmRSS with glibc's mmap threshold "
-        "at 131072 bytes, set by mallopt); ratios per repetition against the plain run of the same repetition",
+        "at 131072 bytes, set by mallopt); ratios per repetition against the plain run of the same repetition, and "
+        "(time_ratio_to_baseline; cpu_time_ratio_to_baseline: the process's CPU time) against baseline:<path> of the "
+        "same repetition",
         "results": {},
     }  # fmt: skip
     for dtype_name in args.dtype.split(","):
@@ -201,31 +247,48 @@ def main() -> None:
                     for param in params:  # the previous contender's gradients freed before the measurement
                         param.grad = None
                     peak.start()
-                    t0 = time.perf_counter()
+                    t0, cpu0 = time.perf_counter(), time.process_time()
                     loss = step()
                     if device.type == "cuda":
                         torch.cuda.synchronize()
-                    seconds = time.perf_counter() - t0
-                    runs[name].append({"time_s": seconds, "peak_bytes": peak.stop(), "loss": float(loss.detach())})
+                    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+                    runs[name].append({"time_s": seconds, "cpu_time_s": cpu_seconds, "peak_bytes": peak.stop(),
+                                       "loss": float(loss.detach())})
                     print(f"{dtype_name} N={tokens} rep {rep} {name:20s} {seconds:.3f} s "
                           f"{runs[name][-1]['peak_bytes'] / 2**20:9.1f} MiB", flush=True)  # fmt: skip
-            base = runs["plain"]
+            base = runs.get("plain")
             table = {}
             for name, got in runs.items():
                 table[name] = {
                     "kernel": kernels.get(name, "plain"),
                     "time_s": _summary([g["time_s"] for g in got]),
+                    "cpu_time_s": _summary([g["cpu_time_s"] for g in got]),
                     "peak_mib": _summary([g["peak_bytes"] / 2**20 for g in got]),
-                    "time_ratio": _summary([g["time_s"] / b["time_s"] for g, b in zip(got, base)]),
+                    "time_ratio": _summary([g["time_s"] / b["time_s"] for g, b in zip(got, base)]) if base else None,
                     # None where the plain run's peak read 0 (a toy size: below the allocator's resolution on the CPU)
                     "memory_ratio": _summary([g["peak_bytes"] / b["peak_bytes"] for g, b in zip(got, base)])
-                    if all(b["peak_bytes"] > 0 for b in base) else None,
+                    if base and all(b["peak_bytes"] > 0 for b in base) else None,
                     "loss": got[-1]["loss"],
                 }
+                # The normalized head against the plain tied head on the same path, in the same repetition.
+                same_path = runs.get(f"baseline:{name.split(':')[-1]}") if ":" in name else None
+                if same_path is not None:
+                    for key in ("time_s", "cpu_time_s"):
+                        table[name][f"{key[:-2]}_ratio_to_baseline"] = _summary(
+                            [g[key] / b[key] for g, b in zip(got, same_path)]
+                        )
                 r = table[name]
                 memory = "n/a" if r["memory_ratio"] is None else f"x{r['memory_ratio']['median']:.3f}"
-                print(f"{dtype_name} N={tokens} {name:20s} ({r['kernel']:7s}) time x{r['time_ratio']['median']:.3f} "
-                      f"[{r['time_ratio']['min']:.3f}-{r['time_ratio']['max']:.3f}]  memory {memory}",
+                versus = "".join(
+                    f"  {label} x{r[key]['median']:.3f} [{r[key]['min']:.3f}-{r[key]['max']:.3f}]"
+                    for key, label in (("time_ratio_to_baseline", "of baseline"), ("cpu_time_ratio_to_baseline", "cpu"))
+                    if key in r
+                )
+                ratio = r["time_ratio"]
+                time_text = "n/a" if ratio is None else (
+                    f"x{ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]")
+                print(f"{dtype_name} N={tokens} {name:20s} ({r['kernel']:7s}) time {time_text}  memory {memory}"
+                      f"{versus}  {r['time_s']['median'] * 1e3:.1f} ms (cpu {r['cpu_time_s']['median'] * 1e3:.1f} ms)",
                       flush=True)  # fmt: skip
             report["results"][f"{dtype_name}:N={tokens}"] = table
     output = Path(args.output or f"results/benchmark_lm_head_loss_{device.type}.json")

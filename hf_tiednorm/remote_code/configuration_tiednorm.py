@@ -5,6 +5,7 @@
 # 11 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
+import contextlib
 import dataclasses
 import functools
 import keyword
@@ -373,81 +374,176 @@ def probe_head_mode(mode) -> "None":
 
 
 # ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
-"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
-in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
-every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
+"""The head's O(V·d) work on its weight W, in the fewest passes over W a training step needs.
 
-Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
-weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
-``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
+Every head mode scores ``s = (W·h) * scale + bias`` with (V,) vectors made of the squared row norms ‖w_i‖² and the
+learned terms (head/modes.py, head/terms.py). A training batch folds the scale into the weight,
+``W_s = diag(scale)·W``, so the loss is a linear cross-entropy of (h, W_s, bias) that any fused kernel computes
+(liger-kernel's, torch's ``F.linear_cross_entropy``, the chunked loop of loss/chunked.py, a plain ``F.linear``), and
+the (tokens × V) logits are never scaled. What the normalization then costs is four passes over W per step:
 
-W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
-cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
-d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
-scale only and computes both gradients from them:
-``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
+* forward: (1) ‖w_i‖² (reads W); (2) ``W_s = diag(scale)·W`` (reads W, writes W_s);
+* backward, from ``M = ∂L/∂W_s``, which the loss's matmul returns anyway: (3) ``c_i = w_i·M_i = ∂L/∂scale_i``
+  (reads W and M); (4) ``∂L/∂W = diag(scale)·M + diag(2·∂L/∂‖w‖²)·W`` (reads W and M, written over M), the fold's
+  and the norms' gradients in one pass. Between (3) and (4) autograd takes c and ∂L/∂bias back through the head's
+  (V,) computation, to ∂L/∂‖w‖² and the gradients of g, b and any registered term.
 
-The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
-matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
-per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
-accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
-fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
+``FoldedHead`` is that op: its forward computes the norms, records the head's (V,) computation on them (the mode's
+``column_terms`` finds the norms of pass 1 on the weight it is given, ``squared_row_norms``) and folds; its backward
+makes passes 3 and 4, pass 4 into M itself when autograd hands M over unshared (a matmul's fresh gradient). A mode
+that reads W otherwise than through ``squared_row_norms`` still gets its exact gradient (autograd's, added in pass 4).
+Composed of separate ops (a norm op, a fold op, autograd summing their gradients of W) the same step made six
+passes and four (V, d) tensors beyond the plain head's; this op makes one, W_s.
+
+Precision. Every product is computed in fp32 (fp64 for fp64 weights) and rounded once into W's dtype: a scale can
+reach 1/eps, a scaled row cannot; the row dots and the norms accumulate in fp32. A bf16/fp16 W never gets an fp32
+copy: a CUDA kernel reads W in its dtype and computes in fp32 registers, but a CPU elementwise op with mixed dtypes
+first copies its operands to the common dtype whole. So each pass is one kernel for an fp32/fp64 W on the CPU (and
+for the norms and the fold on an accelerator), and otherwise runs a block of rows at a time through fp32 buffers of
+at most ``_BLOCK_ELEMENTS`` (kept in the cache between a block's few ops), allocated once per forward or backward.
+The op saves W and (V,) vectors: W_s is saved by the matmul that consumes it, not here.
 """
 
 
-# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
-# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
-_BLOCK_ELEMENTS = 1 << 22
+# Rows per block of the fp32 buffers: at most 2**20 elements (4 MiB, in the CPU's last-level cache; every op of a
+# block is a parallel region, so smaller blocks cost more in dispatch than they gain in cache), 2**24 (64 MiB) on an
+# accelerator, and at most 1/8 of the rows, so that no fp32 buffer is ever as large as W itself.
+_BLOCK_ELEMENTS = 1 << 20
+_ACCELERATOR_BLOCK_ELEMENTS = 1 << 24
 _MIN_BLOCKS = 8
+# The attribute of a weight (FoldedHead's detached alias of W) holding its squared row norms, computed already.
+_GIVEN_NORMS = "_tiednorm_squared_row_norms"
 
 
-def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
+def _row_blocks(rows: "int", width: "int", block_elements: "int" = _BLOCK_ELEMENTS) -> "tuple[range, int]":
     """The first row of each block of rows, and the block's height."""
-    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
+    step = max(1, min(block_elements // max(1, width), -(-rows // _MIN_BLOCKS)))
     return range(0, rows, step), step
 
 
-def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
-    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
+class _Blocks:
+    """The blocks of rows of a (V, d) weight, each with ``buffers`` fp32 (fp64) buffers of the block's shape."""
 
-    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
-    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
-    compute = torch.promote_types(weight.dtype, torch.float32)
+    def __init__(self, weight: "torch.Tensor", buffers: "int"):
+        self.compute = _compute_dtype(weight)
+        elements = _BLOCK_ELEMENTS if weight.device.type == "cpu" else _ACCELERATOR_BLOCK_ELEMENTS
+        self.starts, self.step = _row_blocks(*weight.shape, elements)
+        self.rows = weight.shape[0]
+        shape = (min(self.step, self.rows), weight.shape[1])
+        self.buffers = [torch.empty(shape, dtype=self.compute, device=weight.device) for _ in range(buffers)]
+
+    def __iter__(self):
+        for start in self.starts:
+            stop = min(start + self.step, self.rows)
+            yield slice(start, stop), [buffer[: stop - start] for buffer in self.buffers]
+
+
+def _compute_dtype(weight: "torch.Tensor") -> "torch.dtype":
+    return torch.promote_types(weight.dtype, torch.float32)
+
+
+def _without_autocast(device: "torch.device"):
+    """Autocast off (its fp32 list would copy a bf16 W to fp32 for a norm), where the device has one."""
+    return torch.autocast(device.type, enabled=False) if torch.amp.is_autocast_available(device.type) else (
+        contextlib.nullcontext())
+
+
+def _mixed_on_cpu(weight: "torch.Tensor") -> "bool":
+    """W is bf16/fp16 on the CPU, where a mixed-dtype op would copy it to fp32 whole."""
+    return weight.device.type == "cpu" and weight.dtype != _compute_dtype(weight)
+
+
+def _one_kernel(weight: "torch.Tensor") -> "bool":
+    """W is fp32/fp64 on the CPU: the row dots and the combination are one kernel each (elsewhere they go through
+    ``_Blocks``: a bf16 W would need an fp32 copy, and an accelerator's batched matmul may run in TF32)."""
+    return weight.device.type == "cpu" and weight.dtype == _compute_dtype(weight)
+
+
+def _squared_norms(weight: "torch.Tensor", blocks: "_Blocks | None" = None) -> "torch.Tensor":
+    """Pass 1: ‖w_i‖² of every row, (V,) in fp32 (fp64 for fp64 rows), accumulated in fp32."""
+    compute = _compute_dtype(weight)
+    if not _mixed_on_cpu(weight):  # one kernel (on CUDA it reads bf16 and accumulates in fp32)
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=compute).square()
+    norms = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
+    for rows, (buffer,) in blocks or _Blocks(weight, 1):
+        torch.linalg.vector_norm(buffer.copy_(weight[rows]), dim=-1, out=norms[rows])
+    return norms.square_()
+
+
+def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor", blocks: "_Blocks | None" = None) -> "torch.Tensor":
+    """Pass 2: diag(scale)·W in W's dtype, each product in fp32 and rounded once. ``scale``: (V,)."""
+    compute = _compute_dtype(weight)
     if weight.dtype == compute:
         return weight * scale.to(compute).unsqueeze(-1)
+    if not _mixed_on_cpu(weight):  # one kernel: products in fp32 registers, stored in W's dtype
+        return torch.mul(weight, scale.unsqueeze(-1), out=torch.empty_like(weight))
     out = torch.empty_like(weight)
-    starts, step = _row_blocks(*weight.shape)
-    for start in starts:
-        block = slice(start, start + step)
-        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
+    for rows, (buffer,) in blocks or _Blocks(weight, 1):
+        out[rows].copy_(buffer.copy_(weight[rows]).mul_(scale[rows].unsqueeze(-1)))
     return out
 
 
-def _row_dots(a: "torch.Tensor", b: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
-    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
-    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
-    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
-    starts, step = _row_blocks(*a.shape)
-    for start in starts:
-        block = slice(start, start + step)
-        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
+def _row_dots(weight: "torch.Tensor", other: "torch.Tensor", blocks: "_Blocks | None") -> "torch.Tensor":
+    """Pass 3: w_i·m_i of every row, (V,) in fp32 (fp64), each product in fp32."""
+    if _one_kernel(weight):  # a batched (1 × d)·(d × 1) product: no (V, d) temporary
+        return torch.einsum("vd,vd->v", weight, other)
+    dots = torch.empty(weight.shape[0], dtype=blocks.compute, device=weight.device)
+    for rows, (a, b) in blocks:
+        if weight.dtype == blocks.compute:
+            torch.mul(weight[rows], other[rows], out=a)
+        else:
+            a.copy_(weight[rows]).mul_(b.copy_(other[rows]))
+        torch.sum(a, dim=-1, out=dots[rows])
+    return dots
+
+
+def _combine_rows(
+    grad: "torch.Tensor",
+    alpha: "torch.Tensor | None",
+    weight: "torch.Tensor",
+    beta: "torch.Tensor | None",
+    out: "torch.Tensor",
+    blocks: "_Blocks | None",
+) -> "torch.Tensor":
+    """Pass 4: ``out = diag(alpha)·grad + diag(beta)·W`` (alpha None: 1; beta None: 0), each row computed in fp32
+    and rounded once into W's dtype; ``out`` may be ``grad`` itself."""
+    if _one_kernel(weight):
+        if alpha is not None:
+            torch.mul(grad, alpha.unsqueeze(-1), out=out)
+        elif out is not grad:
+            out.copy_(grad)
+        return out if beta is None else out.addcmul_(weight, beta.unsqueeze(-1))
+    for rows, (a, b) in blocks:
+        if weight.dtype == blocks.compute:
+            a = out[rows] if out is grad else out[rows].copy_(grad[rows])
+        else:
+            a.copy_(grad[rows])
+        if alpha is not None:
+            a.mul_(alpha[rows].unsqueeze(-1))
+        if beta is not None:
+            a.addcmul_(b.copy_(weight[rows]) if weight.dtype != blocks.compute else weight[rows],
+                       beta[rows].unsqueeze(-1))
+        if weight.dtype != blocks.compute:
+            out[rows].copy_(a)
     return out
+
+
+def _own_buffer(grad: "torch.Tensor") -> "bool":
+    """Whether autograd handed a backward a gradient nobody else holds (a matmul's fresh output, not a caller's
+    ``grad_outputs`` or a view into another tensor), which it may then overwrite: torch's own test for accumulating
+    gradients in place (``InputBuffer``)."""
+    use_count = getattr(grad, "_use_count", None)
+    return use_count is not None and use_count() == 1 and not grad._is_view() and grad.is_contiguous()
 
 
 class SquaredRowNorms(torch.autograd.Function):
-    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
+    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only. What a mode's
+    terms use outside ``FoldedHead`` (a few tokens' logits, the lossless start)."""
 
     @staticmethod
     def forward(ctx, weight: "torch.Tensor") -> "torch.Tensor":
         ctx.save_for_backward(weight)
-        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
-        compute = torch.promote_types(weight.dtype, torch.float32)
-        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
-        starts, step = _row_blocks(*weight.shape)
-        for start in starts:
-            block = slice(start, start + step)
-            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
-        return out.square()
+        return _squared_norms(weight)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -458,41 +554,90 @@ class SquaredRowNorms(torch.autograd.Function):
 
 def squared_row_norms(weight: "torch.Tensor") -> "torch.Tensor":
     """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
-    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
+    no fp32 copy of a bf16/fp16 W in the forward or the backward. Inside ``FoldedHead``, the norms it computed."""
+    given = getattr(weight, _GIVEN_NORMS, None)
+    if given is not None:
+        return given
     if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
-        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
-    return SquaredRowNorms.apply(weight)
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=_compute_dtype(weight)).square()
+    if torch.is_grad_enabled() and weight.requires_grad:
+        return SquaredRowNorms.apply(weight)
+    return _squared_norms(weight)
 
 
-class FoldScale(torch.autograd.Function):
-    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
+class FoldedHead(torch.autograd.Function):
+    """``(W_s, bias)`` of a head at its current weights, ``W_s = diag(scale)·W``, with (scale, bias) =
+    ``column_terms(weight)``: two passes over W forward, two backward (module docstring).
+
+    Inputs: ``column_terms`` (a function of the weight returning the head's (scale, bias), each fp32 (V,) or None),
+    W (V, d), then every tensor ``column_terms`` reads that may need a gradient (the head's learned terms). Returns
+    W_s (V, d) in W's dtype (W itself when the scale is None) and the bias (V,) fp32 or None.
+    """
 
     @staticmethod
-    def forward(ctx, weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
-        ctx.save_for_backward(weight, scale)
-        return _scaled_rows(weight, scale)
+    def forward(ctx, column_terms, weight, *terms):
+        ctx.set_materialize_grads(False)
+        with _without_autocast(weight.device):
+            blocks = _Blocks(weight, 1) if _mixed_on_cpu(weight) else None
+            squared = _squared_norms(weight, blocks).requires_grad_(weight.requires_grad)
+            # The (V,) computation recorded on the norms of pass 1, from an alias of W that carries them.
+            alias = weight.detach().requires_grad_(weight.requires_grad)
+            setattr(alias, _GIVEN_NORMS, squared)
+            with torch.enable_grad():
+                scale, bias = column_terms(alias)
+            folded = weight if scale is None else _scaled_rows(weight, scale.detach(), blocks)
+        ctx.save_for_backward(weight)
+        ctx.graph = (squared, alias, scale, bias, terms)
+        return folded, None if bias is None else bias.detach()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_folded: "torch.Tensor"):
-        weight, scale = ctx.saved_tensors
-        grad_weight = grad_scale = None
-        if ctx.needs_input_grad[0]:
-            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
-        if ctx.needs_input_grad[1]:
-            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
-            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
-        return grad_weight, grad_scale
+    def backward(ctx, grad_folded, grad_bias):
+        (weight,) = ctx.saved_tensors
+        squared, alias, scale, bias, terms = ctx.graph
+        with _without_autocast(weight.device):
+            blocks = None if _one_kernel(weight) else _Blocks(weight, 2)
+            # c_i = ∂L/∂scale_i (pass 3) and ∂L/∂bias_i, taken back through the (V,) computation by autograd.
+            outputs, grads = [], []
+            if scale is not None and scale.requires_grad and grad_folded is not None:
+                outputs.append(scale)
+                grads.append(_row_dots(weight, grad_folded, blocks))
+            if bias is not None and bias.requires_grad and grad_bias is not None:
+                outputs.append(bias)
+                grads.append(grad_bias.float() if grad_bias.dtype != bias.dtype else grad_bias)
+            inputs = [t for t in (squared, alias, *terms) if t.requires_grad]
+            got = dict.fromkeys(map(id, inputs))
+            if outputs and inputs:
+                # retain_graph: (V,) vectors only, freed with this node; a retained outer graph may call us again.
+                found = torch.autograd.grad(outputs, inputs, grads, allow_unused=True, retain_graph=True)
+                got = {id(t): g for t, g in zip(inputs, found)}
+            grad_weight = None
+            if ctx.needs_input_grad[1]:
+                # Pass 4: diag(scale)·M + diag(2·∂L/∂‖w‖²)·W, written over M when it is a buffer of our own.
+                grad_squared, grad_alias = got.get(id(squared)), got.get(id(alias))
+                beta = None if grad_squared is None else 2 * grad_squared
+                alpha = None if scale is None or grad_folded is None else scale.detach()
+                if grad_folded is None and beta is None:
+                    grad_weight = grad_alias
+                else:
+                    source = grad_folded if grad_folded is not None else torch.zeros_like(weight)
+                    out = source if grad_folded is None or _own_buffer(grad_folded) else torch.empty_like(weight)
+                    grad_weight = _combine_rows(source, alpha, weight, beta, out, blocks)
+                    if grad_alias is not None:
+                        grad_weight += grad_alias
+        term_grads = [got.get(id(t)) if t.requires_grad else None for t in terms]
+        return None, grad_weight, *term_grads
 
 
 def fold_scale(weight: "torch.Tensor", scale: "torch.Tensor | None") -> "torch.Tensor":
-    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
+    """``diag(scale)·weight`` (V, d) in weight's dtype, without gradients (an export, decoding); ``weight`` itself when
+    ``scale`` is None. ``scale``: (V,)."""
     if scale is None:
         return weight
     if scale.shape != weight.shape[:1]:
         raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
                          "a mode's column_terms must return one scale per row (V,)")
-    return FoldScale.apply(weight, scale)
+    return _scaled_rows(weight, scale)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------

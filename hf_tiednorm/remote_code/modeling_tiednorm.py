@@ -51,6 +51,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
+    FoldedHead,
     HEAD_NAME_SOURCES,
     HEAD_OPTIONS,
     HeadMode,
@@ -209,9 +210,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
                 resized = _resized(values.data, vocab_size, self.term_starts[term.name])
                 setattr(self, term.name, nn.Parameter(resized))
 
-    def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
-        return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
+    def _compute_column_terms(self, weight: torch.Tensor | None = None):
+        """The (scale, bias) of ``weight``: the head's W by default; FoldedHead passes an alias carrying its norms."""
+        weight = self.weight if weight is None else weight
+        scale, bias = self.mode.column_terms(weight, self.norm_eps)
+        return self.fold_terms(scale, bias, slice(0, weight.shape[0]), weight.device)
+
+    def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The plain linear layer this head computes at its current weights: W_s = diag(scale)·W (V, d) in W's dtype
+        and the bias (V,) fp32 or None, with the mode, g, b and registered terms folded in; differentiable, with two
+        passes over W forward and two backward (head/folded_weight.py). What a training batch's loss scores with."""
+        if not torch.is_grad_enabled():  # evaluation, decoding: the (possibly frozen) terms, no autograd
+            scale, bias = self.column_terms()
+            return fold_scale(self.weight, scale), bias
+        terms = tuple(parameter for parameter in self.parameters() if parameter is not self.weight)
+        return FoldedHead.apply(self._compute_column_terms, self.weight, *terms)
 
     @torch.no_grad()
     def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -224,23 +237,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
-        scale, bias = self.column_terms()
         logits_dtype = torch.promote_types(self.weight.dtype, torch.float32)
         tokens = hidden_states.numel() // hidden_states.shape[-1]
-        if scale is not None and tokens > hidden_states.shape[-1]:
+        if tokens > hidden_states.shape[-1]:
             # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
             # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
-            # (training batches, wide beam search) scale the rows. Each product in fp32 (s reaches 1/eps, the scaled
-            # rows don't), a block of rows at a time, saving W and s only: no fp32 copy of W (head/folded_weight.py).
-            weight = fold_scale(self.weight, scale)
+            # (training batches, wide beam search) scale the rows: head/folded_weight.py, no fp32 copy of W.
+            weight, bias = self.folded_weight_and_bias()
             logits = F.linear(hidden_states, weight).to(logits_dtype)
         else:
+            scale, bias = self.column_terms()
             logits = F.linear(hidden_states, self.weight).to(logits_dtype)
             if scale is not None:
                 logits = logits * scale
-        if bias is not None:
-            logits = logits + bias
-        return logits
+        # In place: the logits are this forward's own tensor, which no backward needs (a (tokens × V) pass saved).
+        return logits if bias is None else logits.add_(bias)
 
 
 def head_attribute_names() -> frozenset[str]:
@@ -323,7 +334,7 @@ The head *is* a plain linear layer at any given weights, though. Every head mode
 (head/modes.py), with the logit scale g, the logit bias b and registered head options folded into scale and bias;
 Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
 layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
-TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
+TRL's gradients back to W, g, b and P (``folded_weight.FoldedHead``). While a TRL fused call runs, and only then,
 ``get_output_embeddings()`` returns it (``serving_folded_head``): TRL's own kernel computes exactly the normalized
 head's log-probabilities, its metrics (entropy, token accuracy) included, with nothing of TRL reimplemented here.
 Everywhere else ``get_output_embeddings()`` stays the ``TiedNormHead`` that HF's tying and resizing, PEFT and this
@@ -471,8 +482,7 @@ class FoldedLinear(nn.Module):
 
     def __init__(self, head: TiedNormHead, projection: nn.Linear | None = None) -> None:
         super().__init__()
-        scale, bias = head.column_terms()
-        weight = fold_scale(head.weight, scale)
+        weight, bias = head.folded_weight_and_bias()
         if projection is not None:
             weight = weight @ projection.weight.to(weight.dtype)  # W_s·(P·h) = (W_s·P)·h
         self.weight, self.bias = weight, bias
@@ -1553,8 +1563,7 @@ def head_linear_cross_entropy(
     """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
     fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
     the learned logit scale g and bias b through the head's column terms and the fold."""
-    scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
-    weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
+    weight, bias = head.folded_weight_and_bias()  # diag(scale)·W in W's dtype, bias fp32 (V,) or None
     if path == "chunked":
         return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
     if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop

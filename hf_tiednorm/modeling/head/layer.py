@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .folded_weight import fold_scale
+from .folded_weight import FoldedHead, fold_scale
 from .modes import HeadMode, unit_rows
 from .options import HEAD_NAME_SOURCES, HeadOptions, head_terms
 
@@ -144,9 +144,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
                 resized = _resized(values.data, vocab_size, self.term_starts[term.name])
                 setattr(self, term.name, nn.Parameter(resized))
 
-    def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
-        return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
+    def _compute_column_terms(self, weight: torch.Tensor | None = None):
+        """The (scale, bias) of ``weight``: the head's W by default; FoldedHead passes an alias carrying its norms."""
+        weight = self.weight if weight is None else weight
+        scale, bias = self.mode.column_terms(weight, self.norm_eps)
+        return self.fold_terms(scale, bias, slice(0, weight.shape[0]), weight.device)
+
+    def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The plain linear layer this head computes at its current weights: W_s = diag(scale)·W (V, d) in W's dtype
+        and the bias (V,) fp32 or None, with the mode, g, b and registered terms folded in; differentiable, with two
+        passes over W forward and two backward (head/folded_weight.py). What a training batch's loss scores with."""
+        if not torch.is_grad_enabled():  # evaluation, decoding: the (possibly frozen) terms, no autograd
+            scale, bias = self.column_terms()
+            return fold_scale(self.weight, scale), bias
+        terms = tuple(parameter for parameter in self.parameters() if parameter is not self.weight)
+        return FoldedHead.apply(self._compute_column_terms, self.weight, *terms)
 
     @torch.no_grad()
     def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -159,23 +171,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
-        scale, bias = self.column_terms()
         logits_dtype = torch.promote_types(self.weight.dtype, torch.float32)
         tokens = hidden_states.numel() // hidden_states.shape[-1]
-        if scale is not None and tokens > hidden_states.shape[-1]:
+        if tokens > hidden_states.shape[-1]:
             # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
             # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
-            # (training batches, wide beam search) scale the rows. Each product in fp32 (s reaches 1/eps, the scaled
-            # rows don't), a block of rows at a time, saving W and s only: no fp32 copy of W (head/folded_weight.py).
-            weight = fold_scale(self.weight, scale)
+            # (training batches, wide beam search) scale the rows: head/folded_weight.py, no fp32 copy of W.
+            weight, bias = self.folded_weight_and_bias()
             logits = F.linear(hidden_states, weight).to(logits_dtype)
         else:
+            scale, bias = self.column_terms()
             logits = F.linear(hidden_states, self.weight).to(logits_dtype)
             if scale is not None:
                 logits = logits * scale
-        if bias is not None:
-            logits = logits + bias
-        return logits
+        # In place: the logits are this forward's own tensor, which no backward needs (a (tokens × V) pass saved).
+        return logits if bias is None else logits.add_(bias)
 
 
 def head_attribute_names() -> frozenset[str]:

@@ -11,7 +11,7 @@ The head *is* a plain linear layer at any given weights, though. Every head mode
 (head/modes.py), with the logit scale g, the logit bias b and registered head options folded into scale and bias;
 Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
 layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
-TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
+TRL's gradients back to W, g, b and P (``folded_weight.FoldedHead``). While a TRL fused call runs, and only then,
 ``get_output_embeddings()`` returns it (``serving_folded_head``): TRL's own kernel computes exactly the normalized
 head's log-probabilities, its metrics (entropy, token accuracy) included, with nothing of TRL reimplemented here.
 Everywhere else ``get_output_embeddings()`` stays the ``TiedNormHead`` that HF's tying and resizing, PEFT and this
@@ -47,7 +47,6 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .folded_weight import fold_scale
 from .layer import TiedNormHead
 
 # The forwards of our own models (``own_scoring``) and the TRL forwards this module serves, by identity.
@@ -172,8 +171,7 @@ class FoldedLinear(nn.Module):
 
     def __init__(self, head: TiedNormHead, projection: nn.Linear | None = None) -> None:
         super().__init__()
-        scale, bias = head.column_terms()
-        weight = fold_scale(head.weight, scale)
+        weight, bias = head.folded_weight_and_bias()
         if projection is not None:
             weight = weight @ projection.weight.to(weight.dtype)  # W_s·(P·h) = (W_s·P)·h
         self.weight, self.bias = weight, bias

@@ -16,7 +16,6 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from ..head.folded_weight import fold_scale
 from .chunked import check_labels_in_vocabulary, chunked_linear_cross_entropy
 from .policy import liger_drops_head_gradients
 from .token import token_count
@@ -63,8 +62,7 @@ def head_linear_cross_entropy(
     """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
     fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
     the learned logit scale g and bias b through the head's column terms and the fold."""
-    scale, bias = head.column_terms()  # fp32 (V,) each, or None; autograd chains them to W, g and b
-    weight = fold_scale(head.weight, scale)  # diag(scale)·W in W's dtype, saving W and scale only
+    weight, bias = head.folded_weight_and_bias()  # diag(scale)·W in W's dtype, bias fp32 (V,) or None
     if path == "chunked":
         return chunked_linear_cross_entropy(hidden, weight, bias, labels, chunk_size, label_smoothing, ignore_index)
     if path == "liger" and liger_drops_head_gradients(hidden, weight, bias):  # a frozen body: the chunked loop

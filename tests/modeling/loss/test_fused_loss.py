@@ -1,4 +1,5 @@
-"""The fused training loss of the normalized head (issue 39): the scale folded into W (folded_weight.py), the paths
+"""The fused training loss of the normalized head (issue 39): the scale folded into W (folded_weight.py, whose own
+checks are tests/modeling/head/test_folded_head.py), the paths
 of fused_loss.py (torch's F.linear_cross_entropy, the chunked loop; liger-kernel on CUDA) against the plain path, in
 fp64 for W, g, b and h across every mode, option and label smoothing; the chunked loop's device, dtype and host
 synchronization; the models' forwards (no logits from a fused path, skip_logits)."""
@@ -20,7 +21,6 @@ from testing_utils import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_tiednorm.modeling.head.folded_weight import FoldScale, fold_scale
 from hf_tiednorm.modeling.loss import head_loss, policy
 from hf_tiednorm.modeling.loss.chunked import chunked_linear_cross_entropy
 from hf_tiednorm.modeling.loss.head_loss import head_linear_cross_entropy
@@ -52,27 +52,6 @@ def _fused(path, smoothing, chunk=None):
         return head_linear_cross_entropy(head, h, y, path, smoothing, chunk) / (y != -100).sum()
 
     return loss
-
-
-def test_the_fold_has_the_gradients_of_diag_scale_times_w_in_fp64():
-    weight = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
-    scale = torch.rand(6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(FoldScale.apply, (weight, scale))
-    torch.testing.assert_close(fold_scale(weight, scale), weight * scale[:, None])
-    with pytest.raises(ValueError, match=r"one scale per row \(V,\)"):
-        fold_scale(weight, scale[:3])
-
-
-def test_the_fold_saves_w_and_the_scale_and_rounds_once_in_bf16():
-    torch.manual_seed(0)
-    weight = torch.randn(40, 16, dtype=torch.bfloat16, requires_grad=True)
-    scale = (torch.rand(40) * 3).requires_grad_(True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        folded = fold_scale(weight, scale)
-    assert folded.dtype == torch.bfloat16
-    assert torch.equal(folded, (weight.float() * scale[:, None]).to(torch.bfloat16))  # one rounding
-    assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.bfloat16, (40, 16)), (torch.float32, (40,))]
 
 
 @pytest.mark.parametrize("head_mode", ["cosine", "square", "l2", "distance"])
