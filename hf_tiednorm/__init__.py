@@ -16,7 +16,7 @@ from .modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTe
 from .modeling.families.table import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
 from .modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from .modeling.head.modes import HEAD_MODES, HeadMode, register_head_mode, unregister_head_mode
-from .modeling.head.options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, HeadTerm, register_head_option
+from .modeling.head.settings import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, HeadTerm, register_head_option
 from .modeling.translation_pipeline import TiedNormTranslationPipeline
 from .training.liger import register_families_with_liger
 

@@ -33,8 +33,8 @@ from ..modeling.families.wrapped import (
 )
 from ..modeling.head.lossless_start import start_lossless, take_row_scales
 from ..modeling.head.modes import DEFAULT_HEAD_MODE
-from ..modeling.head.options import HeadOptions, learned_terms, takes_row_scales
 from ..modeling.head.peft_guard import refuse_peft_before_normalizing
+from ..modeling.head.settings import HeadOptions, learned_terms, takes_row_scales
 from ..modeling.load_checks import check_source_loaded
 from .convert_checks import (
     SUPPORTED_TEXT,
@@ -63,7 +63,7 @@ _DROPPED_CONFIG_KEYS = (
     "tie_word_embeddings", "share_encoder_decoder_embeddings",
 )  # fmt: skip
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the head's learned
-# terms (head/options.HeadTerm) that only its options add (initialized by the model).
+# terms (head/settings.HeadTerm) that only its options add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 def _target_only_keys() -> set[str]:
     return {f"lm_head.{term}" for term in learned_terms()}

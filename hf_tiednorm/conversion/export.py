@@ -59,7 +59,7 @@ from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormT
 from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import HeadOptions, learned_terms
+from ..modeling.head.settings import HeadOptions, learned_terms
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
 from .staging_checks import (
     check_new_folder,

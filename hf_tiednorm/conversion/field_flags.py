@@ -12,7 +12,7 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
-from ..modeling.head.options import HEAD_OPTIONS, HeadOptions, renamed_config_fields, switched_terms
+from ..modeling.head.settings import HEAD_OPTIONS, HeadOptions, renamed_config_fields, switched_terms
 
 # A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
 _OLD_NAMES = {new: old for old, (new, _) in renamed_config_fields().items()}
@@ -81,7 +81,7 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--dashed-name`` switch per registered head option (head/options.register_head_option), added after
+    """One ``--dashed-name`` switch per registered head option (head/settings.register_head_option), added after
     every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
     ``output_dir`` argument) is refused naming the option, since the switch would be shadowed or read the other
     argument's value."""

@@ -3,7 +3,7 @@ tensor of the file must find its place, checked when ``from_pretrained`` finishe
 
 transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
 "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
 loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
 edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
@@ -24,7 +24,7 @@ from torch import nn
 
 from .head.adaptive import embedding_matrices
 from .head.layer import NormalizedScoresMixin
-from .head.options import HEAD_OPTIONS, HeadOptions
+from .head.settings import HEAD_OPTIONS, HeadOptions
 from .weight_checks import check_finite_weights
 
 
@@ -35,7 +35,7 @@ def _term_setting(model: nn.Module, name: str) -> str:
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    """What is wrong with the head's learned terms (head/settings.HeadTerm, every registered one): a term the config
     declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
     as 'lm_head.logit_scale')."""
     heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}

@@ -34,7 +34,7 @@ from ..conversion.source_provenance import PROVENANCE
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import HeadOptions, head_terms
+from ..modeling.head.settings import HeadOptions, head_terms
 from .card_metrics import eval_results, metric_subsets, parse_metrics, training_settings
 from .provenance import (
     add_provenance_arguments,

@@ -794,7 +794,7 @@ def head_mode_summaries() -> "str":
     return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
 
 
-# ------------------------------ hf_tiednorm/modeling/head/options.py --------------------------------------------
+# ------------------------------ hf_tiednorm/modeling/head/settings.py -------------------------------------------
 """The five settings of the normalized tied head, as one value: ``HeadOptions``.
 
 A head is built from a config (``HeadOptions.from_config``), from the converter's arguments or CLI, or directly; each
@@ -1230,7 +1230,7 @@ def take_row_scales(model: "PreTrainedModel", row_scales: "torch.Tensor") -> "No
 
 # ------------------------------ hf_tiednorm/modeling/head/terms.py ----------------------------------------------
 """The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
-(options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
+(settings.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
 
 * ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
   FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
@@ -1606,11 +1606,11 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
 
     @property
     def head_options(self) -> HeadOptions:
-        """The head's settings as the one value a head is built from (head/options.py)."""
+        """The head's settings as the one value a head is built from (head/settings.py)."""
         return HeadOptions.from_config(self)
 
     def validate_head_options(self) -> None:
-        HeadOptions.from_config(self)  # every check of the head's settings, once (head/options.py)
+        HeadOptions.from_config(self)  # every check of the head's settings, once (head/settings.py)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)

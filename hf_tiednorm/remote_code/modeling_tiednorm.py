@@ -129,7 +129,7 @@ class NormalizedScoresMixin:
         self.head_mode = options.head_mode
         self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
         self.norm_eps = options.norm_eps
-        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
         # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
         self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
         for term in head_terms():
@@ -245,7 +245,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
+    option may take none of them (head/settings.register_head_option), since its parameter would replace it."""
     head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 
@@ -828,7 +828,7 @@ tensor of the file must find its place, checked when ``from_pretrained`` finishe
 
 transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
 "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
 loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
 edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
@@ -851,7 +851,7 @@ def _term_setting(model: nn.Module, name: str) -> str:
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    """What is wrong with the head's learned terms (head/settings.HeadTerm, every registered one): a term the config
     declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
     as 'lm_head.logit_scale')."""
     heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}

@@ -10,7 +10,7 @@ import torch
 from testing_utils import FAMILIES, model_inputs, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadOptions
 
 NORMALIZED_MODES = ("l2", "square", "cosine")  # the modes that divide by a row norm
 

@@ -21,7 +21,7 @@ from hf_tiednorm.modeling.head.modes import (
     register_head_mode,
     unregister_head_mode,
 )
-from hf_tiednorm.modeling.head.options import HEAD_OPTIONS, HeadOption, HeadOptions, register_head_option
+from hf_tiednorm.modeling.head.settings import HEAD_OPTIONS, HeadOption, HeadOptions, register_head_option
 
 
 class SharpCosine(Cosine):

@@ -16,9 +16,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from ..auto_map import code_reference
 from ..head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from ..head.layer import TiedNormEmbedding, TiedNormHead
-from ..head.options import HeadOptions
 from ..head.peft_guard import refuse_bypassed_head
 from ..head.scoring_guard import own_scoring
+from ..head.settings import HeadOptions
 from ..load_checks import WeightChecksMixin
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection

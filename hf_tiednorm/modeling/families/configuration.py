@@ -17,7 +17,7 @@ from transformers.utils.type_validators import interval, positive_int_field
 from ..auto_map import TwoFileRemoteCodeMixin
 from ..head.lossless_start import check_lossless_settings
 from ..head.modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
-from ..head.options import HeadOptions, LogitScale, renamed_fields_set
+from ..head.settings import HeadOptions, LogitScale, renamed_fields_set
 from ..head.terms import BUILTIN_TERMS  # noqa: F401 (the built-in head terms every HeadOptions check asks)
 from ..loss.regularizers import LOSS_TERMS
 from .config_fields import (
@@ -91,11 +91,11 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
 
     @property
     def head_options(self) -> HeadOptions:
-        """The head's settings as the one value a head is built from (head/options.py)."""
+        """The head's settings as the one value a head is built from (head/settings.py)."""
         return HeadOptions.from_config(self)
 
     def validate_head_options(self) -> None:
-        HeadOptions.from_config(self)  # every check of the head's settings, once (head/options.py)
+        HeadOptions.from_config(self)  # every check of the head's settings, once (head/settings.py)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)

@@ -27,9 +27,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from ..auto_map import TwoFileModelCodeMixin
 from ..head.layer import TiedNormEmbedding, TiedNormHead
-from ..head.options import HeadOptions
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
+from ..head.settings import HeadOptions
 from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside

@@ -34,7 +34,7 @@ from torch import nn
 
 from .layer import NormalizedScoresMixin, out_of_vocabulary_message
 from .modes import unit_rows
-from .options import HeadOptions
+from .settings import HeadOptions
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:

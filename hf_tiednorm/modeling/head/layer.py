@@ -48,7 +48,7 @@ from torch import nn
 
 from .folded_weight import fold_scale
 from .modes import HeadMode, unit_rows
-from .options import HEAD_NAME_SOURCES, HeadOptions, head_terms
+from .settings import HEAD_NAME_SOURCES, HeadOptions, head_terms
 
 
 class NormalizedScoresMixin:
@@ -64,7 +64,7 @@ class NormalizedScoresMixin:
         self.head_mode = options.head_mode
         self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
         self.norm_eps = options.norm_eps
-        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
         # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
         self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
         for term in head_terms():
@@ -180,7 +180,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
+    option may take none of them (head/settings.register_head_option), since its parameter would replace it."""
     head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 

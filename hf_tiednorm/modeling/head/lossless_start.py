@@ -38,7 +38,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .mode_checks import LOSSLESS_RTOL, MODE_LOSSLESS_TERMS
-from .options import HEAD_OPTIONS, HeadOptions, head_terms
+from .settings import HEAD_OPTIONS, HeadOptions, head_terms
 
 
 def check_lossless_settings(config) -> None:

@@ -1,5 +1,5 @@
 """The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
-(options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
+(settings.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
 
 * ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
   FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from .options import LOGIT_SCALES, HeadTerm, add_head_term
+from .settings import LOGIT_SCALES, HeadTerm, add_head_term
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:

@@ -14,7 +14,7 @@ from script_helpers import load_script
 from hf_tiednorm.modeling.families.config_fields import script_flag
 from hf_tiednorm.modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from hf_tiednorm.modeling.head.modes import HEAD_MODES
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadOptions
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser, model_arguments_class
 from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, TiedNormTrainingArguments
 

@@ -14,7 +14,7 @@ from testing_utils import FAMILIES, model_inputs, tiny_causal_config, tiny_confi
 import hf_tiednorm
 from hf_tiednorm.modeling.families.embeddings import ScaledAdaptiveInput
 from hf_tiednorm.modeling.head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadOptions
 from hf_tiednorm.training.tokenization import train_joint_tokenizer
 from hf_tiednorm.training.vocab_order import frequency_order, inverse_order, permute_counts, remap_ids, remap_tokenizer
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from testing_utils import reference_scores
 
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadOptions
 
 
 def make_head(head_mode: str, vocab: int = 50, dim: int = 16, seed: int = 0, **kwargs) -> TiedNormHead:

@@ -1,4 +1,4 @@
-"""The head's settings are one value (hf_tiednorm/modeling/head/options.py), checked once and passed whole; a
+"""The head's settings are one value (hf_tiednorm/modeling/head/settings.py), checked once and passed whole; a
 conversion checks its source once."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tiny_architectures import source_model
 import hf_tiednorm.conversion.convert as convert
 from hf_tiednorm.modeling.head.layer import TiedNormHead
 from hf_tiednorm.modeling.head.modes import HEAD_MODES, get_head_mode
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadOptions
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormHead
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.modeling.head.adaptive import AdaptiveSoftmaxHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadOptions
 from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
 from hf_tiednorm.publishing.model_card import write_model_card
 

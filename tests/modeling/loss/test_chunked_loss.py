@@ -11,7 +11,7 @@ from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadOptions
 from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
 from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
