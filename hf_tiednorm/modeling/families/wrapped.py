@@ -29,7 +29,7 @@ from ..auto_map import TwoFileModelCodeMixin
 from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
-from ..head.settings import HeadOptions
+from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside
@@ -89,7 +89,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
-        options=HeadOptions.from_config(config),
+        settings=HeadSettings.from_config(config),
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )

@@ -13,7 +13,7 @@ from tiny_architectures import source_model
 
 import hf_tiednorm
 from hf_tiednorm.conversion.convert import build_parser
-from hf_tiednorm.conversion.field_flags import head_options_from_flags
+from hf_tiednorm.conversion.field_flags import head_settings_from_flags
 from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser
 
@@ -84,7 +84,7 @@ def test_a_float_or_contradicting_old_field_is_refused_by_name(fields, message):
 @pytest.mark.parametrize("flag", ["--logit-scale-kind", "--logit-scale"])
 def test_the_converter_takes_the_new_flag_and_the_old_one(flag, tmp_path):
     args = build_parser().parse_args(["src", str(tmp_path), "--head-mode", "cosine", flag, "vector"])
-    assert head_options_from_flags(args).logit_scale_kind == "vector"
+    assert head_settings_from_flags(args).logit_scale_kind == "vector"
 
 
 @pytest.mark.parametrize("flag", ["--logit_scale_kind", "--logit_scale"])
