@@ -120,7 +120,8 @@ def normalize_tied_head(
             works too).
         head_mode, **head_settings: the head's settings (``HeadSettings`` fields: each head term's config fields,
             ``extra_terms``, ``norm_eps``), or ``settings`` holding them all (then leave these unset); ``head_mode``
-            None: the default mode.
+            None: the default mode. ``logit_scale``, the old name of ``logit_scale_kind``, still works with a
+            FutureWarning naming the new one.
         lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
         generic: False (the default, as the CLI's): map marian / bart / llama onto our own families; True: wrap
             them (the CLI's ``--generic``). Other architectures are wrapped either way.
@@ -251,7 +252,8 @@ def convert_checkpoint(
         lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
         head_mode, **head_settings: the head's settings (``HeadSettings`` fields: each head term's config fields,
             ``extra_terms``, ``norm_eps``), or ``settings`` holding them all; ``head_mode`` None: the default mode
-            (head_modes.DEFAULT_HEAD_MODE).
+            (head_modes.DEFAULT_HEAD_MODE). ``logit_scale`` (the old name of ``logit_scale_kind``) works with a
+            FutureWarning.
         base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
             saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
             ``general.license`` (source_provenance.py). None: what the source states, else unknown.

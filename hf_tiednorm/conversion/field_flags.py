@@ -8,14 +8,40 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import warnings
 from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
 from ..modeling.head.settings import HEAD_TERMS, HeadSettings, renamed_config_fields, switched_terms
 
-# A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
+# A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run,
+# with a FutureWarning naming the new flag (RenamedFlagAction).
 _OLD_NAMES = {new: old for old, (new, _) in renamed_config_fields().items()}
+
+
+def old_flags(name: str) -> list[str]:
+    """The flags of config field ``name``'s old name (``--logit_scale`` and ``--logit-scale`` for
+    ``logit_scale_kind``), as a release before the rename spelled them; [] for a field never renamed."""
+    old = _OLD_NAMES.get(name)
+    return [] if old is None else list(dict.fromkeys((f"--{old}", f"--{old.replace('_', '-')}")))
+
+
+class RenamedFlagAction(argparse._StoreAction):
+    """Stores a renamed field's flag; given under an old name (``old_flags``), it warns (FutureWarning) with the
+    new flag, as a config.json under the old field name does (head/terms.py)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string in old_flags(self.dest):
+            new, old = self.option_strings[0], _OLD_NAMES[self.dest]
+            warnings.warn(
+                f"the flag {option_string} is renamed {new} (TRL, vLLM and transformers read config.{old} as a float "
+                f"multiplier of the logits); reading {option_string} {values} as {new} {values}. Write "
+                f"{new}; the old flag will stop working in a future release",
+                FutureWarning,
+                stacklevel=2,
+            )
+        super().__call__(parser, namespace, values, option_string)
 
 
 def flag_type(annotation: Any) -> Any:
@@ -42,6 +68,9 @@ def flag_help(config_field: dataclasses.Field, annotation: Any, default: str | N
     if "choices" in config_field.metadata:  # a registry read at parse time (the head modes): argparse lists it
         listed = "; one of %(choices)s"
     default = f"{config_field.default}, the config's" if default is None else default
+    renamed = old_flags(config_field.name)
+    if renamed:  # argparse formats the help with %: a literal % would not survive
+        listed += f"; {' / '.join(renamed)}: its old name, deprecated (FutureWarning)"
     return f"{config_field.metadata['help']}{listed} (default: {default})"
 
 
@@ -52,7 +81,8 @@ def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str,
     if "choices" in config_field.metadata:
         metadata["choices"] = config_field.metadata["choices"]
     if config_field.name in _OLD_NAMES:
-        metadata["aliases"] = [f"--{_OLD_NAMES[config_field.name]}"]
+        metadata["aliases"] = old_flags(config_field.name)
+        metadata["action"] = RenamedFlagAction
     return metadata
 
 
@@ -67,8 +97,7 @@ def add_head_setting_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--dashed-name`` flag per ``HeadSettings`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
     help, choices and default: a bool field is a switch, every other flag's default is the config's."""
     for config_field, annotation in head_setting_fields():
-        names = (config_field.name, _OLD_NAMES.get(config_field.name))
-        flags = [f"--{name.replace('_', '-')}" for name in names if name]
+        flags = [f"--{config_field.name.replace('_', '-')}", *old_flags(config_field.name)]
         metadata = flag_metadata(config_field, annotation)
         if annotation is bool or annotation == "bool":
             parser.add_argument(*flags, action="store_true", help=flag_help(config_field, annotation, "off"))
@@ -77,7 +106,8 @@ def add_head_setting_flags(parser: argparse.ArgumentParser) -> None:
         kind = get_args(flag_type(annotation))[0]
         literal = [arg for arg in (*get_args(annotation), annotation) if get_origin(arg) is Literal]
         choices = metadata.get("choices") or (get_args(literal[0]) if literal else None)
-        parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
+        parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"],
+                            action=metadata.get("action", "store"))
 
 
 def add_extra_term_flags(parser: argparse.ArgumentParser) -> None:
@@ -106,6 +136,5 @@ def head_settings_from_flags(args: argparse.Namespace) -> HeadSettings:
     return HeadSettings(**{name: getattr(args, name) for name in HeadSettings.field_names()}, extra_terms=extra)
 
 
-__all__ = ["add_head_setting_flags", "add_extra_term_flags", "flag_help", "flag_metadata", "flag_type",
-           "head_setting_fields",
-           "head_settings_from_flags"]
+__all__ = ["RenamedFlagAction", "add_extra_term_flags", "add_head_setting_flags", "flag_help", "flag_metadata",
+           "flag_type", "head_setting_fields", "head_settings_from_flags", "old_flags"]

@@ -15,7 +15,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -853,9 +853,10 @@ class HeadTerm:
     row_scaled: "bool" = False
     takes_row_scales: "bool" = False
 
-    def renamed_value(self, old: "str", new: "str", value, current):
-        """The value of config field ``new`` given under its old name ``old`` (``renamed_fields``), or
-        ``ValueError``; a term that renamed a field says what the old name may hold."""
+    def renamed_value(self, old: "str", new: "str", value, current, given_as: "str" = "config field"):
+        """The value of config field ``new`` given under its old name ``old`` (``renamed_fields``) as a
+        ``given_as`` (``"config field"``, ``"keyword argument"``), with a FutureWarning, or ``ValueError``; a term
+        that renamed a field says what the old name may hold."""
         raise ValueError(f"{old}={value!r}: the config field {old} is now {new}")
 
     def is_on(self, settings) -> "bool":
@@ -1023,8 +1024,16 @@ class HeadSettings:
     norm_eps: "float" = 1e-6
     # Registered head terms (``register_head_term``) that are on; not a config field of the package's own.
     extra_terms: "tuple[str, ...]" = field(default=(), metadata={"registry": True})
+    # The old name of logit_scale_kind (renamed_config_fields), a keyword only: HeadSettings(logit_scale="vector"),
+    # as scripts written before the rename pass it (normalize_tied_head, convert_checkpoint), sets logit_scale_kind
+    # with a FutureWarning naming the new name.
+    logit_scale: "InitVar[str | None]" = None
 
-    def __post_init__(self) -> "None":
+    def __post_init__(self, logit_scale: "str | None" = None) -> "None":
+        if logit_scale is not None:  # the old keyword: its term checks the value and warns
+            new, term = renamed_config_fields()["logit_scale"]
+            value = term.renamed_value("logit_scale", new, logit_scale, getattr(self, new), "keyword argument")
+            object.__setattr__(self, new, value)
         extra = self.extra_terms
         if isinstance(extra, str) or not isinstance(extra, (tuple, list)) or not all(isinstance(n, str) for n in extra):
             raise ValueError(
@@ -1261,10 +1270,12 @@ class LogitScaleTerm(HeadTerm):
     renamed_fields = {"logit_scale": "logit_scale_kind"}  # noqa: RUF012
     row_scaled = takes_row_scales = True
 
-    def renamed_value(self, old: "str", new: "str", value, current):
-        """``value`` given under the old name with a FutureWarning; ``ValueError`` for a value the old field never
-        took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's settings do not
-        read) or one contradicting ``new`` given too."""
+    def renamed_value(self, old: "str", new: "str", value, current, given_as: "str" = "config field"):
+        """``value`` given under the old name with a FutureWarning naming the new one; ``ValueError`` for a value the
+        old field never took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's
+        settings do not read) or one contradicting ``new`` given too. ``given_as``: ``"config field"`` (config.json,
+        a config's keywords) or ``"keyword argument"`` (``HeadSettings``, ``normalize_tied_head``,
+        ``convert_checkpoint``), which the warning's advice follows."""
         if not (isinstance(value, str) and value in LOGIT_SCALES):
             raise ValueError(
                 f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} "
@@ -1277,10 +1288,13 @@ class LogitScaleTerm(HeadTerm):
         frame, stacklevel = sys._getframe(0), 1
         while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
             frame, stacklevel = frame.f_back, stacklevel + 1
+        advice = {
+            "config field": "Save the config again to store the new name; the old one will stop loading",
+            "keyword argument": f"Write {new}={value!r}; the old keyword will stop working",
+        }[given_as]
         warnings.warn(
-            f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-            f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
-            f"the new name; the old one will stop loading in a future release",
+            f"the {given_as} {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+            f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice} in a future release",
             FutureWarning,
             stacklevel=stacklevel,
         )

@@ -14,7 +14,7 @@ import dataclasses
 import keyword
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Literal, get_args
 
 import torch
@@ -68,9 +68,10 @@ class HeadTerm:
     row_scaled: bool = False
     takes_row_scales: bool = False
 
-    def renamed_value(self, old: str, new: str, value, current):
-        """The value of config field ``new`` given under its old name ``old`` (``renamed_fields``), or
-        ``ValueError``; a term that renamed a field says what the old name may hold."""
+    def renamed_value(self, old: str, new: str, value, current, given_as: str = "config field"):
+        """The value of config field ``new`` given under its old name ``old`` (``renamed_fields``) as a
+        ``given_as`` (``"config field"``, ``"keyword argument"``), with a FutureWarning, or ``ValueError``; a term
+        that renamed a field says what the old name may hold."""
         raise ValueError(f"{old}={value!r}: the config field {old} is now {new}")
 
     def is_on(self, settings) -> bool:
@@ -238,8 +239,16 @@ class HeadSettings:
     norm_eps: float = 1e-6
     # Registered head terms (``register_head_term``) that are on; not a config field of the package's own.
     extra_terms: tuple[str, ...] = field(default=(), metadata={"registry": True})
+    # The old name of logit_scale_kind (renamed_config_fields), a keyword only: HeadSettings(logit_scale="vector"),
+    # as scripts written before the rename pass it (normalize_tied_head, convert_checkpoint), sets logit_scale_kind
+    # with a FutureWarning naming the new name.
+    logit_scale: InitVar[str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, logit_scale: str | None = None) -> None:
+        if logit_scale is not None:  # the old keyword: its term checks the value and warns
+            new, term = renamed_config_fields()["logit_scale"]
+            value = term.renamed_value("logit_scale", new, logit_scale, getattr(self, new), "keyword argument")
+            object.__setattr__(self, new, value)
         extra = self.extra_terms
         if isinstance(extra, str) or not isinstance(extra, (tuple, list)) or not all(isinstance(n, str) for n in extra):
             raise ValueError(

@@ -41,10 +41,12 @@ class LogitScaleTerm(HeadTerm):
     renamed_fields = {"logit_scale": "logit_scale_kind"}  # noqa: RUF012
     row_scaled = takes_row_scales = True
 
-    def renamed_value(self, old: str, new: str, value, current):
-        """``value`` given under the old name with a FutureWarning; ``ValueError`` for a value the old field never
-        took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's settings do not
-        read) or one contradicting ``new`` given too."""
+    def renamed_value(self, old: str, new: str, value, current, given_as: str = "config field"):
+        """``value`` given under the old name with a FutureWarning naming the new one; ``ValueError`` for a value the
+        old field never took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's
+        settings do not read) or one contradicting ``new`` given too. ``given_as``: ``"config field"`` (config.json,
+        a config's keywords) or ``"keyword argument"`` (``HeadSettings``, ``normalize_tied_head``,
+        ``convert_checkpoint``), which the warning's advice follows."""
         if not (isinstance(value, str) and value in LOGIT_SCALES):
             raise ValueError(
                 f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} "
@@ -57,10 +59,13 @@ class LogitScaleTerm(HeadTerm):
         frame, stacklevel = sys._getframe(0), 1
         while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
             frame, stacklevel = frame.f_back, stacklevel + 1
+        advice = {
+            "config field": "Save the config again to store the new name; the old one will stop loading",
+            "keyword argument": f"Write {new}={value!r}; the old keyword will stop working",
+        }[given_as]
         warnings.warn(
-            f"the config field {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-            f"multiplier of the logits); loading {old}={value!r} as {new}={value!r}. Save the config again to store "
-            f"the new name; the old one will stop loading in a future release",
+            f"the {given_as} {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
+            f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice} in a future release",
             FutureWarning,
             stacklevel=stacklevel,
         )
