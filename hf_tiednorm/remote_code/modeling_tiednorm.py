@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,9 +55,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
     HEAD_NAME_SOURCES,
-    HEAD_OPTIONS,
+    HEAD_TERMS,
     HeadMode,
-    HeadOptions,
+    HeadSettings,
     LossTerms,
     OutputProjection,
     TieTopologyConfigMixin,
@@ -154,7 +155,7 @@ class EngineChecksMixin:
 With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
 its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
 cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
-options every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
+learned terms every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
 O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
 the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
 
@@ -196,17 +197,17 @@ class NormalizedScoresMixin:
     A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
     """
 
-    def init_normalized_scores(self, options: HeadOptions, hidden_size: int, vocab_size: int, device=None) -> None:
-        """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
-        self.options = options
-        self.head_mode = options.head_mode
-        self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
-        self.norm_eps = options.norm_eps
-        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
-        # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
-        self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
+    def init_normalized_scores(self, settings: HeadSettings, hidden_size: int, vocab_size: int, device=None) -> None:
+        """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
+        self.settings = settings
+        self.head_mode = settings.head_mode
+        self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
+        self.norm_eps = settings.norm_eps
+        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
+        self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
-            shape = term.shape(options, vocab_size)
+            shape = term.shape(settings, vocab_size)
             if shape is not None:
                 # register_parameter, not setattr: a name the head holds already is refused, never replaced
                 value = torch.full(shape, self.term_starts[term.name], device=device)
@@ -219,7 +220,7 @@ class NormalizedScoresMixin:
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
         then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
-        for term in self.options.active_terms():
+        for term in self.settings.active_terms():
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
@@ -259,17 +260,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         hidden_size: int,
         vocab_size: int,
         *,
-        options: HeadOptions | None = None,
+        settings: HeadSettings | None = None,
         device=None,
         dtype=None,
+        options: HeadSettings | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); None: the
-        defaults (``HeadOptions()``)."""
+        """``settings``: the head's settings as one value (a config's ``HeadSettings.from_config``); None: the
+        defaults (``HeadSettings()``). ``options``: its name in 0.1, taken with a FutureWarning for one release."""
+        if options is not None:
+            warnings.warn("TiedNormHead(options=...) is renamed settings=...", FutureWarning, stacklevel=2)
+            settings = options
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
+        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
 
     def match_vocab_size(self) -> None:
         """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
@@ -318,8 +323,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
+    option may take none of them (head/settings.register_head_term), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, settings=HeadSettings(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 
 
@@ -393,7 +398,7 @@ on the model: it sets ``model.forward`` to a function that, called with ``fused_
 scores w_i·h, which are not what the model computes (on tiny models the log-probs differ by 2.4).
 
 The head *is* a plain linear layer at any given weights, though. Every head mode scores s = (W·h) ⊙ scale + bias
-(head/modes.py), with the logit scale g, the logit bias b and registered head options folded into scale and bias;
+(head/modes.py), with the logit scale g, the logit bias b and registered head terms folded into scale and bias;
 Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
 layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
 TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
@@ -765,13 +770,13 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         cutoffs: Sequence[int],
         div_value: float = 4.0,
         *,
-        options: HeadOptions | None = None,
+        settings: HeadSettings | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
+        """``settings``: the head's settings as one value (``HeadSettings``); None: the defaults."""
         super().__init__()
-        if options is not None and options.extra_terms:
-            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
-        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
+        if settings is not None and settings.extra_terms:
+            raise ValueError(f"head terms {list(settings.extra_terms)} are not supported by the adaptive softmax")
+        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)
@@ -781,7 +786,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
@@ -901,7 +906,7 @@ tensor of the file must find its place, checked when ``from_pretrained`` finishe
 
 transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
 "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
 loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
 edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
@@ -920,18 +925,18 @@ This file imports torch and the package's head modules only: it travels with the
 def _term_setting(model: nn.Module, name: str) -> str:
     """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
     "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
-    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
+    return HEAD_TERMS[name].setting(HeadSettings.from_config(model.config))
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    """What is wrong with the head's learned terms (head/settings.HeadTerm, every registered one): a term the config
     declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
     as 'lm_head.logit_scale')."""
     heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     errors = []
     for key in sorted(missing | unexpected):
         module, _, leaf = key.rpartition(".")
-        if module not in heads or leaf not in HEAD_OPTIONS:
+        if module not in heads or leaf not in HEAD_TERMS:
             continue
         setting = _term_setting(model, leaf)
         switch = setting.partition("=")[0]
@@ -946,7 +951,7 @@ def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) 
             errors.append(
                 f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
                 f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
-                f"trained with ({HEAD_OPTIONS[leaf].help})"
+                f"trained with ({HEAD_TERMS[leaf].help})"
             )
     return errors
 
@@ -985,7 +990,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
-    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name in keys and (id(parameter) in shared or parameter.is_meta):
             named.add(name)
@@ -2389,12 +2394,12 @@ package's own causal family is one). The head math itself lives in ``head/layer.
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
     """The normalized tied head; an adaptive softmax returning log-probabilities when adaptive_cutoffs is set."""
-    options = HeadOptions.from_config(config)
+    settings = HeadSettings.from_config(config)
     if config.adaptive_cutoffs is not None:
         return AdaptiveSoftmaxHead(
-            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, options=options
+            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, settings=settings
         )
-    return TiedNormHead(hidden_size, vocab_size, options=options)
+    return TiedNormHead(hidden_size, vocab_size, settings=settings)
 
 
 def build_output_projection(config, hidden_size: int) -> OutputProjection | None:
@@ -3048,7 +3053,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
-        options=HeadOptions.from_config(config),
+        settings=HeadSettings.from_config(config),
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )

@@ -24,9 +24,9 @@ from torch.distributed.fsdp import FSDPModule
 from ..head.adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from ..head.layer import TiedNormHead
 from ..head.lossless_start import start_resized_tokens
-from ..head.options import head_terms, learned_terms
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import FoldedLinear, install_scoring_guard, is_serving_folded_head, serve_replaced_forward
+from ..head.settings import head_terms, learned_terms
 from ..translation_pipeline import add_translation_pipeline
 from ..weight_checks import check_resize_keeps_special_tokens
 

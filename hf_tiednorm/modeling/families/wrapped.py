@@ -35,9 +35,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from ..auto_map import TwoFileModelCodeMixin
 from ..engine_checks import EngineChecksMixin
 from ..head.layer import TiedNormEmbedding, TiedNormHead
-from ..head.options import HeadOptions
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
+from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside
@@ -97,7 +97,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
-        options=HeadOptions.from_config(config),
+        settings=HeadSettings.from_config(config),
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )
