@@ -39,7 +39,6 @@ from transformers import (
     initialization as init,
 )
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.auto.auto_factory import _get_model_class
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
@@ -3077,6 +3076,14 @@ class _instance_or_class:
 
     def __get__(self, instance, owner):
         return self.function.__get__(owner if instance is None else instance)
+
+
+def slice_logits_to_keep(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of ``logits`` (batch, length, V) that ``logits_to_keep`` keeps: the last n for an int n, those a
+    1-D tensor of positions names (transformers' rule for ``logits_to_keep``; its own helper is absent before 5.2x)."""
+    if isinstance(logits_to_keep, int):
+        return logits[:, slice(-logits_to_keep, None), :]
+    return logits[:, logits_to_keep, :]
 
 
 _FORWARD_NAMES: dict[type, frozenset[str]] = {}

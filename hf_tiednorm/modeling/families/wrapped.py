@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.auto.auto_factory import _get_model_class
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
@@ -121,6 +120,14 @@ class _instance_or_class:
 
     def __get__(self, instance, owner):
         return self.function.__get__(owner if instance is None else instance)
+
+
+def slice_logits_to_keep(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of ``logits`` (batch, length, V) that ``logits_to_keep`` keeps: the last n for an int n, those a
+    1-D tensor of positions names (transformers' rule for ``logits_to_keep``; its own helper is absent before 5.2x)."""
+    if isinstance(logits_to_keep, int):
+        return logits[:, slice(-logits_to_keep, None), :]
+    return logits[:, logits_to_keep, :]
 
 
 _FORWARD_NAMES: dict[type, frozenset[str]] = {}
