@@ -181,12 +181,27 @@ class SquaredRowNorms(torch.autograd.Function):
         return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
 
 
+class _NormsOnce:
+    """Pass 1 for ``FoldedHead``: the squared row norms of W, computed when a term first asks (never, for a head
+    without one), as a leaf of the (V,) graph."""
+
+    def __init__(self, weight: torch.Tensor, blocks: _Blocks | None):
+        self.weight, self.blocks, self.value = weight, blocks, None
+
+    def __call__(self) -> torch.Tensor:
+        if self.value is None:
+            with torch.no_grad():
+                self.value = _squared_norms(self.weight, self.blocks)
+            self.value.requires_grad_(self.weight.requires_grad)
+        return self.value
+
+
 def squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
     """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
-    no fp32 copy of a bf16/fp16 W in the forward or the backward. Inside ``FoldedHead``, the norms it computed."""
+    no fp32 copy of a bf16/fp16 W in the forward or the backward. Inside ``FoldedHead``, the norms of its pass 1."""
     given = getattr(weight, _GIVEN_NORMS, None)
     if given is not None:
-        return given
+        return given()
     if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
         return torch.linalg.vector_norm(weight, dim=-1, dtype=_compute_dtype(weight)).square()
     if torch.is_grad_enabled() and weight.requires_grad:
@@ -208,15 +223,15 @@ class FoldedHead(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         with _without_autocast(weight.device):
             blocks = _Blocks(weight, 1) if _mixed_on_cpu(weight) else None
-            squared = _squared_norms(weight, blocks).requires_grad_(weight.requires_grad)
             # The (V,) computation recorded on the norms of pass 1, from an alias of W that carries them.
             alias = weight.detach().requires_grad_(weight.requires_grad)
+            squared = _NormsOnce(weight, blocks)
             setattr(alias, _GIVEN_NORMS, squared)
             with torch.enable_grad():
                 scale, bias = column_terms(alias)
             folded = weight if scale is None else _scaled_rows(weight, scale.detach(), blocks)
         ctx.save_for_backward(weight)
-        ctx.graph = (squared, alias, scale, bias, terms)
+        ctx.graph = (squared.value, alias, scale, bias, terms)
         return folded, None if bias is None else bias.detach()
 
     @staticmethod
@@ -234,7 +249,7 @@ class FoldedHead(torch.autograd.Function):
             if bias is not None and bias.requires_grad and grad_bias is not None:
                 outputs.append(bias)
                 grads.append(grad_bias.float() if grad_bias.dtype != bias.dtype else grad_bias)
-            inputs = [t for t in (squared, alias, *terms) if t.requires_grad]
+            inputs = [t for t in (squared, alias, *terms) if t is not None and t.requires_grad]
             got = dict.fromkeys(map(id, inputs))
             if outputs and inputs:
                 # retain_graph: (V,) vectors only, freed with this node; a retained outer graph may call us again.
@@ -246,8 +261,9 @@ class FoldedHead(torch.autograd.Function):
                 grad_squared, grad_alias = got.get(id(squared)), got.get(id(alias))
                 beta = None if grad_squared is None else 2 * grad_squared
                 alpha = None if scale is None or grad_folded is None else scale.detach()
-                if grad_folded is None and beta is None:
-                    grad_weight = grad_alias
+                if alpha is None and beta is None:  # no scale, no norms (baseline): W_s is W
+                    grad_weight = grad_folded if grad_alias is None or grad_folded is None else grad_folded + grad_alias
+                    grad_weight = grad_alias if grad_weight is None else grad_weight
                 else:
                     source = grad_folded if grad_folded is not None else torch.zeros_like(weight)
                     out = source if grad_folded is None or _own_buffer(grad_folded) else torch.empty_like(weight)

@@ -1,6 +1,6 @@
 """The head's fold as one op (folded_weight.FoldedHead): the gradients of W and of every learned term equal those of
 autograd's composition (a norm op, the (V,) terms, W·scale) in fp64 over every mode and term; a training step makes
-one (V, d) tensor beyond the baseline head's, its folded weight (the norm and fold ops made three, in every mode);
+one or two (V, d) tensors beyond the baseline head's (the norm and fold ops made four, in every mode);
 the fold rounds once in bf16 and keeps W and (V,) vectors only; a caller's gradient buffer is never written."""
 
 from __future__ import annotations
@@ -129,5 +129,7 @@ def test_a_normalized_step_makes_one_v_by_d_tensor_beyond_the_baselines(loss, dt
             loss(head, hidden, labels).backward()
         counts[mode] = seen.count
     # The folded weight W_s, which the loss's matmul keeps for its backward; the norms' and the fold's gradients of
-    # W are written into the matmul's gradient of W_s.
-    assert all(count == counts["baseline"] + 1 for mode, count in counts.items() if mode != "baseline"), counts
+    # W are written into the loss's gradient of W_s where it is a buffer of its own (the chunked loop's), else into
+    # one new tensor (F.linear hands it over as a view of its matmul's output). The composition made four.
+    extra = {"plain": 2, "chunked": 1}[loss.__name__.strip("_")]
+    assert all(count == counts["baseline"] + extra for mode, count in counts.items() if mode != "baseline"), counts
