@@ -59,8 +59,10 @@ from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormT
 from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.settings import HeadSettings, learned_terms
+from ..modeling.head.settings import HeadSettings
+from ..modeling.head.terms import active_terms, learned_terms
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
+from .lossless_start import term_switches
 from .staging_checks import (
     check_new_folder,
     check_tokenizer_files,
@@ -134,6 +136,9 @@ def _refuse_unexportable(model: PreTrainedModel) -> None:
         raise ValueError(refusal)
 
 
+_BIAS_TEXT = {"logit_bias": "logit_bias=True (the learned per-token b)"}  # a term the refusal of a bias names
+
+
 def _bias_reason(model: PreTrainedModel) -> str:
     """Which mode/option of ``model`` puts a per-token bias on the scores: its mode's own bias term (asked of the
     mode, ``HeadMode.column_terms``) and/or the learned logit bias b."""
@@ -143,10 +148,10 @@ def _bias_reason(model: PreTrainedModel) -> str:
     if mode_bias is not None and mode_bias.count_nonzero():
         reasons.append(f"head_mode {head.mode.name!r} (its score {head.mode.equation}, times g)")
     rows = slice(0, head.weight.shape[0])
-    for term in head.settings.active_terms():  # a learned term that shifts the scores (b, or a registered one)
+    for term in active_terms(head.settings):  # a learned term that shifts the scores (b, or a registered one)
         _, shift = term.fold_into(head, None, None, rows, head.weight.device)
         if shift is not None and shift.count_nonzero():
-            reasons.append(term.bias_text())
+            reasons.append(_BIAS_TEXT.get(term.name, f"the registered head term {term.name!r}"))
     return " and ".join(reasons) or "the model's final_logits_bias"
 
 
@@ -358,7 +363,7 @@ def export_plain(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={"head_mode": settings.head_mode, **settings.term_switches(), "extra_terms": settings.extra_terms},
+        head={"head_mode": settings.head_mode, **term_switches(settings), "extra_terms": settings.extra_terms},
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),

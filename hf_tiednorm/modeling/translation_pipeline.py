@@ -2,9 +2,9 @@
 
 Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
 the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
-``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
-``add_translation_pipeline`` on its config (families/head_host.py).
+the task in ``custom_pipelines`` and the folder holds this code (inlined into an encoder-decoder family's generated
+``modeling_tiednorm.py``): ``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an
+encoder-decoder of ours (hf_tiednorm/conversion/saved_code.py).
 
 The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
 ``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
@@ -16,27 +16,13 @@ from __future__ import annotations
 import os
 import sys
 
-from transformers import Pipeline, PretrainedConfig
+from transformers import Pipeline
 from transformers.utils import logging
-
-from .auto_map import code_reference
 
 logger = logging.get_logger(__name__)
 
 TASK = "tiednorm-translation"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def add_translation_pipeline(config: PretrainedConfig) -> None:
-    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
-    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
-    entry = {
-        "impl": code_reference(TiedNormTranslationPipeline),  # in the generated modeling file (auto_map.py)
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
-    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
 
 
 def position_limit(model, tokenizer) -> int | None:

@@ -1,15 +1,19 @@
-"""A saved model carries exactly two generated Python files (issue 50): ``configuration_tiednorm.py`` and
-``modeling_tiednorm.py``, built from the package by ``utils/generate_remote_code.py``.
+"""A saved model carries exactly two generated Python files (issue 50), generated for its own family (issue 56):
+``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, built from the package by ``utils/generate_remote_code.py``
+into ``hf_tiednorm/remote_code/<family>/``.
 
 Checked here: the committed files are what the generator writes now (``--check``, and that it fails when one is
-stale); every family and the wrapper save them alone, with ``auto_map`` into them, and load from them with
-``trust_remote_code=True`` where the package is not installed, with the package's logits; a folder saved by the
-version before them (7bdafef: one file per package module) still loads, with the package and without it."""
+stale); each family's files hold that family's code only; every family and the wrapper save them alone, with
+``auto_map`` into them, and load from them with ``trust_remote_code=True`` where the package is not installed, with
+the package's logits; folders saved by earlier versions (7bdafef: one file per package module; bcb37a5: two files
+for every family) still load, with the package and without it."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -30,13 +34,14 @@ from tiny_architectures import inputs_for, source_model
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import hf_tiednorm
+from hf_tiednorm.conversion.saved_code import GENERATED_DIR, REMOTE_CODE_MODULES, foreign_auto_map
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.modeling.auto_map import GENERATED_DIR, REMOTE_CODE_MODULES, foreign_auto_map
 
 sys.path.insert(0, str(REPO_ROOT / "utils"))
 import generate_remote_code  # noqa: E402
 
 CODE_FILES = [f"{module}.py" for module in REMOTE_CODE_MODULES]
+FAMILY_CODE = {path.name: path for path in sorted(GENERATED_DIR.iterdir()) if path.is_dir()}  # row name -> folder
 LAST_MULTI_FILE_VERSION = "7bdafef"  # main before this issue: a saved folder held one file per package module
 
 
@@ -46,27 +51,49 @@ def test_the_generated_files_are_current():
 
 
 def test_the_check_fails_naming_a_stale_file(tmp_path, monkeypatch, capsys):
-    for name in CODE_FILES:
-        (tmp_path / name).write_text((GENERATED_DIR / name).read_text())
-    (tmp_path / CODE_FILES[1]).write_text((GENERATED_DIR / CODE_FILES[1]).read_text() + "# edited by hand\n")
+    shutil.copytree(GENERATED_DIR, tmp_path, dirs_exist_ok=True)
+    edited = tmp_path / "causal" / CODE_FILES[1]
+    edited.write_text(edited.read_text() + "# edited by hand\n")
+    (tmp_path / "retired").mkdir()
+    (tmp_path / "retired" / CODE_FILES[0]).write_text("# a family no row generates any more\n")
     monkeypatch.setattr(generate_remote_code, "OUTPUT", tmp_path)
     assert generate_remote_code.main(["--check"]) == 1
-    assert "modeling_tiednorm.py" in capsys.readouterr().err
-    assert generate_remote_code.main([]) == 0  # regenerates
+    assert "causal/modeling_tiednorm.py" in capsys.readouterr().err
+    assert generate_remote_code.main([]) == 0  # regenerates, and removes what no family generates
     assert generate_remote_code.main(["--check"]) == 0
+    assert not (tmp_path / "retired" / CODE_FILES[0]).exists()
 
 
-def test_the_generated_files_hold_the_model_layer_only_as_readable_code():
-    """Only the model layer's modules are inlined (no conversion, export, card, liger-kernel or training module), each
-    under a rule naming its file, with its docstring and comments."""
-    text = "".join((GENERATED_DIR / name).read_text() for name in CODE_FILES)
+# What a family's folder must not carry: the other families' modules and what no saved model runs (issue 56: a causal
+# folder carried the Marian, BART, wrapper and translation-pipeline code, 1,155 lines, and the conversion's).
+OTHER_FAMILIES = {
+    "causal": ("seq2seq.py", "bart.py", "wrapped.py", "wrapped_loss.py", "configuration_encoder_decoder.py",
+               "translation_pipeline.py", "accumulated.py"),
+    "seq2seq": ("causal.py", "bart.py", "wrapped.py", "configuration_causal.py", "configuration_bart.py"),
+    "bart": ("causal.py", "wrapped.py", "configuration_causal.py", "configuration_seq2seq.py"),
+    "wrapped": ("causal.py", "seq2seq.py", "bart.py", "configuration_encoder_decoder.py", "configuration_causal.py"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
+def test_each_familys_files_hold_its_own_model_layer_modules_as_readable_code(family):
+    """Only the model layer's modules are inlined (no conversion, export, card, liger-kernel, registration or training
+    module), only the family's own, each under a rule naming its file, with its docstring and comments; the
+    configuration file imports no torch."""
+    config_text, model_text = ((FAMILY_CODE[family] / name).read_text() for name in CODE_FILES)
+    text = config_text + model_text
     inlined = re.findall(r"^# -{30} (\S+) -+$", text, flags=re.MULTILINE)
-    assert "hf_tiednorm/modeling/head/layer.py" in inlined and "hf_tiednorm/modeling/families/wrapped.py" in inlined
+    assert "hf_tiednorm/modeling/head/layer.py" in inlined
     assert all(re.fullmatch(r"hf_tiednorm/modeling/([a-z_]+/)?[a-z_0-9]+\.py", label) for label in inlined), inlined
+    assert not [label for label in inlined if label.rsplit("/", 1)[-1] in OTHER_FAMILIES[family]], inlined
     assert "register_with_liger" not in text and "serve_liger_request" not in text  # training/liger.py's wiring
     assert len(set(inlined)) == len(inlined)
     assert hf_tiednorm.TiedNormHead.__doc__.splitlines()[0] in text  # docstrings kept
     assert "# the tied weight was resized in place" in text  # comments kept
+    imports = {node.module if isinstance(node, ast.ImportFrom) else alias.name
+               for node in ast.walk(ast.parse(config_text)) if isinstance(node, (ast.Import, ast.ImportFrom))
+               for alias in node.names}  # fmt: skip
+    assert not {name for name in imports if name and name.split(".")[0] == "torch"}, imports
 
 
 def _synthetic_package(tmp_path: Path, files: dict[str, str]) -> dict:
@@ -250,10 +277,10 @@ def test_a_config_saved_alone_carries_the_configuration_file_only(tmp_path):
 
 
 def test_the_readme_says_how_many_lines_a_reviewer_reads():
-    """README's figure (rounded: "about N lines together") is within 10% of the two files' lines."""
+    """README's figure (rounded: "a causal model's about N lines") is within 10% of the causal family's files."""
     readme = (REPO_ROOT / "README.md").read_text()
-    stated = int(re.search(r"about\s+([\d,]+)\s+lines together", readme).group(1).replace(",", ""))
-    lines = sum(len((GENERATED_DIR / name).read_text().splitlines()) for name in CODE_FILES)
+    stated = int(re.search(r"a causal model's\s+about\s+([\d,]+)\s+lines", readme).group(1).replace(",", ""))
+    lines = sum(len((FAMILY_CODE["causal"] / name).read_text().splitlines()) for name in CODE_FILES)
     assert abs(lines - stated) <= 0.1 * lines, f"README.md says about {stated} lines; the two files have {lines}"
 
 
@@ -263,7 +290,7 @@ def test_saving_over_an_earlier_folder_keeps_and_names_the_code_it_no_longer_use
     is kept and named in a warning."""
     from transformers.testing_utils import CaptureLogger
 
-    from hf_tiednorm.modeling import auto_map as remote_code_map
+    from hf_tiednorm.conversion import saved_code as remote_code_map
 
     (tmp_path / "modeling_tiednorm_wrapped.py").write_text("# an earlier version's copy\n")
     with CaptureLogger(remote_code_map.logger) as captured:

@@ -1,7 +1,7 @@
 """A BART-style encoder-decoder whose output layer is the normalized tied head: the family BART checkpoints
 convert to 1:1 (``hf_tiednorm.convert``).
 
-Everything of the Marian-based family (``families/seq2seq.py``) applies; only the body differs. What differs
+What both encoder-decoder families share (``families/encoder_decoder.py``) applies; only the body differs. What differs
 from ``transformers``' BART: token embeddings are ``TiedNormEmbedding`` that keep BART's in-module scaling
 (``BartScaledWordEmbedding``: lookup × sqrt(d) when ``scale_embedding``, the unit rows in l2 mode); ``lm_head`` is
 ``TiedNormHead`` without BART's ``final_logits_bias``; the tie topology comes from ``config.tie_topology``.
@@ -15,12 +15,12 @@ import math
 from transformers import GenerationMixin
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
 
-from ..auto_map import TwoFileModelCodeMixin
-from .configuration import TiedNormBartConfig
-from .seq2seq import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
+from ..code_writer import SavesItsCode
+from .configuration_bart import TiedNormBartConfig
+from .encoder_decoder import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
 
 
-class TiedNormBartPreTrainedModel(TwoFileModelCodeMixin, BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(SavesItsCode, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 

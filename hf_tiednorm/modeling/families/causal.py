@@ -10,14 +10,13 @@ from __future__ import annotations
 from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
-from ..auto_map import TwoFileModelCodeMixin
-from .causal_lm_names import recognise_as_causal_lm
+from ..code_writer import SavesItsCode
 from .common import TiedNormCausalLMMixin
-from .configuration import TiedNormCausalConfig
+from .configuration_causal import TiedNormCausalConfig
 from .embeddings import build_embedding
 
 
-class TiedNormCausalPreTrainedModel(TwoFileModelCodeMixin, LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(SavesItsCode, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 
@@ -48,10 +47,6 @@ class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, 
         self.vocab_size = config.vocab_size
         self.add_tied_norm_head(config.hidden_size)  # lm_head, and Press & Wolf's P where the config asks for it
         self.post_init()
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormCausalConfig.model_type, TiedNormForCausalLM.__name__)
 
 
 __all__ = ["TiedNormCausalModel", "TiedNormCausalPreTrainedModel", "TiedNormForCausalLM"]

@@ -9,8 +9,8 @@ class name to the table is the one way transformers offers a model class outside
 model's own ``model_type``, which is not in transformers' config table, so no Auto lookup ever resolves through it
 (``_LazyAutoMapping`` reads only keys present in both tables).
 
-This file imports transformers only: it travels with the modeling code as remote code, where the same class names
-are registered on import.
+A model registers its class when it is built (never on import), so a folder of an encoder-decoder adds nothing to the
+table; the package registers every causal row of its family table.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from transformers import initialization as init
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
-from ..auto_map import code_reference
 from ..head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.peft_guard import refuse_bypassed_head
@@ -22,6 +21,7 @@ from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection
+from .causal_lm_names import recognise_as_causal_lm
 from .embeddings import build_embedding
 from .head_host import TiedNormHeadHostMixin
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
@@ -87,16 +87,6 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
                 if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
                     init.zeros_(embedding.weight[embedding.padding_idx])
 
-    def _extra_auto_map(self) -> dict[str, str]:
-        # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. Only a body whose
-        # class is defined beside the LM's is in the code the folder carries (the generated file, or the module
-        # transformers copies for a family from outside the package); another (GPT2Model, say) gets no entry.
-        body = self.base_model
-        if body is self or type(body).__module__ != type(self).__module__:
-            return {}
-        return {"AutoModel": code_reference(type(body))}
-
     def add_tied_norm_head(self, hidden_size: int) -> None:
         """Give the model the normalized tied head (``lm_head``), Press & Wolf's projection P where the config asks
         for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
@@ -119,6 +109,10 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
     the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
     ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
     ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        recognise_as_causal_lm(self.config.model_type, type(self).__name__)  # the Trainer's label smoother shifts
 
     @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do

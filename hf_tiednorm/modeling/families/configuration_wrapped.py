@@ -18,7 +18,6 @@ try:  # transformers >= 5.20 declares a composite config's parts with SubConfigS
 except ImportError:  # 5.17-5.19 (the lowest setup.cfg declares): a plain {name: config class} dict, `sub_configs`
     SubConfigSpec = None
 
-from ..auto_map import drop_source_auto_map
 from .configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 
 # Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
@@ -29,6 +28,14 @@ OWN_FAMILY_FIELDS = (*(field.name for field in fields(TiedNormTechniquesConfigMi
 # The settings of what a forward returns, defined by every PreTrainedConfig: set on the wrapper, they are set on the
 # wrapped model's config too, whose forward reads them.
 OUTPUT_SETTINGS = ("output_hidden_states", "output_attentions", "return_dict")
+
+
+def drop_source_auto_map(text_config) -> None:
+    """Remove ``auto_map`` from ``text_config`` (a config about to become the wrapper's ``text_config``) in place: a
+    Hub config's entries (remote code of its own, or stale ones) would take the wrapper's own (the wrapper config
+    delegates attributes to ``text_config``) and name someone else's code; the wrapped architecture is built in."""
+    if isinstance(text_config, PreTrainedConfig):
+        text_config.__dict__.pop("auto_map", None)
 
 
 def refuse_own_family_fields(names, how: str) -> None:
@@ -114,7 +121,7 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     def __setattr__(self, name: str, value: Any) -> None:
         refuse_own_family_fields([name], "set as an attribute")
         if name == "text_config":
-            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (modeling/auto_map.py)
+            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own
         # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it; an
         # output setting both here and there (the wrapped model's forward reads its own config).
         text_config = self.__dict__.get("text_config")

@@ -22,11 +22,11 @@ from torch.distributed.fsdp import FSDPModule
 
 from ..head.adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from ..head.layer import TiedNormHead
-from ..head.lossless_start import start_resized_tokens
+from ..head.modes import get_head_mode
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import FoldedLinear, install_scoring_guard, is_serving_folded_head, serve_replaced_forward
-from ..head.settings import head_terms, learned_terms
-from ..translation_pipeline import add_translation_pipeline
+from ..head.settings import HEAD_TERMS, HeadSettings
+from ..head.terms import head_terms, learned_terms, start_lossless_rows
 from ..weight_checks import check_resize_keeps_special_tokens
 
 
@@ -51,13 +51,37 @@ def fp32_term_names() -> list[str]:
     return [term.name for term in head_terms() if term.keep_fp32]
 
 
-def keep_head_terms_fp32(model: nn.Module) -> None:
-    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
-    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
-    kept = fp32_term_names()
-    for name, param in model.named_parameters():
-        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
-            param.data = param.data.float()
+@torch.no_grad()
+def start_resized_tokens(model: nn.Module, first_new: int) -> None:
+    """After a resize of a lossless-started ``model`` (``config.lossless_start``), start the new tokens' g_i / b_i
+    (ids ``first_new`` and up) by their mode's lossless map from their initial rows, in place: they then take the
+    probability mass they take in the source's same resize. Other models keep the head's start values."""
+    head = model.get_output_embeddings()
+    if getattr(model.config, "lossless_start", False) and head.weight.shape[0] > first_new:
+        start_lossless_rows(head, first_new)
+
+
+def check_mode_settings(config) -> None:
+    """``ValueError`` for settings the head mode's math rules out, checked where the model is built (a configuration
+    checks names and ranges only): a weight-norm technique in a mode that normalizes the row norms away, or a recorded
+    lossless start that the mode has none of, or whose per-token terms the settings leave off."""
+    mode = get_head_mode(config.head_mode)
+    row_norms = getattr(config, "weight_norm_regularization", 0) or getattr(config, "weight_norm_init_sigma", None)
+    if row_norms and not mode.keeps_row_norms:
+        raise ValueError(
+            "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+            f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use another "
+            "head_mode or leave them unset"
+        )
+    if getattr(config, "lossless_start", False):
+        settings = HeadSettings.from_config(config)
+        off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
+        if mode.lossless_start is None or off:
+            raise ValueError(
+                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
+                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
+                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
+            )
 
 
 class TiedNormHeadHostMixin:
@@ -78,6 +102,7 @@ class TiedNormHeadHostMixin:
     def finish_head_hosting(self) -> None:
         """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
         ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
+        check_mode_settings(self.config)
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
         terms = learned_terms()
@@ -125,10 +150,6 @@ class TiedNormHeadHostMixin:
         one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
         return embedding_matrices(self.get_output_embeddings())
 
-    def _extra_auto_map(self) -> dict[str, str]:
-        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
-        return {}
-
     def generate(self, *args, **kwargs):
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
@@ -149,19 +170,8 @@ class TiedNormHeadHostMixin:
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
-        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (head/lossless_start.py)
+        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens
         return embeddings
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
-        # defines (modeling/auto_map.py).
-        if self.config.is_encoder_decoder:
-            add_translation_pipeline(self.config)
-        extra = self._extra_auto_map()
-        if extra:
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
-        super().save_pretrained(save_directory, *args, **kwargs)  # the folder's code: TwoFileModelCodeMixin
 
-
-__all__ = ["TiedNormHeadHostMixin", "fp32_term_names", "keep_head_terms_fp32"]
+__all__ = ["TiedNormHeadHostMixin", "check_mode_settings", "fp32_term_names", "start_resized_tokens"]

@@ -25,7 +25,7 @@ from transformers.models.auto.auto_factory import _get_model_class
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
-from ..auto_map import TwoFileModelCodeMixin
+from ..code_writer import SavesItsCode
 from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
@@ -105,7 +105,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel):
+class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, SavesItsCode, PreTrainedModel):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
     hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
     ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
@@ -277,6 +277,10 @@ class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin
 
     body_auto_class = AutoModelForCausalLM
 
+    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
+        super().__init__(config, body)
+        recognise_as_causal_lm(config.model_type, type(self).__name__)  # the Trainer's label smoother shifts its labels
+
 
 class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
     """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
@@ -288,10 +292,6 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
         # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
         # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
         return self.model.prepare_decoder_input_ids_from_labels
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)
 
 
 __all__ = [

@@ -35,6 +35,7 @@ from torch import nn
 from .layer import NormalizedScoresMixin, out_of_vocabulary_message
 from .modes import unit_rows
 from .settings import HeadSettings
+from .terms import term_settings
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -153,7 +154,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:

@@ -48,8 +48,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .folded_weight import fold_scale
-from .modes import HeadMode, unit_rows
-from .settings import HEAD_NAME_SOURCES, HeadSettings, head_terms
+from .modes import HeadMode, get_head_mode, unit_rows
+from .settings import HeadSettings
+from .terms import active_terms, head_terms, term_settings
 
 
 class NormalizedScoresMixin:
@@ -63,9 +64,9 @@ class NormalizedScoresMixin:
         """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
         self.settings = settings
         self.head_mode = settings.head_mode
-        self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
+        self.mode: HeadMode = get_head_mode(settings.head_mode)  # everything the mode is (head/modes.py)
         self.norm_eps = settings.norm_eps
-        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # The learned terms (head/terms.py: the built-in g and b, and any registered one),
         # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
         self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
@@ -82,7 +83,7 @@ class NormalizedScoresMixin:
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
         then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
-        for term in self.settings.active_terms():
+        for term in active_terms(self.settings):
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
@@ -136,7 +137,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     def match_vocab_size(self) -> None:
         """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
@@ -181,16 +182,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         if bias is not None:
             logits = logits + bias
         return logits
-
-
-def head_attribute_names() -> frozenset[str]:
-    """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/settings.register_head_term), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, settings=HeadSettings(), device="meta")  # a built-in term's name is held when off too
-    return frozenset({*dir(head), *vars(head)})
-
-
-HEAD_NAME_SOURCES.append(head_attribute_names)
 
 
 def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
@@ -253,6 +244,5 @@ __all__ = [
     "NormalizedScoresMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
-    "head_attribute_names",
     "out_of_vocabulary_message",
 ]

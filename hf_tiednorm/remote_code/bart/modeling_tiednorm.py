@@ -1,7 +1,7 @@
 # modeling_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
-# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'bart':
 # 24 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
@@ -18,7 +18,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -28,52 +28,506 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSeq2SeqLM,
-    GenerationMixin,
-    Pipeline,
-    PreTrainedModel,
-    PretrainedConfig,
-    initialization as init,
-)
+from transformers import GenerationMixin, Pipeline, PreTrainedModel, initialization as init
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
-from transformers.models.auto.auto_factory import _get_model_class
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
-from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
-from transformers.models.marian.modeling_marian import (
-    MarianMTModel,
-    MarianModel,
-    MarianPreTrainedModel,
-    shift_tokens_right,
-)
+from transformers.models.marian.modeling_marian import MarianMTModel, shift_tokens_right
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
-    HEAD_NAME_SOURCES,
+    BUILTIN_HEAD_MODES,
+    HEAD_MODE_REGISTRY,
     HEAD_TERMS,
-    HeadMode,
     HeadSettings,
-    LossTerms,
-    OutputProjection,
+    SavesItsCode,
     TieTopologyConfigMixin,
     TiedNormBartConfig,
-    TiedNormCausalConfig,
-    TiedNormSeq2SeqConfig,
-    TiedNormWrappedConfig,
-    TwoFileModelCodeMixin,
-    code_reference,
-    fold_scale,
-    get_head_mode,
-    head_terms,
-    learned_terms,
-    projection_penalty,
-    start_resized_tokens,
-    unit_rows,
-    weight_norm_penalty,
+    check_head_mode,
 )
+
+
+# ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
+"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
+in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
+every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
+
+Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
+weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
+``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
+
+W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
+cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
+d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
+scale only and computes both gradients from them:
+``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
+
+The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
+matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
+accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
+"""
+
+
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
+# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
+_BLOCK_ELEMENTS = 1 << 22
+_MIN_BLOCKS = 8
+
+
+def _row_blocks(rows: int, width: int) -> tuple[range, int]:
+    """The first row of each block of rows, and the block's height."""
+    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
+    return range(0, rows, step), step
+
+
+def _scaled_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
+
+    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
+    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
+    compute = torch.promote_types(weight.dtype, torch.float32)
+    if weight.dtype == compute:
+        return weight * scale.to(compute).unsqueeze(-1)
+    out = torch.empty_like(weight)
+    starts, step = _row_blocks(*weight.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
+    return out
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
+    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
+    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
+    starts, step = _row_blocks(*a.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
+    return out
+
+
+class SquaredRowNorms(torch.autograd.Function):
+    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
+        starts, step = _row_blocks(*weight.shape)
+        for start in starts:
+            block = slice(start, start + step)
+            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
+        return out.square()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_norms: torch.Tensor) -> torch.Tensor:
+        (weight,) = ctx.saved_tensors
+        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
+
+
+def squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
+    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
+    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
+    return SquaredRowNorms.apply(weight)
+
+
+class FoldScale(torch.autograd.Function):
+    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight, scale)
+        return _scaled_rows(weight, scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_folded: torch.Tensor):
+        weight, scale = ctx.saved_tensors
+        grad_weight = grad_scale = None
+        if ctx.needs_input_grad[0]:
+            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
+        if ctx.needs_input_grad[1]:
+            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
+            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
+        return grad_weight, grad_scale
+
+
+def fold_scale(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
+    if scale is None:
+        return weight
+    if scale.shape != weight.shape[:1]:
+        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
+                         "a mode's column_terms must return one scale per row (V,)")
+    return FoldScale.apply(weight, scale)
+
+
+# ------------------------------ hf_tiednorm/modeling/head/terms.py ----------------------------------------------
+"""The head's learned terms, folded into a mode's (scale, bias): the protocol every term follows (``HeadTerm``), the
+two built-in ones, the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``, and a term added from
+outside (``ExtraHeadTerm``, registered with ``hf_tiednorm.register_head_term``, switched on by ``extra_terms``).
+
+The head, a resize and fp32 handling ask a term only these hooks and never its name, so that an added term is a
+parameter, a fold and a resize like g and b. The registry, ``HEAD_TERMS``, lives in head/settings.py, where a
+configuration checks ``extra_terms`` without torch.
+"""
+
+
+# The learned terms a mode's lossless start sets (``HeadMode.lossless_start``), in the order of its
+# ``lossless_terms``: the scale g, then the bias b.
+MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+
+
+class HeadTerm:
+    """A learned term of the head. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+
+    Attributes:
+        name: the head's parameter (``lm_head.<name>``, a state-dict key), a Python identifier.
+        help: what it is (the help of its flag).
+        config_fields: the config fields that set it; () for a term switched on by naming it in ``extra_terms``.
+        keep_fp32: kept fp32 under a bf16/fp16 load or cast (a step of a small learning rate rounds away in bf16).
+        row_scaled: it multiplies or shifts the whole logit (g and b), so a source's output row scale c_i scales it.
+        takes_row_scales: a lossless start that sets it can absorb those c_i.
+    """
+
+    name: str
+    help: str
+    config_fields: tuple[str, ...] = ()
+    keep_fp32: bool = True
+    row_scaled: bool = False
+    takes_row_scales: bool = False
+
+    def is_on(self, settings) -> bool:
+        """Whether a head with ``settings`` (a ``HeadSettings``) holds or applies this term."""
+        return self.name in settings.extra_terms
+
+    def setting(self, settings) -> str:
+        """The config setting that switches it, as config.json states it (the load checks' messages)."""
+        return f"extra_terms={list(settings.extra_terms)!r}"
+
+    def start_value(self, settings, hidden_size: int) -> float:
+        """The value the parameter starts at (and a resized vocabulary's new tokens get)."""
+        return float(self.init)
+
+    def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
+        """The parameter's shape; None: the head holds no parameter for it."""
+        return (vocab_size,) if self.is_on(settings) else None
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        """(scale, bias) of the tokens ``rows`` (fp32 (n,) or None) with this term folded in."""
+        return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
+
+    def lossless_value(self, head, rows: torch.Tensor, mode_terms: dict):
+        """Its value for the rows ``rows`` of a lossless start (``mode_terms``: the mode's ``lossless_terms`` by
+        name), or None: left as it is."""
+        value = getattr(self, "lossless", None)
+        return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
+
+
+@dataclass(frozen=True)
+class ExtraHeadTerm(HeadTerm):
+    """A learned per-token term t (V,) added from outside the package: the head's parameter ``name``, started at
+    ``init``, folded by ``fold(t, scale, bias) -> (scale, bias)`` (so the plain export bakes it as it bakes g and b).
+    ``card``: its model card line; ``lossless``: its value after a lossless start (None: left at ``init``)."""
+
+    name: str
+    help: str
+    init: float
+    fold: Callable
+    card: str
+    keep_fp32: bool = True
+    lossless: float | None = None
+
+
+def head_terms() -> tuple[HeadTerm, ...]:
+    """Every registered head term, built-in and added, in folding order."""
+    return tuple(HEAD_TERMS.values())
+
+
+def learned_terms() -> tuple[str, ...]:
+    """Every learned term a head may hold, named as its parameter (state-dict keys 'lm_head.<name>')."""
+    return tuple(HEAD_TERMS)
+
+
+def active_terms(settings) -> tuple[HeadTerm, ...]:
+    """The terms ``settings`` switch on, in folding order: the built-ins' in registry order, then ``extra_terms``."""
+    built_in = (term for term in head_terms() if term.config_fields and term.is_on(settings))
+    return (*built_in, *map(HEAD_TERMS.get, settings.extra_terms))
+
+
+def term_settings(settings) -> str:
+    """The terms' settings as config.json states them (a head's repr): "logit_scale_kind='none', ..."."""
+    found = (term.setting(settings) for term in head_terms() if term.config_fields or term.is_on(settings))
+    return ", ".join(dict.fromkeys(found))
+
+
+def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (the head starts scale-free and learns the
+    sharpness it needs); √d for ``fixed``, the constant it has always had (a saved model's function depends on it)."""
+    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
+
+
+class LogitScaleTerm(HeadTerm):
+    """g, multiplying the mode's (scale, bias): ``none``; ``fixed`` (a constant, FixNorm's r²); a learned ``scalar``
+    (0-dim parameter, Transformers without Tears) or ``vector`` ((V,), nGPT)."""
+
+    name = "logit_scale"
+    help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
+    config_fields = ("logit_scale_kind", "logit_scale_init")
+    row_scaled = takes_row_scales = True
+
+    def is_on(self, settings) -> bool:
+        return settings.logit_scale_kind != "none"
+
+    def setting(self, settings) -> str:
+        return f"logit_scale_kind={settings.logit_scale_kind!r}"
+
+    def start_value(self, settings, hidden_size: int) -> float:
+        init = settings.logit_scale_init
+        return float(init) if init is not None else default_logit_scale(settings.logit_scale_kind, hidden_size)
+
+    def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
+        return {"scalar": (), "vector": (vocab_size,)}.get(settings.logit_scale_kind)
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias; "fixed" is a constant, not a parameter
+        if head.settings.logit_scale_kind == "none":
+            return scale, bias
+        g = head.logit_scale
+        g = g.float() if g is not None else torch.tensor(head.term_starts[self.name], device=device)
+        g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
+        return (g if scale is None else scale * g), (None if bias is None else bias * g)
+
+    def lossless_value(self, head, rows, mode_terms: dict):
+        return mode_terms.get(self.name)
+
+
+class LogitBiasTerm(HeadTerm):
+    """b: a learned (V,) bias added to the scores after the scale, zero at first: where a model can keep the unigram
+    prior that a normalized head deletes."""
+
+    name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
+    config_fields = ("logit_bias",)
+    row_scaled = True
+
+    def is_on(self, settings) -> bool:
+        return settings.logit_bias
+
+    def setting(self, settings) -> str:
+        return f"logit_bias={settings.logit_bias!r}"
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        if head.logit_bias is None:
+            return scale, bias
+        learned = head.logit_bias[rows].float()
+        return scale, (learned if bias is None else bias + learned)
+
+    def lossless_value(self, head, rows, mode_terms: dict):
+        return mode_terms.get(self.name)
+
+
+for _term in (LogitScaleTerm(), LogitBiasTerm()):  # first in the registry: they fold first
+    HEAD_TERMS.setdefault(_term.name, _term)
+
+
+@torch.no_grad()
+def start_lossless_rows(head, first: int) -> None:
+    """Set every learned term of ``head`` that a lossless start sets (``HeadTerm.lossless_value``: g and b from the
+    mode's ``lossless_terms``, an added term to its ``lossless`` value) for the tokens ``first`` and up, in place."""
+    rows = head.weight[first:]
+    mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
+    for term in active_terms(head.settings):
+        value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
+        if value is not None:
+            getattr(head, term.name)[first:].copy_(value)  # copy_: from any device, as a load does
+
+
+# ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------
+"""The head modes: one small object per mode, holding everything that mode *is*, in one registry.
+
+Liu, Zhai & Chen ("Normalization of Input-output Shared Embeddings in Text Generation Models", 2020) show that the tied
+score s_i = w_i·h is biased by the row norm ‖w_i‖ and propose the normalized modes below. Each is an affine map of the
+plain scores along the vocabulary, ``s = (W·h) * scale + bias`` (``HeadMode.column_terms``): one matmul plus O(V)
+work per decoding step and no normalized copy of W. A mode object answers every question the rest of the package
+asks about a mode, so that no other module compares a mode's name (docs/head.md, "The head modes").
+
+A saved config records a mode's name only: a folder naming a mode its code does not define is refused by name
+(``get_head_mode``). ``hf_tiednorm.register_head_mode`` adds a mode, checked (hf_tiednorm/registration/).
+"""
+
+
+ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
+LIU_ET_AL = "Liu, Zhai & Chen (2020)"
+
+
+def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> torch.Tensor:
+    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
+
+    The 0 instead of 1/eps makes a dead row (the zero padding row) score 0 and receive no gradient through its
+    norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
+    padding row's gradient dominate the whole model's.
+    """
+    # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
+    squared = squared_row_norms(weight).float()
+    inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
+    return torch.where(squared > eps * eps, inverse, torch.zeros_like(inverse))
+
+
+def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
+
+    Scaled in fp32 so that fp16 rows cannot overflow on the way.
+    """
+    return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
+
+
+class HeadMode:
+    """One scoring mode of the tied output head. Subclass it (or build one with ``column_terms`` overridden) and
+    ``register_head_mode`` the instance.
+
+    Attributes:
+        name: the value of ``config.head_mode``.
+        equation: the score s_i in words, e.g. ``"s_i = w_i·h / ‖w_i‖"``.
+        paper: where it comes from, e.g. ``"Liu, Zhai & Chen (2020), eq. 27"``.
+        summary: a short description for the help texts (default: the equation).
+        normalizes_input_lookups: the input embedding looks up ŵ_i instead of w_i.
+        keeps_row_norms: the row norms still act somewhere (False when both sides normalize them away).
+        lossless_start: the learned terms a lossless start sets (``("logit_scale",)``, ``("logit_bias",)``, ``()``
+            when the scores are the source's already); None: no lossless start (see ``lossless_refusal``).
+        lossless_refusal: why there is no lossless start, for the error message.
+        cites_liu_et_al: the model card cites Liu, Zhai & Chen.
+    """
+
+    name: str = ""
+    equation: str = ""
+    paper: str = ""
+    summary: str = ""
+    normalizes_input_lookups: bool = False
+    keeps_row_norms: bool = True
+    lossless_start: tuple[str, ...] | None = None
+    lossless_refusal: str = "this mode declares no lossless start"
+    cites_liu_et_al: bool = True
+
+    def column_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
+        """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
+
+        Args:
+            weight: W, (V, d) (or one band's (n, d)); eps: the dead-row threshold ``norm_eps``.
+        Returns:
+            fp32 vectors of shape (V,) on ``weight``'s device (a 0-dim tensor stands for one value for every row),
+            or None for "multiply by one" / "add zero"; anything else is refused naming the mode and the term.
+        """
+        raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
+
+    def lossless_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
+        """The per-token logit scale g and logit bias b (fp32 (V,), or None where ``lossless_start`` sets none) that
+        make this mode's scores equal the plain w_i·h: g·(W·h·scale + bias) + b = W·h, i.e. g = 1/scale and
+        b = −g·bias (g = 0 on a dead row, which scores 0 either way). Modes override it for exact closed forms."""
+        if self.lossless_start is None:
+            raise ValueError(self.lossless_refusal)
+        scale, bias = self.column_terms(weight, eps)
+        scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
+        g = None
+        if scale_term in self.lossless_start:
+            g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        b = None
+        if bias_term in self.lossless_start:
+            b = -bias if g is None else -bias * g
+        return g, b
+
+    def plain_input_weight(self, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """The matrix a plain ``nn.Embedding`` must hold to look up what this mode looks up: ŵ for a mode that
+        normalizes the input lookups, W itself otherwise. (V, d), in ``weight``'s dtype."""
+        return unit_rows(weight, eps) if self.normalizes_input_lookups else weight
+
+    def __repr__(self) -> str:
+        return f"<head mode {self.name!r}: {self.equation}>"
+
+
+class Baseline(HeadMode):
+    name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
+    summary = "w_i·h (plain tying)"
+    lossless_start = ()
+    cites_liu_et_al = False
+
+    def column_terms(self, weight, eps):
+        return None, None
+
+
+class L2(HeadMode):
+    name, paper = "l2", f"{LIU_ET_AL}, eq. 19"
+    equation = "s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too"
+    summary = "ŵ_i·h with unit-row input lookups too"
+    normalizes_input_lookups = True
+    keeps_row_norms = False
+    lossless_refusal = (
+        "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input too, "
+        "so every layer receives other inputs than in the source and no term of the output head can restore its "
+        "logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
+        "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
+    )
+
+    def column_terms(self, weight, eps):  # ŵ_i·h = w_i·h / ‖w_i‖
+        return inverse_row_norms(weight, eps), None
+
+
+class Square(HeadMode):
+    name, equation, paper = "square", "s_i = w_i·h / ‖w_i‖²", f"{LIU_ET_AL}, eq. 22"
+    summary = "w_i·h/‖w_i‖²"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps, power=2), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖²
+        return squared_row_norms(weight).float(), None
+
+
+class Distance(HeadMode):
+    name, paper = "distance", f"{LIU_ET_AL}, eq. 26"
+    # = −½‖w_i − h‖² + ½‖h‖²: a nearest-neighbour score (the ½‖h‖² is the same for every token)
+    equation = "s_i = w_i·h − ½‖w_i‖²"
+    summary = "w_i·h − ½‖w_i‖²"
+    lossless_start = ("logit_bias",)
+
+    def column_terms(self, weight, eps):
+        # No norm is divided by, so no lower bound is needed: a zero row has zero bias and a bounded gradient.
+        return None, -0.5 * squared_row_norms(weight).float()
+
+    def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
+        return None, 0.5 * squared_row_norms(weight).float()
+
+
+class Cosine(HeadMode):
+    name, equation, paper = "cosine", "s_i = w_i·h / ‖w_i‖", f"{LIU_ET_AL}, eq. 27"
+    summary = "w_i·h/‖w_i‖"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖
+        return squared_row_norms(weight).float().sqrt(), None
+
+
+def get_head_mode(name: str) -> HeadMode:
+    """The registered mode called ``name``; ``ValueError`` naming it and the modes this code defines otherwise."""
+    check_head_mode(name)
+    return HEAD_MODE_REGISTRY[name]
+
+
+for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
+    HEAD_MODE_REGISTRY.setdefault(_mode.name, _mode)
+assert tuple(HEAD_MODE_REGISTRY)[: len(BUILTIN_HEAD_MODES)] == BUILTIN_HEAD_MODES
 
 
 # ------------------------------ hf_tiednorm/modeling/head/layer.py ----------------------------------------------
@@ -128,9 +582,9 @@ class NormalizedScoresMixin:
         """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
         self.settings = settings
         self.head_mode = settings.head_mode
-        self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
+        self.mode: HeadMode = get_head_mode(settings.head_mode)  # everything the mode is (head/modes.py)
         self.norm_eps = settings.norm_eps
-        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # The learned terms (head/terms.py: the built-in g and b, and any registered one),
         # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
         self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
@@ -147,7 +601,7 @@ class NormalizedScoresMixin:
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
         then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
-        for term in self.settings.active_terms():
+        for term in active_terms(self.settings):
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
@@ -201,7 +655,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     def match_vocab_size(self) -> None:
         """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
@@ -246,16 +700,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         if bias is not None:
             logits = logits + bias
         return logits
-
-
-def head_attribute_names() -> frozenset[str]:
-    """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/settings.register_head_term), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, settings=HeadSettings(), device="meta")  # a built-in term's name is held when off too
-    return frozenset({*dir(head), *vars(head)})
-
-
-HEAD_NAME_SOURCES.append(head_attribute_names)
 
 
 def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
@@ -713,7 +1157,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
@@ -1591,6 +2035,76 @@ def chunked_head_cross_entropy(
     return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
 
 
+# ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
+"""The two loss regularizers of the tied embedding, each returned as its own number.
+
+Projection regularization (Press & Wolf, 2017, "Using the Output Embedding to Improve Language Models", §4):
+a matrix P ∈ R^{H×H} is inserted between the decoder output and the tied output embedding, so the logits are
+W·(P·h), and λ‖P‖ is added to the loss (the paper uses λ = 0.15). P is initialized to the identity, so a fresh
+model scores exactly as without it.
+
+Which norm: the paper writes ‖P‖₂ and calls it the L2 norm; the authors' released TensorFlow code
+(ofirpress/UsingTheOutputEmbedding, ``ptb_word_lm_WT_PR.py``) penalizes ``tf.nn.l2_loss(P)``, i.e. the L2 norm
+of P's entries. We use that entry-wise reading, unsquared: the Frobenius norm ‖P‖_F. Unsquared, its gradient
+λ·P/‖P‖_F has norm λ whatever the width H, so the paper's λ = 0.15 keeps its meaning at any model size
+(the squared form would put 0.15·H/2 nats on the identity init: 19 nats at H = 256). It is also cheap
+(no SVD per step, unlike the spectral norm) and differentiable everywhere except P = 0.
+
+Weight-norm regularization (Herold, Gao & Ney, 2018, "Improving Neural Language Models with Weight Norm
+Initialization and Regularization"): ρ·Σ_k (‖w_k‖ − ν)² over the rows w_k of the output (tied) embedding,
+paper values ρ = 1e-3, ν = 2.0. It pulls every row norm towards ν, i.e. it limits the frequency bias that
+row norms carry in a tied softmax.
+"""
+
+
+@dataclass
+class LossTerms:
+    """The terms of a model's ``loss`` (their sum), carried next to it by the model outputs (which inherit these
+    fields) and logged one by one by the Trainer. Each is the share of this batch in the accumulated batch, like the
+    Trainer-scaled loss; a regularizer that is off is None.
+
+    cross_entropy: the token cross-entropy; projection_penalty / weight_norm_penalty: the two regularizers.
+    """
+
+    cross_entropy: torch.FloatTensor | None = None
+    projection_penalty: torch.FloatTensor | None = None
+    weight_norm_penalty: torch.FloatTensor | None = None
+
+
+# The loss-term names, in field order: what the Trainer logs and evaluation ignores.
+LOSS_TERMS: tuple[str, ...] = tuple(field.name for field in fields(LossTerms))
+
+
+class OutputProjection(nn.Linear):
+    """Press & Wolf's projection P (H×H, no bias) applied to the decoder output before the tied head.
+
+    Initialized to the identity (by ``reset_parameters`` and by the model's ``_init_weights``).
+    """
+
+    def __init__(self, hidden_size: int, device=None, dtype=None) -> None:
+        super().__init__(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.eye_(self.weight)
+
+
+def projection_penalty(projection: torch.Tensor, strength: float) -> torch.Tensor:
+    """λ·‖P‖_F in fp32 (see the module docstring for the choice of norm)."""
+    return strength * torch.linalg.matrix_norm(projection.float(), ord="fro")
+
+
+def weight_norm_penalty(weights: list[torch.Tensor], strength: float, target_norm: float) -> torch.Tensor:
+    """ρ·Σ_k (‖w_k‖ − ν)² in fp32, summed over the rows of every matrix in ``weights``.
+
+    ``weights`` is the output embedding split in one or more matrices (one per band with adaptive softmax);
+    rows may have different widths across matrices. A zero row (the padding row) has a zero subgradient.
+    """
+    total = sum(
+        (torch.linalg.vector_norm(w.float(), dim=-1) - target_norm).square().sum() for w in weights
+    )
+    return strength * total
+
+
 # ------------------------------ hf_tiednorm/modeling/loss/model_loss.py -----------------------------------------
 """The loss of hf_tiednorm's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
 Wolf's projection P, the normalized head, the token cross-entropy (the plain path, or the chunked one with
@@ -1747,6 +2261,29 @@ class TiedNormLossMixin:
         return terms
 
 
+# ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
+"""Let transformers' ``Trainer`` recognise this package's causal LMs as causal LMs, for its label smoothing.
+
+With ``TrainingArguments(label_smoothing_factor=...)`` the Trainer takes the labels away from the model and scores
+the logits itself (``LabelSmoother``); it shifts the labels (position t predicts token t+1) only when the model's
+class name is one of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()``. That table lists transformers' own classes
+only, and ``AutoModelForCausalLM.register`` does not add to it, so a causal LM of this package was scored against
+unshifted labels: a smoothed loss of ~1 where the real one is ~6, and training towards copying the input. Adding the
+class name to the table is the one way transformers offers a model class outside it to be shifted; the key is the
+model's own ``model_type``, which is not in transformers' config table, so no Auto lookup ever resolves through it
+(``_LazyAutoMapping`` reads only keys present in both tables).
+
+A model registers its class when it is built (never on import), so a folder of an encoder-decoder adds nothing to the
+table; the package registers every causal row of its family table.
+"""
+
+
+def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
+    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
+    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
+
+
 # ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
 """The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
 rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
@@ -1808,177 +2345,6 @@ def build_embedding(
     return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
 
 
-# ------------------------------ hf_tiednorm/modeling/translation_pipeline.py ------------------------------------
-"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
-
-Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
-the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
-``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
-``add_translation_pipeline`` on its config (families/head_host.py).
-
-The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
-``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
-longer than the model's positions (with a warning) instead of failing inside the encoder.
-"""
-
-
-logger = logging.get_logger(__name__)
-
-TASK = "tiednorm-translation"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def add_translation_pipeline(config: PretrainedConfig) -> None:
-    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
-    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
-    entry = {
-        "impl": code_reference(TiedNormTranslationPipeline),  # in the generated modeling file (auto_map.py)
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
-    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
-
-
-def position_limit(model, tokenizer) -> int | None:
-    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
-    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
-    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
-    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
-    return min(limits, default=None)
-
-
-def missing_tokenizer_message(model) -> str:
-    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
-    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
-    folder = getattr(model, "name_or_path", None) or ""
-    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
-    if has_tokenizer:
-        return (
-            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
-            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
-            f"trust_remote_code=True, as the folder ships the pipeline code) or "
-            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
-        )
-    if folder and os.path.isdir(folder):
-        return (
-            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
-            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-            "tokenizer=... to pipeline()"
-        )
-    name = folder or type(model).__name__
-    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
-
-
-class TokenizerLoadFailure:
-    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
-    error of a failed load so that the pipeline can say why it has no tokenizer.
-
-    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
-    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
-    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
-    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
-    """
-
-    failure: BaseException | None = None
-    source: object = None
-
-    def __bool__(self) -> bool:
-        error = sys.exc_info()[1]
-        if error is None:  # the test before loading: load, and forget an earlier call's failure
-            self.failure = None
-            return True
-        self.failure = error
-        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
-        self.source = sys._getframe(1).f_locals.get("component")
-        return False
-
-    def take(self) -> tuple[BaseException | None, object]:
-        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
-        (the ``tokenizer=`` argument, or None); cleared."""
-        failure, source, self.failure, self.source = self.failure, self.source, None, None
-        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
-            return None, None  # nothing was given to load (a model object without tokenizer=)
-        return failure, source
-
-
-# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
-POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
-
-
-def check_generate_kwargs(generate_kwargs: dict) -> None:
-    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
-    for name in POSITIVE_INT_ARGUMENTS:
-        value = generate_kwargs.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
-
-
-class TiedNormTranslationPipeline(Pipeline):
-    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
-
-    # Keyword arguments that go to model.generate rather than to the tokenizer.
-    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
-
-    _load_tokenizer = TokenizerLoadFailure()
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if self.tokenizer is None:
-            failure, source = type(self)._load_tokenizer.take()
-            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
-                folder = getattr(self.model, "name_or_path", None) or ""
-                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
-                source = folder if has_files else None
-            if failure is not None and source is not None:
-                raise ValueError(
-                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
-                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
-                    "loaded tokenizer"
-                ) from failure
-            raise ValueError(missing_tokenizer_message(self.model))
-
-    def _sanitize_parameters(self, **kwargs):
-        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
-        if unknown:
-            raise ValueError(
-                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
-            )
-        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
-        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
-        check_generate_kwargs(generate_kwargs)
-        return {}, generate_kwargs, {}
-
-    def __call__(self, inputs, *args, **kwargs):
-        if isinstance(inputs, list) and not inputs:
-            self._sanitize_parameters(**kwargs)  # the arguments are still checked
-            return []  # nothing to translate (the base Pipeline indexed the empty list)
-        return super().__call__(inputs, *args, **kwargs)
-
-    def preprocess(self, text: str):
-        if not isinstance(text, str):
-            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
-        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
-        limit = position_limit(self.model, self.tokenizer)
-        if limit is not None and inputs["input_ids"].shape[-1] > limit:
-            logger.warning(
-                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
-                f"can embed; translating its first {limit} tokens only"
-            )
-            inputs = self.tokenizer(
-                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
-            )
-        return inputs
-
-    def _forward(self, model_inputs, **generate_kwargs):
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
-
-    def postprocess(self, model_outputs):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
-        return [{"translation_text": text} for text in texts]
-
-
 # ------------------------------ hf_tiednorm/modeling/families/head_host.py --------------------------------------
 """Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
 and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
@@ -2015,13 +2381,37 @@ def fp32_term_names() -> list[str]:
     return [term.name for term in head_terms() if term.keep_fp32]
 
 
-def keep_head_terms_fp32(model: nn.Module) -> None:
-    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
-    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
-    kept = fp32_term_names()
-    for name, param in model.named_parameters():
-        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
-            param.data = param.data.float()
+@torch.no_grad()
+def start_resized_tokens(model: nn.Module, first_new: int) -> None:
+    """After a resize of a lossless-started ``model`` (``config.lossless_start``), start the new tokens' g_i / b_i
+    (ids ``first_new`` and up) by their mode's lossless map from their initial rows, in place: they then take the
+    probability mass they take in the source's same resize. Other models keep the head's start values."""
+    head = model.get_output_embeddings()
+    if getattr(model.config, "lossless_start", False) and head.weight.shape[0] > first_new:
+        start_lossless_rows(head, first_new)
+
+
+def check_mode_settings(config) -> None:
+    """``ValueError`` for settings the head mode's math rules out, checked where the model is built (a configuration
+    checks names and ranges only): a weight-norm technique in a mode that normalizes the row norms away, or a recorded
+    lossless start that the mode has none of, or whose per-token terms the settings leave off."""
+    mode = get_head_mode(config.head_mode)
+    row_norms = getattr(config, "weight_norm_regularization", 0) or getattr(config, "weight_norm_init_sigma", None)
+    if row_norms and not mode.keeps_row_norms:
+        raise ValueError(
+            "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+            f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use another "
+            "head_mode or leave them unset"
+        )
+    if getattr(config, "lossless_start", False):
+        settings = HeadSettings.from_config(config)
+        off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
+        if mode.lossless_start is None or off:
+            raise ValueError(
+                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
+                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
+                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
+            )
 
 
 class TiedNormHeadHostMixin:
@@ -2042,6 +2432,7 @@ class TiedNormHeadHostMixin:
     def finish_head_hosting(self) -> None:
         """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
         ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
+        check_mode_settings(self.config)
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
         terms = learned_terms()
@@ -2089,10 +2480,6 @@ class TiedNormHeadHostMixin:
         one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
         return embedding_matrices(self.get_output_embeddings())
 
-    def _extra_auto_map(self) -> dict[str, str]:
-        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
-        return {}
-
     def generate(self, *args, **kwargs):
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
@@ -2113,19 +2500,8 @@ class TiedNormHeadHostMixin:
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
-        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (head/lossless_start.py)
+        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens
         return embeddings
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
-        # defines (modeling/auto_map.py).
-        if self.config.is_encoder_decoder:
-            add_translation_pipeline(self.config)
-        extra = self._extra_auto_map()
-        if extra:
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
-        super().save_pretrained(save_directory, *args, **kwargs)  # the folder's code: TwoFileModelCodeMixin
 
 
 # ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
@@ -2381,16 +2757,6 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
                 if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
                     init.zeros_(embedding.weight[embedding.padding_idx])
 
-    def _extra_auto_map(self) -> dict[str, str]:
-        # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. Only a body whose
-        # class is defined beside the LM's is in the code the folder carries (the generated file, or the module
-        # transformers copies for a family from outside the package); another (GPT2Model, say) gets no entry.
-        body = self.base_model
-        if body is self or type(body).__module__ != type(self).__module__:
-            return {}
-        return {"AutoModel": code_reference(type(body))}
-
     def add_tied_norm_head(self, hidden_size: int) -> None:
         """Give the model the normalized tied head (``lm_head``), Press & Wolf's projection P where the config asks
         for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
@@ -2413,6 +2779,10 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
     the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
     ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
     ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        recognise_as_causal_lm(self.config.model_type, type(self).__name__)  # the Trainer's label smoother shifts
 
     @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
@@ -2462,17 +2832,12 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
         )
 
 
-# ------------------------------ hf_tiednorm/modeling/families/seq2seq.py ----------------------------------------
-"""Encoder-decoders whose output layer is the normalized tied head: what both encoder-decoder families share
-(``TiedNormSeq2SeqModelMixin``, ``TiedNormSeq2SeqLMMixin``), and the Marian-based family.
-
-What differs from ``transformers``' Marian (and, in ``families/bart.py``, BART):
-  * token embeddings are ``TiedNormEmbedding`` (unit rows are looked up in l2 mode);
-  * ``lm_head`` is ``TiedNormHead`` (scores in one of five modes) and there is no ``final_logits_bias``:
-    the distance mode derives its bias from W;
-  * the tie topology (three-way / decoder / untied) comes from ``config.tie_topology``;
-  * the loss applies ``config.label_smoothing`` itself and reports its terms (regularizers, chunked loss).
-Attention, layers, positions, KV cache and generation are the parent's.
+# ------------------------------ hf_tiednorm/modeling/families/encoder_decoder.py --------------------------------
+"""What both encoder-decoder families share: the body (``TiedNormSeq2SeqModelMixin``) and the LM
+(``TiedNormSeq2SeqLMMixin``). Token embeddings tied per ``config.tie_topology``, the normalized tied head and no
+``final_logits_bias`` (the distance mode derives its bias from W), the loss with ``config.label_smoothing`` and its
+terms, Marian's resize rules. Attention, layers, positions, KV cache and generation are the parent's
+(families/seq2seq.py: Marian; families/bart.py: BART).
 """
 
 
@@ -2621,35 +2986,11 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
-class TiedNormSeq2SeqPreTrainedModel(TwoFileModelCodeMixin, MarianPreTrainedModel):
-    config_class = TiedNormSeq2SeqConfig
-    config: TiedNormSeq2SeqConfig
-    # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.
-    _no_split_modules = ["MarianEncoderLayer", "MarianDecoderLayer"]
-
-
-class TiedNormSeq2SeqModel(TiedNormSeq2SeqModelMixin, TiedNormSeq2SeqPreTrainedModel, MarianModel):
-    """Marian's encoder-decoder body with embeddings that can look up l2-normalized rows."""
-
-    # Marian's sinusoidal position tables are computed, not stored (the LM's list, without its "model." prefix).
-    _keys_to_ignore_on_load_missing = ["encoder.embed_positions.weight", "decoder.embed_positions.weight"]
-    _keys_to_ignore_on_save = ["encoder.embed_positions.weight", "decoder.embed_positions.weight"]
-
-
-class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPreTrainedModel, GenerationMixin):
-    """Marian with the normalized tied head."""
-
-    model_class = TiedNormSeq2SeqModel
-    # Marian's sinusoidal position tables are computed, not stored.
-    _keys_to_ignore_on_load_missing = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
-    _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
-
-
 # ------------------------------ hf_tiednorm/modeling/families/bart.py -------------------------------------------
 """A BART-style encoder-decoder whose output layer is the normalized tied head: the family BART checkpoints
 convert to 1:1 (``hf_tiednorm.convert``).
 
-Everything of the Marian-based family (``families/seq2seq.py``) applies; only the body differs. What differs
+What both encoder-decoder families share (``families/encoder_decoder.py``) applies; only the body differs. What differs
 from ``transformers``' BART: token embeddings are ``TiedNormEmbedding`` that keep BART's in-module scaling
 (``BartScaledWordEmbedding``: lookup × sqrt(d) when ``scale_embedding``, the unit rows in l2 mode); ``lm_head`` is
 ``TiedNormHead`` without BART's ``final_logits_bias``; the tie topology comes from ``config.tie_topology``.
@@ -2657,7 +2998,7 @@ Learned positions, ``layernorm_embedding``, attention, KV cache and generation a
 """
 
 
-class TiedNormBartPreTrainedModel(TwoFileModelCodeMixin, BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(SavesItsCode, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 
@@ -2676,510 +3017,160 @@ class TiedNormBartForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormBartP
     model_class = TiedNormBartModel
 
 
-# ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""Let transformers' ``Trainer`` recognise this package's causal LMs as causal LMs, for its label smoothing.
+# ------------------------------ hf_tiednorm/modeling/translation_pipeline.py ------------------------------------
+"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
 
-With ``TrainingArguments(label_smoothing_factor=...)`` the Trainer takes the labels away from the model and scores
-the logits itself (``LabelSmoother``); it shifts the labels (position t predicts token t+1) only when the model's
-class name is one of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()``. That table lists transformers' own classes
-only, and ``AutoModelForCausalLM.register`` does not add to it, so a causal LM of this package was scored against
-unshifted labels: a smoothed loss of ~1 where the real one is ~6, and training towards copying the input. Adding the
-class name to the table is the one way transformers offers a model class outside it to be shifted; the key is the
-model's own ``model_type``, which is not in transformers' config table, so no Auto lookup ever resolves through it
-(``_LazyAutoMapping`` reads only keys present in both tables).
+Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
+the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
+the task in ``custom_pipelines`` and the folder holds this code (inlined into an encoder-decoder family's generated
+``modeling_tiednorm.py``): ``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an
+encoder-decoder of ours (hf_tiednorm/conversion/saved_code.py).
 
-This file imports transformers only: it travels with the modeling code as remote code, where the same class names
-are registered on import.
+The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
+``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
+longer than the model's positions (with a warning) instead of failing inside the encoder.
 """
 
 
-def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
-    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
-    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
+logger = logging.get_logger(__name__)
+
+TASK = "tiednorm-translation"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-# ------------------------------ hf_tiednorm/modeling/families/causal.py -----------------------------------------
-"""A Llama-style decoder-only LM whose output layer is the normalized tied head.
-
-What differs from ``transformers``' Llama: token embeddings are ``TiedNormEmbedding`` (unit rows are looked up
-in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and the loss applies
-``config.label_smoothing``. Attention (SDPA), RoPE, KV cache and generation are Llama's.
-"""
-
-
-class TiedNormCausalPreTrainedModel(TwoFileModelCodeMixin, LlamaPreTrainedModel):
-    config_class = TiedNormCausalConfig
-    config: TiedNormCausalConfig
+def position_limit(model, tokenizer) -> int | None:
+    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
+    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
+    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+    return min(limits, default=None)
 
 
-class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
-    """Llama's decoder stack with an embedding that can look up l2-normalized rows."""
-
-    # Tensor parallelism keeps the embedding whole (transformers would shard it on the vocabulary): it is the tied
-    # head's matrix, which scores with per-row norms and per-token terms, and a tie is sharded both sides or neither.
-    _tp_plan = {"embed_tokens": "replicate"}
-
-    def __init__(self, config: TiedNormCausalConfig):
-        super().__init__(config)
-        self.embed_tokens = build_embedding(config, config.vocab_size, config.hidden_size)
-        self.post_init()
-
-
-class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in families/tie_topology.py;
-    # loading is checked by WeightChecksMixin (finite weights, head tensors), resizing by families/head_host.py
-    # (special tokens kept); the forward (label shift, loss) is TiedNormCausalLMMixin's, the base a causal family
-    # subclasses (families/common.py).
-    _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
-
-    def __init__(self, config: TiedNormCausalConfig):
-        super().__init__(config)
-        self.model = TiedNormCausalModel(config)
-        self.vocab_size = config.vocab_size
-        self.add_tied_norm_head(config.hidden_size)  # lm_head, and Press & Wolf's P where the config asks for it
-        self.post_init()
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormCausalConfig.model_type, TiedNormForCausalLM.__name__)
-
-
-# ------------------------------ hf_tiednorm/modeling/loss/accumulated.py ----------------------------------------
-"""A wrapped model's loss as its share of an accumulated batch, which the Trainer's gradient accumulation needs.
-
-transformers' ``Trainer`` passes ``num_items_in_batch`` (the target tokens of all micro-batches of one optimizer
-step) to a model whose ``forward`` takes ``**kwargs``, and then no longer divides the loss by the accumulation
-steps: it expects loss = (sum of this micro-batch's token losses) / num_items_in_batch. The wrapper's ``forward``
-takes ``**kwargs`` for any architecture, but the encoder-decoders of transformers (T5, BART, mBART, Marian, M2M100)
-compute a plain mean with ``CrossEntropyLoss`` and ignore ``num_items_in_batch``: gradient and logged loss were
-multiplied by the accumulation steps. So the wrapper never hands ``num_items_in_batch`` to the wrapped model; it
-takes the model's mean over its own targets and rescales it by (this micro-batch's targets) / num_items_in_batch,
-which is the sum over the accumulated batch's token mean for every architecture (those that honour the argument,
-the causal LMs, compute the same value).
-"""
-
-
-def target_count(labels: torch.Tensor, shifted: bool, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
-    """The tokens the wrapped model's loss averages over: ``labels`` != -100, without each row's first position
-    for a causal LM (it predicts labels[t+1] from position t), or ``shift_labels`` where the caller gives them.
-
-    Args:
-        labels: (batch, length) target ids, -100 = no target.
-        shifted: True for a causal LM (transformers' ``ForCausalLMLoss`` shifts the labels), False for an
-            encoder-decoder (its labels are aligned with the decoder outputs).
-        shift_labels: (batch, length) already shifted targets, or None.
-
-    Returns:
-        a 0-dim integer tensor.
-    """
-    targets = shift_labels if shift_labels is not None else labels[..., 1:] if shifted else labels
-    return (targets != -100).sum()
-
-
-def share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted: bool, shift_labels=None):
-    """``outputs`` of the wrapped model (computed without ``num_items_in_batch``) with its mean loss turned into this
-    micro-batch's share of the accumulated batch's token mean: loss · target_count / num_items_in_batch.
-
-    Args:
-        outputs: a ``ModelOutput`` or tuple whose ``loss`` (first element) is the mean over this micro-batch's
-            targets, or has no loss.
-        labels: (batch, length) the labels passed to the model, or None.
-        num_items_in_batch: the accumulated batch's target tokens (int or 0-dim tensor), or None: nothing to do.
-        shifted, shift_labels: as in ``target_count``.
-
-    Returns:
-        ``outputs``, its loss rescaled in place (a new tuple for tuple outputs).
-    """
-    if num_items_in_batch is None or labels is None:
-        return outputs
-    loss = outputs[0] if isinstance(outputs, tuple) else getattr(outputs, "loss", None)
-    if loss is None or loss.dim() != 0:
-        return outputs
-    count = target_count(labels, shifted, shift_labels).to(loss.device, torch.float32)
-    total = torch.as_tensor(num_items_in_batch, device=loss.device, dtype=torch.float32)
-    loss = loss * (count / total).to(loss.dtype)
-    if isinstance(outputs, tuple):
-        return (loss, *outputs[1:])
-    outputs.loss = loss
-    return outputs
-
-
-# ------------------------------ hf_tiednorm/modeling/families/wrapped_loss.py -----------------------------------
-"""The fused training loss of a wrapped causal LM, and the guard that no patched ``forward`` bypasses its head.
-
-A wrapped causal LM (``modeling_tiednorm_wrapped``) runs its architecture's own forward, which computes the
-(tokens × V) logits with the head and then transformers' ``ForCausalLMLoss``. For the architectures whose forward is
-exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``, read from transformers'
-code: no logit soft-capping, scaling or bias around the head), the wrapper computes the same loss from the body's
-base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``loss/policy.py``),
-never materializing the logits. Other architectures keep their own forward (``loss_implementation="auto"``) or are
-refused by name (``"fused"`` / ``"chunked"``).
-
-liger-kernel's class-level patches (``apply_liger_kernel_to_llama()``, ``AutoLigerKernelForCausalLM``) replace
-``LlamaForCausalLM.forward`` by one that computes the training loss from ``lm_head.weight`` directly: with the
-normalized head installed, training would skip the normalization and the logit scale g, while evaluation and
-generation still use them. ``refuse_patched_forward`` finds such a forward (a ``forward`` defined outside the module
-of the class that holds it, or set on the instance) at the first training step and refuses it by name.
-"""
-
-
-# Causal LMs of transformers whose forward is lm_head(hidden_states) + ForCausalLMLoss and nothing else (Gemma 2/3
-# soft-cap the logits, Granite and Cohere scale them: not listed).
-FUSED_CAUSAL_BODIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "gemma", "smollm3", "olmo2"})
-_CHECKED = "_tiednorm_forward_checked"
-
-
-def _defining_class(cls: type, name: str) -> type | None:
-    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
-
-
-def patched_forward(body: nn.Module) -> str | None:
-    """Where ``body``'s ``forward`` was replaced (a description naming the function), or None when it is the one its
-    class's own module defines."""
-    if "forward" in vars(body):
-        function = getattr(vars(body)["forward"], "__func__", vars(body)["forward"])
-        return f"the instance's forward was set to {getattr(function, '__module__', '?')}.{function.__qualname__}"
-    owner = _defining_class(type(body), "forward")
-    if owner is None:
-        return None
-    function = inspect.unwrap(vars(owner)["forward"])
-    module = getattr(function, "__module__", None)
-    if module != owner.__module__:
-        return f"{owner.__name__}.forward is {module}.{function.__qualname__}, not the one of {owner.__module__}"
-    return None
-
-
-def refuse_patched_forward(model: nn.Module, body: nn.Module) -> None:
-    """Raise ``ValueError`` when ``body``'s ``forward`` was patched (liger-kernel's class-level patches compute the
-    training loss from ``lm_head.weight`` directly, bypassing the normalized head); checked once per forward
-    function, so a training step costs an attribute comparison."""
-    current = vars(body).get("forward") or getattr(type(body), "forward", None)
-    if model.__dict__.get(_CHECKED) is current:
-        return
-    where = patched_forward(body)
-    if where is not None:
-        raise ValueError(
-            f"the wrapped {type(body).__name__}'s forward was patched ({where}): a patched forward such as "
-            "liger-kernel's apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes the training loss from "
-            "lm_head.weight directly, bypassing the normalized head (its normalization and logit scale), while "
-            "evaluation and generation still use the head. Load the model without the patch (in a fresh process, "
-            "without apply_liger_kernel_to_* or AutoLigerKernelForCausalLM) and use the fused loss of hf_tiednorm "
-            "instead (config.loss_implementation='auto' or 'fused': liger-kernel's kernel on the normalized head)"
+def missing_tokenizer_message(model) -> str:
+    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
+    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
+    folder = getattr(model, "name_or_path", None) or ""
+    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
+    if has_tokenizer:
+        return (
+            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
+            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+            f"trust_remote_code=True, as the folder ships the pipeline code) or "
+            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
         )
-    model.__dict__[_CHECKED] = current  # not a module attribute: no registration, no state dict entry
-
-
-def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs):
-    """The wrapped causal LM's output with the loss from a fused path and ``logits=None``, or None when the
-    architecture's own forward computes it (evaluation, small logits under ``auto``, ``plain``)."""
-    implementation = model.config.loss_implementation
-    if not (model.training if skip_logits is None else bool(skip_logits)) or implementation == "plain":
-        return None
-    model_type = body.config.model_type
-    if model_type not in FUSED_CAUSAL_BODIES:
-        if implementation == "auto":
-            return None
-        kind = "encoder-decoder" if body.config.is_encoder_decoder else "causal LM"
-        raise ValueError(
-            f"loss_implementation={implementation!r}: the wrapped {model_type!r} {kind}'s forward does more around "
-            "its head than lm_head + cross-entropy, or is not checked for it; the wrapper's fused loss serves the "
-            f"causal LMs {sorted(FUSED_CAUSAL_BODIES)}. Set loss_implementation='auto' or 'plain'"
+    if folder and os.path.isdir(folder):
+        return (
+            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+            "tokenizer=... to pipeline()"
         )
-    shift_labels = kwargs.pop("shift_labels", None)
-    targets = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
-    head = model.get_output_embeddings()
-    path = choose_loss_path(implementation, head, targets.numel())
-    if path == "plain":
-        if shift_labels is not None:
-            kwargs["shift_labels"] = shift_labels
-        return None
-    kwargs.pop("logits_to_keep", None)  # every position is scored for the loss
-    outputs = body.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs | {"return_dict": True})
-    hidden = outputs.last_hidden_state
-    flat_targets = targets.reshape(-1).to(hidden.device)
-    total = head_linear_cross_entropy(head, hidden.reshape(-1, hidden.shape[-1]), flat_targets, path)
-    loss = total / token_count(flat_targets, num_items_in_batch).to(total.device)
-    return CausalLMOutputWithPast(
-        loss=loss.to(torch.float32) if loss.dtype != torch.float64 else loss,
-        logits=None,
-        **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
-        hidden_states=getattr(outputs, "hidden_states", None),
-        attentions=getattr(outputs, "attentions", None),
-    )
+    name = folder or type(model).__name__
+    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
 
 
-# ------------------------------ hf_tiednorm/modeling/families/wrapped.py ----------------------------------------
-"""The normalized tied head around any transformers causal LM or encoder-decoder, with transformers' own code.
+class TokenizerLoadFailure:
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
+    error of a failed load so that the pipeline can say why it has no tokenizer.
 
-``TiedNormWrappedForCausalLM`` / ``TiedNormWrappedForSeq2SeqLM`` hold, as ``self.model``, the model that
-``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM`` builds from ``config.text_config`` (GPT-2, Llama, Qwen2/3,
-Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exactly two things in it:
-
-* its output layer becomes a ``TiedNormHead`` sharing the input embedding matrix; the architecture's forward still
-  calls it where it called its ``nn.Linear``, so what it does around the head is kept as it is: final norm before it,
-  T5's d^-1/2 rescale of the decoder output (tied T5), Gemma 2/3's final-logit soft-capping after it (the cap bounds
-  the normalized score, g included), BART/mBART/Marian's ``final_logits_bias`` added after it;
-* in a mode that normalizes the input lookups (``l2``), every embedding module holding the shared matrix looks up
-  unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
-  scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
-
-``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
-wrapped model's: ``forward`` and ``generate`` call it.
-"""
-
-
-_UNIT_LOOKUP_CLASSES: dict[type, type] = {}
-
-
-def unit_lookups(embedding: nn.Embedding, norm_eps: float) -> None:
-    """Make ``embedding`` look up ŵ_i = w_i/‖w_i‖ (the l2 mode's input side, Liu et al. eq. 19), in place.
-
-    The module keeps its class's behaviour: its class is replaced by a subclass of it and of ``TiedNormEmbedding``,
-    whose lookup the class's own ``forward`` reaches through ``super().forward``, so a scale it applies (Gemma's
-    ``embed_scale``) multiplies ŵ_i. Weights and state-dict keys do not change.
+    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
+    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
+    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
+    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
     """
-    cls = type(embedding)
-    if not issubclass(cls, TiedNormEmbedding):
-        if cls is nn.Embedding:
-            unit_class = TiedNormEmbedding
-        else:
-            if cls not in _UNIT_LOOKUP_CLASSES:
-                _UNIT_LOOKUP_CLASSES[cls] = type(f"TiedNormUnit{cls.__name__}", (cls, TiedNormEmbedding), {})
-            unit_class = _UNIT_LOOKUP_CLASSES[cls]
-        embedding.__class__ = unit_class
-    embedding.normalize = True
-    embedding.norm_eps = norm_eps
+
+    failure: BaseException | None = None
+    source: object = None
+
+    def __bool__(self) -> bool:
+        error = sys.exc_info()[1]
+        if error is None:  # the test before loading: load, and forget an earlier call's failure
+            self.failure = None
+            return True
+        self.failure = error
+        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
+        self.source = sys._getframe(1).f_locals.get("component")
+        return False
+
+    def take(self) -> tuple[BaseException | None, object]:
+        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
+        (the ``tokenizer=`` argument, or None); cleared."""
+        failure, source, self.failure, self.source = self.failure, self.source, None, None
+        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
+            return None, None  # nothing was given to load (a model object without tokenizer=)
+        return failure, source
 
 
-def shared_embedding_modules(body: PreTrainedModel) -> list[nn.Embedding]:
-    """The embedding modules holding the matrix ``body``'s output layer is tied to, that one first.
-
-    The output layer ties to the source of its weight in ``body``'s tie mapping (the decoder embedding of a Marian
-    model with two vocabularies), else to the input embedding; the modules tied to that source (one per stack in T5,
-    M2M100) are found by the mapping, since under ``from_pretrained`` they are tied only after loading.
-    """
-    head = body.get_output_embeddings()
-    tied = body.get_expanded_tied_weights_keys(all_submodels=True)  # {target: source}, one source per group
-    head_name = next((f"{name}.weight" for name, module in body.named_modules() if module is head), None)
-    source = tied.get(head_name)
-    if source is None:
-        embedding = body.get_input_embeddings()
-        source = next(f"{name}.weight" for name, module in body.named_modules() if module is embedding)
-    names = [source] + sorted(target for target, tied_source in tied.items() if tied_source == source)
-    modules = [body.get_submodule(name.rpartition(".")[0]) for name in names]
-    return list({id(m): m for m in modules if isinstance(m, nn.Embedding)}.values())
+# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
+POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
 
 
-def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
-    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in a
-    mode that normalizes the input lookups, make every embedding module holding that matrix look up unit rows).
-    Returns the new head."""
-    embeddings = shared_embedding_modules(body)
-    weight = embeddings[0].weight  # (V, d)
-    head = TiedNormHead(
-        weight.shape[1],
-        weight.shape[0],
-        settings=HeadSettings.from_config(config),
-        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
-        dtype=weight.dtype,
-    )
-    head.weight = weight  # Press & Wolf: the output embedding is the input embedding
-    for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
-        if getattr(head, name, None) is not None:
-            setattr(head, name, nn.Parameter(torch.full_like(getattr(head, name), start, device=weight.device)))
-    body.set_output_embeddings(head)
-    if head.mode.normalizes_input_lookups:
-        # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
-        for module in embeddings:
-            unit_lookups(module, config.norm_eps)
-    return head
+def check_generate_kwargs(generate_kwargs: dict) -> None:
+    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
+    for name in POSITIVE_INT_ARGUMENTS:
+        value = generate_kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
 
 
-class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel):
-    """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
-    hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
-    ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
+class TiedNormTranslationPipeline(Pipeline):
+    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
 
-    config_class = TiedNormWrappedConfig
-    config: TiedNormWrappedConfig
-    # ``base_model`` is the headless backbone, as in every HF ``*ForCausalLM`` (the ``backbone`` property below); the
-    # wrapped model itself, head included, stays ``self.model``, so the state-dict keys are ``model.*`` as before.
-    base_model_prefix = "backbone"
-    supports_gradient_checkpointing = True
-    # The Auto class that builds the wrapped model from config.text_config.
-    body_auto_class: type = AutoModelForCausalLM
+    # Keyword arguments that go to model.generate rather than to the tokenizer.
+    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
 
-    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
-        """``body``: an already loaded model of ``config.text_config`` to adopt with its weights (the in-memory
-        conversion); None builds one (random weights, or on the meta device under ``from_pretrained``)."""
-        # Checked first: building reads the wrapped class's attention support (_body_class).
-        if config.is_encoder_decoder != (self.body_auto_class is AutoModelForSeq2SeqLM):
-            other = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
-            raise ValueError(f"{type(self).__name__} cannot wrap a {config.text_config.model_type} model; use {other}")
-        super().__init__(config)
-        if body is None:
-            # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
-            body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
-        if not getattr(body.config, "tie_word_embeddings", True):
+    _load_tokenizer = TokenizerLoadFailure()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            failure, source = type(self)._load_tokenizer.take()
+            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
+                folder = getattr(self.model, "name_or_path", None) or ""
+                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+                source = folder if has_files else None
+            if failure is not None and source is not None:
+                raise ValueError(
+                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
+                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
+                    "loaded tokenizer"
+                ) from failure
+            raise ValueError(missing_tokenizer_message(self.model))
+
+    def _sanitize_parameters(self, **kwargs):
+        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
+        if unknown:
             raise ValueError(
-                f"{type(self).__name__}: the wrapped {body.config.model_type} config says tie_word_embeddings=False, "
-                "but the normalized head is tied: it scores with the input embedding matrix itself, so an untied "
-                "output matrix would be dropped (docs/converting.md: untied checkpoints are refused). Wrap a model "
-                "with tie_word_embeddings=True"
+                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
             )
-        self.model = body
-        self.generation_config = body.generation_config  # from_pretrained replaces it by the saved one
-        config.text_config = body.config  # one config object, so that resizing or use_cache reach the body
-        install_normalized_head(body, config)
-        if not any(p.is_meta for p in body.parameters()):
-            # An adopted or freshly built body is initialized already; post_init must not re-initialize the new head,
-            # whose weight is the shared embedding.
-            for module in body.modules():
-                module._is_hf_initialized = True
-        self.post_init()
+        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
+        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
+        check_generate_kwargs(generate_kwargs)
+        return {}, generate_kwargs, {}
 
-    def post_init(self) -> None:
-        super().post_init()  # the wrapped model declared its own tie when it was built
-        self.finish_head_hosting()
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)  # the arguments are still checked
+            return []  # nothing to translate (the base Pipeline indexed the empty list)
+        return super().__call__(inputs, *args, **kwargs)
 
-    def _body_class(self) -> type[PreTrainedModel]:
-        """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
-        try:
-            return _get_model_class(self.config.text_config, self.body_auto_class._model_mapping)
-        except KeyError:
-            raise ValueError(
-                f"{self.body_auto_class.__name__} has no class for a {self.config.text_config.model_type!r} model: "
-                f"{type(self).__name__} cannot wrap it"
-            ) from None
-
-    # The attention implementations the wrapper supports are its wrapped model's: transformers checks them on the
-    # wrapper when it is built or loaded (attn_implementation=...), and the choice reaches the wrapped model through
-    # config.text_config, a sub-config. Read on the instance, as transformers reads them.
-    @property
-    def _supports_sdpa(self) -> bool:
-        return self._body_class()._supports_sdpa
-
-    @property
-    def _supports_flash_attn(self) -> bool:
-        return self._body_class()._supports_flash_attn
-
-    @property
-    def _supports_flex_attn(self) -> bool:
-        return self._body_class()._supports_flex_attn
-
-    @property
-    def _can_compile_fullgraph(self) -> bool:
-        return self._body_class()._can_compile_fullgraph
-
-    @property
-    def backbone(self) -> nn.Module:
-        """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
-        i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
-        callers such as TRL run to get ``last_hidden_state`` before an LM head. It is a module inside ``self.model``
-        (keys ``model.<its prefix>.*``), not registered a second time. An architecture whose own ``base_model`` is
-        itself (T5) gives the wrapped model, as transformers does for it."""
-        return self.model.base_model
-
-    @property
-    def vocab_size(self) -> int:
-        """The wrapped model's vocabulary size (``config.text_config.vocab_size``, kept by a resize)."""
-        return self.config.get_text_config().vocab_size
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.set_input_embeddings(value)
-
-    def _output_head(self) -> nn.Module:
-        return self.model.get_output_embeddings()
-
-    def _place_output_head(self, head: nn.Module) -> None:
-        self.model.set_output_embeddings(head)
-
-    def get_encoder(self) -> nn.Module:
-        return self.model.get_encoder()
-
-    def get_decoder(self) -> nn.Module:
-        return self.model.get_decoder()
-
-    def _resize_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        # The wrapped model resizes its embedding in place (and its final_logits_bias, if any) but replaces the
-        # output layer by a plain nn.Linear; put the normalized head back on the resized shared matrix.
-        head = self.get_output_embeddings()
-        embeddings = self.model.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        self.model.set_output_embeddings(head)
-        head.weight = embeddings.weight
-        return embeddings
-
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (head/scoring_guard.py)
-    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ):
-        """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
-        returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
-        fused path computes (``config.loss_implementation``, families/wrapped_loss.py) the loss and ``logits=None``.
-
-        Args:
-            input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
-            attention_mask: (batch, length), 1 for tokens to attend to.
-            labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
-                as already aligned).
-        """
-        check_head_once(self)
-        if inputs_embeds is not None:
-            kwargs["inputs_embeds"] = inputs_embeds
-        kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
-        # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too
-        if self.training and labels is not None:
-            refuse_patched_forward(self, self.model)  # a patched forward would bypass the head (liger's patches)
-        elif self.training and num_items_in_batch is not None:
-            refuse_fused_loss_scored_outside(self.config)  # the Trainer scores the logits: no fused loss
-        if labels is not None:  # a causal LM's fused loss (an encoder-decoder refuses a named one)
-            fused = fused_causal_lm_loss(
-                self, self.model, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs
+    def preprocess(self, text: str):
+        if not isinstance(text, str):
+            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
+        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
+        limit = position_limit(self.model, self.tokenizer)
+        if limit is not None and inputs["input_ids"].shape[-1] > limit:
+            logger.warning(
+                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
+                f"can embed; translating its first {limit} tokens only"
             )
-            if fused is not None:  # the loss by a fused path, no logits
-                return fused
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
-        shifted = not self.config.is_encoder_decoder
-        return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
+            inputs = self.tokenizer(
+                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
+            )
+        return inputs
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
-        ``generation_config``."""
-        self.model.generation_config = self.generation_config
-        return self.model.generate(*args, **kwargs)
+    def _forward(self, model_inputs, **generate_kwargs):
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
 
-
-class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
-    """A causal LM of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
-
-    body_auto_class = AutoModelForCausalLM
-
-
-class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
-    """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
-
-    body_auto_class = AutoModelForSeq2SeqLM
-
-    @property
-    def prepare_decoder_input_ids_from_labels(self):
-        # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
-        # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
-        return self.model.prepare_decoder_input_ids_from_labels
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)
+    def postprocess(self, model_outputs):
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        return [{"translation_text": text} for text in texts]

@@ -1,0 +1,99 @@
+"""What both encoder-decoder families' configurations share: which embeddings are tied (``TieTopologyConfigMixin``)
+and the small Multi30k model's sizes and special tokens (``SmallEncoderDecoderConfigMixin``)."""
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from .config_fields import layer_count_field, size_field
+
+TieTopology = Literal["untied", "decoder", "three_way"]
+TIE_TOPOLOGIES: tuple[str, ...] = get_args(TieTopology)
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class TieTopologyConfigMixin:
+    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf, 2017, Section 5), for both
+    encoder-decoder families:
+
+      * ``"three_way"``: encoder input = decoder input = output embedding; needs one shared vocabulary;
+      * ``"decoder"``: decoder input = output embedding, the encoder has its own (``decoder_vocab_size`` may differ);
+      * ``"untied"``: three separate matrices (the head mode still applies to the output matrix).
+
+    ``tie_word_embeddings`` and ``share_encoder_decoder_embeddings`` follow from ``tie_topology``; passing values
+    that contradict it is an error.
+    """
+
+    # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
+    # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no
+    # fields.
+    shared_embedding_path = "model.shared"
+    stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
+
+    # Which embeddings share one matrix: one of TIE_TOPOLOGIES.
+    tie_topology: TieTopology = "three_way"
+    # Vocabulary of the decoder input and the output layer when it differs from the encoder's; None = vocab_size.
+    decoder_vocab_size: int | None = size_field(default=None)
+    # Derived from tie_topology when left unset (the HF parents default both to True).
+    tie_word_embeddings: bool | None = None
+    share_encoder_decoder_embeddings: bool | None = None
+
+    def _implied_tie_flags(self) -> dict[str, bool]:
+        return {
+            "tie_word_embeddings": self.tie_topology != "untied",
+            "share_encoder_decoder_embeddings": self.tie_topology == "three_way",
+        }
+
+    def __post_init__(self, **kwargs):
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
+        super().__post_init__(**kwargs)
+
+    def validate_tie_topology(self) -> None:
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) != value:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
+                    f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
+                )
+        if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="
+                f"{self.decoder_vocab_size} != vocab_size={self.vocab_size}; use tie_topology='decoder' or 'untied'"
+            )
+        if self.adaptive_cutoffs is not None and self.tie_topology != "three_way":
+            raise ValueError(
+                f"adaptive_cutoffs needs tie_topology='three_way' (one adaptive embedding shared by encoder, decoder "
+                f"and output layer), got tie_topology={self.tie_topology!r}"
+            )
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class SmallEncoderDecoderConfigMixin:
+    """The sizes and special tokens both encoder-decoder families default to: the small Multi30k model and the
+    tokenizer hf_tiednorm trains (BART-large instead: d = 1024, 12 + 12 layers, 16 heads, FFN 4096, 50265 tokens)."""
+
+    # Joint subword vocabulary (source and target) of the encoder; the decoder's unless decoder_vocab_size is set.
+    vocab_size: int = size_field(default=8000)
+    # Longest sequence the position table covers (Marian's is sinusoidal, BART's learned).
+    max_position_embeddings: int = size_field(default=256)
+    # Model width d; also the embedding size, so embeddings and hidden states live in one space.
+    d_model: int = size_field(default=256)
+    encoder_layers: int = layer_count_field(default=3)
+    encoder_ffn_dim: int = size_field(default=1024)
+    encoder_attention_heads: int = size_field(default=4)
+    decoder_layers: int = layer_count_field(default=3)
+    decoder_ffn_dim: int = size_field(default=1024)
+    decoder_attention_heads: int = size_field(default=4)
+    # Special token ids of the tokenizer that hf_tiednorm trains: <pad>=0, <s>=1, </s>=2, <unk>=3 (BART's own: <s>=0,
+    # <pad>=1, decoding starts with </s> and is forced to end with it).
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    forced_eos_token_id: int | list[int] | None = None
+
+
+__all__ = ["TIE_TOPOLOGIES", "SmallEncoderDecoderConfigMixin", "TieTopologyConfigMixin", "TieTopology"]
