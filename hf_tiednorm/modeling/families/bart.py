@@ -16,11 +16,12 @@ from transformers import GenerationMixin
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
 
 from ..code_writer import SavesItsCode
+from ..engine_checks import EngineChecksMixin
 from .configuration_bart import TiedNormBartConfig
 from .encoder_decoder import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
 
 
-class TiedNormBartPreTrainedModel(SavesItsCode, BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(EngineChecksMixin, SavesItsCode, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 

@@ -11,12 +11,13 @@ from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
 from ..code_writer import SavesItsCode
+from ..engine_checks import EngineChecksMixin
 from .common import TiedNormCausalLMMixin
 from .configuration_causal import TiedNormCausalConfig
 from .embeddings import build_embedding
 
 
-class TiedNormCausalPreTrainedModel(SavesItsCode, LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(EngineChecksMixin, SavesItsCode, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 

@@ -6,9 +6,10 @@ A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) need
 with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
 vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
 naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
-``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
-plain linear layer it computes, or refused by name (head/scoring_guard.py).
+resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
+on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
+model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
+(head/scoring_guard.py).
 """
 
 from __future__ import annotations
@@ -128,10 +129,6 @@ class TiedNormHeadHostMixin:
             return FoldedLinear(head, getattr(self, "output_projection", None))
         return head
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
-        return super().generate(*args, **kwargs)
-
     def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
         return super().resize_token_embeddings(*args, **kwargs)
@@ -154,7 +151,7 @@ class TiedNormHeadHostMixin:
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
-            return self._generate_with_frozen_head(*args, **kwargs)
+            return super().generate(*args, **kwargs)
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True

@@ -8,11 +8,12 @@ from transformers import GenerationMixin
 from transformers.models.marian.modeling_marian import MarianModel, MarianPreTrainedModel
 
 from ..code_writer import SavesItsCode
+from ..engine_checks import EngineChecksMixin
 from .configuration_seq2seq import TiedNormSeq2SeqConfig
 from .encoder_decoder import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
 
 
-class TiedNormSeq2SeqPreTrainedModel(SavesItsCode, MarianPreTrainedModel):
+class TiedNormSeq2SeqPreTrainedModel(EngineChecksMixin, SavesItsCode, MarianPreTrainedModel):
     config_class = TiedNormSeq2SeqConfig
     config: TiedNormSeq2SeqConfig
     # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.

