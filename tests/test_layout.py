@@ -220,9 +220,10 @@ def defined_functions(name: str, delegating: bool = True) -> list[str]:
 
 
 def test_one_host_for_the_head_in_our_families_and_the_wrapper():
-    """Hosting a normalized head (a new output layer, generation with frozen column terms, resizing, saving, the
-    output embedding's matrices) is written once, in head_host.py, for the families and the wrapper alike (the
-    encoder-decoder family's generate only wraps it to keep an FSDP2 root gathered)."""
+    """Hosting a normalized head (a new output layer, generation with frozen column terms, resizing, the output
+    embedding's matrices) is written once, in head_host.py, for the families and the wrapper alike (the
+    encoder-decoder family's generate only wraps it to keep an FSDP2 root gathered); saving a folder's code once, in
+    code_writer.py, for every config and model."""
     import hf_tiednorm
     from hf_tiednorm.modeling.families.head_host import TiedNormHeadHostMixin
 
@@ -231,14 +232,15 @@ def test_one_host_for_the_head_in_our_families_and_the_wrapper():
         hf_tiednorm.TiedNormForCausalLM, hf_tiednorm.TiedNormWrappedForCausalLM,
         hf_tiednorm.TiedNormWrappedForSeq2SeqLM,
     )
-    for method in ("set_output_embeddings", "generate", "resize_token_embeddings", "save_pretrained",
-                   "output_embedding_weights"):
+    for method in ("set_output_embeddings", "generate", "resize_token_embeddings", "output_embedding_weights"):
         line = getattr(TiedNormHeadHostMixin, method).__code__.co_firstlineno
         host = f"hf_tiednorm/modeling/families/head_host.py:{line}"
         assert host in defined_functions(method), method
         assert set(defined_functions(method, delegating=False)) <= {host}, method  # others only add to it
         for model in models:
             assert issubclass(model, TiedNormHeadHostMixin), model
+    saves = [where for where in defined_functions("save_pretrained") if where.startswith("hf_tiednorm/modeling/")]
+    assert [where.split(":")[0] for where in saves] == ["hf_tiednorm/modeling/code_writer.py"], saves
 
 
 def test_one_loss_module_and_one_penalty_terms():
