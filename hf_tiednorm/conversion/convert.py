@@ -35,15 +35,15 @@ from ..modeling.families.wrapped import (
     TiedNormWrappedPreTrainedModel,
 )
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.peft_guard import refuse_peft_before_normalizing
 from ..modeling.head.settings import DEFAULT_HEAD_MODE, RENAMED_FIELDS, HeadSettings, renamed_value
 from ..modeling.head.terms import learned_terms
-from ..modeling.load_checks import check_source_loaded
 from .convert_checks import (
     SUPPORTED_TEXT,
     check_convertible,
+    check_source_loaded,
     check_tied,
     check_unit_lookups,
+    refuse_peft_before_normalizing,
     tie_parallel_output_rows,
     tied_copy,
 )

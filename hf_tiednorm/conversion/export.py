@@ -63,6 +63,7 @@ from ..modeling.head.settings import HeadSettings
 from ..modeling.head.terms import active_terms, learned_terms
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
 from .lossless_start import term_switches
+from .plain_head import plain_input_weight, plain_output_layer
 from .staging_checks import (
     check_new_folder,
     check_tokenizer_files,
@@ -88,7 +89,7 @@ _DROPPED = _OWN_FIELDS | {
 
 def normalizes_lookups(config) -> bool:
     """Whether the model's head mode looks up unit rows ŵ_i at the input (``HeadMode.normalizes_input_lookups``),
-    which the export writes into the embedding (``HeadMode.plain_input_weight``)."""
+    which the export writes into the embedding (``plain_head.plain_input_weight``)."""
     return get_head_mode(config.head_mode).normalizes_input_lookups
 
 
@@ -166,7 +167,7 @@ def _parent_config(model: PreTrainedModel, tie: bool):
 def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tuple[dict, torch.Tensor]:
     """The parent's state dict (output rows, l2 lookups baked) and the effective per-token bias (V,) fp32."""
     head = body.get_submodule(head_path)
-    rows, bias = head.plain_output_layer()  # (V, d): row i scores w_i·h·scale_i (mode, g and b folded in by the head)
+    rows, bias = plain_output_layer(head)  # (V, d): row i scores w_i·h·scale_i (mode, g and b folded in by the head)
     if bias is None:
         bias = torch.zeros(rows.shape[0], dtype=torch.float32, device=rows.device)
     if projection is not None:  # logits = W'·(P·h) = (W'·P)·h
@@ -186,8 +187,8 @@ def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tu
                 f"embedding {name} has normalize={module.normalize}, but head_mode={model.config.head_mode!r}: the "
                 "model's lookups disagree with its head mode; reload it from its folder"
             )
-        state[f"{name}.weight"] = head.mode.plain_input_weight(module.weight.detach(), module.norm_eps)
-        exact_lookups = head.mode.plain_input_weight(module.weight.detach().float(), module.norm_eps)
+        state[f"{name}.weight"] = plain_input_weight(head.mode, module.weight.detach(), module.norm_eps)
+        exact_lookups = plain_input_weight(head.mode, module.weight.detach().float(), module.norm_eps)
         if module.weight is head.weight and rows_are_lookups(rows, exact_lookups):
             # The effective rows are the lookups (baseline, plain l2, an untrained lossless start: ‖w_i‖·w_i/‖w_i‖):
             # write the lookups themselves, so that the export keeps the tie and its size.

@@ -32,7 +32,7 @@ def baked_rows(head_mode: str) -> str:
     mode = get_head_mode(head_mode)
     text = f"row i = g_i·σ_i·w_i, bias g_i·β_i + b_i, where {mode.equation} = σ_i·(w_i·h) + β_i"
     if mode.normalizes_input_lookups:
-        text += "; the input embedding holds the lookups the mode makes (HeadMode.plain_input_weight)"
+        text += "; the input embedding holds the lookups the mode makes (plain_head.plain_input_weight)"
     return text
 
 

@@ -137,7 +137,7 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
-    _refuse(model, errors)
+    refuse_load_errors(model, errors)
 
 
 def check_loaded_body(model: nn.Module, loading_info) -> None:
@@ -145,18 +145,10 @@ def check_loaded_body(model: nn.Module, loading_info) -> None:
     (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
     a body loaded from its LM's folder drops the head, as transformers' bodies do."""
     missing = set(loading_info.missing_keys)
-    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
-def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
-    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
-    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
-    instead of converting a randomly initialized layer "lossless"."""
-    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
-    _refuse(model, other_tensor_errors(model, missing, unexpected))
-
-
-def _refuse(model: nn.Module, errors: list[str]) -> None:
+def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
@@ -186,8 +178,8 @@ __all__ = [
     "WeightChecksMixin",
     "check_loaded_body",
     "check_loaded_head",
-    "check_source_loaded",
     "embedding_errors",
     "head_term_errors",
     "other_tensor_errors",
+    "refuse_load_errors",
 ]

@@ -66,25 +66,17 @@ class TokenizerLoadFailure:
     """
 
     failure: BaseException | None = None
-    source: object = None
 
     def __bool__(self) -> bool:
-        error = sys.exc_info()[1]
-        if error is None:  # the test before loading: load, and forget an earlier call's failure
-            self.failure = None
-            return True
-        self.failure = error
-        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
-        self.source = sys._getframe(1).f_locals.get("component")
-        return False
+        self.failure = sys.exc_info()[1]  # None before loading: load (and forget an earlier call's failure)
+        return self.failure is None
 
-    def take(self) -> tuple[BaseException | None, object]:
-        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
-        (the ``tokenizer=`` argument, or None); cleared."""
-        failure, source, self.failure, self.source = self.failure, self.source, None, None
+    def take(self) -> BaseException | None:
+        """The recorded load error, if the tokenizer was given or guessed and failed to load; cleared."""
+        failure, self.failure = self.failure, None
         if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
-            return None, None  # nothing was given to load (a model object without tokenizer=)
-        return failure, source
+            return None  # nothing was given to load (a model object without tokenizer=)
+        return failure
 
 
 # Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
@@ -110,12 +102,12 @@ class TiedNormTranslationPipeline(Pipeline):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.tokenizer is None:
-            failure, source = type(self)._load_tokenizer.take()
-            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
-                folder = getattr(self.model, "name_or_path", None) or ""
-                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
-                source = folder if has_files else None
-            if failure is not None and source is not None:
+            failure = type(self)._load_tokenizer.take()
+            # Guessed from the model's folder where it has tokenizer files (else given as pipeline(tokenizer=...)).
+            folder = getattr(self.model, "name_or_path", None) or ""
+            has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+            source = f"in {folder}" if has_files else "given as pipeline(tokenizer=...)"
+            if failure is not None:
                 raise ValueError(
                     f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
                     f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "

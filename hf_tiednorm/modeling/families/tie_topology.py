@@ -9,8 +9,8 @@ accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_e
 ``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
 ("Parameter ... is shared with a parameter already managed by another FSDP group").
 
-From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read), the
-module aliases, the holders to shard together (``fully_shard_tied``) and the check that the tie is intact.
+From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read) and the
+module aliases; the training layer shards its holders together (hf_tiednorm/training/fsdp.py).
 """
 
 from __future__ import annotations
@@ -128,54 +128,9 @@ def alias_tied_modules(body: nn.Module) -> None:
         body.set_submodule(alias.removeprefix(prefix), owner)
 
 
-def tied_holders(model: nn.Module) -> list[nn.Module]:
-    """The distinct modules of an LM holding its tied parameters (owner, head); empty when untied."""
-    tie = embedding_tie(model.config)
-    return [] if tie is None else [model.get_submodule(path) for path in tie.holders()]
-
-
-def untied_pairs(model: nn.Module) -> list[tuple[str, str]]:
-    """(target, source) entries of the LM's tie whose parameters are not one object: empty when the tie is intact.
-
-    Works on the plain, FSDP2-sharded (DTensor parameters) and DeepSpeed-partitioned model alike."""
-    tie = embedding_tie(model.config)
-    if tie is None:
-        return []
-    return [
-        (target, source)
-        for target, source in tie.tied_weights_keys().items()
-        if model.get_parameter(target) is not model.get_parameter(source)
-    ]
-
-
-def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``) for an hf_tiednorm LM: one group per transformer layer
-    (``_no_split_modules``), one group for every holder of the tied parameters, the rest in the root group.
-
-    ``fsdp_kwargs`` go to every ``fully_shard`` call (``mesh``, ``reshard_after_forward``, ...). The holders form
-    one group whatever the topology or adaptive embedding, which accelerate's wrapping cannot do for the "decoder"
-    topology or adaptive embeddings (it groups only the input and output embedding modules, and only when they
-    share a ``weight``)."""
-    from torch.distributed.fsdp import fully_shard
-
-    layer_classes = set(model._no_split_modules or ())
-    for module in model.modules():
-        if type(module).__name__ in layer_classes:
-            fully_shard(module, **fsdp_kwargs)
-    holders = tied_holders(model)
-    if holders:
-        # Gathered from the first lookup to the head, and kept so after the forward: the weight-norm penalty reads
-        # the head's weight after the head ran (accelerate keeps this group gathered for the same reason).
-        fully_shard(holders, **{**fsdp_kwargs, "reshard_after_forward": False})
-    return fully_shard(model, **fsdp_kwargs)
-
-
 __all__ = [
     "EmbeddingTie",
     "TiedEmbeddingsMixin",
     "alias_tied_modules",
     "embedding_tie",
-    "fully_shard_tied",
-    "tied_holders",
-    "untied_pairs",
 ]

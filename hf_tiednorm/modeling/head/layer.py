@@ -154,15 +154,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
         return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
 
-    @torch.no_grad()
-    def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
-        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
-        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
-        scale, bias = self._compute_column_terms()
-        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
-        return weight, bias
-
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
         scale, bias = self.column_terms()

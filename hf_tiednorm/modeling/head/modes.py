@@ -97,11 +97,6 @@ class HeadMode:
             b = -bias if g is None else -bias * g
         return g, b
 
-    def plain_input_weight(self, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """The matrix a plain ``nn.Embedding`` must hold to look up what this mode looks up: ŵ for a mode that
-        normalizes the input lookups, W itself otherwise. (V, d), in ``weight``'s dtype."""
-        return unit_rows(weight, eps) if self.normalizes_input_lookups else weight
-
     def __repr__(self) -> str:
         return f"<head mode {self.name!r}: {self.equation}>"
 

@@ -97,32 +97,6 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         )
 
 
-def refuse_peft_before_normalizing(model: nn.Module) -> None:
-    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
-    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
-
-    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
-    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
-    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
-    """
-    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
-    found = next(
-        (
-            (name or "the model itself", type(module).__name__)
-            for name, module in model.named_modules()
-            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
-        ),
-        None,
-    )
-    if found is not None:
-        raise ValueError(
-            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
-            f"{found[1]}): normalize first, then add adapters, i.e. "
-            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
-            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
-        )
-
-
 # Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
 # add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
 # shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
@@ -165,5 +139,4 @@ __all__ = [
     "check_head_not_bypassed",
     "check_head_once",
     "refuse_bypassed_head",
-    "refuse_peft_before_normalizing",
 ]

@@ -48,14 +48,6 @@ LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 AUTO_MIN_LOGITS = 1 << 26
 
 
-# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
-LIGER_NEEDS_CUDA = (
-    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
-    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
-    "(loss_implementation='fused': the chunked loop)"
-)
-
-
 def liger_installed() -> bool:
     """liger-kernel (the ``gpu`` extra) can be imported."""
     return importlib.util.find_spec("liger_kernel") is not None
@@ -129,7 +121,6 @@ def refuse_fused_loss_scored_outside(config) -> None:
 
 __all__ = [
     "AUTO_MIN_LOGITS",
-    "LIGER_NEEDS_CUDA",
     "LOSS_IMPLEMENTATIONS",
     "choose_loss_path",
     "fused_kernel",

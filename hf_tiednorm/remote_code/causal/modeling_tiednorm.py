@@ -513,11 +513,6 @@ class HeadMode:
             b = -bias if g is None else -bias * g
         return g, b
 
-    def plain_input_weight(self, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """The matrix a plain ``nn.Embedding`` must hold to look up what this mode looks up: ŵ for a mode that
-        normalizes the input lookups, W itself otherwise. (V, d), in ``weight``'s dtype."""
-        return unit_rows(weight, eps) if self.normalizes_input_lookups else weight
-
     def __repr__(self) -> str:
         return f"<head mode {self.name!r}: {self.equation}>"
 
@@ -740,15 +735,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
         return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
-
-    @torch.no_grad()
-    def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
-        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
-        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
-        scale, bias = self._compute_column_terms()
-        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
-        return weight, bias
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
@@ -1101,32 +1087,6 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         raise ValueError(
             "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
             f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
-        )
-
-
-def refuse_peft_before_normalizing(model: nn.Module) -> None:
-    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
-    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
-
-    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
-    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
-    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
-    """
-    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
-    found = next(
-        (
-            (name or "the model itself", type(module).__name__)
-            for name, module in model.named_modules()
-            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
-        ),
-        None,
-    )
-    if found is not None:
-        raise ValueError(
-            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
-            f"{found[1]}): normalize first, then add adapters, i.e. "
-            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
-            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
         )
 
 
@@ -1625,7 +1585,7 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
-    _refuse(model, errors)
+    refuse_load_errors(model, errors)
 
 
 def check_loaded_body(model: nn.Module, loading_info) -> None:
@@ -1633,18 +1593,10 @@ def check_loaded_body(model: nn.Module, loading_info) -> None:
     (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
     a body loaded from its LM's folder drops the head, as transformers' bodies do."""
     missing = set(loading_info.missing_keys)
-    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
-def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
-    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
-    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
-    instead of converting a randomly initialized layer "lossless"."""
-    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
-    _refuse(model, other_tensor_errors(model, missing, unexpected))
-
-
-def _refuse(model: nn.Module, errors: list[str]) -> None:
+def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
@@ -1936,14 +1888,6 @@ LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 # their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
 # model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
 AUTO_MIN_LOGITS = 1 << 26
-
-
-# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
-LIGER_NEEDS_CUDA = (
-    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
-    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
-    "(loss_implementation='fused': the chunked loop)"
-)
 
 
 def liger_installed() -> bool:
@@ -2604,8 +2548,8 @@ accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_e
 ``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
 ("Parameter ... is shared with a parameter already managed by another FSDP group").
 
-From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read), the
-module aliases, the holders to shard together (``fully_shard_tied``) and the check that the tie is intact.
+From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read) and the
+module aliases; the training layer shards its holders together (hf_tiednorm/training/fsdp.py).
 """
 
 
@@ -2712,48 +2656,6 @@ def alias_tied_modules(body: nn.Module) -> None:
     owner = body.get_submodule(tie.owner.removeprefix(prefix))
     for alias in tie.aliases:
         body.set_submodule(alias.removeprefix(prefix), owner)
-
-
-def tied_holders(model: nn.Module) -> list[nn.Module]:
-    """The distinct modules of an LM holding its tied parameters (owner, head); empty when untied."""
-    tie = embedding_tie(model.config)
-    return [] if tie is None else [model.get_submodule(path) for path in tie.holders()]
-
-
-def untied_pairs(model: nn.Module) -> list[tuple[str, str]]:
-    """(target, source) entries of the LM's tie whose parameters are not one object: empty when the tie is intact.
-
-    Works on the plain, FSDP2-sharded (DTensor parameters) and DeepSpeed-partitioned model alike."""
-    tie = embedding_tie(model.config)
-    if tie is None:
-        return []
-    return [
-        (target, source)
-        for target, source in tie.tied_weights_keys().items()
-        if model.get_parameter(target) is not model.get_parameter(source)
-    ]
-
-
-def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``) for an hf_tiednorm LM: one group per transformer layer
-    (``_no_split_modules``), one group for every holder of the tied parameters, the rest in the root group.
-
-    ``fsdp_kwargs`` go to every ``fully_shard`` call (``mesh``, ``reshard_after_forward``, ...). The holders form
-    one group whatever the topology or adaptive embedding, which accelerate's wrapping cannot do for the "decoder"
-    topology or adaptive embeddings (it groups only the input and output embedding modules, and only when they
-    share a ``weight``)."""
-    from torch.distributed.fsdp import fully_shard
-
-    layer_classes = set(model._no_split_modules or ())
-    for module in model.modules():
-        if type(module).__name__ in layer_classes:
-            fully_shard(module, **fsdp_kwargs)
-    holders = tied_holders(model)
-    if holders:
-        # Gathered from the first lookup to the head, and kept so after the forward: the weight-norm penalty reads
-        # the head's weight after the head ran (accelerate keeps this group gathered for the same reason).
-        fully_shard(holders, **{**fsdp_kwargs, "reshard_after_forward": False})
-    return fully_shard(model, **fsdp_kwargs)
 
 
 # ------------------------------ hf_tiednorm/modeling/families/common.py -----------------------------------------

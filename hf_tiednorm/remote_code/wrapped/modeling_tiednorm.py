@@ -514,11 +514,6 @@ class HeadMode:
             b = -bias if g is None else -bias * g
         return g, b
 
-    def plain_input_weight(self, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """The matrix a plain ``nn.Embedding`` must hold to look up what this mode looks up: ŵ for a mode that
-        normalizes the input lookups, W itself otherwise. (V, d), in ``weight``'s dtype."""
-        return unit_rows(weight, eps) if self.normalizes_input_lookups else weight
-
     def __repr__(self) -> str:
         return f"<head mode {self.name!r}: {self.equation}>"
 
@@ -742,15 +737,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
         return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
 
-    @torch.no_grad()
-    def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
-        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
-        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
-        scale, bias = self._compute_column_terms()
-        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
-        return weight, bias
-
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
         scale, bias = self.column_terms()
@@ -916,32 +902,6 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         raise ValueError(
             "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
             f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
-        )
-
-
-def refuse_peft_before_normalizing(model: nn.Module) -> None:
-    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
-    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
-
-    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
-    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
-    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
-    """
-    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
-    found = next(
-        (
-            (name or "the model itself", type(module).__name__)
-            for name, module in model.named_modules()
-            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
-        ),
-        None,
-    )
-    if found is not None:
-        raise ValueError(
-            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
-            f"{found[1]}): normalize first, then add adapters, i.e. "
-            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
-            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
         )
 
 
@@ -1626,7 +1586,7 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
-    _refuse(model, errors)
+    refuse_load_errors(model, errors)
 
 
 def check_loaded_body(model: nn.Module, loading_info) -> None:
@@ -1634,18 +1594,10 @@ def check_loaded_body(model: nn.Module, loading_info) -> None:
     (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
     a body loaded from its LM's folder drops the head, as transformers' bodies do."""
     missing = set(loading_info.missing_keys)
-    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
-def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
-    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
-    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
-    instead of converting a randomly initialized layer "lossless"."""
-    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
-    _refuse(model, other_tensor_errors(model, missing, unexpected))
-
-
-def _refuse(model: nn.Module, errors: list[str]) -> None:
+def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
@@ -1772,14 +1724,6 @@ LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 # their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
 # model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
 AUTO_MIN_LOGITS = 1 << 26
-
-
-# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
-LIGER_NEEDS_CUDA = (
-    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
-    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
-    "(loss_implementation='fused': the chunked loop)"
-)
 
 
 def liger_installed() -> bool:
@@ -2963,25 +2907,17 @@ class TokenizerLoadFailure:
     """
 
     failure: BaseException | None = None
-    source: object = None
 
     def __bool__(self) -> bool:
-        error = sys.exc_info()[1]
-        if error is None:  # the test before loading: load, and forget an earlier call's failure
-            self.failure = None
-            return True
-        self.failure = error
-        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
-        self.source = sys._getframe(1).f_locals.get("component")
-        return False
+        self.failure = sys.exc_info()[1]  # None before loading: load (and forget an earlier call's failure)
+        return self.failure is None
 
-    def take(self) -> tuple[BaseException | None, object]:
-        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
-        (the ``tokenizer=`` argument, or None); cleared."""
-        failure, source, self.failure, self.source = self.failure, self.source, None, None
+    def take(self) -> BaseException | None:
+        """The recorded load error, if the tokenizer was given or guessed and failed to load; cleared."""
+        failure, self.failure = self.failure, None
         if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
-            return None, None  # nothing was given to load (a model object without tokenizer=)
-        return failure, source
+            return None  # nothing was given to load (a model object without tokenizer=)
+        return failure
 
 
 # Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
@@ -3007,12 +2943,12 @@ class TiedNormTranslationPipeline(Pipeline):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.tokenizer is None:
-            failure, source = type(self)._load_tokenizer.take()
-            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
-                folder = getattr(self.model, "name_or_path", None) or ""
-                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
-                source = folder if has_files else None
-            if failure is not None and source is not None:
+            failure = type(self)._load_tokenizer.take()
+            # Guessed from the model's folder where it has tokenizer files (else given as pipeline(tokenizer=...)).
+            folder = getattr(self.model, "name_or_path", None) or ""
+            has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+            source = f"in {folder}" if has_files else "given as pipeline(tokenizer=...)"
+            if failure is not None:
                 raise ValueError(
                     f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
                     f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
