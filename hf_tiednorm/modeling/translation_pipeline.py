@@ -1,15 +1,6 @@
-"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
-
-Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
-the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this code (inlined into an encoder-decoder family's generated
-``modeling_tiednorm.py``): ``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an
-encoder-decoder of ours (hf_tiednorm/conversion/saved_code.py).
-
-The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
-``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
-longer than the model's positions (with a warning) instead of failing inside the encoder.
-"""
+"""The ``tiednorm-translation`` pipeline for encoder-decoders (transformers 5 removed its own): it serves a saved
+folder alone (``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``), refuses bad arguments by
+name, translates ``[]`` to ``[]`` and truncates inputs longer than the model's positions, with a warning."""
 
 from __future__ import annotations
 
@@ -56,14 +47,9 @@ def missing_tokenizer_message(model) -> str:
 
 
 class TokenizerLoadFailure:
-    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
-    error of a failed load so that the pipeline can say why it has no tokenizer.
-
-    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
-    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
-    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
-    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
-    """
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, and keeps a failed
+    load's error (transformers' ``pipeline()`` tests the flag again in the handler of a failed load, where
+    ``sys.exc_info()`` holds it), so that the pipeline says why it has no tokenizer."""
 
     failure: BaseException | None = None
 

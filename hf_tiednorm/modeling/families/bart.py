@@ -1,12 +1,6 @@
-"""A BART-style encoder-decoder whose output layer is the normalized tied head: the family BART checkpoints
-convert to 1:1 (``hf_tiednorm.convert``).
-
-What both encoder-decoder families share (``families/encoder_decoder.py``) applies; only the body differs. What differs
-from ``transformers``' BART: token embeddings are ``TiedNormEmbedding`` that keep BART's in-module scaling
-(``BartScaledWordEmbedding``: lookup × sqrt(d) when ``scale_embedding``, the unit rows in l2 mode); ``lm_head`` is
-``TiedNormHead`` without BART's ``final_logits_bias``; the tie topology comes from ``config.tie_topology``.
-Learned positions, ``layernorm_embedding``, attention, KV cache and generation are BART's.
-"""
+"""The BART-style encoder-decoder family (the one BART checkpoints convert to): BART's body (learned positions,
+``layernorm_embedding``, in-module scaled embeddings) with what both encoder-decoder families share
+(families/encoder_decoder.py)."""
 
 from __future__ import annotations
 

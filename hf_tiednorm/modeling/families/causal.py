@@ -1,8 +1,5 @@
-"""A Llama-style decoder-only LM whose output layer is the normalized tied head.
-
-What differs from ``transformers``' Llama: token embeddings are ``TiedNormEmbedding`` (unit rows are looked up
-in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and the loss applies
-``config.label_smoothing``. Attention (SDPA), RoPE, KV cache and generation are Llama's.
+"""The Llama-style causal family: Llama's body with ``TiedNormEmbedding`` lookups (unit rows in l2 mode) and the
+normalized tied head as ``lm_head`` (``TiedNormCausalLMMixin``); attention, RoPE, KV cache and generation are Llama's.
 """
 
 from __future__ import annotations

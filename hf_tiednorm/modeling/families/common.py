@@ -1,8 +1,6 @@
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
-Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and
-the tie (``families/tie_topology.py``); and ``TiedNormCausalLMMixin``, the public base of a causal family's LM (the
-package's own causal family is one). The head math itself lives in ``head/layer.py``, the embeddings in
-``families/embeddings.py``, the outputs in ``families/outputs.py``."""
+Wolf's projection P) on top of the head's host, the loss and the tie; ``TiedNormCausalLMMixin`` is the public base of
+a causal family's LM."""
 
 from __future__ import annotations
 
@@ -100,15 +98,10 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
 
 class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """The public base of a causal family's LM: list it before the HF parent's ``PreTrainedModel`` and
-    ``GenerationMixin``. It brings the normalized tied head, the label shift, the loss (every loss path, the
-    regularizers), the tie, loading checks, saving, resizing and generation; no hidden hook to override.
-
-    What the family supplies: ``config_class`` (a config listing ``TiedNormHeadConfigMixin`` and
-    ``TiedNormTechniquesConfigMixin`` before its HF parent config, with the class attribute ``input_embedding_path``,
-    the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
-    ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
-    ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
+    """The public base of a causal family's LM, listed before the HF parent's ``PreTrainedModel``: the head, the label
+    shift, the loss, the tie, the loading checks, resizing and generation. The family supplies ``config_class`` (with
+    ``input_embedding_path``) and an ``__init__`` that builds the HF body under ``base_model_prefix``, then calls
+    ``self.add_tied_norm_head(d)`` and ``self.post_init()``."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -129,11 +122,9 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
         skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
         **kwargs: Unpack[TransformersKwargs],
     ) -> TiedNormCausalLMOutput:
-        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
-        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
-        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
-        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
-        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        """``labels`` (batch, length) are the input ids (shifted here); ``shift_labels`` in ``kwargs`` (aligned already,
+        as HF's ``ForCausalLMLoss`` reads them) replace them (a named argument would be taken for a second label
+        column)."""
         shift_labels = kwargs.pop("shift_labels", None)
         outputs = body_of(self)(
             input_ids=input_ids,

@@ -1,10 +1,7 @@
-"""The configuration fields every hf_tiednorm model shares: the normalized tied head's
-(``TiedNormHeadConfigMixin``, the wrapper's too) and the training techniques' of the package's own families
-(``TiedNormTechniquesConfigMixin``). A family's config lists them before its HF parent config (their fields override
-the parent's); ``@strict`` checks each field's type and range whenever it is set, then runs the ``validate_*``
-methods on the whole config, naming the field or the validator. The head's math (a mode's row norms, its lossless
-start) is checked where the model is built (families/common.py).
-"""
+"""The configuration fields every hf_tiednorm model shares: the normalized tied head's (``TiedNormHeadConfigMixin``,
+the wrapper's too) and the training techniques' (``TiedNormTechniquesConfigMixin``), listed before a family's HF parent
+config. ``@strict`` checks each field's type and range when set, then the ``validate_*`` methods; the head mode's math
+is checked where the model is built."""
 
 import warnings
 from dataclasses import dataclass

@@ -12,16 +12,9 @@ TIE_TOPOLOGIES: tuple[str, ...] = get_args(TieTopology)
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
 class TieTopologyConfigMixin:
-    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf, 2017, Section 5), for both
-    encoder-decoder families:
-
-      * ``"three_way"``: encoder input = decoder input = output embedding; needs one shared vocabulary;
-      * ``"decoder"``: decoder input = output embedding, the encoder has its own (``decoder_vocab_size`` may differ);
-      * ``"untied"``: three separate matrices (the head mode still applies to the output matrix).
-
-    ``tie_word_embeddings`` and ``share_encoder_decoder_embeddings`` follow from ``tie_topology``; passing values
-    that contradict it is an error.
-    """
+    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf 2017, §5): ``three_way`` (encoder input =
+    decoder input = output; one vocabulary), ``decoder`` (decoder input = output), ``untied``. ``tie_word_embeddings``
+    and ``share_encoder_decoder_embeddings`` follow from it; values contradicting it are refused."""
 
     # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
     # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no

@@ -1,11 +1,6 @@
-"""Configuration of a normalized tied head around any transformers causal LM or encoder-decoder.
-
-``TiedNormWrappedConfig`` holds the wrapped model's own config as ``text_config`` (a config of a native
-``transformers`` model: gpt2, qwen3, gemma2, t5, m2m_100, ...) next to the fields of the normalized tied head. Every
-attribute the wrapper config does not define itself (``vocab_size``, ``hidden_size``, ``max_position_embeddings``,
-``decoder_start_token_id``, ``tie_word_embeddings``, ...) is read from ``text_config``, so code written for the
-wrapped architecture reads the wrapper's config unchanged.
-"""
+"""The wrapper's configuration: the wrapped model's own config as ``text_config`` (gpt2, qwen3, t5, ...) beside the
+normalized head's fields; every other attribute is read from ``text_config``, so the wrapped architecture's code reads
+the wrapper's config unchanged."""
 
 from dataclasses import fields
 from typing import Any
@@ -53,14 +48,10 @@ def refuse_own_family_fields(names, how: str) -> None:
 
 @strict
 class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
-    r"""
-    text_config (`dict` or `PreTrainedConfig`):
-        The config of the wrapped model (its ``model_type`` selects the architecture); it must tie its output layer to
-        its input embedding (``tie_word_embeddings=True``).
-
-    The head fields (``head_mode``, ``logit_scale_kind``, ``logit_scale_init``, ``logit_bias``, ``norm_eps``) are
-    ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes exactly the wrapped model's logits.
-    """
+    """text_config (`dict` or `PreTrainedConfig`):
+    The config of the wrapped model (its ``model_type`` selects the architecture), which ties its output layer to its
+    input embedding. The head's fields are ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes the
+    wrapped model's logits exactly."""
 
     model_type = "tiednorm_wrapped"
     # The wrapped model's config is a sub-config, as in HF's composite models: get_text_config() returns it, and the

@@ -76,11 +76,8 @@ class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
 
 
 class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs; loading and
-    resizing checked (``WeightChecksMixin``: finite weights; ``head_host``: special tokens kept).
-
-    A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
-    """
+    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs, loading
+    checked; a family names its body class in ``model_class``."""
 
     model_class: type[PreTrainedModel]
     base_model_prefix = "model"

@@ -1,17 +1,6 @@
-"""Which modules hold the tied embedding matrix: declared once here, used by every model family.
-
-A tie is one *owner* module (the input embedding), *aliases* (other attribute paths under which the very same
-owner module is registered: the encoder's and decoder's ``embed_tokens`` of a three-way tied encoder-decoder) and
-the output layer (*head*), which shares the owner's parameters (its ``weight``, or the band rows and projections of
-an adaptive softmax). Registering the owner itself under the aliases, rather than three embedding modules sharing
-one ``Parameter``, matters for every tool that groups "the input embedding with the output embedding":
-accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_embeddings()`` in one
-``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
-("Parameter ... is shared with a parameter already managed by another FSDP group").
-
-From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read) and the
-module aliases; the training layer shards its holders together (hf_tiednorm/training/fsdp.py).
-"""
+"""Which modules hold the tied embedding matrix, declared once and used by every family: one owner module (the input
+embedding), the paths where that same module is registered again (aliases, so FSDP2 groups it once), and the output
+layer sharing its parameters; ``_tied_weights_keys`` follow from it. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -52,15 +41,9 @@ class EmbeddingTie:
 
 
 def embedding_tie(config) -> EmbeddingTie | None:
-    """The tie of a model with this config, None when nothing is tied.
-
-    The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
-    ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
-    (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
-    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
-    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
-    projections when ``adaptive_tie_projections``.
-    """
+    """The tie of a model with this config, None when nothing is tied. The module paths are the config class's
+    (``input_embedding_path``; ``shared_embedding_path``, ``stack_embedding_paths``); an encoder-decoder ties per
+    ``tie_topology``; adaptive embeddings tie every band row and, with ``adaptive_tie_projections``, projection."""
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
         owner = getattr(type(config), "input_embedding_path", None)

@@ -1,14 +1,7 @@
-"""The head modes: one small object per mode, holding everything that mode *is*, in one registry.
-
-Liu, Zhai & Chen ("Normalization of Input-output Shared Embeddings in Text Generation Models", 2020) show that the tied
-score s_i = w_i·h is biased by the row norm ‖w_i‖ and propose the normalized modes below. Each is an affine map of the
-plain scores along the vocabulary, ``s = (W·h) * scale + bias`` (``HeadMode.column_terms``): one matmul plus O(V)
-work per decoding step and no normalized copy of W. A mode object answers every question the rest of the package
-asks about a mode, so that no other module compares a mode's name (docs/head.md, "The head modes").
-
-A saved config records a mode's name only: a folder naming a mode its code does not define is refused by name
-(``get_head_mode``). ``hf_tiednorm.register_head_mode`` adds a mode, checked (hf_tiednorm/registration/).
-"""
+"""The head modes (Liu, Zhai & Chen 2020): one object per mode, holding everything the mode *is*, so that no other
+module compares a mode's name. Each scores ``s = (W·h) * scale + bias`` with vocabulary-sized (scale, bias) made of
+the rows' norms: one matmul plus O(V) work per decoding step, no normalized copy of W. A saved config records the
+mode's name only; a name this code does not define is refused (``get_head_mode``). (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -23,12 +16,8 @@ LIU_ET_AL = "Liu, Zhai & Chen (2020)"
 
 
 def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> torch.Tensor:
-    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
-
-    The 0 instead of 1/eps makes a dead row (the zero padding row) score 0 and receive no gradient through its
-    norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
-    padding row's gradient dominate the whole model's.
-    """
+    """1/‖w_i‖^power of every row of ``weight`` (..., d), fp32 (...,); 0 for a dead row (‖w_i‖ ≤ eps): it scores 0
+    and gets no gradient through its norm (a floored 1/eps made the zero padding row's gradient dominate)."""
     # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
     squared = squared_row_norms(weight).float()
     inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
@@ -36,27 +25,19 @@ def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> tor
 
 
 def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
-    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
-
-    Scaled in fp32 so that fp16 rows cannot overflow on the way.
-    """
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in their dtype (scaled in fp32: no fp16 overflow); 0 if dead."""
     return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
 
 
 class HeadMode:
-    """One scoring mode of the tied output head. Subclass it (or build one with ``column_terms`` overridden) and
-    ``register_head_mode`` the instance.
+    """One scoring mode of the tied output head (subclass it and ``hf_tiednorm.register_head_mode`` an instance).
 
     Attributes:
-        name: the value of ``config.head_mode``.
-        equation: the score s_i in words, e.g. ``"s_i = w_i·h / ‖w_i‖"``.
-        paper: where it comes from, e.g. ``"Liu, Zhai & Chen (2020), eq. 27"``.
-        summary: a short description for the help texts (default: the equation).
+        name: the value of ``config.head_mode``; equation, paper, summary: its texts (help, model card).
         normalizes_input_lookups: the input embedding looks up ŵ_i instead of w_i.
         keeps_row_norms: the row norms still act somewhere (False when both sides normalize them away).
-        lossless_start: the learned terms a lossless start sets (``("logit_scale",)``, ``("logit_bias",)``, ``()``
-            when the scores are the source's already); None: no lossless start (see ``lossless_refusal``).
-        lossless_refusal: why there is no lossless start, for the error message.
+        lossless_start: the terms a lossless start sets (``("logit_scale",)``, ``()`` when none is needed); None: it
+            has none (``lossless_refusal`` says why).
         cites_liu_et_al: the model card cites Liu, Zhai & Chen.
     """
 
@@ -71,20 +52,18 @@ class HeadMode:
     cites_liu_et_al: bool = True
 
     def column_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
-        """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
+        """(scale, bias) such that ``s = (W·h) * scale + bias`` is the mode's score.
 
         Args:
-            weight: W, (V, d) (or one band's (n, d)); eps: the dead-row threshold ``norm_eps``.
+            weight: W (V, d), or one band's (n, d); eps: the dead-row threshold ``norm_eps``.
         Returns:
-            fp32 vectors of shape (V,) on ``weight``'s device (a 0-dim tensor stands for one value for every row),
-            or None for "multiply by one" / "add zero"; anything else is refused naming the mode and the term.
+            fp32 (V,) vectors on ``weight``'s device, or None for "times one" / "plus zero".
         """
         raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
 
     def lossless_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
-        """The per-token logit scale g and logit bias b (fp32 (V,), or None where ``lossless_start`` sets none) that
-        make this mode's scores equal the plain w_i·h: g·(W·h·scale + bias) + b = W·h, i.e. g = 1/scale and
-        b = −g·bias (g = 0 on a dead row, which scores 0 either way). Modes override it for exact closed forms."""
+        """The logit scale g and bias b (fp32 (V,) or None) that give back the plain w_i·h: g = 1/scale, b = −g·bias
+        (g = 0 on a dead row); modes override it with exact closed forms."""
         if self.lossless_start is None:
             raise ValueError(self.lossless_refusal)
         scale, bias = self.column_terms(weight, eps)

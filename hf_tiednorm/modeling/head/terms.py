@@ -1,10 +1,7 @@
 """The head's learned terms, folded into a mode's (scale, bias): the protocol every term follows (``HeadTerm``), the
-two built-in ones, the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``, and a term added from
-outside (``ExtraHeadTerm``, registered with ``hf_tiednorm.register_head_term``, switched on by ``extra_terms``).
-
-The head, a resize and fp32 handling ask a term only these hooks and never its name, so that an added term is a
-parameter, a fold and a resize like g and b. The registry, ``HEAD_TERMS``, lives in head/settings.py, where a
-configuration checks ``extra_terms`` without torch.
+built-in logit scale g and logit bias b of ``s_i = g·score_i + b_i``, and ``ExtraHeadTerm``, a term added from outside
+(``hf_tiednorm.register_head_term``). The head, a resize and fp32 handling ask a term only these hooks, never its
+name, so an added term is a parameter, a fold and a resize as g and b are.
 """
 
 from __future__ import annotations
@@ -17,21 +14,20 @@ import torch
 
 from .settings import HEAD_TERMS
 
-# The learned terms a mode's lossless start sets (``HeadMode.lossless_start``), in the order of its
-# ``lossless_terms``: the scale g, then the bias b.
+# The terms a mode's lossless start sets (``HeadMode.lossless_start``), in the order of its ``lossless_terms``.
 MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
 
 
 class HeadTerm:
-    """A learned term of the head. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+    """A learned term of the head; the defaults are those of a per-token (V,) term switched on by ``extra_terms``.
 
     Attributes:
-        name: the head's parameter (``lm_head.<name>``, a state-dict key), a Python identifier.
-        help: what it is (the help of its flag).
-        config_fields: the config fields that set it; () for a term switched on by naming it in ``extra_terms``.
-        keep_fp32: kept fp32 under a bf16/fp16 load or cast (a step of a small learning rate rounds away in bf16).
-        row_scaled: it multiplies or shifts the whole logit (g and b), so a source's output row scale c_i scales it.
-        takes_row_scales: a lossless start that sets it can absorb those c_i.
+        name: the head's parameter (``lm_head.<name>``, a state-dict key).
+        help: what it is (its flag's help).
+        config_fields: the config fields that set it; () for a term named in ``extra_terms``.
+        keep_fp32: kept fp32 under a bf16/fp16 load (a small learning rate's step rounds away in bf16).
+        row_scaled: it multiplies or shifts the whole logit (g, b), so a source's output row scale c_i scales it.
+        takes_row_scales: a lossless start that sets it absorbs those c_i.
     """
 
     name: str
@@ -42,15 +38,15 @@ class HeadTerm:
     takes_row_scales: bool = False
 
     def is_on(self, settings) -> bool:
-        """Whether a head with ``settings`` (a ``HeadSettings``) holds or applies this term."""
+        """Whether a head with these ``HeadSettings`` holds or applies the term."""
         return self.name in settings.extra_terms
 
     def setting(self, settings) -> str:
-        """The config setting that switches it, as config.json states it (the load checks' messages)."""
+        """The config setting that switches it, as config.json states it."""
         return f"extra_terms={list(settings.extra_terms)!r}"
 
     def start_value(self, settings, hidden_size: int) -> float:
-        """The value the parameter starts at (and a resized vocabulary's new tokens get)."""
+        """The parameter's first value (and a resized vocabulary's new tokens')."""
         return float(self.init)
 
     def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
@@ -62,17 +58,16 @@ class HeadTerm:
         return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
 
     def lossless_value(self, head, rows: torch.Tensor, mode_terms: dict):
-        """Its value for the rows ``rows`` of a lossless start (``mode_terms``: the mode's ``lossless_terms`` by
-        name), or None: left as it is."""
+        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
         value = getattr(self, "lossless", None)
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
 
 
 @dataclass(frozen=True)
 class ExtraHeadTerm(HeadTerm):
-    """A learned per-token term t (V,) added from outside the package: the head's parameter ``name``, started at
-    ``init``, folded by ``fold(t, scale, bias) -> (scale, bias)`` (so the plain export bakes it as it bakes g and b).
-    ``card``: its model card line; ``lossless``: its value after a lossless start (None: left at ``init``)."""
+    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
+    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
+    start (None: ``init``)."""
 
     name: str
     help: str
@@ -84,36 +79,34 @@ class ExtraHeadTerm(HeadTerm):
 
 
 def head_terms() -> tuple[HeadTerm, ...]:
-    """Every registered head term, built-in and added, in folding order."""
+    """Every registered head term, in folding order."""
     return tuple(HEAD_TERMS.values())
 
 
 def learned_terms() -> tuple[str, ...]:
-    """Every learned term a head may hold, named as its parameter (state-dict keys 'lm_head.<name>')."""
+    """The parameter name of every term a head may hold ('lm_head.<name>')."""
     return tuple(HEAD_TERMS)
 
 
 def active_terms(settings) -> tuple[HeadTerm, ...]:
-    """The terms ``settings`` switch on, in folding order: the built-ins' in registry order, then ``extra_terms``."""
+    """The terms ``settings`` switch on, in folding order: the built-ins', then ``extra_terms``."""
     built_in = (term for term in head_terms() if term.config_fields and term.is_on(settings))
     return (*built_in, *map(HEAD_TERMS.get, settings.extra_terms))
 
 
 def term_settings(settings) -> str:
-    """The terms' settings as config.json states them (a head's repr): "logit_scale_kind='none', ..."."""
+    """The terms' settings as config.json states them (a head's repr)."""
     found = (term.setting(settings) for term in head_terms() if term.config_fields or term.is_on(settings))
     return ", ".join(dict.fromkeys(found))
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
-    """g when ``logit_scale_init`` is unset: 1 for a learned scale (the head starts scale-free and learns the
-    sharpness it needs); √d for ``fixed``, the constant it has always had (a saved model's function depends on it)."""
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (the head starts scale-free), √d for ``fixed``."""
     return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
 
 
 class LogitScaleTerm(HeadTerm):
-    """g, multiplying the mode's (scale, bias): ``none``; ``fixed`` (a constant, FixNorm's r²); a learned ``scalar``
-    (0-dim parameter, Transformers without Tears) or ``vector`` ((V,), nGPT)."""
+    """g: ``fixed`` (a constant, FixNorm's r²), a learned ``scalar`` (0-dim) or ``vector`` (V,) (nGPT)."""
 
     name = "logit_scale"
     help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
@@ -147,8 +140,8 @@ class LogitScaleTerm(HeadTerm):
 
 
 class LogitBiasTerm(HeadTerm):
-    """b: a learned (V,) bias added to the scores after the scale, zero at first: where a model can keep the unigram
-    prior that a normalized head deletes."""
+    """b: a learned (V,) bias added after the scale, zero at first: where a model keeps the unigram prior that a
+    normalized head deletes."""
 
     name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
     config_fields = ("logit_bias",)
@@ -176,8 +169,7 @@ for _term in (LogitScaleTerm(), LogitBiasTerm()):  # first in the registry: they
 
 @torch.no_grad()
 def start_lossless_rows(head, first: int) -> None:
-    """Set every learned term of ``head`` that a lossless start sets (``HeadTerm.lossless_value``: g and b from the
-    mode's ``lossless_terms``, an added term to its ``lossless`` value) for the tokens ``first`` and up, in place."""
+    """Set every term of ``head`` a lossless start sets (``HeadTerm.lossless_value``) for tokens ``first`` and up."""
     rows = head.weight[first:]
     mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
     for term in active_terms(head.settings):

@@ -40,32 +40,24 @@ class SavesItsCode:
 
 
 # ------------------------------ hf_tiednorm/modeling/head/settings.py -------------------------------------------
-"""The head's settings as one value, ``HeadSettings``, and the registries of its modes and learned terms: what a
-configuration checks without importing torch.
-
-A head is built from one ``HeadSettings`` (``HeadSettings.from_config(config)``, or the converter's arguments), which
-checks every setting once, when it is made. A configuration knows the head modes and the extra head terms by name:
-the registries below hold the modeling code's objects (head/modes.py, head/terms.py) and those registered at runtime
-(``hf_tiednorm.register_head_mode`` / ``register_head_term``); the built-in modes' names are known without them.
-"""
+"""The head's settings as one value, ``HeadSettings``, checked once when made, and the registries of head modes and
+learned terms: what a configuration checks without torch (the registries' objects live in head/modes.py and
+head/terms.py; a configuration knows them by name)."""
 
 
 LogitScale = Literal["none", "fixed", "scalar", "vector"]
 LOGIT_SCALES: "tuple[str, ...]" = get_args(LogitScale)
-# A saved config names its mode only, so a built-in name means one mode in every process.
-BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
-DEFAULT_HEAD_MODE = "baseline"  # plain tying: a converted model keeps its function (docs/head.md, "The default mode")
-# name -> mode object (head/modes.py) and name -> learned term (head/terms.py), filled by the modeling code and by
-# the registration API; typed loosely so that this file imports no torch.
+BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")  # one meaning in every process
+DEFAULT_HEAD_MODE = "baseline"  # plain tying: a converted model keeps its function
+# name -> HeadMode and name -> HeadTerm, filled by the modeling code and hf_tiednorm.register_head_mode / _term.
 HEAD_MODE_REGISTRY: "dict[str, object]" = {}
 HEAD_TERMS: "dict[str, object]" = {}
-# Config fields renamed since models were saved with them, old name -> new name (TRL, vLLM and transformers' Cohere
-# read config.logit_scale as a float multiplier of the logits).
+# Old name -> new name (TRL, vLLM and Cohere read config.logit_scale as a float multiplier of the logits).
 RENAMED_FIELDS = {"logit_scale": "logit_scale_kind"}
 
 
 def head_mode_names() -> "tuple[str, ...]":
-    """The head modes this process knows: the built-in ones and every registered one."""
+    """The head modes this process knows, built-in and registered."""
     return tuple(dict.fromkeys((*BUILTIN_HEAD_MODES, *HEAD_MODE_REGISTRY)))
 
 
@@ -79,10 +71,9 @@ def check_head_mode(name) -> "None":
 
 
 def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"):
-    """``value`` given under a renamed field's old name ``old``, with a FutureWarning naming the new one attributed
-    ``stacklevel`` frames up; ``ValueError`` for a value the old field never took (``logit_scale=2.0``: the float
-    multiplier of other architectures, which this head would not apply) or one contradicting the new field's
-    ``current`` value. ``given_as``: ``"config field"`` or ``"keyword argument"``, which the advice follows."""
+    """``value`` given under a renamed field's old name, with a FutureWarning attributed ``stacklevel`` frames up
+    (``given_as``: "config field" or "keyword argument"); ``ValueError`` for a value the old field never took (a float
+    multiplier) or one contradicting the new field's ``current`` value."""
     new = RENAMED_FIELDS[old]
     if not (isinstance(value, str) and value in LOGIT_SCALES):
         raise ValueError(
@@ -107,18 +98,8 @@ def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"
 
 @dataclass(frozen=True, kw_only=True)
 class HeadSettings:
-    """The head's settings, keyword-only; the config fields of the same names (``TiedNormHeadConfigMixin``) hold them.
-
-    Attributes:
-        head_mode: a registered mode (head/modes.py).
-        logit_scale_kind: ``none``, ``fixed`` (a constant g), ``scalar`` (one learned g) or ``vector`` (a learned
-            g_i per token, the head's ``logit_scale`` parameter).
-        logit_scale_init: g for ``fixed``, the initial g for ``scalar``/``vector``; None: 1 for a learned g, √d for
-            ``fixed``.
-        logit_bias: a learned per-token bias b added to the scores, zero at initialization.
-        norm_eps: a row with ‖w_i‖ ≤ norm_eps is dead (scores 0, no gradient through its norm).
-        extra_terms: registered head terms (``register_head_term``) the head learns too, by name.
-    """
+    """The head's settings, keyword-only, as the config fields of the same names (``TiedNormHeadConfigMixin``)
+    describe them; ``extra_terms``: registered head terms (``register_head_term``) the head learns too."""
 
     head_mode: "str" = DEFAULT_HEAD_MODE
     logit_scale_kind: "str" = "none"
@@ -126,8 +107,7 @@ class HeadSettings:
     logit_bias: "bool" = False
     norm_eps: "float" = 1e-6
     extra_terms: "tuple[str, ...]" = field(default=(), metadata={"registry": True})  # no config field of the package's
-    # logit_scale_kind's old name, as a keyword of scripts written before the rename (with a FutureWarning).
-    logit_scale: "InitVar[str | None]" = None
+    logit_scale: "InitVar[str | None]" = None  # logit_scale_kind's old name (a FutureWarning)
 
     def __post_init__(self, logit_scale: "str | None" = None) -> "None":
         if logit_scale is not None:
@@ -166,18 +146,18 @@ class HeadSettings:
 
     @classmethod
     def from_config(cls, config) -> "HeadSettings":
-        """The settings a config (any hf_tiednorm config: the fields of ``TiedNormHeadConfigMixin``) holds."""
+        """The settings a config (any hf_tiednorm config) holds."""
         extra = getattr(config, "extra_terms", None)
         fields = {name: getattr(config, name) for name in cls.field_names()}
         return cls(**fields, extra_terms=() if extra is None else extra)  # a string is refused, not split
 
     @classmethod
     def field_names(cls) -> "tuple[str, ...]":
-        """The settings that are config fields of the package (``TiedNormHeadConfigMixin``)."""
+        """The settings that are the package's config fields."""
         return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("registry"))
 
     def as_config_fields(self) -> "dict":
-        """The config fields (``head_mode=...``, ...) of these settings; ``extra_terms`` only when one is on."""
+        """These settings as config fields; ``extra_terms`` only when one is on."""
         fields = dataclasses.asdict(self)
         if not self.extra_terms:
             del fields["extra_terms"]
@@ -217,13 +197,10 @@ layer_count_field = interval(min=0)
 
 
 # ------------------------------ hf_tiednorm/modeling/families/configuration.py ----------------------------------
-"""The configuration fields every hf_tiednorm model shares: the normalized tied head's
-(``TiedNormHeadConfigMixin``, the wrapper's too) and the training techniques' of the package's own families
-(``TiedNormTechniquesConfigMixin``). A family's config lists them before its HF parent config (their fields override
-the parent's); ``@strict`` checks each field's type and range whenever it is set, then runs the ``validate_*``
-methods on the whole config, naming the field or the validator. The head's math (a mode's row norms, its lossless
-start) is checked where the model is built (families/common.py).
-"""
+"""The configuration fields every hf_tiednorm model shares: the normalized tied head's (``TiedNormHeadConfigMixin``,
+the wrapper's too) and the training techniques' (``TiedNormTechniquesConfigMixin``), listed before a family's HF parent
+config. ``@strict`` checks each field's type and range when set, then the ``validate_*`` methods; the head mode's math
+is checked where the model is built."""
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
@@ -352,16 +329,9 @@ TIE_TOPOLOGIES: tuple[str, ...] = get_args(TieTopology)
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
 class TieTopologyConfigMixin:
-    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf, 2017, Section 5), for both
-    encoder-decoder families:
-
-      * ``"three_way"``: encoder input = decoder input = output embedding; needs one shared vocabulary;
-      * ``"decoder"``: decoder input = output embedding, the encoder has its own (``decoder_vocab_size`` may differ);
-      * ``"untied"``: three separate matrices (the head mode still applies to the output matrix).
-
-    ``tie_word_embeddings`` and ``share_encoder_decoder_embeddings`` follow from ``tie_topology``; passing values
-    that contradict it is an error.
-    """
+    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf 2017, §5): ``three_way`` (encoder input =
+    decoder input = output; one vocabulary), ``decoder`` (decoder input = output), ``untied``. ``tie_word_embeddings``
+    and ``share_encoder_decoder_embeddings`` follow from it; values contradicting it are refused."""
 
     # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
     # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no

@@ -249,30 +249,26 @@ def fold_scale(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor
 
 # ------------------------------ hf_tiednorm/modeling/head/terms.py ----------------------------------------------
 """The head's learned terms, folded into a mode's (scale, bias): the protocol every term follows (``HeadTerm``), the
-two built-in ones, the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``, and a term added from
-outside (``ExtraHeadTerm``, registered with ``hf_tiednorm.register_head_term``, switched on by ``extra_terms``).
-
-The head, a resize and fp32 handling ask a term only these hooks and never its name, so that an added term is a
-parameter, a fold and a resize like g and b. The registry, ``HEAD_TERMS``, lives in head/settings.py, where a
-configuration checks ``extra_terms`` without torch.
+built-in logit scale g and logit bias b of ``s_i = g·score_i + b_i``, and ``ExtraHeadTerm``, a term added from outside
+(``hf_tiednorm.register_head_term``). The head, a resize and fp32 handling ask a term only these hooks, never its
+name, so an added term is a parameter, a fold and a resize as g and b are.
 """
 
 
-# The learned terms a mode's lossless start sets (``HeadMode.lossless_start``), in the order of its
-# ``lossless_terms``: the scale g, then the bias b.
+# The terms a mode's lossless start sets (``HeadMode.lossless_start``), in the order of its ``lossless_terms``.
 MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
 
 
 class HeadTerm:
-    """A learned term of the head. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+    """A learned term of the head; the defaults are those of a per-token (V,) term switched on by ``extra_terms``.
 
     Attributes:
-        name: the head's parameter (``lm_head.<name>``, a state-dict key), a Python identifier.
-        help: what it is (the help of its flag).
-        config_fields: the config fields that set it; () for a term switched on by naming it in ``extra_terms``.
-        keep_fp32: kept fp32 under a bf16/fp16 load or cast (a step of a small learning rate rounds away in bf16).
-        row_scaled: it multiplies or shifts the whole logit (g and b), so a source's output row scale c_i scales it.
-        takes_row_scales: a lossless start that sets it can absorb those c_i.
+        name: the head's parameter (``lm_head.<name>``, a state-dict key).
+        help: what it is (its flag's help).
+        config_fields: the config fields that set it; () for a term named in ``extra_terms``.
+        keep_fp32: kept fp32 under a bf16/fp16 load (a small learning rate's step rounds away in bf16).
+        row_scaled: it multiplies or shifts the whole logit (g, b), so a source's output row scale c_i scales it.
+        takes_row_scales: a lossless start that sets it absorbs those c_i.
     """
 
     name: str
@@ -283,15 +279,15 @@ class HeadTerm:
     takes_row_scales: bool = False
 
     def is_on(self, settings) -> bool:
-        """Whether a head with ``settings`` (a ``HeadSettings``) holds or applies this term."""
+        """Whether a head with these ``HeadSettings`` holds or applies the term."""
         return self.name in settings.extra_terms
 
     def setting(self, settings) -> str:
-        """The config setting that switches it, as config.json states it (the load checks' messages)."""
+        """The config setting that switches it, as config.json states it."""
         return f"extra_terms={list(settings.extra_terms)!r}"
 
     def start_value(self, settings, hidden_size: int) -> float:
-        """The value the parameter starts at (and a resized vocabulary's new tokens get)."""
+        """The parameter's first value (and a resized vocabulary's new tokens')."""
         return float(self.init)
 
     def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
@@ -303,17 +299,16 @@ class HeadTerm:
         return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
 
     def lossless_value(self, head, rows: torch.Tensor, mode_terms: dict):
-        """Its value for the rows ``rows`` of a lossless start (``mode_terms``: the mode's ``lossless_terms`` by
-        name), or None: left as it is."""
+        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
         value = getattr(self, "lossless", None)
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
 
 
 @dataclass(frozen=True)
 class ExtraHeadTerm(HeadTerm):
-    """A learned per-token term t (V,) added from outside the package: the head's parameter ``name``, started at
-    ``init``, folded by ``fold(t, scale, bias) -> (scale, bias)`` (so the plain export bakes it as it bakes g and b).
-    ``card``: its model card line; ``lossless``: its value after a lossless start (None: left at ``init``)."""
+    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
+    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
+    start (None: ``init``)."""
 
     name: str
     help: str
@@ -325,36 +320,34 @@ class ExtraHeadTerm(HeadTerm):
 
 
 def head_terms() -> tuple[HeadTerm, ...]:
-    """Every registered head term, built-in and added, in folding order."""
+    """Every registered head term, in folding order."""
     return tuple(HEAD_TERMS.values())
 
 
 def learned_terms() -> tuple[str, ...]:
-    """Every learned term a head may hold, named as its parameter (state-dict keys 'lm_head.<name>')."""
+    """The parameter name of every term a head may hold ('lm_head.<name>')."""
     return tuple(HEAD_TERMS)
 
 
 def active_terms(settings) -> tuple[HeadTerm, ...]:
-    """The terms ``settings`` switch on, in folding order: the built-ins' in registry order, then ``extra_terms``."""
+    """The terms ``settings`` switch on, in folding order: the built-ins', then ``extra_terms``."""
     built_in = (term for term in head_terms() if term.config_fields and term.is_on(settings))
     return (*built_in, *map(HEAD_TERMS.get, settings.extra_terms))
 
 
 def term_settings(settings) -> str:
-    """The terms' settings as config.json states them (a head's repr): "logit_scale_kind='none', ..."."""
+    """The terms' settings as config.json states them (a head's repr)."""
     found = (term.setting(settings) for term in head_terms() if term.config_fields or term.is_on(settings))
     return ", ".join(dict.fromkeys(found))
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
-    """g when ``logit_scale_init`` is unset: 1 for a learned scale (the head starts scale-free and learns the
-    sharpness it needs); √d for ``fixed``, the constant it has always had (a saved model's function depends on it)."""
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (the head starts scale-free), √d for ``fixed``."""
     return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
 
 
 class LogitScaleTerm(HeadTerm):
-    """g, multiplying the mode's (scale, bias): ``none``; ``fixed`` (a constant, FixNorm's r²); a learned ``scalar``
-    (0-dim parameter, Transformers without Tears) or ``vector`` ((V,), nGPT)."""
+    """g: ``fixed`` (a constant, FixNorm's r²), a learned ``scalar`` (0-dim) or ``vector`` (V,) (nGPT)."""
 
     name = "logit_scale"
     help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
@@ -388,8 +381,8 @@ class LogitScaleTerm(HeadTerm):
 
 
 class LogitBiasTerm(HeadTerm):
-    """b: a learned (V,) bias added to the scores after the scale, zero at first: where a model can keep the unigram
-    prior that a normalized head deletes."""
+    """b: a learned (V,) bias added after the scale, zero at first: where a model keeps the unigram prior that a
+    normalized head deletes."""
 
     name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
     config_fields = ("logit_bias",)
@@ -417,8 +410,7 @@ for _term in (LogitScaleTerm(), LogitBiasTerm()):  # first in the registry: they
 
 @torch.no_grad()
 def start_lossless_rows(head, first: int) -> None:
-    """Set every learned term of ``head`` that a lossless start sets (``HeadTerm.lossless_value``: g and b from the
-    mode's ``lossless_terms``, an added term to its ``lossless`` value) for the tokens ``first`` and up, in place."""
+    """Set every term of ``head`` a lossless start sets (``HeadTerm.lossless_value``) for tokens ``first`` and up."""
     rows = head.weight[first:]
     mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
     for term in active_terms(head.settings):
@@ -428,17 +420,10 @@ def start_lossless_rows(head, first: int) -> None:
 
 
 # ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------
-"""The head modes: one small object per mode, holding everything that mode *is*, in one registry.
-
-Liu, Zhai & Chen ("Normalization of Input-output Shared Embeddings in Text Generation Models", 2020) show that the tied
-score s_i = w_i·h is biased by the row norm ‖w_i‖ and propose the normalized modes below. Each is an affine map of the
-plain scores along the vocabulary, ``s = (W·h) * scale + bias`` (``HeadMode.column_terms``): one matmul plus O(V)
-work per decoding step and no normalized copy of W. A mode object answers every question the rest of the package
-asks about a mode, so that no other module compares a mode's name (docs/head.md, "The head modes").
-
-A saved config records a mode's name only: a folder naming a mode its code does not define is refused by name
-(``get_head_mode``). ``hf_tiednorm.register_head_mode`` adds a mode, checked (hf_tiednorm/registration/).
-"""
+"""The head modes (Liu, Zhai & Chen 2020): one object per mode, holding everything the mode *is*, so that no other
+module compares a mode's name. Each scores ``s = (W·h) * scale + bias`` with vocabulary-sized (scale, bias) made of
+the rows' norms: one matmul plus O(V) work per decoding step, no normalized copy of W. A saved config records the
+mode's name only; a name this code does not define is refused (``get_head_mode``). (docs/code_notes.md)"""
 
 
 ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
@@ -446,12 +431,8 @@ LIU_ET_AL = "Liu, Zhai & Chen (2020)"
 
 
 def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> torch.Tensor:
-    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
-
-    The 0 instead of 1/eps makes a dead row (the zero padding row) score 0 and receive no gradient through its
-    norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
-    padding row's gradient dominate the whole model's.
-    """
+    """1/‖w_i‖^power of every row of ``weight`` (..., d), fp32 (...,); 0 for a dead row (‖w_i‖ ≤ eps): it scores 0
+    and gets no gradient through its norm (a floored 1/eps made the zero padding row's gradient dominate)."""
     # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
     squared = squared_row_norms(weight).float()
     inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
@@ -459,27 +440,19 @@ def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> tor
 
 
 def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
-    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
-
-    Scaled in fp32 so that fp16 rows cannot overflow on the way.
-    """
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in their dtype (scaled in fp32: no fp16 overflow); 0 if dead."""
     return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
 
 
 class HeadMode:
-    """One scoring mode of the tied output head. Subclass it (or build one with ``column_terms`` overridden) and
-    ``register_head_mode`` the instance.
+    """One scoring mode of the tied output head (subclass it and ``hf_tiednorm.register_head_mode`` an instance).
 
     Attributes:
-        name: the value of ``config.head_mode``.
-        equation: the score s_i in words, e.g. ``"s_i = w_i·h / ‖w_i‖"``.
-        paper: where it comes from, e.g. ``"Liu, Zhai & Chen (2020), eq. 27"``.
-        summary: a short description for the help texts (default: the equation).
+        name: the value of ``config.head_mode``; equation, paper, summary: its texts (help, model card).
         normalizes_input_lookups: the input embedding looks up ŵ_i instead of w_i.
         keeps_row_norms: the row norms still act somewhere (False when both sides normalize them away).
-        lossless_start: the learned terms a lossless start sets (``("logit_scale",)``, ``("logit_bias",)``, ``()``
-            when the scores are the source's already); None: no lossless start (see ``lossless_refusal``).
-        lossless_refusal: why there is no lossless start, for the error message.
+        lossless_start: the terms a lossless start sets (``("logit_scale",)``, ``()`` when none is needed); None: it
+            has none (``lossless_refusal`` says why).
         cites_liu_et_al: the model card cites Liu, Zhai & Chen.
     """
 
@@ -494,20 +467,18 @@ class HeadMode:
     cites_liu_et_al: bool = True
 
     def column_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
-        """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
+        """(scale, bias) such that ``s = (W·h) * scale + bias`` is the mode's score.
 
         Args:
-            weight: W, (V, d) (or one band's (n, d)); eps: the dead-row threshold ``norm_eps``.
+            weight: W (V, d), or one band's (n, d); eps: the dead-row threshold ``norm_eps``.
         Returns:
-            fp32 vectors of shape (V,) on ``weight``'s device (a 0-dim tensor stands for one value for every row),
-            or None for "multiply by one" / "add zero"; anything else is refused naming the mode and the term.
+            fp32 (V,) vectors on ``weight``'s device, or None for "times one" / "plus zero".
         """
         raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
 
     def lossless_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
-        """The per-token logit scale g and logit bias b (fp32 (V,), or None where ``lossless_start`` sets none) that
-        make this mode's scores equal the plain w_i·h: g·(W·h·scale + bias) + b = W·h, i.e. g = 1/scale and
-        b = −g·bias (g = 0 on a dead row, which scores 0 either way). Modes override it for exact closed forms."""
+        """The logit scale g and bias b (fp32 (V,) or None) that give back the plain w_i·h: g = 1/scale, b = −g·bias
+        (g = 0 on a dead row); modes override it with exact closed forms."""
         if self.lossless_start is None:
             raise ValueError(self.lossless_refusal)
         scale, bias = self.column_terms(weight, eps)
@@ -602,61 +573,24 @@ assert tuple(HEAD_MODE_REGISTRY)[: len(BUILTIN_HEAD_MODES)] == BUILTIN_HEAD_MODE
 
 
 # ------------------------------ hf_tiednorm/modeling/head/layer.py ----------------------------------------------
-"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head/modes.py``.
-
-With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
-its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
-cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
-learned terms every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
-O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
-the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
-
-What the head guarantees where real training puts it:
-
-* **Dead rows.** A row with ‖w_i‖ ≤ ``norm_eps`` (HF initialization zeroes the padding row; released checkpoints
-  keep it zero) counts as the zero vector in the normalized modes: it scores 0 (as ``baseline`` and ``distance``
-  score w_i = 0), l2 lookups return 0, and the normalization passes it **no gradient**. The direction
-  w/‖w‖ of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm (1/eps ≈ 1e6) made the
-  padding row's gradient dominate the whole model's (max/median row gradient 5e4–4e9 at step 0, i.e. gradient
-  clipping shrank every other update ~1000×). A dead row stays dead: the padding token is never a target.
-* **Dtypes.** Norms, scales and biases are computed in fp32; the scale is folded into W in fp32 and only the unit
-  rows are cast back, so fp16/bf16 weights never overflow (1/eps would). Logits are fp32 (fp64 for fp64 weights)
-  in every mode, also under autocast.
-* **No stale norms.** The (scale, bias) vectors are recomputed at every forward (O(V·d), small beside the
-  (tokens × V × d) matmul), except inside ``frozen_column_terms()`` — which ``generate()`` enters — where the
-  weights cannot change and the first step's vectors are reused. Nothing is keyed on storage pointers or version
-  counters, which ``.data`` writes, PEFT merges and FSDP/ZeRO-3 refills do not bump; and the forward has no
-  data-dependent Python branch, so ``torch.compile(fullgraph=True)`` traces it.
-
-An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
-``fixed`` (FixNorm's r²), ``scalar`` (one learned g, as in Transformers without Tears) or ``vector``
-(one learned g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise: these heads normalize the
-rows of W but keep the norm of h, so their scores already have the scale of plain ones; a start at √d (the g a
-score with *both* sides unit-norm needs) makes a new model's step-0 logits √d× too sharp (docs/evidence.md).
-
-An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
-``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
-2023), which a normalized head deletes, and b is where a model can keep it (HF Marian's ``final_logits_bias`` is a
-buffer, not a parameter). Being one more (V,) bias of the affine map, it costs O(V) and reaches the chunked loss
-through ``column_terms()`` like the mode's own bias.
-"""
+"""The normalized tied output layer: ``TiedNormHead`` scores ``s = (W·h) * scale + bias`` with its mode's (scale,
+bias) (head/modes.py) and the learned terms folded in (head/terms.py): one matmul plus O(V) work at decoding, the
+scale folded into W's rows in training (O(V·d) instead of O(tokens·V)), no normalized copy of W. What it guarantees
+(dead rows, fp32 logits, no stale norms, ``torch.compile``) is in docs/head.md, "What the head guarantees"."""
 
 
 class NormalizedScoresMixin:
-    """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
-    learned logit-scale parameter, and column terms that are held fixed during one generation.
-
-    A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
-    """
+    """What both tied heads (``TiedNormHead``, the adaptive softmax) share: the mode, the learned terms, and column
+    terms held fixed during one generation. A head calls ``init_normalized_scores`` and implements
+    ``_compute_column_terms``."""
 
     def init_normalized_scores(self, settings: HeadSettings, hidden_size: int, vocab_size: int, device=None) -> None:
-        """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
+        """Take the head's settings (checked when made) and create its learned terms."""
         self.settings = settings
         self.head_mode = settings.head_mode
         self.mode: HeadMode = get_head_mode(settings.head_mode)  # everything the mode is (head/modes.py)
         self.norm_eps = settings.norm_eps
-        # The learned terms (head/terms.py: the built-in g and b, and any registered one),
-        # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
+        # Each learned term is a parameter named as the term, or None where it is off (or a constant).
         self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
             shape = term.shape(settings, vocab_size)
@@ -670,18 +604,15 @@ class NormalizedScoresMixin:
         self._frozen_terms = None
 
     def fold_terms(self, scale, bias, rows: slice, device):
-        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
-        then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
+        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in (g, b, then added ones)."""
         for term in active_terms(self.settings):
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
     @contextmanager
     def frozen_column_terms(self) -> Iterator[None]:
-        """Inside this block (and without gradients) the column terms are computed once and reused.
-
-        For decoding, where the weights cannot change between steps; leaving the outermost block drops them.
-        """
+        """Inside this block, without gradients, the column terms are computed once (decoding: the weights do not
+        change); leaving the outermost block drops them."""
         self._frozen_depth += 1
         try:
             yield
@@ -691,8 +622,8 @@ class NormalizedScoresMixin:
                 self._frozen_terms = None
 
     def column_terms(self):
-        """The mode's fp32 (scale, bias) vectors — for ``TiedNormHead`` (V,) each, with logits = (W·h) * scale + bias
-        — recomputed at every call except inside ``frozen_column_terms`` without gradients."""
+        """The fp32 (scale, bias), (V,) each for ``TiedNormHead``: recomputed at every call but in
+        ``frozen_column_terms``."""
         if self._frozen_depth == 0 or torch.is_grad_enabled():
             return self._compute_column_terms()
         if self._frozen_terms is None:
@@ -701,24 +632,13 @@ class NormalizedScoresMixin:
 
 
 class TiedNormHead(NormalizedScoresMixin, nn.Linear):
-    """Output layer scoring hidden states against a (tied) embedding matrix in one of ``HEAD_MODES``.
+    """The output layer scoring hidden states against the (tied) embedding matrix in a head mode: an ``nn.Linear``
+    without bias whose ``weight`` (V, d) is the shared matrix, so HF's tying, resizing and
+    ``get_output_embeddings()`` treat it as any LM head. ``settings``: a ``HeadSettings`` (None: the defaults);
+    ``options``: its name in 0.1 (a FutureWarning)."""
 
-    It is an ``nn.Linear`` without bias whose ``weight`` (V, d) is the shared embedding matrix when the model
-    ties it, so HF's tying, resizing and ``get_output_embeddings()`` treat it like any LM head.
-    """
-
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        *,
-        settings: HeadSettings | None = None,
-        device=None,
-        dtype=None,
-        options: HeadSettings | None = None,
-    ) -> None:
-        """``settings``: the head's settings as one value (a config's ``HeadSettings.from_config``); None: the
-        defaults (``HeadSettings()``). ``options``: its name in 0.1, taken with a FutureWarning for one release."""
+    def __init__(self, hidden_size: int, vocab_size: int, *, settings: HeadSettings | None = None, device=None,
+                 dtype=None, options: HeadSettings | None = None) -> None:  # fmt: skip
         if options is not None:
             warnings.warn("TiedNormHead(options=...) is renamed settings=...", FutureWarning, stacklevel=2)
             settings = options
@@ -729,8 +649,7 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     def match_vocab_size(self) -> None:
-        """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
-        zero logit bias."""
+        """After a resize of the (tied) weight, the per-token terms follow: new tokens at the terms' start values."""
         vocab_size = self.weight.shape[0]
         self.out_features = vocab_size
         for term in head_terms():  # a per-token term's new tokens start at the term's start value
@@ -773,8 +692,7 @@ def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
 
 
 def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
-    """What is wrong when a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside
-    [0, vocab_size), where it is, and how many there are."""
+    """Why a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside, where, how many."""
     bad = (input_ids < 0) | (input_ids >= vocab_size)
     where = bad.nonzero()[0].tolist() if bad.any() else []
     first = int(input_ids[tuple(where)]) if where else None
@@ -786,18 +704,10 @@ def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
 
 
 class TiedNormEmbedding(nn.Embedding):
-    """Token embedding that, with ``normalize`` (a mode whose ``normalizes_input_lookups``: l2, Liu et al. eq. 19),
-    looks up unit-normalized rows ŵ_i; otherwise a plain ``nn.Embedding``."""
+    """A token embedding that looks up unit rows ŵ_i with ``normalize`` (the l2 mode, Liu et al. eq. 19)."""
 
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        padding_idx: int | None = None,
-        normalize: bool = False,
-        norm_eps: float = 1e-6,
-        **kwargs,
-    ) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, normalize: bool = False,
+                 norm_eps: float = 1e-6, **kwargs) -> None:  # fmt: skip
         super().__init__(num_embeddings, embedding_dim, padding_idx, **kwargs)
         self.normalize = normalize
         self.norm_eps = norm_eps
@@ -1076,31 +986,10 @@ def install_scoring_guard(model: nn.Module) -> None:
 
 
 # ------------------------------ hf_tiednorm/modeling/head/adaptive.py -------------------------------------------
-"""Adaptive input representations tied with an adaptive softmax (Baevski & Auli, 2019, "Adaptive Input
-Representations for Neural Language Modeling"), combined with the normalized scores of Liu, Zhai & Chen.
-
-The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/training/vocab_order.py``), is split by ``cutoffs``
-into bands [0, c_1), [c_1, c_2), …, [c_{n-1}, V) (the convention of ``torch.nn.AdaptiveLogSoftmaxWithLoss``).
-Band i embeds its tokens in dimension d_i = d // k^i (k = ``div_value``, 4 by default) and projects them to d:
-
-    input:   e_j = P_i · w_j                    w_j ∈ R^{d_i} (row of band i), P_i ∈ R^{d×d_i}
-
-The output is an adaptive softmax (Grave et al., 2017): a head softmax over band 0's tokens plus one logit per
-other band ("cluster"), and one softmax per band inside it, so log p(j) = log p_head(band i) + log p_i(j).
-Band i scores its tokens with the same rows w_j, after projecting h down to d_i:
-
-    output:  s_j = w_j · (Q_i^T h)              Q_i ∈ R^{d×d_i}; Q_i = P_i when projections are tied,
-
-so with tied projections s_j = (P_i w_j)·h = e_j·h: the adaptive model scores a token exactly like plain weight
-tying scores it against its input embedding. The normalized modes then apply per band, as in
-``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode.column_terms`` of the band's rows (and the
-optional logit scale g on top). The cluster logits are free parameters, never normalized.
-
-The head returns the exact log-probabilities log p(j) of all V tokens as its "logits": they already sum to one,
-so generation's softmax and the cross-entropy's log-softmax leave them unchanged, and perplexity is exact.
-(Computing every band for every position gives up the adaptive softmax's speed-up at training time, which is
-immaterial at the vocabulary sizes of this project.)
-"""
+"""Adaptive input tied with an adaptive softmax (Baevski & Auli 2019), scored in a head mode: the frequency-ordered
+vocabulary is split by ``cutoffs`` into bands of width d // k^i; with tied projections a band scores a token exactly
+as plain tying scores it against its input embedding, and the mode normalizes each band's rows. The head returns the
+exact log-probabilities of all V tokens as its logits. (docs/code_notes.md)"""
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -1114,10 +1003,7 @@ def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
 
 
 class AdaptiveInput(nn.Module):
-    """Adaptive input embedding: band i looks its rows up in R^{d_i} and projects them to R^d with P_i.
-
-    In l2 mode (Liu et al. eq. 19) the looked-up rows are unit-normalized before the projection.
-    """
+    """Adaptive input embedding: band i looks its rows up in R^{d_i} (unit rows in l2 mode) and projects them to R^d."""
 
     def __init__(
         self,
@@ -1190,11 +1076,8 @@ def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
 
 
 class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
-    """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
-
-    ``bands[i].weight`` (n_i, d_i) and ``projections[i].weight`` (d, d_i) have the shapes of the input's band
-    embedding and projection, so the model ties them by parameter name. ``forward`` returns log-probabilities.
-    """
+    """Adaptive softmax whose band rows (and projections) are tied to an ``AdaptiveInput``'s by parameter name;
+    ``forward`` returns log-probabilities."""
 
     def __init__(
         self,
@@ -1262,18 +1145,9 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
 
 
 # ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
-"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
-
-* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
-  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
-  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
-* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
-  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
-  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
-``load_checks.WeightChecksMixin`` runs the finite-weights check where a model family loads.
-
-This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
-"""
+"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use: weights that load as
+NaN/inf are named (``check_finite_weights``), and a resize that would drop a special token's row is refused
+(``check_resize_keeps_special_tokens``)."""
 
 
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -1633,34 +1507,23 @@ def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
 """The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
 
 
-def token_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
-    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
-
-    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
-    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
-    """
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
+                        num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
+    """Mean token cross-entropy in fp32 (fp64 for fp64 logits), over ``num_items_in_batch`` where the Trainer gives
+    it; all labels ignored gives 0 with zero gradients (not 0/0 = nan, which one step would spread everywhere)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
     labels = labels.reshape(-1).to(logits.device)  # (tokens,)
     try:
-        total = F.cross_entropy(
-            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
-        )
+        total = F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                reduction="sum")  # fmt: skip
     except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
         raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
     return total / token_count(labels, num_items_in_batch, ignore_index)
 
 
 def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
-    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
-    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
+    """Why a loss over ``vocab_size`` classes rejected ``labels``: the first one outside, and how many."""
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
     first = int(labels[bad][0]) if bool(bad.any()) else None
     return (
@@ -1669,11 +1532,8 @@ def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index
     )
 
 
-def token_count(
-    labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None, ignore_index: int = -100
-) -> torch.Tensor:
-    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
-    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
+def token_count(labels: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:
+    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1."""
     if num_items_in_batch is None:
         count = (labels != ignore_index).sum()
     else:
@@ -1855,39 +1715,10 @@ def chunked_linear_cross_entropy(
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/policy.py ---------------------------------------------
-"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
-
-Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``head/folded_weight.py``),
-so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
-(tokens × V) logits computes it:
-
-* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
-  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
-  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
-  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
-  (``liger_drops_head_gradients``).
-* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
-  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
-  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
-  without label smoothing.
-* ``"chunked"``: the chunked loop of ``loss/chunked.py``: every device, dtype and option.
-* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
-
-``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
-
-* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
-  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
-  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
-  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
-* ``"fused"``: always a fused path (the same order), whatever the size.
-* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
-* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
-  (the config's ``validate_loss_chunk_size``), as with the adaptive softmax, whose loss never chunks either.
-
-A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
-training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
-``prediction_loss_only``).
-"""
+"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``): every mode scores
+``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W``, so liger-kernel's fused loss (CUDA), torch's
+``F.linear_cross_entropy`` (where exact: fp32/fp64 without label smoothing), the chunked loop (every device and
+dtype) or the plain materialized logits compute it. A fused path returns no logits. (docs/code_notes.md)"""
 
 
 LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
@@ -1969,16 +1800,9 @@ def refuse_fused_loss_scored_outside(config) -> None:
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/head_loss.py ------------------------------------------
-"""The one entry point of the head's fused training loss: ``head_linear_cross_entropy`` (what the families'
-loss, the wrapper's fused loss and liger-kernel's dispatch through the Trainer call) and its token-mean form
-``chunked_head_cross_entropy``.
-
-Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (head/folded_weight.py),
-so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
-(tokens × V) logits computes it: liger-kernel's, torch's ``F.linear_cross_entropy``, or the chunked loop
-(``chunked.py``). Which one runs is the policy's choice (``policy.choose_loss_path``); this module folds the head's
-terms once and calls it.
-"""
+"""The one entry point of the head's fused training loss, ``head_linear_cross_entropy`` (the families' loss, the
+wrapper's and liger-kernel's dispatch through the Trainer call it): every mode scores ``s = W_s·h + bias`` with the
+folded weight ``W_s = diag(scale)·W``, so it folds the head's terms once and calls the fused kernel the policy chose."""
 
 
 def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
@@ -2010,15 +1834,8 @@ def _torch_loss(hidden, weight, bias, labels, ignore_index):
     )
 
 
-def head_linear_cross_entropy(
-    head,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    path: str,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
+def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, path: str, label_smoothing: float = 0.0,
+                              chunk_size: int | None = None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
     """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
     fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
     the learned logit scale g and bias b through the head's column terms and the fold."""
@@ -2038,15 +1855,9 @@ def head_linear_cross_entropy(
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
 
 
-def chunked_head_cross_entropy(
-    head,
-    hidden_states: torch.Tensor,
-    labels: torch.Tensor,
-    chunk_size: int | None = None,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
+def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
+                               label_smoothing: float = 0.0, num_items_in_batch=None,
+                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
     """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
     holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
@@ -2056,35 +1867,14 @@ def chunked_head_cross_entropy(
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
-"""The two loss regularizers of the tied embedding, each returned as its own number.
-
-Projection regularization (Press & Wolf, 2017, "Using the Output Embedding to Improve Language Models", §4):
-a matrix P ∈ R^{H×H} is inserted between the decoder output and the tied output embedding, so the logits are
-W·(P·h), and λ‖P‖ is added to the loss (the paper uses λ = 0.15). P is initialized to the identity, so a fresh
-model scores exactly as without it.
-
-Which norm: the paper writes ‖P‖₂ and calls it the L2 norm; the authors' released TensorFlow code
-(ofirpress/UsingTheOutputEmbedding, ``ptb_word_lm_WT_PR.py``) penalizes ``tf.nn.l2_loss(P)``, i.e. the L2 norm
-of P's entries. We use that entry-wise reading, unsquared: the Frobenius norm ‖P‖_F. Unsquared, its gradient
-λ·P/‖P‖_F has norm λ whatever the width H, so the paper's λ = 0.15 keeps its meaning at any model size
-(the squared form would put 0.15·H/2 nats on the identity init: 19 nats at H = 256). It is also cheap
-(no SVD per step, unlike the spectral norm) and differentiable everywhere except P = 0.
-
-Weight-norm regularization (Herold, Gao & Ney, 2018, "Improving Neural Language Models with Weight Norm
-Initialization and Regularization"): ρ·Σ_k (‖w_k‖ − ν)² over the rows w_k of the output (tied) embedding,
-paper values ρ = 1e-3, ν = 2.0. It pulls every row norm towards ν, i.e. it limits the frequency bias that
-row norms carry in a tied softmax.
-"""
+"""The two regularizers of the tied embedding, each its own term of the loss: Press & Wolf's projection P (λ·‖P‖_F,
+P = I at first) and Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)². (docs/code_notes.md)"""
 
 
 @dataclass
 class LossTerms:
-    """The terms of a model's ``loss`` (their sum), carried next to it by the model outputs (which inherit these
-    fields) and logged one by one by the Trainer. Each is the share of this batch in the accumulated batch, like the
-    Trainer-scaled loss; a regularizer that is off is None.
-
-    cross_entropy: the token cross-entropy; projection_penalty / weight_norm_penalty: the two regularizers.
-    """
+    """The terms of a model's ``loss`` (their sum), fields of the model outputs, logged one by one by the Trainer;
+    a regularizer that is off is None."""
 
     cross_entropy: torch.FloatTensor | None = None
     projection_penalty: torch.FloatTensor | None = None
@@ -2096,10 +1886,7 @@ LOSS_TERMS: tuple[str, ...] = tuple(field.name for field in fields(LossTerms))
 
 
 class OutputProjection(nn.Linear):
-    """Press & Wolf's projection P (H×H, no bias) applied to the decoder output before the tied head.
-
-    Initialized to the identity (by ``reset_parameters`` and by the model's ``_init_weights``).
-    """
+    """Press & Wolf's projection P (H×H, no bias) before the tied head, the identity at first."""
 
     def __init__(self, hidden_size: int, device=None, dtype=None) -> None:
         super().__init__(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)
@@ -2109,57 +1896,35 @@ class OutputProjection(nn.Linear):
 
 
 def projection_penalty(projection: torch.Tensor, strength: float) -> torch.Tensor:
-    """λ·‖P‖_F in fp32 (see the module docstring for the choice of norm)."""
+    """λ·‖P‖_F in fp32: unsquared, so λ keeps its meaning at any width (docs/code_notes.md)."""
     return strength * torch.linalg.matrix_norm(projection.float(), ord="fro")
 
 
 def weight_norm_penalty(weights: list[torch.Tensor], strength: float, target_norm: float) -> torch.Tensor:
-    """ρ·Σ_k (‖w_k‖ − ν)² in fp32, summed over the rows of every matrix in ``weights``.
-
-    ``weights`` is the output embedding split in one or more matrices (one per band with adaptive softmax);
-    rows may have different widths across matrices. A zero row (the padding row) has a zero subgradient.
-    """
-    total = sum(
-        (torch.linalg.vector_norm(w.float(), dim=-1) - target_norm).square().sum() for w in weights
-    )
-    return strength * total
+    """ρ·Σ_k (‖w_k‖ − ν)² in fp32 over the rows of every matrix of the output embedding (one per adaptive band)."""
+    return strength * sum((torch.linalg.vector_norm(w.float(), dim=-1) - target_norm).square().sum() for w in weights)
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/model_loss.py -----------------------------------------
-"""The loss of hf_tiednorm's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
-Wolf's projection P, the normalized head, the token cross-entropy (the plain path, or the chunked one with
-``config.loss_chunk_size``: ``head_cross_entropy``), the enabled penalties (``penalty_terms``) and their sum
-(``compose_loss``). The target tokens are counted once per step: the cross-entropy divides by that count, and under
-gradient accumulation the penalties take this micro-batch's share of it.
-
-The pieces it assembles: ``token_loss`` (the token cross-entropy and the count), ``chunked_loss`` (the kernel of the
-chunked path), ``regularizers`` (the penalties' formulas, the projection P and the loss-term fields). A wrapped model
-(``modeling_tiednorm_wrapped``) trains with its architecture's own loss and has none of this.
-"""
+"""The loss of the package's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
+Wolf's projection P, the normalized head's token cross-entropy (on the path ``config.loss_implementation`` picks), the
+enabled penalties and their sum. The target tokens are counted once per step: the cross-entropy divides by that
+count, and under gradient accumulation the penalties take this micro-batch's share of it."""
 
 
-def head_cross_entropy(
-    head: torch.nn.Module,
-    hidden_states: torch.Tensor,
-    targets: torch.Tensor,
-    count: torch.Tensor,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-    implementation: str | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+def head_cross_entropy(head: torch.nn.Module, hidden_states: torch.Tensor, targets: torch.Tensor, count: torch.Tensor,
+                       label_smoothing: float = 0.0, chunk_size: int | None = None,
+                       implementation: str | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
     """The head's token cross-entropy, divided by ``count`` (``token_count``).
 
     Args:
         head: the output layer (a ``TiedNormHead``; an adaptive softmax on the plain path only).
-        hidden_states: (batch, length, d), what the head scores (after P).
-        targets: (batch, length) token ids, -100 = no target.
-        count: the divisor, ``token_count(targets, num_items_in_batch)``.
-        chunk_size: tokens per chunk of the chunked path (None: its default; with ``implementation`` None, a
-            chunk size picks the chunked path and None the plain one).
-        implementation: ``config.loss_implementation`` (``fused_loss.LOSS_IMPLEMENTATIONS``).
+        hidden_states: (batch, length, d), what the head scores (after P); targets: (batch, length), -100 = none.
+        chunk_size: tokens per chunk of the chunked path; implementation: ``config.loss_implementation`` (None: the
+            chunked path if a chunk size is given, else the plain one).
 
     Returns:
-        logits (batch, length, V), None on a fused path (which never materializes them), and the loss.
+        logits (batch, length, V) (None on a fused path) and the loss.
     """
     if implementation is None:
         implementation = "plain" if chunk_size is None else "chunked"
@@ -2175,31 +1940,21 @@ def head_cross_entropy(
 
 
 class TiedNormLossMixin:
-    """The loss methods of hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``). The model has
-    ``config`` (the techniques' fields), ``lm_head``, ``output_projection`` (P or None) and
-    ``output_embedding_weights()``."""
+    """The loss methods of the package's families: the model has ``config``, ``lm_head``, ``output_projection`` (P or
+    None) and ``output_embedding_weights()``."""
 
-    def score_and_loss(
-        self,
-        hidden_states: torch.Tensor,
-        targets: torch.Tensor | None,
-        num_items_in_batch=None,
-        skip_logits: bool | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
-        """The one loss path of every family: Press & Wolf's projection P, the normalized head, the token
-        cross-entropy and the regularizer terms.
+    def score_and_loss(self, hidden_states: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None,
+                       skip_logits: bool | None = None):  # fmt: skip
+        """The one loss path of every family: P, the normalized head, the token cross-entropy, the penalties.
 
         Args:
             hidden_states: (batch, length, d), the decoder's last hidden states.
-            targets: (batch, length) token ids aligned with ``hidden_states`` (already shifted), -100 = no target;
-                None for inference.
-            num_items_in_batch: target tokens of the whole accumulated batch (passed by the Trainer).
-            skip_logits: the Trainer's request (``use_liger_kernel`` with ``prediction_loss_only``): True lets a
-                fused path compute an evaluation loss too; None: fused paths serve training only.
+            targets: (batch, length) token ids aligned with them (shifted already), -100 = no target; None: inference.
+            num_items_in_batch: the target tokens of the whole accumulated batch (the Trainer's).
+            skip_logits: the Trainer's; True lets a fused path compute an evaluation loss too.
 
         Returns:
-            logits (batch, length, V) — None when a fused path (``config.loss_implementation``, training with
-            targets) never materializes them —, the loss (None without targets) and its terms by name.
+            logits (batch, length, V) (None on a fused path), the loss (None without targets), its terms by name.
         """
         if self.output_projection is not None:
             hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
@@ -2212,31 +1967,16 @@ class TiedNormLossMixin:
         fused_allowed = self.training if skip_logits is None else bool(skip_logits)
         if not fused_allowed:
             implementation = "plain"
-        logits, cross_entropy = head_cross_entropy(
-            self.lm_head,
-            hidden_states,
-            targets,
-            count,
-            self.config.label_smoothing,
-            self.config.loss_chunk_size,
-            implementation,
-        )
+        config = self.config
+        logits, cross_entropy = head_cross_entropy(self.lm_head, hidden_states, targets, count, config.label_smoothing,
+                                                   config.loss_chunk_size, implementation)  # fmt: skip
         loss, terms = self.compose_loss(cross_entropy, targets, num_items_in_batch, count)
         return logits, loss, terms
 
-    def compose_loss(
-        self,
-        cross_entropy: torch.Tensor,
-        targets: torch.Tensor,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        count: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The training loss (cross-entropy + enabled regularizers) and its terms, keyed by ``LOSS_TERMS`` names.
-
-        Under gradient accumulation (``num_items_in_batch``: target tokens of the accumulated batch) each micro-batch
-        adds its token share of the penalties, so they count once per optimizer step, as the cross-entropy does.
-        ``count``: ``token_count(targets, num_items_in_batch)`` when the caller has it already.
-        """
+    def compose_loss(self, cross_entropy: torch.Tensor, targets: torch.Tensor, num_items_in_batch=None,
+                     count: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        """The loss (cross-entropy + penalties) and its terms (``LOSS_TERMS``); under gradient accumulation each
+        micro-batch adds its token share of the penalties, so they count once per optimizer step."""
         share = 1.0
         if num_items_in_batch is not None:
             count = token_count(targets, num_items_in_batch) if count is None else count
@@ -2245,17 +1985,12 @@ class TiedNormLossMixin:
         return sum(terms.values()), terms
 
     def refuse_loss_scored_outside(self) -> None:
-        """Raise ``ValueError`` when a training step's loss is scored from the logits outside the model while a
-        regularizer is configured. The Trainer's label smoother (``TrainingArguments(label_smoothing_factor=...)``)
-        and a ``compute_loss_func`` take the labels away and pass only ``num_items_in_batch``: the penalties, which
-        only the model's own loss adds, would be dropped without a word."""
+        """``ValueError`` when the Trainer scores a training step's logits itself (its label smoother, a
+        ``compute_loss_func``) while a penalty, which only the model's own loss adds, is configured."""
         config = self.config
         refuse_fused_loss_scored_outside(config)
-        penalties = [
-            f"{name}={getattr(config, name)}"
-            for name in ("projection_regularization", "weight_norm_regularization")
-            if getattr(config, name, None)
-        ]
+        names = ("projection_regularization", "weight_norm_regularization")
+        penalties = [f"{name}={getattr(config, name)}" for name in names if getattr(config, name, None)]
         if penalties:
             raise ValueError(
                 "the Trainer scores this training step's logits itself (TrainingArguments(label_smoothing_factor=...)"
@@ -2265,9 +2000,7 @@ class TiedNormLossMixin:
             )
 
     def penalty_terms(self, share: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
-        """The enabled regularizers at the current weights (``projection_penalty``, ``weight_norm_penalty``; they
-        depend on the weights only), each times ``share``: a micro-batch's token share of the accumulated batch, 1
-        for a whole batch (an evaluation loss)."""
+        """The enabled penalties at the current weights, each times ``share`` (a micro-batch's token share)."""
         config = self.config
         terms = {}
         if config.projection_regularization:
@@ -2282,20 +2015,9 @@ class TiedNormLossMixin:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""Let transformers' ``Trainer`` recognise this package's causal LMs as causal LMs, for its label smoothing.
-
-With ``TrainingArguments(label_smoothing_factor=...)`` the Trainer takes the labels away from the model and scores
-the logits itself (``LabelSmoother``); it shifts the labels (position t predicts token t+1) only when the model's
-class name is one of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()``. That table lists transformers' own classes
-only, and ``AutoModelForCausalLM.register`` does not add to it, so a causal LM of this package was scored against
-unshifted labels: a smoothed loss of ~1 where the real one is ~6, and training towards copying the input. Adding the
-class name to the table is the one way transformers offers a model class outside it to be shifted; the key is the
-model's own ``model_type``, which is not in transformers' config table, so no Auto lookup ever resolves through it
-(``_LazyAutoMapping`` reads only keys present in both tables).
-
-A model registers its class when it is built (never on import), so a folder of an encoder-decoder adds nothing to the
-table; the package registers every causal row of its family table.
-"""
+"""The Trainer's label smoother shifts the labels only of causal LMs named in transformers'
+``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; a causal LM of the package adds its own model type there when it is built (never
+on import), the one entry this code adds to transformers' tables. (docs/code_notes.md)"""
 
 
 def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
@@ -2305,10 +2027,8 @@ def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
-"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
-rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
-constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
-FSDP2 (see its docstring)."""
+"""The token embeddings the families build (``build_embedding``): a ``TiedNormEmbedding`` (unit rows in l2 mode) or an
+adaptive input, optionally scaling its lookups in the module (BART's scaled embedding)."""
 
 
 class ScaledLookupMixin:
@@ -2344,10 +2064,8 @@ class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
 def build_embedding(
     config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
 ) -> TiedNormEmbedding | AdaptiveInput:
-    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
-    and plain rows otherwise;
-    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
-    module multiplies its lookups by it (``ScaledLookupMixin``)."""
+    """The token embedding of ``config``: unit rows in a mode that normalizes the input lookups, an adaptive input with
+    ``adaptive_cutoffs``, lookups times ``embed_scale`` when given."""
     common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
     if embed_scale is not None:
         common["embed_scale"] = embed_scale
@@ -2366,27 +2084,16 @@ def build_embedding(
 
 
 # ------------------------------ hf_tiednorm/modeling/families/head_host.py --------------------------------------
-"""Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
-and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
-
-A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) needs five things that transformers'
-``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
-with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
-vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
-naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
-on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
-model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
-(head/scoring_guard.py).
-"""
+"""Hosting a normalized tied head, written once for the package's families and the wrapper: a new output layer keeps the
+scoring mode, ``generate`` computes the head's column terms once (the weights do not change while it runs), a resize
+resizes the head's per-token terms too, and ``output_embedding_weights`` names the output embedding's matrices. A caller
+that replaces the model's forward (TRL's fused LM head) is served or refused (head/scoring_guard.py)."""
 
 
 @contextmanager
 def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
-    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: FSDP2 gathers a group's
-    parameters in its module's forward hooks, but generation runs the encoder (and its root-group parameters:
-    positions, layer norms) outside the root's forward. (The Seq2SeqTrainer passes synced_gpus, so ranks generating
-    different lengths stay in step.)"""
+    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: generation runs the encoder
+    outside the root's forward, where FSDP2 would gather them."""
     if not (isinstance(model, FSDPModule) and model.config.is_encoder_decoder):
         yield
         return
@@ -2398,24 +2105,23 @@ def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
 
 
 def fp32_term_names() -> list[str]:
-    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``), as parameter names."""
+    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``)."""
     return [term.name for term in head_terms() if term.keep_fp32]
 
 
 @torch.no_grad()
 def start_resized_tokens(model: nn.Module, first_new: int) -> None:
-    """After a resize of a lossless-started ``model`` (``config.lossless_start``), start the new tokens' g_i / b_i
-    (ids ``first_new`` and up) by their mode's lossless map from their initial rows, in place: they then take the
-    probability mass they take in the source's same resize. Other models keep the head's start values."""
+    """After a resize of a lossless-started ``model``, start the new tokens' terms (ids ``first_new`` and up) by their
+    mode's lossless map, so they take the probability mass they take in the source's same resize."""
     head = model.get_output_embeddings()
     if getattr(model.config, "lossless_start", False) and head.weight.shape[0] > first_new:
         start_lossless_rows(head, first_new)
 
 
 def check_mode_settings(config) -> None:
-    """``ValueError`` for settings the head mode's math rules out, checked where the model is built (a configuration
-    checks names and ranges only): a weight-norm technique in a mode that normalizes the row norms away, or a recorded
-    lossless start that the mode has none of, or whose per-token terms the settings leave off."""
+    """``ValueError`` for settings the head mode's math rules out (the configuration checks names and ranges only): a
+    weight-norm technique where the mode removes the row norms, a recorded lossless start the mode has not or whose
+    terms are off."""
     mode = get_head_mode(config.head_mode)
     row_norms = getattr(config, "weight_norm_regularization", 0) or getattr(config, "weight_norm_init_sigma", None)
     if row_norms and not mode.keeps_row_norms:
@@ -2451,8 +2157,7 @@ class TiedNormHeadHostMixin:
         super().__setattr__(name, value)
 
     def finish_head_hosting(self) -> None:
-        """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
-        ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
+        """The end of ``post_init`` for a model hosting the head (``TiedEmbeddingsMixin``'s, or the wrapper's own)."""
         check_mode_settings(self.config)
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
@@ -2472,8 +2177,8 @@ class TiedNormHeadHostMixin:
         self.lm_head = head
 
     def get_output_embeddings(self) -> nn.Module:
-        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it
-        computes (``FoldedLinear``: W_s = diag(scale)·W (·P) and the bias), which TRL's kernel scores exactly."""
+        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it computes
+        (``FoldedLinear``), which TRL's kernel scores exactly."""
         head = self._output_head()
         if is_serving_folded_head(self):
             return FoldedLinear(head, getattr(self, "output_projection", None))
@@ -2493,8 +2198,8 @@ class TiedNormHeadHostMixin:
         head.match_vocab_size()
 
     def output_embedding_weights(self) -> list[torch.Tensor]:
-        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
-        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
+        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or one
+        (n_i, d_i) per adaptive band."""
         return embedding_matrices(self.get_output_embeddings())
 
     def generate(self, *args, **kwargs):
@@ -2503,11 +2208,10 @@ class TiedNormHeadHostMixin:
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
             return super().generate(*args, **kwargs)
 
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        """transformers' resize, refusing a size that drops a special token (modeling/weight_checks.py), with the head's
-        per-token terms following the new vocabulary (new tokens of a lossless start by its map)."""
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
+        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
+        """
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError(
@@ -2544,20 +2248,9 @@ CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "p
 
 
 # ------------------------------ hf_tiednorm/modeling/families/tie_topology.py -----------------------------------
-"""Which modules hold the tied embedding matrix: declared once here, used by every model family.
-
-A tie is one *owner* module (the input embedding), *aliases* (other attribute paths under which the very same
-owner module is registered: the encoder's and decoder's ``embed_tokens`` of a three-way tied encoder-decoder) and
-the output layer (*head*), which shares the owner's parameters (its ``weight``, or the band rows and projections of
-an adaptive softmax). Registering the owner itself under the aliases, rather than three embedding modules sharing
-one ``Parameter``, matters for every tool that groups "the input embedding with the output embedding":
-accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_embeddings()`` in one
-``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
-("Parameter ... is shared with a parameter already managed by another FSDP group").
-
-From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read) and the
-module aliases; the training layer shards its holders together (hf_tiednorm/training/fsdp.py).
-"""
+"""Which modules hold the tied embedding matrix, declared once and used by every family: one owner module (the input
+embedding), the paths where that same module is registered again (aliases, so FSDP2 groups it once), and the output
+layer sharing its parameters; ``_tied_weights_keys`` follow from it. (docs/code_notes.md)"""
 
 
 @dataclass(frozen=True)
@@ -2589,15 +2282,9 @@ class EmbeddingTie:
 
 
 def embedding_tie(config) -> EmbeddingTie | None:
-    """The tie of a model with this config, None when nothing is tied.
-
-    The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
-    ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
-    (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
-    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
-    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
-    projections when ``adaptive_tie_projections``.
-    """
+    """The tie of a model with this config, None when nothing is tied. The module paths are the config class's
+    (``input_embedding_path``; ``shared_embedding_path``, ``stack_embedding_paths``); an encoder-decoder ties per
+    ``tie_topology``; adaptive embeddings tie every band row and, with ``adaptive_tie_projections``, projection."""
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
         owner = getattr(type(config), "input_embedding_path", None)
@@ -2667,10 +2354,8 @@ def alias_tied_modules(body: nn.Module) -> None:
 
 # ------------------------------ hf_tiednorm/modeling/families/common.py -----------------------------------------
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
-Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and
-the tie (``families/tie_topology.py``); and ``TiedNormCausalLMMixin``, the public base of a causal family's LM (the
-package's own causal family is one). The head math itself lives in ``head/layer.py``, the embeddings in
-``families/embeddings.py``, the outputs in ``families/outputs.py``."""
+Wolf's projection P) on top of the head's host, the loss and the tie; ``TiedNormCausalLMMixin`` is the public base of
+a causal family's LM."""
 
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
@@ -2745,15 +2430,10 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
 
 class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """The public base of a causal family's LM: list it before the HF parent's ``PreTrainedModel`` and
-    ``GenerationMixin``. It brings the normalized tied head, the label shift, the loss (every loss path, the
-    regularizers), the tie, loading checks, saving, resizing and generation; no hidden hook to override.
-
-    What the family supplies: ``config_class`` (a config listing ``TiedNormHeadConfigMixin`` and
-    ``TiedNormTechniquesConfigMixin`` before its HF parent config, with the class attribute ``input_embedding_path``,
-    the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
-    ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
-    ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
+    """The public base of a causal family's LM, listed before the HF parent's ``PreTrainedModel``: the head, the label
+    shift, the loss, the tie, the loading checks, resizing and generation. The family supplies ``config_class`` (with
+    ``input_embedding_path``) and an ``__init__`` that builds the HF body under ``base_model_prefix``, then calls
+    ``self.add_tied_norm_head(d)`` and ``self.post_init()``."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -2774,11 +2454,9 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
         skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
         **kwargs: Unpack[TransformersKwargs],
     ) -> TiedNormCausalLMOutput:
-        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
-        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
-        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
-        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
-        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        """``labels`` (batch, length) are the input ids (shifted here); ``shift_labels`` in ``kwargs`` (aligned already,
+        as HF's ``ForCausalLMLoss`` reads them) replace them (a named argument would be taken for a second label
+        column)."""
         shift_labels = kwargs.pop("shift_labels", None)
         outputs = body_of(self)(
             input_ids=input_ids,
@@ -2867,11 +2545,8 @@ class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
 
 
 class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs; loading and
-    resizing checked (``WeightChecksMixin``: finite weights; ``head_host``: special tokens kept).
-
-    A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
-    """
+    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs, loading
+    checked; a family names its body class in ``model_class``."""
 
     model_class: type[PreTrainedModel]
     base_model_prefix = "model"
@@ -2992,18 +2667,9 @@ class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPr
 
 
 # ------------------------------ hf_tiednorm/modeling/translation_pipeline.py ------------------------------------
-"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
-
-Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
-the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this code (inlined into an encoder-decoder family's generated
-``modeling_tiednorm.py``): ``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an
-encoder-decoder of ours (hf_tiednorm/conversion/saved_code.py).
-
-The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
-``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
-longer than the model's positions (with a warning) instead of failing inside the encoder.
-"""
+"""The ``tiednorm-translation`` pipeline for encoder-decoders (transformers 5 removed its own): it serves a saved
+folder alone (``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``), refuses bad arguments by
+name, translates ``[]`` to ``[]`` and truncates inputs longer than the model's positions, with a warning."""
 
 
 logger = logging.get_logger(__name__)
@@ -3043,14 +2709,9 @@ def missing_tokenizer_message(model) -> str:
 
 
 class TokenizerLoadFailure:
-    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
-    error of a failed load so that the pipeline can say why it has no tokenizer.
-
-    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
-    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
-    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
-    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
-    """
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, and keeps a failed
+    load's error (transformers' ``pipeline()`` tests the flag again in the handler of a failed load, where
+    ``sys.exc_info()`` holds it), so that the pipeline says why it has no tokenizer."""
 
     failure: BaseException | None = None
 
