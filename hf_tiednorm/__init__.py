@@ -14,8 +14,9 @@ from transformers.pipelines import PIPELINE_REGISTRY
 
 from .conversion.saved_code import install_code_writer
 from .modeling.families.common import TiedNormCausalLMMixin, TiedNormLMMixin
-from .modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .modeling.families.configuration import TiedNormHeadConfigMixin
 from .modeling.families.configuration_encoder_decoder import TIE_TOPOLOGIES
+from .modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from .modeling.families.table import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
 from .modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from .modeling.head.modes import HeadMode

@@ -354,12 +354,11 @@ def render(
         rule = f"# {'-' * 30} {module.label} {'-' * max(3, 80 - len(module.label))}"
         sections.append(f"{rule}\n{text}")
     header = [
-        f"# {name}.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.",
-        "# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).",
-        "#",
+        f"# {name}.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py"
+        " (--check: is it current?). Do not edit it.",
         "# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs)"
-        + (f" of the family {family!r}:" if family else ":"),
-        f"# {len(inlined)} package modules, in dependency order, each under a rule naming its file.",
+        + (f" of the family {family!r}" if family else "")
+        + f": {len(inlined)} package modules, in dependency order, each under a rule naming its file.",
         "# ruff: noqa: E402, E501, I001",
     ]
     parts = ["\n".join(header)]

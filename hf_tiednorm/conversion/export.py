@@ -55,7 +55,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from ..modeling.families.configuration import TiedNormHeadConfigMixin
+from ..modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from ..modeling.head.modes import get_head_mode

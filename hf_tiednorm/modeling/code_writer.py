@@ -1,8 +1,5 @@
-"""How a saved folder gets its code. ``save_pretrained`` of a config or a model of the package runs inside
-``CODE_WRITER[0]``, which the package sets when it is imported (hf_tiednorm/conversion/saved_code.py: the two
-generated files of the model's family, and ``auto_map`` naming them). In a folder's own code nothing sets it, and
-transformers copies that code as it copies any remote code (``custom_object_save``).
-"""
+"""How a saved folder gets its code: the package sets ``CODE_WRITER`` (hf_tiednorm/conversion/saved_code.py, its
+family's two generated files); in a folder's own code it is None and transformers copies the code itself."""
 
 from contextlib import nullcontext
 

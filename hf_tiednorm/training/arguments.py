@@ -29,7 +29,8 @@ from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, Pretrained
 
 from ..conversion.field_flags import flag_metadata, flag_type
 from ..conversion.field_help import flag_of
-from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from ..modeling.families.configuration import TiedNormHeadConfigMixin
+from ..modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from .tokenization import TOKENIZER_MODELS
 
 # --dtype's values: HF's run_clm.py's (transformers' from_pretrained dtype names).

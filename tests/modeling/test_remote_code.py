@@ -42,7 +42,9 @@ import generate_remote_code  # noqa: E402
 
 CODE_FILES = [f"{module}.py" for module in REMOTE_CODE_MODULES]
 FAMILY_CODE = {path.name: path for path in sorted(GENERATED_DIR.iterdir()) if path.is_dir()}  # row name -> folder
-LAST_MULTI_FILE_VERSION = "7bdafef"  # main before this issue: a saved folder held one file per package module
+# Earlier versions whose saved folders must still load: 7bdafef (one file per package module), bcb37a5 (two generated
+# files holding every family's code, before issue 56).
+EARLIER_VERSIONS = {"7bdafef": "modeling_tiednorm_", "bcb37a5": "modeling_tiednorm"}  # version -> its module's name
 
 
 def test_the_generated_files_are_current():
@@ -203,32 +205,39 @@ print("saved")
 """
 
 
-@pytest.fixture(scope="module")
-def old_folders(tmp_path_factory):
-    """Folders saved by the package as it was at 7bdafef (built from git, run from an extracted copy)."""
-    root = tmp_path_factory.mktemp("old_version")
+def _saved_by(version: str, root: Path) -> Path:
+    """Folders of every family and the wrapper saved by the package as it was at git commit ``version`` (its
+    ``hf_tiednorm/`` extracted from the history and run in a process of its own), with their inputs and logits."""
     archive = root / "old.tar"
-    made = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "-o", str(archive), LAST_MULTI_FILE_VERSION,
-                           "hf_tiednorm"], capture_output=True, text=True)  # fmt: skip
+    made = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "-o", str(archive), version, "hf_tiednorm"],
+                          capture_output=True, text=True)  # fmt: skip
     if made.returncode != 0:
-        pytest.skip(f"needs a git checkout holding {LAST_MULTI_FILE_VERSION}: {made.stderr.strip()}")
+        pytest.skip(f"needs a git checkout holding {version}: {made.stderr.strip()}")
     with tarfile.open(archive) as tar:
         tar.extractall(root / "source", filter="data")
-    families = [*FAMILIES, "wrapped"]
     sizes = {"encoder_decoder": TINY_ENCODER_DECODER | {"dropout": 0.0}, "decoder": TINY_DECODER}
     out = subprocess.run(
-        [sys.executable, "-c", OLD_PACKAGE_SCRIPT, str(root / "source"), json.dumps(families), json.dumps(sizes)],
+        [sys.executable, "-c", OLD_PACKAGE_SCRIPT, str(root / "source"), json.dumps(OLD_FAMILIES), json.dumps(sizes)],
         cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root / "source")}, capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 0 and "saved" in out.stdout, out.stderr[-3000:]
-    return root / "old", families
+    return root / "old"
+
+
+OLD_FAMILIES = [*FAMILIES, "wrapped"]
+
+
+@pytest.fixture(scope="module")
+def old_folders(tmp_path_factory):
+    """{version: the folder holding its saved folders} for every ``EARLIER_VERSIONS``."""
+    return {version: _saved_by(version, tmp_path_factory.mktemp(f"saved_by_{version}")) for version in EARLIER_VERSIONS}
 
 
 def test_every_family_and_the_wrapper_save_two_files_and_load_from_them_without_the_package(old_folders, tmp_path):
     """One isolated process (no hf_tiednorm importable) loads, with trust_remote_code=True: each family's and the
     wrapper's new folder (around a causal LM and around an encoder-decoder; two files; logits equal to the
-    package's) and each folder of the earlier version (its own copies of the package's modules)."""
-    old, families = old_folders
+    package's) and each folder of the earlier versions (their own code)."""
+    families = OLD_FAMILIES
     code = "import torch\nfrom transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM\n"
     for family in [*families, "wrapped_seq2seq"]:
         model = _save(family, tmp_path / family)
@@ -244,22 +253,27 @@ def test_every_family_and_the_wrapper_save_two_files_and_load_from_them_without_
             torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / f"{family}.pt")
         auto = "AutoModelForSeq2SeqLM" if model.config.is_encoder_decoder else "AutoModelForCausalLM"
         code += _load_and_compare(tmp_path / family, tmp_path / f"{family}.pt", auto, f"new-{family}")
-        if family in families:
-            code += _load_and_compare(old / family, old / f"{family}.pt", auto, f"old-{family}")
+        for version, old in old_folders.items() if family in families else ():
+            code += _load_and_compare(old / family, old / f"{family}.pt", auto, f"{version}-{family}")
     lines = run_without_package(code, cwd=tmp_path).strip().splitlines()
     assert "new-wrapped_seq2seq modeling_tiednorm True" in lines, lines
     for family in families:
         assert f"new-{family} modeling_tiednorm True" in lines, lines
-        assert any(line.startswith(f"old-{family} modeling_tiednorm_") and line.endswith(" True") for line in lines)
+        for version, module in EARLIER_VERSIONS.items():
+            found = [line for line in lines if line.startswith(f"{version}-{family} ")]
+            assert len(found) == 1 and found[0].split()[1].startswith(module) and found[0].endswith(" True"), lines
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
-def test_a_folder_of_the_earlier_version_loads_with_the_package(old_folders, family):
-    """The package (no remote code) reads a folder saved with one file per module: same logits; its auto_map is
-    still ours (not refused as foreign by staging or dropped by a training run)."""
-    old, _ = old_folders
+@pytest.mark.parametrize("version", EARLIER_VERSIONS)
+@pytest.mark.parametrize("family", OLD_FAMILIES)
+def test_a_folder_of_an_earlier_version_loads_with_the_package(old_folders, version, family):
+    """The package (no remote code) reads a folder an earlier version saved (one file per module; two files of every
+    family's code): same logits; its auto_map is still ours (not refused as foreign by staging or dropped by a
+    training run)."""
+    old = old_folders[version]
     config = json.loads((old / family / "config.json").read_text())
-    assert sorted(path.name for path in (old / family).glob("*.py")) != CODE_FILES  # the earlier form
+    if version == "7bdafef":
+        assert sorted(path.name for path in (old / family).glob("*.py")) != CODE_FILES  # the earliest form
     assert foreign_auto_map(config["auto_map"]) == {}
     auto = AutoModelForSeq2SeqLM if config.get("is_encoder_decoder") else AutoModelForCausalLM
     model = auto.from_pretrained(old / family).eval()
@@ -298,3 +312,96 @@ def test_saving_over_an_earlier_folder_keeps_and_names_the_code_it_no_longer_use
     assert (tmp_path / "modeling_tiednorm_wrapped.py").read_text() == "# an earlier version's copy\n"
     assert "['modeling_tiednorm_wrapped.py'], which the saved model does not use" in captured.out
     assert not (tmp_path / "normalized_head.py").exists()  # transformers' copies are gone
+
+
+# What loading a folder's code may change in the process (issue 56): nothing of torch's global hooks, nothing of
+# transformers' Auto name tables but a causal LM's own model type, which the Trainer's label smoother needs.
+SIDE_EFFECTS_PROBE = """
+import json, torch, transformers
+from torch.nn.modules import module as torch_module
+from transformers.models.auto import configuration_auto, modeling_auto
+def hooks():
+    return {name: len(value) for name, value in vars(torch_module).items()
+            if name.startswith("_global_") and isinstance(value, dict)}
+def tables():
+    found = {name: dict(value) for name, value in vars(modeling_auto).items()
+             if name.endswith("_MAPPING_NAMES") and isinstance(value, dict)}
+    return found | {"CONFIG_MAPPING_NAMES": dict(configuration_auto.CONFIG_MAPPING_NAMES)}
+def changes(folder, auto):
+    hooks_before, tables_before = hooks(), tables()
+    getattr(transformers, auto).from_pretrained(folder, trust_remote_code=True)
+    hooks_after, tables_after = hooks(), tables()
+    added = sorted(f"{table}[{key!r}]={value!r}" for table, entries in tables_after.items()
+                   for key, value in entries.items() if tables_before[table].get(key) != value)
+    return {"hooks": {name: hooks_after[name] - count for name, count in hooks_before.items()
+                      if hooks_after[name] != count}, "tables": added}
+"""
+ALLOWED_TABLE_ENTRIES = {  # what loading each folder may add: a causal LM's own model type, for the label smoother
+    "causal": {"MODEL_FOR_CAUSAL_LM_MAPPING_NAMES['tiednorm_causal']='TiedNormForCausalLM'"},
+    "wrapped": {"MODEL_FOR_CAUSAL_LM_MAPPING_NAMES['tiednorm_wrapped']='TiedNormWrappedForCausalLM'"},
+}
+
+
+def test_loading_a_folder_changes_no_global_hook_and_no_auto_table_but_a_causal_lms_own_type(tmp_path):
+    """Each family's and the wrapper's folder loads in the process without the package: torch's global module,
+    parameter and buffer hooks are as they were, and transformers' Auto name tables too, but for a causal LM's own
+    model type (bcb37a5: 2 global hooks per folder; 2 entries added also when a Marian folder loaded)."""
+    code = SIDE_EFFECTS_PROBE
+    for family in [*OLD_FAMILIES, "wrapped_seq2seq"]:
+        model = _save(family, tmp_path / family)
+        auto = "AutoModelForSeq2SeqLM" if model.config.is_encoder_decoder else "AutoModelForCausalLM"
+        code += f"print({family!r}, json.dumps(changes({str(tmp_path / family)!r}, {auto!r})))\n"
+    lines = run_without_package(code, cwd=tmp_path).strip().splitlines()
+    found = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in lines if line[:1].isalpha()}
+    assert sorted(found) == sorted([*OLD_FAMILIES, "wrapped_seq2seq"]), lines
+    for family, changed in found.items():
+        assert changed["hooks"] == {}, (family, changed)
+        assert set(changed["tables"]) <= ALLOWED_TABLE_ENTRIES.get(family, set()), (family, changed)
+
+
+@pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
+def test_no_generated_file_reads_interpreter_frames(family):
+    """No ``sys._getframe``, frame walk or traceback frame read in what a folder runs (bcb37a5: a ``__bool__`` read
+    its caller's local ``component``; a frame walk placed a warning)."""
+    text = "".join((FAMILY_CODE[family] / name).read_text() for name in CODE_FILES)
+    assert not re.findall(r"_getframe|f_locals|f_back|f_globals|currentframe|tb_frame|inspect\.stack", text)
+
+
+def _lines(family: str, name: str) -> int:
+    return len((FAMILY_CODE[family] / name).read_text().splitlines())
+
+
+# What a reviewer of a saved folder reads, in lines of Python (docstrings and comments included). Issue 56's budgets
+# (HF's Llama: configuration 102 + modeling 503 lines): a causal folder 1,800, any other 2,200, a configuration file
+# 400 without torch. The configuration files meet theirs; the folders do not yet (docs/layout.md gives the measured
+# lines), so each is held at most at its ceiling here, a little above its lines at issue 56's end, until it does.
+ISSUE_BUDGETS = {"causal": 1800, "seq2seq": 2200, "bart": 2200, "wrapped": 2200}
+CEILINGS = {"causal": 2950, "seq2seq": 3300, "bart": 3300, "wrapped": 3150}
+CONFIG_BUDGET = 400
+
+
+@pytest.mark.parametrize("family", sorted(ISSUE_BUDGETS))
+def test_a_folders_code_stays_within_its_budget(family):
+    """bcb37a5: every folder carried 5,195 lines (configuration 2,015, importing torch; modeling 3,180)."""
+    config, modeling = (_lines(family, name) for name in CODE_FILES)
+    assert config <= CONFIG_BUDGET, f"{family}: configuration_tiednorm.py has {config} lines, over {CONFIG_BUDGET}"
+    assert config + modeling <= CEILINGS[family], f"{family}: {config + modeling} lines, over {CEILINGS[family]}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 56's folder budgets are not met yet (docs/layout.md, measured lines)")
+@pytest.mark.parametrize("family", sorted(ISSUE_BUDGETS))
+def test_a_folders_code_meets_issue_56s_budget(family):
+    assert sum(_lines(family, name) for name in CODE_FILES) <= ISSUE_BUDGETS[family]
+
+
+def test_docs_layout_gives_each_folders_lines_as_measured():
+    """docs/layout.md's table of what a saved folder carries states each family's lines (within 10%)."""
+    text = (REPO_ROOT / "docs" / "layout.md").read_text()
+    for family in ISSUE_BUDGETS:
+        row = re.search(rf"^\| {family}\b[^|]*\| ([\d,]+)[^|]*\| ([\d,]+) \| ([\d,]+) \|", text, flags=re.MULTILINE)
+        assert row, f"docs/layout.md has no row for {family}"
+        stated = [int(value.replace(",", "")) for value in row.groups()]
+        measured = [_lines(family, CODE_FILES[0]), _lines(family, CODE_FILES[1])]
+        measured.append(sum(measured))
+        for said, real in zip(stated, measured, strict=True):
+            assert abs(said - real) <= 0.1 * real, f"docs/layout.md: {family} {stated}, measured {measured}"

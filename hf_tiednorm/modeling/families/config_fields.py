@@ -1,4 +1,4 @@
-"""What the configs' fields are made of: field types and validators, which ``@strict`` runs whenever a field is set."""
+"""The configs' field types and validators, which ``@strict`` runs whenever a field is set."""
 
 import math
 from typing import Literal
@@ -25,12 +25,7 @@ def non_negative_field(value: float | None) -> None:
         raise ValueError(f"Value must be >= 0, got {value}")
 
 
-@as_validated_field
-def head_mode_field(value: str) -> None:
-    """A registered head mode; the error names the value and the modes this code defines."""
-    check_head_mode(value)
-
-
+head_mode_field = as_validated_field(check_head_mode)  # a registered head mode, or an error naming the known ones
 # Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
 size_field = positive_int_field
 layer_count_field = interval(min=0)

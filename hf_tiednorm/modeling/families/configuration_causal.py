@@ -1,11 +1,11 @@
-"""The configuration of the Llama-style causal family (``TiedNormCausalConfig``): Llama's fields, the normalized tied
-head's and the techniques' (configuration.py), and the small model's defaults."""
+"""The configuration of the Llama-style causal family: Llama's fields, the head's and the techniques'."""
 
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
 from .config_fields import layer_count_field, size_field
-from .configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .configuration import TiedNormHeadConfigMixin
+from .configuration_techniques import TiedNormTechniquesConfigMixin
 
 
 @strict

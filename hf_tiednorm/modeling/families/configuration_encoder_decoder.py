@@ -1,5 +1,4 @@
-"""What both encoder-decoder families' configurations share: which embeddings are tied (``TieTopologyConfigMixin``)
-and the small Multi30k model's sizes and special tokens (``SmallEncoderDecoderConfigMixin``)."""
+"""What both encoder-decoder families' configurations share: the tie topology and the small model's defaults."""
 
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -16,13 +15,10 @@ class TieTopologyConfigMixin:
     decoder input = output; one vocabulary), ``decoder`` (decoder input = output), ``untied``. ``tie_word_embeddings``
     and ``share_encoder_decoder_embeddings`` follow from it; values contradicting it are refused."""
 
-    # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
-    # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no
-    # fields.
+    # Where the models keep their embeddings (module paths from the LM, read by families/tie_topology.py). No fields.
     shared_embedding_path = "model.shared"
     stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
 
-    # Which embeddings share one matrix: one of TIE_TOPOLOGIES.
     tie_topology: TieTopology = "three_way"
     # Vocabulary of the decoder input and the output layer when it differs from the encoder's; None = vocab_size.
     decoder_vocab_size: int | None = size_field(default=None)
@@ -31,10 +27,8 @@ class TieTopologyConfigMixin:
     share_encoder_decoder_embeddings: bool | None = None
 
     def _implied_tie_flags(self) -> dict[str, bool]:
-        return {
-            "tie_word_embeddings": self.tie_topology != "untied",
-            "share_encoder_decoder_embeddings": self.tie_topology == "three_way",
-        }
+        tie = self.tie_topology
+        return {"tie_word_embeddings": tie != "untied", "share_encoder_decoder_embeddings": tie == "three_way"}
 
     def __post_init__(self, **kwargs):
         for name, value in self._implied_tie_flags().items():
@@ -65,8 +59,8 @@ class TieTopologyConfigMixin:
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
 class SmallEncoderDecoderConfigMixin:
-    """The sizes and special tokens both encoder-decoder families default to: the small Multi30k model and the
-    tokenizer hf_tiednorm trains (BART-large instead: d = 1024, 12 + 12 layers, 16 heads, FFN 4096, 50265 tokens)."""
+    """The sizes and special tokens both encoder-decoder families default to: the small Multi30k model and the tokenizer
+    hf_tiednorm trains."""
 
     # Joint subword vocabulary (source and target) of the encoder; the decoder's unless decoder_vocab_size is set.
     vocab_size: int = size_field(default=8000)
@@ -74,14 +68,13 @@ class SmallEncoderDecoderConfigMixin:
     max_position_embeddings: int = size_field(default=256)
     # Model width d; also the embedding size, so embeddings and hidden states live in one space.
     d_model: int = size_field(default=256)
-    encoder_layers: int = layer_count_field(default=3)
+    encoder_layers: int = layer_count_field(default=3)  # layers, feed-forward width, heads of each stack
     encoder_ffn_dim: int = size_field(default=1024)
     encoder_attention_heads: int = size_field(default=4)
     decoder_layers: int = layer_count_field(default=3)
     decoder_ffn_dim: int = size_field(default=1024)
     decoder_attention_heads: int = size_field(default=4)
-    # Special token ids of the tokenizer that hf_tiednorm trains: <pad>=0, <s>=1, </s>=2, <unk>=3 (BART's own: <s>=0,
-    # <pad>=1, decoding starts with </s> and is forced to end with it).
+    # The special tokens of the tokenizer hf_tiednorm trains: <pad>=0, <s>=1, </s>=2, <unk>=3.
     pad_token_id: int | None = 0
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2

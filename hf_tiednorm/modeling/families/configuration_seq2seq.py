@@ -1,21 +1,16 @@
-"""The configuration of the Marian-style family (``TiedNormSeq2SeqConfig``): Marian's fields, the normalized tied
-head's and the techniques' (configuration.py), the tie topology and the small model's defaults."""
+"""The configuration of the Marian-style family: Marian's fields, the head's, the techniques', the tie topology's."""
 
 from huggingface_hub.dataclasses import strict
 from transformers import MarianConfig
 
-from .configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .configuration import TiedNormHeadConfigMixin
 from .configuration_encoder_decoder import SmallEncoderDecoderConfigMixin, TieTopologyConfigMixin
+from .configuration_techniques import TiedNormTechniquesConfigMixin
 
 
 @strict
-class TiedNormSeq2SeqConfig(
-    SmallEncoderDecoderConfigMixin,
-    TieTopologyConfigMixin,
-    TiedNormHeadConfigMixin,
-    TiedNormTechniquesConfigMixin,
-    MarianConfig,
-):
+class TiedNormSeq2SeqConfig(SmallEncoderDecoderConfigMixin, TieTopologyConfigMixin, TiedNormHeadConfigMixin,
+                            TiedNormTechniquesConfigMixin, MarianConfig):  # fmt: skip
     """A Marian-style encoder-decoder (sinusoidal positions) whose output layer is the normalized tied head."""
 
     model_type = "tiednorm_seq2seq"

@@ -48,13 +48,11 @@ def renamed_value(old: str, value, current, given_as: str, stacklevel: int):
         )
     if current not in ("none", value):
         raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-    advice = {
-        "config field": "Save the config again to store the new name; the old one will stop loading",
-        "keyword argument": f"Write {new}={value!r}; the old keyword will stop working",
-    }[given_as]
+    advice = f"Write {new}={value!r}" if given_as == "keyword argument" else "Save the config again to store it"
     warnings.warn(
         f"the {given_as} {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice} in a future release",
+        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice}: the old name will stop "
+        "working in a future release",
         FutureWarning,
         stacklevel=stacklevel + 1,
     )

@@ -1,8 +1,5 @@
-# configuration_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
-# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
-#
-# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'causal':
-# 5 package modules, in dependency order, each under a rule naming its file.
+# configuration_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py (--check: is it current?). Do not edit it.
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'causal': 6 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
@@ -61,13 +58,11 @@ def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"
         )
     if current not in ("none", value):
         raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-    advice = {
-        "config field": "Save the config again to store the new name; the old one will stop loading",
-        "keyword argument": f"Write {new}={value!r}; the old keyword will stop working",
-    }[given_as]
+    advice = f"Write {new}={value!r}" if given_as == "keyword argument" else "Save the config again to store it"
     warnings.warn(
         f"the {given_as} {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice} in a future release",
+        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice}: the old name will stop "
+        "working in a future release",
         FutureWarning,
         stacklevel=stacklevel + 1,
     )
@@ -143,7 +138,7 @@ class HeadSettings:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/config_fields.py ----------------------------------
-"""What the configs' fields are made of: field types and validators, which ``@strict`` runs whenever a field is set."""
+"""The configs' field types and validators, which ``@strict`` runs whenever a field is set."""
 
 
 LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # loss/policy.LOSS_IMPLEMENTATIONS
@@ -163,23 +158,15 @@ def non_negative_field(value: float | None) -> None:
         raise ValueError(f"Value must be >= 0, got {value}")
 
 
-@as_validated_field
-def head_mode_field(value: str) -> None:
-    """A registered head mode; the error names the value and the modes this code defines."""
-    check_head_mode(value)
-
-
+head_mode_field = as_validated_field(check_head_mode)  # a registered head mode, or an error naming the known ones
 # Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
 size_field = positive_int_field
 layer_count_field = interval(min=0)
 
 
 # ------------------------------ hf_tiednorm/modeling/code_writer.py ---------------------------------------------
-"""How a saved folder gets its code. ``save_pretrained`` of a config or a model of the package runs inside
-``CODE_WRITER[0]``, which the package sets when it is imported (hf_tiednorm/conversion/saved_code.py: the two
-generated files of the model's family, and ``auto_map`` naming them). In a folder's own code nothing sets it, and
-transformers copies that code as it copies any remote code (``custom_object_save``).
-"""
+"""How a saved folder gets its code: the package sets ``CODE_WRITER`` (hf_tiednorm/conversion/saved_code.py, its
+family's two generated files); in a folder's own code it is None and transformers copies the code itself."""
 
 
 # A callable (the config or model being saved, its folder) -> a context manager around the save; None: transformers'.
@@ -230,12 +217,6 @@ class TiedNormHeadConfigMixin(SavesItsCode):
         super().__post_init__(**kwargs)
 
     @property
-    def head_options(self) -> HeadSettings:
-        """``head_settings`` under its name in 0.1 (a FutureWarning; removed in the next release)."""
-        warnings.warn("config.head_options is renamed config.head_settings", FutureWarning, stacklevel=2)
-        return self.head_settings
-
-    @property
     def head_settings(self) -> HeadSettings:
         """The head's settings as the one value a head is built from (head/settings.py)."""
         return HeadSettings.from_config(self)
@@ -244,13 +225,15 @@ class TiedNormHeadConfigMixin(SavesItsCode):
         HeadSettings.from_config(self)  # every check of the head's settings, once (head/settings.py)
 
 
+# ------------------------------ hf_tiednorm/modeling/families/configuration_techniques.py -----------------------
+"""The fields of the training techniques the package's own families implement (docs/techniques.md)."""
+
+
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
 class TiedNormTechniquesConfigMixin:
-    """Fields of the training techniques the package's own families implement in their forward and loss (docs/
-    techniques.md). A wrapped model trains with its architecture's own loss and refuses them."""
+    """Fields of the techniques the own families implement in their forward and loss; a wrapped model refuses them."""
 
-    # The Trainer's evaluation collects every other output field as predictions; the loss terms are scalars
-    # (loss/regularizers.LOSS_TERMS), the KV cache is named "cache" since transformers 5.24.
+    # Output fields the Trainer's evaluation does not collect: the KV cache, the loss terms (regularizers.LOSS_TERMS).
     keys_to_ignore_at_inference = ["cache", "past_key_values", "cross_entropy", "projection_penalty",
                                    "weight_norm_penalty"]  # fmt: skip
 
@@ -319,8 +302,7 @@ class TiedNormTechniquesConfigMixin:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/configuration_causal.py ---------------------------
-"""The configuration of the Llama-style causal family (``TiedNormCausalConfig``): Llama's fields, the normalized tied
-head's and the techniques' (configuration.py), and the small model's defaults."""
+"""The configuration of the Llama-style causal family: Llama's fields, the head's and the techniques'."""
 
 
 @strict

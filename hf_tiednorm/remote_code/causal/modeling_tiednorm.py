@@ -1,8 +1,5 @@
-# modeling_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
-# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
-#
-# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'causal':
-# 23 package modules, in dependency order, each under a rule naming its file.
+# modeling_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py (--check: is it current?). Do not edit it.
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'causal': 23 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 from __future__ import annotations

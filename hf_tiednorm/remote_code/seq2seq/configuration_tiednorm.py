@@ -1,8 +1,5 @@
-# configuration_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
-# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
-#
-# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'seq2seq':
-# 6 package modules, in dependency order, each under a rule naming its file.
+# configuration_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py (--check: is it current?). Do not edit it.
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'seq2seq': 7 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
@@ -18,11 +15,8 @@ from transformers.utils.type_validators import interval, positive_int_field
 
 
 # ------------------------------ hf_tiednorm/modeling/code_writer.py ---------------------------------------------
-"""How a saved folder gets its code. ``save_pretrained`` of a config or a model of the package runs inside
-``CODE_WRITER[0]``, which the package sets when it is imported (hf_tiednorm/conversion/saved_code.py: the two
-generated files of the model's family, and ``auto_map`` naming them). In a folder's own code nothing sets it, and
-transformers copies that code as it copies any remote code (``custom_object_save``).
-"""
+"""How a saved folder gets its code: the package sets ``CODE_WRITER`` (hf_tiednorm/conversion/saved_code.py, its
+family's two generated files); in a folder's own code it is None and transformers copies the code itself."""
 
 
 # A callable (the config or model being saved, its folder) -> a context manager around the save; None: transformers'.
@@ -83,13 +77,11 @@ def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"
         )
     if current not in ("none", value):
         raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-    advice = {
-        "config field": "Save the config again to store the new name; the old one will stop loading",
-        "keyword argument": f"Write {new}={value!r}; the old keyword will stop working",
-    }[given_as]
+    advice = f"Write {new}={value!r}" if given_as == "keyword argument" else "Save the config again to store it"
     warnings.warn(
         f"the {given_as} {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice} in a future release",
+        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice}: the old name will stop "
+        "working in a future release",
         FutureWarning,
         stacklevel=stacklevel + 1,
     )
@@ -165,7 +157,7 @@ class HeadSettings:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/config_fields.py ----------------------------------
-"""What the configs' fields are made of: field types and validators, which ``@strict`` runs whenever a field is set."""
+"""The configs' field types and validators, which ``@strict`` runs whenever a field is set."""
 
 
 LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # loss/policy.LOSS_IMPLEMENTATIONS
@@ -185,12 +177,7 @@ def non_negative_field(value: float | None) -> None:
         raise ValueError(f"Value must be >= 0, got {value}")
 
 
-@as_validated_field
-def head_mode_field(value: str) -> None:
-    """A registered head mode; the error names the value and the modes this code defines."""
-    check_head_mode(value)
-
-
+head_mode_field = as_validated_field(check_head_mode)  # a registered head mode, or an error naming the known ones
 # Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
 size_field = positive_int_field
 layer_count_field = interval(min=0)
@@ -230,12 +217,6 @@ class TiedNormHeadConfigMixin(SavesItsCode):
         super().__post_init__(**kwargs)
 
     @property
-    def head_options(self) -> HeadSettings:
-        """``head_settings`` under its name in 0.1 (a FutureWarning; removed in the next release)."""
-        warnings.warn("config.head_options is renamed config.head_settings", FutureWarning, stacklevel=2)
-        return self.head_settings
-
-    @property
     def head_settings(self) -> HeadSettings:
         """The head's settings as the one value a head is built from (head/settings.py)."""
         return HeadSettings.from_config(self)
@@ -244,13 +225,96 @@ class TiedNormHeadConfigMixin(SavesItsCode):
         HeadSettings.from_config(self)  # every check of the head's settings, once (head/settings.py)
 
 
+# ------------------------------ hf_tiednorm/modeling/families/configuration_encoder_decoder.py ------------------
+"""What both encoder-decoder families' configurations share: the tie topology and the small model's defaults."""
+
+
+TieTopology = Literal["untied", "decoder", "three_way"]
+TIE_TOPOLOGIES: tuple[str, ...] = get_args(TieTopology)
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class TieTopologyConfigMixin:
+    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf 2017, §5): ``three_way`` (encoder input =
+    decoder input = output; one vocabulary), ``decoder`` (decoder input = output), ``untied``. ``tie_word_embeddings``
+    and ``share_encoder_decoder_embeddings`` follow from it; values contradicting it are refused."""
+
+    # Where the models keep their embeddings (module paths from the LM, read by families/tie_topology.py). No fields.
+    shared_embedding_path = "model.shared"
+    stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
+
+    tie_topology: TieTopology = "three_way"
+    # Vocabulary of the decoder input and the output layer when it differs from the encoder's; None = vocab_size.
+    decoder_vocab_size: int | None = size_field(default=None)
+    # Derived from tie_topology when left unset (the HF parents default both to True).
+    tie_word_embeddings: bool | None = None
+    share_encoder_decoder_embeddings: bool | None = None
+
+    def _implied_tie_flags(self) -> dict[str, bool]:
+        tie = self.tie_topology
+        return {"tie_word_embeddings": tie != "untied", "share_encoder_decoder_embeddings": tie == "three_way"}
+
+    def __post_init__(self, **kwargs):
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
+        super().__post_init__(**kwargs)
+
+    def validate_tie_topology(self) -> None:
+        for name, value in self._implied_tie_flags().items():
+            if getattr(self, name) != value:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
+                    f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
+                )
+        if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="
+                f"{self.decoder_vocab_size} != vocab_size={self.vocab_size}; use tie_topology='decoder' or 'untied'"
+            )
+        if self.adaptive_cutoffs is not None and self.tie_topology != "three_way":
+            raise ValueError(
+                f"adaptive_cutoffs needs tie_topology='three_way' (one adaptive embedding shared by encoder, decoder "
+                f"and output layer), got tie_topology={self.tie_topology!r}"
+            )
+
+
+@dataclass(init=False, repr=False, eq=False, kw_only=True)
+class SmallEncoderDecoderConfigMixin:
+    """The sizes and special tokens both encoder-decoder families default to: the small Multi30k model and the tokenizer
+    hf_tiednorm trains."""
+
+    # Joint subword vocabulary (source and target) of the encoder; the decoder's unless decoder_vocab_size is set.
+    vocab_size: int = size_field(default=8000)
+    # Longest sequence the position table covers (Marian's is sinusoidal, BART's learned).
+    max_position_embeddings: int = size_field(default=256)
+    # Model width d; also the embedding size, so embeddings and hidden states live in one space.
+    d_model: int = size_field(default=256)
+    encoder_layers: int = layer_count_field(default=3)  # layers, feed-forward width, heads of each stack
+    encoder_ffn_dim: int = size_field(default=1024)
+    encoder_attention_heads: int = size_field(default=4)
+    decoder_layers: int = layer_count_field(default=3)
+    decoder_ffn_dim: int = size_field(default=1024)
+    decoder_attention_heads: int = size_field(default=4)
+    # The special tokens of the tokenizer hf_tiednorm trains: <pad>=0, <s>=1, </s>=2, <unk>=3.
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 1
+    forced_eos_token_id: int | list[int] | None = None
+
+
+# ------------------------------ hf_tiednorm/modeling/families/configuration_techniques.py -----------------------
+"""The fields of the training techniques the package's own families implement (docs/techniques.md)."""
+
+
 @dataclass(init=False, repr=False, eq=False, kw_only=True)
 class TiedNormTechniquesConfigMixin:
-    """Fields of the training techniques the package's own families implement in their forward and loss (docs/
-    techniques.md). A wrapped model trains with its architecture's own loss and refuses them."""
+    """Fields of the techniques the own families implement in their forward and loss; a wrapped model refuses them."""
 
-    # The Trainer's evaluation collects every other output field as predictions; the loss terms are scalars
-    # (loss/regularizers.LOSS_TERMS), the KV cache is named "cache" since transformers 5.24.
+    # Output fields the Trainer's evaluation does not collect: the KV cache, the loss terms (regularizers.LOSS_TERMS).
     keys_to_ignore_at_inference = ["cache", "past_key_values", "cross_entropy", "projection_penalty",
                                    "weight_norm_penalty"]  # fmt: skip
 
@@ -318,107 +382,13 @@ class TiedNormTechniquesConfigMixin:
             )
 
 
-# ------------------------------ hf_tiednorm/modeling/families/configuration_encoder_decoder.py ------------------
-"""What both encoder-decoder families' configurations share: which embeddings are tied (``TieTopologyConfigMixin``)
-and the small Multi30k model's sizes and special tokens (``SmallEncoderDecoderConfigMixin``)."""
-
-
-TieTopology = Literal["untied", "decoder", "three_way"]
-TIE_TOPOLOGIES: tuple[str, ...] = get_args(TieTopology)
-
-
-@dataclass(init=False, repr=False, eq=False, kw_only=True)
-class TieTopologyConfigMixin:
-    """Which embeddings of an encoder-decoder share one matrix (Press & Wolf 2017, §5): ``three_way`` (encoder input =
-    decoder input = output; one vocabulary), ``decoder`` (decoder input = output), ``untied``. ``tie_word_embeddings``
-    and ``share_encoder_decoder_embeddings`` follow from it; values contradicting it are refused."""
-
-    # Where the family's models keep their embeddings (module paths from the LM; families/tie_topology.py reads them):
-    # the shared matrix of a three-way tie, and the encoder's and decoder's token embeddings. Class attributes, no
-    # fields.
-    shared_embedding_path = "model.shared"
-    stack_embedding_paths = ("model.encoder.embed_tokens", "model.decoder.embed_tokens")
-
-    # Which embeddings share one matrix: one of TIE_TOPOLOGIES.
-    tie_topology: TieTopology = "three_way"
-    # Vocabulary of the decoder input and the output layer when it differs from the encoder's; None = vocab_size.
-    decoder_vocab_size: int | None = size_field(default=None)
-    # Derived from tie_topology when left unset (the HF parents default both to True).
-    tie_word_embeddings: bool | None = None
-    share_encoder_decoder_embeddings: bool | None = None
-
-    def _implied_tie_flags(self) -> dict[str, bool]:
-        return {
-            "tie_word_embeddings": self.tie_topology != "untied",
-            "share_encoder_decoder_embeddings": self.tie_topology == "three_way",
-        }
-
-    def __post_init__(self, **kwargs):
-        for name, value in self._implied_tie_flags().items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
-        if self.decoder_vocab_size is None:
-            self.decoder_vocab_size = self.vocab_size
-        super().__post_init__(**kwargs)
-
-    def validate_tie_topology(self) -> None:
-        for name, value in self._implied_tie_flags().items():
-            if getattr(self, name) != value:
-                raise ValueError(
-                    f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
-                    f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
-                )
-        if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
-            raise ValueError(
-                f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="
-                f"{self.decoder_vocab_size} != vocab_size={self.vocab_size}; use tie_topology='decoder' or 'untied'"
-            )
-        if self.adaptive_cutoffs is not None and self.tie_topology != "three_way":
-            raise ValueError(
-                f"adaptive_cutoffs needs tie_topology='three_way' (one adaptive embedding shared by encoder, decoder "
-                f"and output layer), got tie_topology={self.tie_topology!r}"
-            )
-
-
-@dataclass(init=False, repr=False, eq=False, kw_only=True)
-class SmallEncoderDecoderConfigMixin:
-    """The sizes and special tokens both encoder-decoder families default to: the small Multi30k model and the
-    tokenizer hf_tiednorm trains (BART-large instead: d = 1024, 12 + 12 layers, 16 heads, FFN 4096, 50265 tokens)."""
-
-    # Joint subword vocabulary (source and target) of the encoder; the decoder's unless decoder_vocab_size is set.
-    vocab_size: int = size_field(default=8000)
-    # Longest sequence the position table covers (Marian's is sinusoidal, BART's learned).
-    max_position_embeddings: int = size_field(default=256)
-    # Model width d; also the embedding size, so embeddings and hidden states live in one space.
-    d_model: int = size_field(default=256)
-    encoder_layers: int = layer_count_field(default=3)
-    encoder_ffn_dim: int = size_field(default=1024)
-    encoder_attention_heads: int = size_field(default=4)
-    decoder_layers: int = layer_count_field(default=3)
-    decoder_ffn_dim: int = size_field(default=1024)
-    decoder_attention_heads: int = size_field(default=4)
-    # Special token ids of the tokenizer that hf_tiednorm trains: <pad>=0, <s>=1, </s>=2, <unk>=3 (BART's own: <s>=0,
-    # <pad>=1, decoding starts with </s> and is forced to end with it).
-    pad_token_id: int | None = 0
-    bos_token_id: int | None = 1
-    eos_token_id: int | list[int] | None = 2
-    decoder_start_token_id: int | None = 1
-    forced_eos_token_id: int | list[int] | None = None
-
-
 # ------------------------------ hf_tiednorm/modeling/families/configuration_seq2seq.py --------------------------
-"""The configuration of the Marian-style family (``TiedNormSeq2SeqConfig``): Marian's fields, the normalized tied
-head's and the techniques' (configuration.py), the tie topology and the small model's defaults."""
+"""The configuration of the Marian-style family: Marian's fields, the head's, the techniques', the tie topology's."""
 
 
 @strict
-class TiedNormSeq2SeqConfig(
-    SmallEncoderDecoderConfigMixin,
-    TieTopologyConfigMixin,
-    TiedNormHeadConfigMixin,
-    TiedNormTechniquesConfigMixin,
-    MarianConfig,
-):
+class TiedNormSeq2SeqConfig(SmallEncoderDecoderConfigMixin, TieTopologyConfigMixin, TiedNormHeadConfigMixin,
+                            TiedNormTechniquesConfigMixin, MarianConfig):  # fmt: skip
     """A Marian-style encoder-decoder (sinusoidal positions) whose output layer is the normalized tied head."""
 
     model_type = "tiednorm_seq2seq"

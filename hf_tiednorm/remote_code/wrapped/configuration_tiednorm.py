@@ -1,15 +1,12 @@
-# configuration_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
-# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
-#
-# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'wrapped':
-# 5 package modules, in dependency order, each under a rule naming its file.
+# configuration_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py (--check: is it current?). Do not edit it.
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'wrapped': 5 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
 import math
 import warnings
 from contextlib import nullcontext
-from dataclasses import InitVar, dataclass, field, fields
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Literal, get_args
 
 from huggingface_hub.dataclasses import as_validated_field, strict
@@ -18,11 +15,8 @@ from transformers.utils.type_validators import interval, positive_int_field
 
 
 # ------------------------------ hf_tiednorm/modeling/code_writer.py ---------------------------------------------
-"""How a saved folder gets its code. ``save_pretrained`` of a config or a model of the package runs inside
-``CODE_WRITER[0]``, which the package sets when it is imported (hf_tiednorm/conversion/saved_code.py: the two
-generated files of the model's family, and ``auto_map`` naming them). In a folder's own code nothing sets it, and
-transformers copies that code as it copies any remote code (``custom_object_save``).
-"""
+"""How a saved folder gets its code: the package sets ``CODE_WRITER`` (hf_tiednorm/conversion/saved_code.py, its
+family's two generated files); in a folder's own code it is None and transformers copies the code itself."""
 
 
 # A callable (the config or model being saved, its folder) -> a context manager around the save; None: transformers'.
@@ -83,13 +77,11 @@ def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"
         )
     if current not in ("none", value):
         raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-    advice = {
-        "config field": "Save the config again to store the new name; the old one will stop loading",
-        "keyword argument": f"Write {new}={value!r}; the old keyword will stop working",
-    }[given_as]
+    advice = f"Write {new}={value!r}" if given_as == "keyword argument" else "Save the config again to store it"
     warnings.warn(
         f"the {given_as} {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice} in a future release",
+        f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice}: the old name will stop "
+        "working in a future release",
         FutureWarning,
         stacklevel=stacklevel + 1,
     )
@@ -165,7 +157,7 @@ class HeadSettings:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/config_fields.py ----------------------------------
-"""What the configs' fields are made of: field types and validators, which ``@strict`` runs whenever a field is set."""
+"""The configs' field types and validators, which ``@strict`` runs whenever a field is set."""
 
 
 LossImplementation = Literal["auto", "fused", "chunked", "plain"]  # loss/policy.LOSS_IMPLEMENTATIONS
@@ -185,12 +177,7 @@ def non_negative_field(value: float | None) -> None:
         raise ValueError(f"Value must be >= 0, got {value}")
 
 
-@as_validated_field
-def head_mode_field(value: str) -> None:
-    """A registered head mode; the error names the value and the modes this code defines."""
-    check_head_mode(value)
-
-
+head_mode_field = as_validated_field(check_head_mode)  # a registered head mode, or an error naming the known ones
 # Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
 size_field = positive_int_field
 layer_count_field = interval(min=0)
@@ -230,92 +217,12 @@ class TiedNormHeadConfigMixin(SavesItsCode):
         super().__post_init__(**kwargs)
 
     @property
-    def head_options(self) -> HeadSettings:
-        """``head_settings`` under its name in 0.1 (a FutureWarning; removed in the next release)."""
-        warnings.warn("config.head_options is renamed config.head_settings", FutureWarning, stacklevel=2)
-        return self.head_settings
-
-    @property
     def head_settings(self) -> HeadSettings:
         """The head's settings as the one value a head is built from (head/settings.py)."""
         return HeadSettings.from_config(self)
 
     def validate_head_settings(self) -> None:
         HeadSettings.from_config(self)  # every check of the head's settings, once (head/settings.py)
-
-
-@dataclass(init=False, repr=False, eq=False, kw_only=True)
-class TiedNormTechniquesConfigMixin:
-    """Fields of the training techniques the package's own families implement in their forward and loss (docs/
-    techniques.md). A wrapped model trains with its architecture's own loss and refuses them."""
-
-    # The Trainer's evaluation collects every other output field as predictions; the loss terms are scalars
-    # (loss/regularizers.LOSS_TERMS), the KV cache is named "cache" since transformers 5.24.
-    keys_to_ignore_at_inference = ["cache", "past_key_values", "cross_entropy", "projection_penalty",
-                                   "weight_norm_penalty"]  # fmt: skip
-
-    # Label smoothing of the model's own cross-entropy (kept beside the regularizer terms, unlike the Trainer's).
-    label_smoothing: float | int = interval(min=0, max=1, exclude_max=True)(default=0.0)
-    # Tokens per chunk of the chunked loss (it never holds the tokens × V logits); set, "auto" picks it.
-    loss_chunk_size: int | None = positive_int_field(default=None)
-    # Press & Wolf's projection P between the decoder output and the head, penalty λ·‖P‖_F (None: no P).
-    projection_regularization: float | int | None = non_negative_field(default=None)
-    # Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)² over the output rows (0: off).
-    weight_norm_regularization: float | int = non_negative_field(default=0.0)
-    # ν, the row norm the weight-norm regularization pulls towards.
-    weight_norm_target: float | int = positive_finite_field(default=2.0)
-    # Std of a new model's token embeddings (None: the parent's init_std); the padding row stays zero.
-    embedding_init_std: float | None = positive_finite_field(default=None)
-    # σ of Herold et al.'s weight-norm initialization, recorded once a new model's rows got norm σ·log(count).
-    weight_norm_init_sigma: float | int | None = positive_finite_field(default=None)
-    # Adaptive input + tied adaptive softmax (Baevski & Auli): increasing token ids c_1 < ... < V splitting the bands.
-    adaptive_cutoffs: list[int] | None = None
-    # k of the adaptive bands: band i has width d // k**i.
-    adaptive_div_value: float | int = interval(min=1)(default=4.0)
-    # Tie each adaptive band's output projection to its input projection too (else only the band rows).
-    adaptive_tie_projections: bool = True
-
-    def validate_loss_chunk_size(self) -> None:
-        # Refused, not ignored: the plain path and the adaptive softmax materialize the logits, never chunk.
-        if self.loss_chunk_size is not None and (self.loss_implementation == "plain" or self.adaptive_cutoffs):
-            reader = "the adaptive softmax" if self.adaptive_cutoffs else "loss_implementation='plain'"
-            raise ValueError(
-                f"loss_chunk_size={self.loss_chunk_size} (the chunks of the chunked loss of the plain head) does not "
-                f"apply to {reader} (which materializes the logits and never chunks): it would be ignored; leave "
-                "loss_chunk_size unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
-            )
-
-    def validate_adaptive_cutoffs(self) -> None:
-        cutoffs, vocab_size = self.adaptive_cutoffs, self.vocab_size
-        if cutoffs is None:
-            return
-        if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab_size:
-            raise ValueError(
-                f"adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, {vocab_size - 1}] so "
-                f"that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty and cover the vocabulary exactly; "
-                f"got {cutoffs}"
-            )
-        if int(self.hidden_size // self.adaptive_div_value ** len(cutoffs)) < 1:
-            raise ValueError(
-                f"the last of {len(cutoffs) + 1} adaptive bands would have width {self.hidden_size} // "
-                f"{self.adaptive_div_value}^{len(cutoffs)} < 1; use fewer adaptive_cutoffs or a smaller "
-                "adaptive_div_value"
-            )
-        if self.adaptive_tie_projections and not self.tie_word_embeddings:
-            raise ValueError(
-                "adaptive_tie_projections=True ties the output projections to the input ones, but the output layer "
-                "is untied from the input embedding; tie the embeddings or set adaptive_tie_projections=False"
-            )
-        if self.embedding_init_std is not None:
-            raise ValueError(
-                "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
-                "leave one of embedding_init_std / adaptive_cutoffs unset"
-            )
-        if self.loss_implementation in ("fused", "chunked"):
-            raise ValueError(
-                f"loss_implementation={self.loss_implementation!r} (a fused loss of the plain head) does not apply to "
-                "the adaptive softmax; set loss_implementation='auto' or 'plain', or leave adaptive_cutoffs unset"
-            )
 
 
 # ------------------------------ hf_tiednorm/modeling/families/configuration_wrapped.py --------------------------
@@ -333,7 +240,11 @@ except ImportError:  # 5.17-5.19 (the lowest setup.cfg declares): a plain {name:
 # Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
 # loss and head, so accepting them would silently ignore them. Refused by name however they arrive: in config.json,
 # as from_pretrained keyword arguments, or set as attributes.
-OWN_FAMILY_FIELDS = (*(field.name for field in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
+OWN_FAMILY_FIELDS = (
+    "label_smoothing", "loss_chunk_size", "projection_regularization", "weight_norm_regularization",
+    "weight_norm_target", "embedding_init_std", "weight_norm_init_sigma", "adaptive_cutoffs", "adaptive_div_value",
+    "adaptive_tie_projections", "tie_topology",
+)  # fmt: skip  (TiedNormTechniquesConfigMixin's and tie_topology: test_config_validation.py)
 
 # The settings of what a forward returns, defined by every PreTrainedConfig: set on the wrapper, they are set on the
 # wrapped model's config too, whose forward reads them.

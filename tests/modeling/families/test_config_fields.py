@@ -12,7 +12,8 @@ import pytest
 from script_helpers import load_script
 
 from hf_tiednorm.conversion.field_help import flag_of, script_flag
-from hf_tiednorm.modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from hf_tiednorm.modeling.families.configuration import TiedNormHeadConfigMixin
+from hf_tiednorm.modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from hf_tiednorm.modeling.head.settings import HeadSettings
 from hf_tiednorm.registration.head_modes import HEAD_MODES
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser, model_arguments_class

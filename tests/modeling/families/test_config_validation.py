@@ -142,6 +142,17 @@ def test_decoder_vocab_size_is_kept():
     assert (config.tie_word_embeddings, config.share_encoder_decoder_embeddings) == (True, False)
 
 
+def test_the_wrapper_refuses_exactly_the_own_families_fields():
+    """The wrapper's configuration names the techniques' fields without importing them (its folder carries no
+    techniques' code): the list is theirs and the tie topology's, no more, no fewer."""
+    from dataclasses import fields
+
+    from hf_tiednorm.modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
+    from hf_tiednorm.modeling.families.configuration_wrapped import OWN_FAMILY_FIELDS
+
+    assert OWN_FAMILY_FIELDS == (*(f.name for f in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
+
+
 def test_wrapped_config_validates_the_same_head_fields():
     text_config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64}
     for fields, name in HEAD_CASES[:6]:

@@ -122,9 +122,6 @@ def test_the_old_keywords_still_work_with_a_future_warning():
     settings = HeadSettings(head_mode="cosine")
     with pytest.warns(FutureWarning, match=r"TiedNormHead\(options=...\) is renamed settings="):
         assert TiedNormHead(4, 5, options=settings).settings is settings
-    with pytest.warns(FutureWarning, match="config.head_options is renamed config.head_settings"):
-        assert tiny_config("causal", head_mode="cosine").head_options == settings.__class__.from_config(
-            tiny_config("causal", head_mode="cosine"))
     with pytest.warns(FutureWarning, match="the keyword options= is renamed settings="):
         model = convert.normalize_tied_head(source_model("gpt2"), options=settings)
     assert model.get_output_embeddings().head_mode == "cosine"
