@@ -1,6 +1,6 @@
 """The command-line flags of config fields, read from the fields' ``script_flag`` metadata
 (configuration_tiednorm.py): the training scripts' model flags (``hf_tiednorm.training.arguments``) and the
-converter's head flags (``tiednorm-convert``: ``add_head_option_flags``) come from the same metadata, so a head option
+converter's head flags (``tiednorm-convert``: ``add_head_setting_flags``) come from the same metadata, so a head term
 described once in its config field is a flag of both with nothing else to edit.
 """
 
@@ -8,14 +8,40 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import warnings
 from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
-from ..modeling.head.options import HEAD_OPTIONS, HeadOptions, renamed_config_fields, switched_terms
+from ..modeling.head.settings import HEAD_TERMS, HeadSettings, renamed_config_fields, switched_terms
 
-# A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run.
+# A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run,
+# with a FutureWarning naming the new flag (RenamedFlagAction).
 _OLD_NAMES = {new: old for old, (new, _) in renamed_config_fields().items()}
+
+
+def old_flags(name: str) -> list[str]:
+    """The flags of config field ``name``'s old name (``--logit_scale`` and ``--logit-scale`` for
+    ``logit_scale_kind``), as a release before the rename spelled them; [] for a field never renamed."""
+    old = _OLD_NAMES.get(name)
+    return [] if old is None else list(dict.fromkeys((f"--{old}", f"--{old.replace('_', '-')}")))
+
+
+class RenamedFlagAction(argparse._StoreAction):
+    """Stores a renamed field's flag; given under an old name (``old_flags``), it warns (FutureWarning) with the
+    new flag, as a config.json under the old field name does (head/terms.py)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string in old_flags(self.dest):
+            new, old = self.option_strings[0], _OLD_NAMES[self.dest]
+            warnings.warn(
+                f"the flag {option_string} is renamed {new} (TRL, vLLM and transformers read config.{old} as a float "
+                f"multiplier of the logits); reading {option_string} {values} as {new} {values}. Write "
+                f"{new}; the old flag will stop working in a future release",
+                FutureWarning,
+                stacklevel=2,
+            )
+        super().__call__(parser, namespace, values, option_string)
 
 
 def flag_type(annotation: Any) -> Any:
@@ -42,6 +68,9 @@ def flag_help(config_field: dataclasses.Field, annotation: Any, default: str | N
     if "choices" in config_field.metadata:  # a registry read at parse time (the head modes): argparse lists it
         listed = "; one of %(choices)s"
     default = f"{config_field.default}, the config's" if default is None else default
+    renamed = old_flags(config_field.name)
+    if renamed:  # argparse formats the help with %: a literal % would not survive
+        listed += f"; {' / '.join(renamed)}: its old name, deprecated (FutureWarning)"
     return f"{config_field.metadata['help']}{listed} (default: {default})"
 
 
@@ -52,23 +81,23 @@ def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str,
     if "choices" in config_field.metadata:
         metadata["choices"] = config_field.metadata["choices"]
     if config_field.name in _OLD_NAMES:
-        metadata["aliases"] = [f"--{_OLD_NAMES[config_field.name]}"]
+        metadata["aliases"] = old_flags(config_field.name)
+        metadata["action"] = RenamedFlagAction
     return metadata
 
 
-def head_option_fields() -> list[tuple[dataclasses.Field, Any]]:
-    """(config field, its type) of every ``HeadOptions`` field, as ``TiedNormHeadConfigMixin`` declares it."""
+def head_setting_fields() -> list[tuple[dataclasses.Field, Any]]:
+    """(config field, its type) of every ``HeadSettings`` field, as ``TiedNormHeadConfigMixin`` declares it."""
     fields = {f.name: f for f in dataclasses.fields(TiedNormHeadConfigMixin)}
     types = get_type_hints(TiedNormHeadConfigMixin)
-    return [(fields[name], types[name]) for name in HeadOptions.field_names()]
+    return [(fields[name], types[name]) for name in HeadSettings.field_names()]
 
 
-def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--dashed-name`` flag per ``HeadOptions`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
+def add_head_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` flag per ``HeadSettings`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
     help, choices and default: a bool field is a switch, every other flag's default is the config's."""
-    for config_field, annotation in head_option_fields():
-        names = (config_field.name, _OLD_NAMES.get(config_field.name))
-        flags = [f"--{name.replace('_', '-')}" for name in names if name]
+    for config_field, annotation in head_setting_fields():
+        flags = [f"--{config_field.name.replace('_', '-')}", *old_flags(config_field.name)]
         metadata = flag_metadata(config_field, annotation)
         if annotation is bool or annotation == "bool":
             parser.add_argument(*flags, action="store_true", help=flag_help(config_field, annotation, "off"))
@@ -77,35 +106,35 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
         kind = get_args(flag_type(annotation))[0]
         literal = [arg for arg in (*get_args(annotation), annotation) if get_origin(arg) is Literal]
         choices = metadata.get("choices") or (get_args(literal[0]) if literal else None)
-        parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"])
+        parser.add_argument(*flags, type=kind, default=config_field.default, choices=choices, help=metadata["help"],
+                            action=metadata.get("action", "store"))
 
 
-def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--dashed-name`` switch per registered head option (head/options.register_head_option), added after
+def add_extra_term_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` switch per registered head term (head/settings.register_head_term), added after
     every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
-    ``output_dir`` argument) is refused naming the option, since the switch would be shadowed or read the other
+    ``output_dir`` argument) is refused naming the term, since the switch would be shadowed or read the other
     argument's value."""
     taken = {action.dest: action for action in parser._actions}
-    for option in map(HEAD_OPTIONS.get, switched_terms()):  # a built-in term's flags are its config fields'
+    for option in map(HEAD_TERMS.get, switched_terms()):  # a built-in term's flags are its config fields'
         flag = f"--{option.name.replace('_', '-')}"
         clash = taken.get(option.name) or parser._option_string_actions.get(flag)
         if clash is not None:
             raise ValueError(
-                f"head option {option.name!r} (register_head_option) would be the flag {flag} of {parser.prog}, "
-                f"which already has {'/'.join(clash.option_strings) or clash.dest}; register the option under "
+                f"head term {option.name!r} (register_head_term) would be the flag {flag} of {parser.prog}, "
+                f"which already has {'/'.join(clash.option_strings) or clash.dest}; register the term under "
                 "another name"
             )
-        # An identifier name (register_head_option) is its flag's destination: head_options_from_flags reads it.
+        # An identifier name (register_head_term) is its flag's destination: head_settings_from_flags reads it.
         parser.add_argument(flag, action="store_true", help=f"{option.help} (default: off)")
 
 
-def head_options_from_flags(args: argparse.Namespace) -> HeadOptions:
-    """The ``HeadOptions`` of the flags ``add_head_option_flags`` and ``add_registered_option_flags`` added (checked
-    once, as every HeadOptions is)."""
+def head_settings_from_flags(args: argparse.Namespace) -> HeadSettings:
+    """The ``HeadSettings`` of the flags ``add_head_setting_flags`` and ``add_extra_term_flags`` added (checked
+    once, as every HeadSettings is)."""
     extra = tuple(name for name in switched_terms() if getattr(args, name) is True)
-    return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()}, extra_terms=extra)
+    return HeadSettings(**{name: getattr(args, name) for name in HeadSettings.field_names()}, extra_terms=extra)
 
 
-__all__ = ["add_head_option_flags", "add_registered_option_flags", "flag_help", "flag_metadata", "flag_type",
-           "head_option_fields",
-           "head_options_from_flags"]
+__all__ = ["RenamedFlagAction", "add_extra_term_flags", "add_head_setting_flags", "flag_help", "flag_metadata",
+           "flag_type", "head_setting_fields", "head_settings_from_flags", "old_flags"]

@@ -2,16 +2,21 @@
 
 A conversion reads what its source states about itself and writes it into the converted model's config as
 ``provenance = {"base_model": Hub id or None, "license": license id or None, "name": display name or None}``, plus,
-where the source states them, ``license_name`` / ``license_link`` (a ``license: other``) and ``quantization`` (the
-GGUF type its weights were dequantized from, e.g. ``Q4_1``):
+where the source states them, ``license_name`` / ``license_link`` (a ``license: other``), and for a GGUF file
+``gguf_file`` (its file name: what was converted is a GGUF file), ``quantization`` (the GGUF type its weights were
+dequantized from, e.g. ``Q4_1``) and ``parent_models`` (the Hub ids its ``general.base_model.N.repo_url`` name):
 
 * a folder: its Hub id from its place in the Hugging Face cache (``models--owner--name/snapshots/``) or its
   config's ``_name_or_path`` when that names a repository this machine downloaded (``cached_hub_id``: a name such as
   ``outputs/checkpoint-500`` is a local training path, not a Hub id, issue 48); its license (and a ``license: other``'s
   ``license_name`` / ``license_link``) from its README.md front matter, else its config's ``license``;
 * a GGUF file: ``general.license`` (``general.license.name`` / ``general.license.link``), the file type
-  (``general.file_type``) when it is quantized; a Hub id from ``general.source.huggingface.repository`` or a
-  huggingface.co ``general.*repo_url``; ``general.name`` as the display name (a GGUF names no Hub id of its own);
+  (``general.file_type``) when it is quantized; the Hub id of the model it holds from the keys that name its own
+  repository (``general.source.huggingface.repository``, a huggingface.co ``general.repo_url`` /
+  ``general.source.repo_url`` / ``general.url`` / ``general.source.url``); ``general.name`` as the display name. The
+  models it was made *from* (``general.base_model.N.repo_url``: a fine-tune's parent) are its ``parent_models``,
+  never its ``base_model``: SmolLM2-135M-Instruct's file names only ``HuggingFaceTB/SmolLM2-135M`` there, and every
+  card called the instruct model's conversion a conversion of the base model (issue 58);
 * a model in memory: its ``name_or_path`` read as above;
 * a source that carries a ``provenance`` itself (a plain export of ours) passes it on;
 * the converter's ``--base-model`` / ``--license`` (``base_model=`` / ``license=``) override what was read.
@@ -37,7 +42,10 @@ from typing import Any
 PROVENANCE = "provenance"  # the config field
 PROVENANCE_KEYS = ("base_model", "license", "name")
 # Recorded only where the source states them.
-OPTIONAL_KEYS = ("license_name", "license_link", "quantization")
+OPTIONAL_KEYS = ("license_name", "license_link", "gguf_file", "quantization", "parent_models")
+# The GGUF keys that name the repository of the model the file holds (general.base_model.N.* name its parents).
+_GGUF_OWN_REPOSITORY_KEYS = ("general.source.huggingface.repository", "general.repo_url", "general.source.repo_url",
+                             "general.url", "general.source.url")  # fmt: skip
 # The form of a Hub license id (apache-2.0, mit, cc-by-nc-4.0, llama3.2, other, unknown).
 _LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")
 # A Hub model id: "name" or "owner/name" of letters, digits, '-', '_', '.'.
@@ -166,11 +174,31 @@ def gguf_provenance(path: str | os.PathLike) -> dict[str, Any]:
             kind = f"file type {file_type.contents()}"
         if kind not in ("F32", "F16", "BF16"):
             found["quantization"] = kind
-    repository = text("general.source.huggingface.repository")
-    urls = [text(key) or "" for key in fields if key.startswith("general.") and key.endswith("repo_url")]
-    ids = [repository or ""] + [m.group(1) for url in urls if (m := _HUB_URL.match(url))]
-    found["base_model"] = next((portable_name_or_path(i) for i in ids if portable_name_or_path(i)), None)
+    found["gguf_file"] = Path(path).name
+    found["base_model"] = _first_hub_id(text(key) for key in _GGUF_OWN_REPOSITORY_KEYS)
+    parents = [_first_hub_id([text(f"general.base_model.{index}.repo_url")]) for index in range(_count(fields))]
+    if any(parents):
+        found["parent_models"] = [parent for parent in parents if parent]
     return found
+
+
+def _count(fields) -> int:
+    """How many ``general.base_model.N`` entries a GGUF file's ``fields`` hold (``general.base_model.count``, else
+    those present)."""
+    count = fields.get("general.base_model.count")
+    if count is not None:
+        return int(count.contents())
+    return sum(1 for key in fields if re.fullmatch(r"general\.base_model\.\d+\.repo_url", key))
+
+
+def _first_hub_id(values) -> str | None:
+    """The first of ``values`` that is a Hub id, or a huggingface.co URL of one, as the Hub id; None if none is."""
+    for value in values:
+        match = _HUB_URL.match(value or "")
+        candidate = portable_name_or_path(match.group(1) if match else value or "")
+        if candidate and (match or "/" in candidate):
+            return candidate
+    return None
 
 
 def check_base_model_id(base_model: str | None, flag: str = "--base-model") -> None:
@@ -202,14 +230,24 @@ def record_provenance(
 
 def source_text(provenance: dict[str, Any] | None, source_id: str | None = None) -> str | None:
     """How every card names where the weights came from: the Hub id (``source_id``, else the recorded one), else
-    the source's own name, and the GGUF quantization they were dequantized from; None when nothing is recorded."""
+    the source's own name; for a GGUF file, that it was one (its file name) and the quantization its weights were
+    dequantized from; and the parent models the source names (a GGUF's ``general.base_model``), as its parents, never
+    as the model converted. None when nothing is recorded."""
     provenance = provenance or {}
     source_id = source_id or provenance.get("base_model")
     name = provenance.get("name")
     text = f"`{source_id}`" if source_id else f"{name} (no Hub id recorded)" if name else None
-    if provenance.get("quantization"):
-        text = (f"{text or 'a local model'}, its weights dequantized from a {provenance['quantization']} GGUF file "
-                "(the quantization's rounding is in them)")
+    gguf_file, quantization = provenance.get("gguf_file"), provenance.get("quantization")
+    if quantization:
+        file = f"the {quantization} GGUF file `{gguf_file}`" if gguf_file else f"a {quantization} GGUF file"
+        rounding = "(the quantization's rounding is in them)"
+        text = f"{text or 'a local model'}, its weights dequantized from {file} {rounding}"
+    elif gguf_file:
+        text = f"{text or 'a local model'}, converted from the GGUF file `{gguf_file}`"
+    parents = provenance.get("parent_models") or []
+    if parents and text:
+        named = ", ".join(f"`{parent}`" for parent in parents)
+        text += f"; the source names {named} as its parent model{'s' if len(parents) > 1 else ''}"
     return text
 
 

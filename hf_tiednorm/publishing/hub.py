@@ -98,13 +98,16 @@ def prepare_upload_folder(
     training: dict[str, Any] | None = None,
     license: str | None = None,
     base_model_id: str | None = None,
+    license_name: str | None = None,
+    license_link: str | None = None,
 ) -> Path:
     """Write into ``output_dir`` (new or empty) every file that ``push_to_hub`` uploads, and return it.
 
     The model card is rendered from the given metrics/dataset/languages/training; when none of them is given and the
     checkpoint already has a README.md (e.g. written by the training script), that card is kept as is. ``license``
-    / ``base_model_id`` (CLI ``--license`` / ``--base-model``) state the card's license and base model over what the
-    checkpoint records (``model_card.render_model_card``).
+    / ``base_model_id`` / ``license_name`` / ``license_link`` (CLI ``--license`` / ``--base-model`` /
+    ``--license-name`` / ``--license-link``) state the card's license and base model over what the checkpoint records
+    (``model_card.render_model_card``).
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     check_repo_id(repo_id)
@@ -147,11 +150,13 @@ def prepare_upload_folder(
         card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
         if all(value is None for value in card_inputs.values()) and (checkpoint / "README.md").is_file():
             card = card_for_repo(checkpoint / "README.md", repo_id)
-            state_provenance(card, license=license, base_model_id=base_model_id)
+            state_provenance(card, license=license, base_model_id=base_model_id, license_name=license_name,
+                             license_link=license_link)
             card.save(partial / "README.md")
         else:
             write_model_card(partial, repo_id=repo_id, license=license, base_model_id=base_model_id,
-                             trained_in=checkpoint, **card_inputs)
+                             license_name=license_name, license_link=license_link, trained_in=checkpoint,
+                             **card_inputs)
         check_staged_files(partial)
     return output_dir
 
@@ -200,21 +205,25 @@ def push_to_hub(
     plain: bool = False,
     license: str | None = None,
     base_model_id: str | None = None,
+    license_name: str | None = None,
+    license_link: str | None = None,
 ) -> CommitInfo | Path:
     """Upload model + tokenizer + remote code + model card + plots of ``checkpoint`` to the Hub repo ``repo_id``.
 
     Returns the ``CommitInfo`` of the upload, or, with ``dry_run_dir``, the folder that would have been uploaded.
     The endpoint is huggingface_hub's (``HF_ENDPOINT``); the token is ``token``, else ``HF_TOKEN`` or the one saved
     by ``hf auth login``. With ``plain``, the upload is the plain export of ``checkpoint`` (``export.py``: the
-    parent architecture, no remote code) with its own card. ``license`` / ``base_model_id``: the card's license and
-    base model over what the checkpoint records (CLI ``--license`` / ``--base-model``).
+    parent architecture, no remote code) with its own card. ``license`` / ``base_model_id`` / ``license_name`` /
+    ``license_link``: the card's license (an ``other`` license's name and link) and base model over what the
+    checkpoint records (CLI ``--license`` / ``--base-model`` / ``--license-name`` / ``--license-link``).
     """
     # The path first: a typo in it is the likelier mistake, and the token error would hide it.
     if not Path(checkpoint).is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {checkpoint}")
     check_repo_id(repo_id)
     card_inputs = {"metrics": metrics, "dataset": dataset, "languages": languages, "training": training}
-    stated = {"license": license, "base_model_id": base_model_id}
+    stated = {"license": license, "base_model_id": base_model_id, "license_name": license_name,
+              "license_link": license_link}
 
     def prepare(source, folder, **options):
         if not plain:

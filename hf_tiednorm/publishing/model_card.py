@@ -34,7 +34,7 @@ from ..conversion.source_provenance import PROVENANCE
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import HeadOptions, head_terms
+from ..modeling.head.settings import HeadSettings, head_terms
 from .card_metrics import eval_results, metric_subsets, parse_metrics, training_settings
 from .provenance import (
     add_provenance_arguments,
@@ -149,9 +149,9 @@ def _term_rows(config: TiedNormConfig, folder: Path | None = None) -> tuple[dict
     def stored(name: str) -> tuple[float, float] | None:
         return _stored_range(folder, f".{name}") if folder is not None else None
 
-    options = HeadOptions.from_config(config)
+    settings = HeadSettings.from_config(config)
     built_in = {t.name: t.card_row(config, stored, hidden_size) for t in head_terms() if t.config_fields}
-    added = [(t.name, t.card_row(config, stored, hidden_size)) for t in options.active_terms() if not t.config_fields]
+    added = [(t.name, t.card_row(config, stored, hidden_size)) for t in settings.active_terms() if not t.config_fields]
     return built_in, added
 
 
@@ -218,6 +218,8 @@ def render_model_card(
     base_model: str | None = None,
     base_model_id: str | None = None,
     trained_in: str | os.PathLike | None = None,
+    license_name: str | None = None,
+    license_link: str | None = None,
 ) -> ModelCard:
     """The model card of a saved checkpoint folder, without writing it (``write_model_card`` writes it).
 
@@ -243,6 +245,8 @@ def render_model_card(
         trained_in: the folder a training run saved the model in (default: ``folder``; ``tiednorm-push`` renders
             into a staging folder): its ``trainer_state.json`` says the recorded source was fine-tuned, so a re-render
             says "Fine-tuned from" as the run's own card did.
+        license_name, license_link: an ``other`` license's name and link (CLI ``--license-name`` /
+            ``--license-link``), over those the folder records; refused with any other license.
     """
     folder = Path(folder)
     config = load_tiednorm_config(folder)
@@ -250,7 +254,7 @@ def render_model_card(
     if base_model_id is not None:
         config.provenance = {**(getattr(config, PROVENANCE, None) or {}), "base_model": base_model_id}
     source_id, license, source = card_provenance(config, base_model, license)
-    details = license_details(config, license)
+    details = license_details(config, license, license_name, license_link)
     # Fine-tuned: by this run (base_model), or by the run that saved this folder from a recorded source.
     trained = Path(trained_in) if trained_in is not None else folder
     fine_tuned = base_model is not None or (source is not None and (trained / "trainer_state.json").is_file())

@@ -74,10 +74,23 @@ def license_text(license: str, details: dict[str, str] | None = None) -> str:
     return f"`{license}`" + (f" ({named})" if named else "")
 
 
+def check_license_details(license: str, name: str | None, link: str | None) -> None:
+    """``ValueError`` naming the flags when a license name or link (``--license-name`` / ``--license-link``) is given
+    for a card whose license is not ``other``: they describe a license the Hub does not list, and beside ``mit``
+    they would be published describing a license they are not."""
+    if (name or link) and license != "other":
+        given = " / ".join(flag for flag, value in (("--license-name", name), ("--license-link", link)) if value)
+        raise ValueError(
+            f"{given} describe a license the Hub does not list (license: other), but the card's license is "
+            f"{license!r}: pass --license other with them, or leave them out"
+        )
+
+
 def license_details(config, license: str, name: str | None = None, link: str | None = None) -> dict[str, str]:
     """An ``other`` license's ``license_name`` / ``license_link`` for the card's front matter: the ones given
     (``--license-name`` / ``--license-link``), else those the folder records from its source (issue 48: they were
-    dropped); {} for any other license."""
+    dropped); {} for any other license (a name or link given for one is refused, ``check_license_details``)."""
+    check_license_details(license, name, link)
     if license != "other":
         return {}
     recorded = getattr(config, PROVENANCE, None) or {}
@@ -98,24 +111,56 @@ def card_provenance(config, base_model: str | None, license: str | None) -> tupl
     return source_id, license, source_text(recorded, source_id)
 
 
-def state_provenance(card: ModelCard, *, license: str | None = None, base_model_id: str | None = None) -> None:
-    """Set a rendered card's license / base model (CLI ``--license`` / ``--base-model``) in its front matter and in
-    the body line that states the license, in place; None keeps what the card says."""
+def state_provenance(
+    card: ModelCard,
+    *,
+    license: str | None = None,
+    base_model_id: str | None = None,
+    license_name: str | None = None,
+    license_link: str | None = None,
+) -> None:
+    """Set a rendered card's license (an ``other`` license's name and link too) and base model (CLI ``--license``,
+    ``--license-name``, ``--license-link``, ``--base-model``) in its front matter and in the body line that states the
+    license, in place; None keeps what the card says."""
     check_base_model_id(base_model_id)
     check_license(license)
-    if license is not None:
-        card.text = re.sub(r"^License: .*$", f"License: `{license}`.", card.text, count=1, flags=re.MULTILINE)
-        card.data.license = license
+    if license is not None or license_name or license_link:
+        stated = license or getattr(card.data, "license", None) or UNKNOWN_LICENSE
+        check_license_details(stated, license_name, license_link)
+        details = {}
+        if stated == "other":  # the card's own name and link where none is given and the license stays other
+            kept = license is None or getattr(card.data, "license", None) == "other"
+            for key, value in (("license_name", license_name), ("license_link", license_link)):
+                value = value or (getattr(card.data, key, None) if kept else None)
+                if value:
+                    details[key] = value
+        for key in ("license_name", "license_link"):
+            setattr(card.data, key, details.get(key))
+        card.text = re.sub(r"^License: .*$", lambda _: f"License: {license_text(stated, details)}.", card.text,
+                           count=1, flags=re.MULTILINE)
+        card.data.license = stated
     if base_model_id is not None:
         card.data.base_model = base_model_id
 
 
 def add_provenance_arguments(parser: argparse.ArgumentParser) -> None:
-    """--license / --base-model: what the card states about the model's source, over what the folder records."""
+    """--license, --license-name, --license-link, --base-model: what the card states about the model's license and
+    source, over what the folder records."""
     parser.add_argument(
         "--license",
         help="license id for the card (default: the one the checkpoint's config records from its source, e.g. by "
         "tiednorm-convert; else unknown, never a default)",
+    )
+    parser.add_argument(
+        "--license-name",
+        help="with --license other (or a recorded `other` license): the license's name, e.g. my-license-1.0, for the "
+        "card's license_name (default: the one the checkpoint records; refused with any other license)",
+    )
+    parser.add_argument(
+        "--license-link",
+        help="with --license other (or a recorded `other` license): a link to the license's text, e.g. LICENSE.md or "
+        "https://example.com/LICENSE, for the card's license_link (default: the one the checkpoint records; refused "
+        "with any other license)",
     )
     parser.add_argument(
         "--base-model",
@@ -125,12 +170,14 @@ def add_provenance_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def provenance_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The --license / --base-model of ``add_provenance_arguments``, checked (a base model must be a Hub id)."""
+    """The flags of ``add_provenance_arguments``, checked (a base model must be a Hub id, a license a license id)."""
     check_base_model_id(args.base_model)
-    return {"license": args.license, "base_model_id": args.base_model}
+    check_license(args.license)
+    return {"license": args.license, "base_model_id": args.base_model, "license_name": args.license_name,
+            "license_link": args.license_link}
 
 
 __all__ = [
-    "UNKNOWN_LICENSE", "add_provenance_arguments", "base_model_provenance", "card_provenance", "hub_id",
-    "license_details", "license_text", "provenance_from_args", "state_provenance",
+    "UNKNOWN_LICENSE", "add_provenance_arguments", "base_model_provenance", "card_provenance", "check_license_details",
+    "hub_id", "license_details", "license_text", "provenance_from_args", "state_provenance",
 ]  # fmt: skip

@@ -239,8 +239,10 @@ def test_a_gguf_files_license_and_name_are_read(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    # the file's base_model.0 is its parent, not the model it holds (issue 58: it was recorded as the base model)
     assert gguf_provenance(tmp_path / "m.gguf") == {
-        "base_model": "HuggingFaceTB/SmolLM2-135M", "license": "apache-2.0", "name": "Smollm2 135M"
+        "base_model": None, "license": "apache-2.0", "name": "Smollm2 135M", "gguf_file": "m.gguf",
+        "parent_models": ["HuggingFaceTB/SmolLM2-135M"],
     }
 
 

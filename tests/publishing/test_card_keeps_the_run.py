@@ -148,7 +148,8 @@ def test_a_gguf_records_its_quantization_and_an_other_licenses_name_and_link(tmp
                                   general__license__name="tiny-license",
                                   general__license__link="https://example.com/LICENSE"))  # fmt: skip
     assert found == {"base_model": None, "license": "other", "name": "Tiny", "license_name": "tiny-license",
-                     "license_link": "https://example.com/LICENSE", "quantization": "Q4_1"}  # fmt: skip
+                     "license_link": "https://example.com/LICENSE", "gguf_file": "m.gguf",
+                     "quantization": "Q4_1"}  # fmt: skip
     # a license stated in words, not as an id: recorded as `other` named by those words
     worded = gguf_provenance(_gguf(tmp_path / "w.gguf", general__license="Apache License 2.0"))
     assert (worded["license"], worded["license_name"]) == ("other", "Apache License 2.0")

@@ -5,6 +5,8 @@ and the parameters keep their state-dict names, so saved weights load as they ar
 
 import json
 import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +15,8 @@ from tiny_architectures import source_model
 
 import hf_tiednorm
 from hf_tiednorm.conversion.convert import build_parser
-from hf_tiednorm.conversion.field_flags import head_options_from_flags
-from hf_tiednorm.convert import normalize_tied_head
+from hf_tiednorm.conversion.field_flags import head_settings_from_flags
+from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser
 
 # What TRL's add_fused_lm_head, vLLM and transformers' Cohere/Granite/Falcon-H1 read from a text config, as a float.
@@ -81,13 +83,63 @@ def test_a_float_or_contradicting_old_field_is_refused_by_name(fields, message):
         hf_tiednorm.TiedNormCausalConfig(**fields)
 
 
-@pytest.mark.parametrize("flag", ["--logit-scale-kind", "--logit-scale"])
-def test_the_converter_takes_the_new_flag_and_the_old_one(flag, tmp_path):
-    args = build_parser().parse_args(["src", str(tmp_path), "--head-mode", "cosine", flag, "vector"])
-    assert head_options_from_flags(args).logit_scale_kind == "vector"
+@contextmanager
+def _deprecated_unless_new(flag: str, new: str):
+    """A FutureWarning naming ``flag`` and ``new`` where ``flag`` is an old name; no FutureWarning for ``new``."""
+    if flag == new:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            yield
+    else:
+        with pytest.warns(FutureWarning, match=rf"the flag {flag} is renamed {new} .* Write {new}"):
+            yield
 
 
-@pytest.mark.parametrize("flag", ["--logit_scale_kind", "--logit_scale"])
-def test_the_training_scripts_take_the_new_flag_and_the_old_one(flag):
-    (model_args,) = argument_parser((TiedNormModelArguments,)).parse_args_into_dataclasses([flag, "scalar"])
+@pytest.mark.parametrize("flag", ["--logit-scale-kind", "--logit-scale", "--logit_scale"])
+def test_the_converter_takes_the_new_flag_and_the_old_one_with_a_deprecation_message(flag, tmp_path):
+    # issue 58 case 3, bcb37a5: --logit-scale was a silent alias
+    with _deprecated_unless_new(flag, "--logit-scale-kind"):
+        args = build_parser().parse_args(["src", str(tmp_path), "--head-mode", "cosine", flag, "vector"])
+    assert head_settings_from_flags(args).logit_scale_kind == "vector"
+
+
+@pytest.mark.parametrize("flag", ["--logit_scale_kind", "--logit_scale", "--logit-scale"])
+def test_the_training_scripts_take_the_new_flag_and_the_old_ones_with_a_deprecation_message(flag):
+    # issue 58 case 3, bcb37a5: --logit_scale a silent alias, --logit-scale "ambiguous option" (the last release's)
+    with _deprecated_unless_new(flag, "--logit_scale_kind"):
+        (model_args,) = argument_parser((TiedNormModelArguments,)).parse_args_into_dataclasses([flag, "scalar"])
     assert model_args.logit_scale_kind == "scalar"
+
+
+def test_the_old_keyword_of_normalize_tied_head_converts_with_a_deprecation_message():
+    """A script written for the last release: bcb37a5 raised ``TypeError: HeadOptions.__init__() got an unexpected
+    keyword argument 'logit_scale'``."""
+    with pytest.warns(FutureWarning, match="keyword argument 'logit_scale' is renamed 'logit_scale_kind'.*Write "
+                                           "logit_scale_kind='vector'") as caught:
+        model = normalize_tied_head(source_model("gpt2"), "cosine", logit_scale="vector")
+    assert {Path(warning.filename).name for warning in caught} == {Path(__file__).name}  # the caller's own line
+    assert model.config.logit_scale_kind == "vector"
+    assert model.get_output_embeddings().logit_scale.shape == (model.config.vocab_size,)
+    with pytest.warns(FutureWarning, match="'logit_scale' is renamed"):
+        assert hf_tiednorm.HeadSettings(logit_scale="scalar").logit_scale_kind == "scalar"
+
+
+def test_the_old_keyword_of_convert_checkpoint_is_saved_under_the_new_name(tmp_path):
+    source_model("gpt2").save_pretrained(tmp_path / "src")
+    with pytest.warns(FutureWarning, match="'logit_scale' is renamed 'logit_scale_kind'"):
+        convert_checkpoint(tmp_path / "src", tmp_path / "out", head_mode="cosine", logit_scale="scalar")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["logit_scale_kind"] == "scalar" and "logit_scale" not in saved
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"logit_scale": 2.0}, "logit_scale=2.0: hf_tiednorm's configs have no logit_scale field"),
+        ({"logit_scale": "vector", "logit_scale_kind": "scalar"}, "contradicts logit_scale_kind='scalar'"),
+    ],
+)
+def test_a_float_or_contradicting_old_keyword_is_refused_by_name(keywords, message):
+    with warnings.catch_warnings(), pytest.raises(ValueError, match=message):
+        warnings.simplefilter("ignore", FutureWarning)
+        normalize_tied_head(source_model("gpt2"), "cosine", **keywords)
