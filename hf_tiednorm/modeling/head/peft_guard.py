@@ -28,6 +28,8 @@ This module does not import peft (an optional extra): PEFT layers are recognized
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 
@@ -172,7 +174,7 @@ def check_head_once(model: nn.Module) -> None:
     if checked is not None:
         paths, objects = checked
         now = _fingerprint(model, paths)
-        if len(now) == len(objects) and all(a is b for a, b in zip(now, objects)):
+        if len(now) == len(objects) and all(map(operator.is_, now, objects)):
             return
     check_head_not_bypassed(model)
     paths = _watched_paths(model)

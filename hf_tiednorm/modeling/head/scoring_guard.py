@@ -68,6 +68,7 @@ _OWN_FORWARDS: weakref.WeakSet = weakref.WeakSet()
 # __dict__ entries, not module attributes: no registration, no state-dict entry.
 _SCORING = "_tiednorm_scoring"  # backbone: how many own or served forwards are running over it now
 _HOST = "_tiednorm_scoring_host"  # backbone: _HostRef to the model that scores its hidden states
+_BACKBONE = "_tiednorm_guarded_backbone"  # model: the backbone the hook is on (base_model is a slow property)
 _SERVING_FOLDED = "_tiednorm_serving_folded_head"  # model: inside a served TRL call
 _TRL_FORWARD = "_tiednorm_trl_forward"  # model: (TRL's function, the instance forward it replaced or None)
 _TRL_FUSED = ("trl.trainer.utils", "_fused_forward")
@@ -93,6 +94,11 @@ def is_trl_fused_forward(function) -> bool:
 # --- counting the scoring forwards on the backbone -----------------------------------------------------------------
 
 
+def _guarded_backbone(model: nn.Module) -> nn.Module:
+    backbone = model.__dict__.get(_BACKBONE)
+    return model.base_model if backbone is None else backbone
+
+
 def _enter_scoring(backbone: nn.Module) -> None:
     backbone.__dict__[_SCORING] = backbone.__dict__.get(_SCORING, 0) + 1
 
@@ -113,7 +119,7 @@ def own_scoring(forward: Callable) -> Callable:
     def scoring(self, *args, **kwargs):
         if torch.compiler.is_compiling():
             return forward(self, *args, **kwargs)
-        backbone = self.base_model
+        backbone = _guarded_backbone(self)
         _enter_scoring(backbone)
         try:
             return forward(self, *args, **kwargs)
@@ -203,7 +209,7 @@ def _served_trl_forward(own_forward: Callable) -> Callable:
 def serving_folded_head(model: nn.Module) -> Iterator[None]:
     """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``, and the backbone
     is served (TRL's fused call runs it itself)."""
-    backbone = model.base_model
+    backbone = _guarded_backbone(model)
     model.__dict__[_SERVING_FOLDED] = model.__dict__.get(_SERVING_FOLDED, 0) + 1
     _enter_scoring(backbone)
     try:
@@ -405,6 +411,7 @@ def install_scoring_guard(model: nn.Module) -> None:
     if _HOST not in backbone.__dict__:
         backbone.register_forward_pre_hook(_judge_backbone_call)
     backbone.__dict__[_HOST] = _HostRef(model)
+    model.__dict__[_BACKBONE] = backbone  # not registered: no second name, no state-dict entry
 
 
 __all__ = [
