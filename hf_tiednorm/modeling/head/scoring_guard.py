@@ -1,27 +1,15 @@
 """Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper) is served,
 TRL's fused LM head is served the head exactly, and a forward that ran the backbone itself is refused by name.
 
-TRL's trainers (``SFTTrainer``, ``DPOTrainer``, ``GRPOTrainer``, ...) call ``trl.trainer.utils.add_fused_lm_head``
-on the model: it sets ``model.forward`` to a function that, called with ``fused_lm_head=True``, runs
-``model.base_model`` and scores its last hidden state itself, through a chunked log-prob kernel, with
-``get_output_embeddings().weight`` and ``.bias`` (z = h·Wᵀ + b, times ``config.logit_scale``, soft-capped by
-``final_logit_softcapping``). On a normalized tied head that weight is the raw tied matrix: TRL would train on the raw
-scores w_i·h, which are not what the model computes (on tiny models the log-probs differ by 2.4).
-
-The head *is* a plain linear layer at any given weights, though. Every head mode scores s = (W·h) ⊙ scale + bias
-(head/modes.py), with the logit scale g, the logit bias b and registered head terms folded into scale and bias;
-Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
-layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
-TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
-``get_output_embeddings()`` returns it (``serving_folded_head``): TRL's own kernel computes exactly the normalized
-head's log-probabilities, its metrics (entropy, token accuracy) included, with nothing of TRL reimplemented here.
-Everywhere else ``get_output_embeddings()`` stays the ``TiedNormHead`` that HF's tying and resizing, PEFT and this
-package rely on.
-
-Why this design: the alternatives were (a) a ``get_output_embeddings()`` that always returns a folded view, which
-breaks tying, resizing and PEFT, which need the module that holds the shared matrix; (b) re-implementing TRL's fused
-forward here, which copies TRL's private kernel plumbing and drifts with every TRL release; (c) subclassing TRL's
-trainers, which users of stock TRL never call. Serving the one read that TRL makes keeps both libraries as they are.
+TRL's trainers call ``trl.trainer.utils.add_fused_lm_head``: the forward it sets runs ``model.base_model`` and, with
+``fused_lm_head=True``, scores the last hidden state itself with ``get_output_embeddings().weight`` / ``.bias`` (on
+a normalized tied head: the raw tied matrix, log-probs off by 2.4 on tiny models). But at given weights every head
+mode is a plain linear layer, s = (W·h) ⊙ scale + bias, the terms g, b, registered ones and Press & Wolf's P folded
+in: ``FoldedLinear`` (W_s = diag(scale)·W (·P), autograd reaching W, g, b and P). While a TRL fused call runs, and
+only then, ``get_output_embeddings()`` returns it (``serving_folded_head``), so TRL's own kernel computes the head's
+log-probabilities and metrics exactly; everywhere else it stays the ``TiedNormHead`` that tying, resizing and PEFT
+need. (A permanently folded view breaks those; a copy of TRL's forward drifts with its releases; a subclass of TRL's
+trainers is never called by stock TRL.)
 
 Every other forward is judged by what ran, not by who wrapped it. The model's own forward (``own_scoring``) and the
 served TRL call count, on the backbone (``model.base_model``, which every way of scoring runs), how many of them are
@@ -38,12 +26,9 @@ called directly (hidden states for an embedding, a value head): nothing is score
 compiled with ``torch.compile`` and set on the instance runs in a graph no hook can look into: it is judged when it is
 set, by whether what it compiles reaches the model's own forward.
 
-What the guard keeps is per model: the count and a weak reference to the model in the backbone's ``__dict__``, the
-TRL forward and the forward it replaced in the model's ``__dict__``; the hook is a plain function. A deep copy, a
-``copy.copy`` and a pickle carry them over, pointing at the copy (a served forward is bound to the model it is
-called on). Nothing process-wide: no torch global hook, no registry of models. A forward costs a counter increment
-and one dictionary read (docs/benchmarks.md, "Scoring guard").
-
+What the guard keeps is per model (the count and a weak reference to the model in the backbone's ``__dict__``, TRL's
+forward and the one it replaced in the model's): a deep copy, ``copy.copy`` and a pickle carry it, pointing at the
+copy. No torch global hook. A forward costs a counter increment and one dictionary read (docs/benchmarks.md).
 This module imports neither trl nor accelerate.
 """
 
@@ -256,14 +241,15 @@ def _is_own(function) -> bool:
     return function in _OWN_FORWARDS or getattr(function, "__tiednorm_served__", False)
 
 
-def _forward_functions(forward, bound) -> list[tuple[types.CodeType, str, object, tuple]]:
+def _forward_functions(forward, bound) -> tuple[list[tuple[types.CodeType, str, object, tuple]], bool]:
     """The functions that run when ``forward`` is called, down to the model's own forward (excluded), each as
     (code, module, the object it is called on or None, its closure's (name, value) pairs): through bound methods,
     ``functools.partial`` (accelerate's hooks), ``__wrapped__`` (``functools.wraps``, accelerate's autocast and fp32
-    wrappers, ``torch.compile``) and callable objects."""
-    found, pending, seen = [], [(forward, bound)], set()
+    wrappers, ``torch.compile``) and callable objects; and whether they reach the model's own forward."""
+    found, pending, seen, reaches_own = [], [(forward, bound)], set(), False
     while pending and len(seen) < 64:
         function, on = pending.pop()
+        reaches_own = reaches_own or _is_own(function)
         if function is None or id(function) in seen or _is_own(function):
             continue
         seen.add(id(function))
@@ -281,7 +267,7 @@ def _forward_functions(forward, bound) -> list[tuple[types.CodeType, str, object
             if isinstance(call, types.FunctionType):
                 found.append((call.__code__, _code_origin(call)[0], function, ()))
         pending.append((getattr(function, "__wrapped__", None), on))
-    return found
+    return found, reaches_own
 
 
 def _first_argument(frame) -> object:
@@ -305,8 +291,8 @@ def _foreign_caller(model: nn.Module, frame) -> tuple[str, str, types.CodeType] 
     instance = model.__dict__.get("forward")
     candidates = {}
     for where, functions in (
-        ("set on the instance", _forward_functions(instance, model) if instance is not None else []),
-        ("its class's", _forward_functions(type(model).forward, model)),
+        ("set on the instance", _forward_functions(instance, model)[0] if instance is not None else []),
+        ("its class's", _forward_functions(type(model).forward, model)[0]),
     ):
         for code, module, on, cells in functions:
             candidates.setdefault(code, []).append((where, module, on, cells))
@@ -323,28 +309,14 @@ def _foreign_caller(model: nn.Module, frame) -> tuple[str, str, types.CodeType] 
 def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
     """Refuse a ``torch.compile``d forward set on the instance unless it compiles the model's own forward: inside its
     graph no hook runs, so what it scores with cannot be seen when it runs."""
-    functions = _forward_functions(forward, model)
+    functions, reaches_own = _forward_functions(forward, model)
     if not any((module, code.co_name) == _COMPILED for code, module, _, _ in functions):
         return
     foreign = [(module, code) for code, module, _, _ in functions if (module, code.co_name) != _COMPILED]
-    if not _reaches_own(forward):
+    if not reaches_own:
         name = _describe_code(*foreign[-1]) if foreign else "a function"
         _refuse_scoring(f"{type(model).__name__}'s forward (set on the instance) is torch.compile of {name}, not of "
                         "the model's own forward (a compiled graph runs no hook, so it is judged by what it compiles)")
-
-
-def _reaches_own(forward) -> bool:
-    pending, seen = [forward], 0
-    while pending and seen < 64:
-        function = pending.pop()
-        seen += 1
-        if function is None:
-            continue
-        if _is_own(function):
-            return True
-        pending += [getattr(function, "__func__", None), getattr(function, "__wrapped__", None),
-                    getattr(function, "func", None) if isinstance(function, functools.partial) else None]
-    return False
 
 
 def _refuse_scoring(why: str) -> None:
