@@ -138,12 +138,8 @@ def _refuse_unexportable(model: PreTrainedModel) -> None:
         raise ValueError(refusal)
 
 
-_BIAS_TEXT = {"logit_bias": "logit_bias=True (the learned per-token b)"}  # a term the refusal of a bias names
-
-
 def _bias_reason(model: PreTrainedModel) -> str:
-    """Which mode/option of ``model`` puts a per-token bias on the scores: its mode's own bias term (asked of the
-    mode, ``HeadMode.column_terms``) and/or the learned logit bias b."""
+    """Which mode/term of ``model`` puts a per-token bias on the scores: the mode's own bias, a learned term's."""
     head = model.get_output_embeddings()
     reasons = []
     _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
@@ -153,7 +149,9 @@ def _bias_reason(model: PreTrainedModel) -> str:
     for term in active_terms(head.settings):  # a learned term that shifts the scores (b, or a registered one)
         _, shift = term.fold_into(head, None, None, rows, head.weight.device)
         if shift is not None and shift.count_nonzero():
-            reasons.append(_BIAS_TEXT.get(term.name, f"the registered head term {term.name!r}"))
+            built_in = term.name == "logit_bias"
+            reasons.append("logit_bias=True (the learned per-token b)" if built_in else f"the registered head term "
+                           f"{term.name!r}")  # fmt: skip
     return " and ".join(reasons) or "the model's final_logits_bias"
 
 
