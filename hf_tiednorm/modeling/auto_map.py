@@ -39,6 +39,8 @@ from typing import Any
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
+from .save_checks import check_config_saveable, check_model_saveable
+
 logger = logging.get_logger(__name__)
 
 REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
@@ -186,6 +188,7 @@ class TwoFileModelCodeMixin:
     its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        check_model_saveable(self, save_directory)  # a refused save writes nothing (modeling/save_checks.py)
         with no_module_copies(self):
             super().save_pretrained(save_directory, *args, **kwargs)
 
@@ -195,6 +198,7 @@ class TwoFileRemoteCodeMixin:
     model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        check_config_saveable(self, save_directory)  # before the code files are written (modeling/save_checks.py)
         with two_file_remote_code(self, save_directory):
             super().save_pretrained(save_directory, *args, **kwargs)
 

@@ -2,17 +2,19 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 11 package modules, in dependency order, each under a rule naming its file.
+# 12 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
 import functools
+import gc
 import keyword
 import math
 import os
 import shutil
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import InitVar, dataclass, field, fields
@@ -21,10 +23,697 @@ from typing import Any, Literal, get_args
 
 import torch
 from huggingface_hub.dataclasses import as_validated_field, strict
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 from transformers.utils.type_validators import interval, positive_int_field
+
+
+# ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
+"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
+in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
+every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
+
+Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
+weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
+``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
+
+W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
+cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
+d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
+scale only and computes both gradients from them:
+``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
+
+The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
+matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
+accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
+"""
+
+
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
+# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
+_BLOCK_ELEMENTS = 1 << 22
+_MIN_BLOCKS = 8
+
+
+def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
+    """The first row of each block of rows, and the block's height."""
+    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
+    return range(0, rows, step), step
+
+
+def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
+
+    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
+    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
+    compute = torch.promote_types(weight.dtype, torch.float32)
+    if weight.dtype == compute:
+        return weight * scale.to(compute).unsqueeze(-1)
+    out = torch.empty_like(weight)
+    starts, step = _row_blocks(*weight.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
+    return out
+
+
+def _row_dots(a: "torch.Tensor", b: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
+    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
+    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
+    starts, step = _row_blocks(*a.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
+    return out
+
+
+class SquaredRowNorms(torch.autograd.Function):
+    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
+
+    @staticmethod
+    def forward(ctx, weight: "torch.Tensor") -> "torch.Tensor":
+        ctx.save_for_backward(weight)
+        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
+        starts, step = _row_blocks(*weight.shape)
+        for start in starts:
+            block = slice(start, start + step)
+            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
+        return out.square()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_norms: "torch.Tensor") -> "torch.Tensor":
+        (weight,) = ctx.saved_tensors
+        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
+
+
+def squared_row_norms(weight: "torch.Tensor") -> "torch.Tensor":
+    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
+    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
+    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
+    return SquaredRowNorms.apply(weight)
+
+
+class FoldScale(torch.autograd.Function):
+    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
+
+    @staticmethod
+    def forward(ctx, weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
+        ctx.save_for_backward(weight, scale)
+        return _scaled_rows(weight, scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_folded: "torch.Tensor"):
+        weight, scale = ctx.saved_tensors
+        grad_weight = grad_scale = None
+        if ctx.needs_input_grad[0]:
+            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
+        if ctx.needs_input_grad[1]:
+            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
+            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
+        return grad_weight, grad_scale
+
+
+def fold_scale(weight: "torch.Tensor", scale: "torch.Tensor | None") -> "torch.Tensor":
+    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
+    if scale is None:
+        return weight
+    if scale.shape != weight.shape[:1]:
+        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
+                         "a mode's column_terms must return one scale per row (V,)")
+    return FoldScale.apply(weight, scale)
+
+
+# ------------------------------ hf_tiednorm/modeling/head/mode_checks.py ----------------------------------------
+"""What a head mode returns is checked, not trusted (head/modes.py wraps every mode's ``column_terms`` and
+``lossless_terms`` with these checks, and ``register_head_mode`` runs them on a probe):
+
+* **the terms** (``check_terms``): each of scale, bias, g and b is None or a floating tensor on the weight's device,
+  of shape (n,) for the n rows asked about or 0-dim (one value for every row, expanded to (n,)); they come back as
+  fp32. Anything else (a Python float, a (n, 1) or (d,) tensor, an integer tensor, a tensor on another device) is a
+  ``TypeError``/``ValueError`` naming the mode and the term, at every call rather than only where a batch happens to
+  take the code path that trips over it;
+* **the lossless start** (``check_lossless``): ``lossless_terms`` must give back the plain scores w_i·h for every
+  h, i.e. per row g_i·scale_i = 1 and g_i·bias_i + b_i = 0 (a dead row, ‖w_i‖ ≤ eps, may score 0). It is verified on
+  the weight being converted, with a stated tolerance (``LOSSLESS_RTOL`` of the row's score scale, plus eps), and
+  on a small random probe when the mode is registered: a start that cannot undo the mode's bias (or its scale) is
+  refused by the mode's name instead of converting "lossless" with other logits.
+
+This file imports torch only: it travels with the modeling code as remote code (head/modes.py imports it).
+"""
+
+
+ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
+
+# A lossless start may be off by this fraction of a row's score scale (‖w_i‖ + |g_i·bias_i| + |b_i|), plus eps: fp32
+# rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
+LOSSLESS_RTOL = 1e-5
+COLUMN_TERM_NAMES = ("scale", "bias")
+# The learned head terms a mode's lossless start sets, in the order of its ``lossless_terms`` (the scale g, then the
+# bias b): the built-in terms of head/terms.py, which take their lossless values from these.
+MODE_LOSSLESS_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
+LOSSLESS_TERM_NAMES = tuple(f"{name} {symbol}" for name, symbol in zip(MODE_LOSSLESS_TERMS, "gb", strict=True))
+
+
+def check_terms(mode_name: "str", method: "str", terms, weight: "torch.Tensor", names=COLUMN_TERM_NAMES) -> "ColumnTerms":
+    """``terms`` (what ``method`` of mode ``mode_name`` returned for ``weight`` (n, d)) as two fp32 (n,) tensors or
+    None; ``TypeError``/``ValueError`` naming the mode and the term for anything else (module docstring)."""
+    where = f"head mode {mode_name!r}: {method} returned"
+    if not isinstance(terms, (tuple, list)) or len(terms) != 2:
+        raise TypeError(f"{where} {type(terms).__name__} {terms!r:.80}; it must return a pair ({', '.join(names)})")
+    rows = weight.shape[0]
+    checked = []
+    for name, term in zip(names, terms):
+        if term is None:
+            checked.append(None)
+            continue
+        if not isinstance(term, torch.Tensor):
+            raise TypeError(
+                f"{where} a {type(term).__name__} as its {name} ({term!r:.40}); it must be a tensor on the weight's "
+                f"device ({weight.device}), of shape ({rows},) or 0-dim, or None (e.g. weight.new_full((rows,), "
+                "value, dtype=torch.float32))"
+            )
+        if not term.is_floating_point():
+            raise ValueError(f"{where} a {term.dtype} {name}; it must be a floating-point tensor")
+        if term.device != weight.device:
+            raise ValueError(
+                f"{where} its {name} on {term.device}, the weight is on {weight.device}; create the term on the "
+                "weight's device (e.g. from the weight itself, or with device=weight.device)"
+            )
+        if term.dim() == 0:
+            term = term.expand(rows)
+        elif tuple(term.shape) != (rows,):
+            raise ValueError(
+                f"{where} a {name} of shape {tuple(term.shape)} for a weight of shape {tuple(weight.shape)}; it "
+                f"must have shape ({rows},) (one value per row, i.e. per token) or be 0-dim (one for every row)"
+            )
+        checked.append(term.float())
+    return checked[0], checked[1]
+
+
+def check_lossless(mode, weight: "torch.Tensor", eps: "float", g, b) -> "None":
+    """``ValueError`` naming ``mode`` and the worst row when the logit scale ``g`` and bias ``b`` (fp32 (n,) or None:
+    the head's g = 1, b = 0) do not turn the mode's scores on ``weight`` back into the plain w_i·h for every h:
+    g_i·(w_i·h·scale_i + bias_i) + b_i − w_i·h = (g_i·scale_i − 1)·w_i·h + (g_i·bias_i + b_i), at most
+    |g_i·scale_i − 1|·‖w_i‖ + |g_i·bias_i + b_i| for a unit h. Allowed: ``LOSSLESS_RTOL``·(‖w_i‖ + |g_i·bias_i| +
+    |b_i|) + eps (a dead row scores 0: off by ‖w_i‖ ≤ eps). Skipped for a weight without values (meta device)."""
+    if weight.is_meta or weight.shape[0] == 0:
+        return
+    scale, bias = mode.column_terms(weight, eps)
+    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
+    g = torch.ones_like(norms) if g is None else g
+    gain = g if scale is None else g * scale  # must be 1
+    shift = torch.zeros_like(norms) if bias is None else g * bias
+    offset = shift if b is None else shift + b  # must be 0
+    scale_error, bias_error = (gain - 1).abs() * norms, offset.abs()
+    allowed = LOSSLESS_RTOL * (norms + shift.abs() + (0 if b is None else b.abs())) + eps
+    excess = (scale_error + bias_error - allowed).nan_to_num(nan=torch.inf)  # NaN/inf: not lossless
+    worst = excess.argmax()
+    if bool(excess[worst] > 0):  # one host sync, at conversion time only (never in a training step)
+        row = int(worst)
+        raise ValueError(
+            f"head mode {mode.name!r} declares lossless_start={mode.lossless_start!r}, but its lossless_terms do not "
+            f"give back the plain scores w_i·h: at row {row} of {weight.shape[0]}, g_i·scale_i = {float(gain[row]):.6g}"
+            f" (must be 1) and g_i·bias_i + b_i = {float(offset[row]):.6g} (must be 0), so a logit would be off by up "
+            f"to {float(scale_error[row] + bias_error[row]):.4g} for a unit-norm h (allowed: {float(allowed[row]):.3g},"
+            f" {LOSSLESS_RTOL:g} of the row's score scale + eps). A lossless start needs g_i = 1/scale_i and "
+            "b_i = −g_i·bias_i: add 'logit_bias' to lossless_start when the mode's score has a bias term, or override "
+            "lossless_terms"
+        )
+
+
+def checked_column_terms(method: "Callable") -> "Callable":
+    """``method`` (a ``column_terms``) with its result checked by ``check_terms``."""
+    if getattr(method, "_checked_terms", False):
+        return method
+
+    @functools.wraps(method)
+    def column_terms(self, weight, eps, *args, **kwargs):
+        return check_terms(self.name, "column_terms", method(self, weight, eps, *args, **kwargs), weight)
+
+    column_terms._checked_terms = True
+    return column_terms
+
+
+def checked_lossless_terms(method: "Callable") -> "Callable":
+    """``method`` (a ``lossless_terms``) with its result checked: terms (``check_terms``), only the terms the mode's
+    ``lossless_start`` declares, and lossless on the weight (``check_lossless``)."""
+    if getattr(method, "_checked_terms", False):
+        return method
+
+    @functools.wraps(method)
+    def lossless_terms(self, weight, eps, *args, **kwargs):
+        g, b = check_terms(
+            self.name, "lossless_terms", method(self, weight, eps, *args, **kwargs), weight, LOSSLESS_TERM_NAMES
+        )
+        declared = self.lossless_start or ()
+        for term, value in zip(MODE_LOSSLESS_TERMS, (g, b), strict=True):
+            if value is not None and term not in declared:
+                raise ValueError(
+                    f"head mode {self.name!r}: lossless_terms returned a {term} but lossless_start={declared!r} does "
+                    f"not declare {term!r}, so the converted head would have no {term} to hold it; declare it or "
+                    "return None"
+                )
+        check_lossless(self, weight, eps, g, b)
+        return g, b
+
+    lossless_terms._checked_terms = True
+    return lossless_terms
+
+
+def probe_head_mode(mode) -> "None":
+    """Run ``mode``'s column terms, and its lossless start if it declares one, on a small random weight (7 rows,
+    one of them dead, on the CPU): a term of the wrong type, shape, dtype or device, or a lossless start that does not
+    give back the plain scores, is refused by the mode's name when it is registered, not when a model uses it."""
+    generator = torch.Generator().manual_seed(0)  # on the CPU, also inside a torch.device("meta") block
+    weight = torch.randn(7, 5, generator=generator, device="cpu") * torch.linspace(0.2, 3.0, 7, device="cpu")[:, None]
+    weight[0] = 0  # a dead row, as HF's zeroed padding row
+    eps = 1e-6
+    try:
+        mode.column_terms(weight, eps)
+        if mode.lossless_start is not None:
+            mode.lossless_terms(weight, eps)
+    except (TypeError, ValueError) as error:
+        raise type(error)(
+            f"register_head_mode refuses it, on a random {tuple(weight.shape)} probe weight: {error}"
+        ) from None
+
+
+# ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------
+"""The head modes: one small object per mode, holding everything that mode *is*, and the registry that holds them.
+
+With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i) and scores
+token i as s_i = w_i·h. Liu, Zhai & Chen ("Normalization of Input-output Shared Embeddings in Text Generation
+Models", 2020) show that this score is biased by the row norm ‖w_i‖ and propose the normalized modes below. Every
+mode is an affine map of the plain scores W·h along the vocabulary axis, ``s = (W·h) * scale + bias`` with
+vocabulary-sized vectors derived from the rows (``HeadMode.column_terms``): one matmul plus O(V) work per decoding
+step, a chunked loss that reuses the vectors, and no normalized copy of W.
+
+A mode object answers every question the rest of the package asks about a mode, so that no other module compares
+a mode's name:
+
+* ``column_terms(weight, eps)``: the (scale, bias) of its score;
+* ``normalizes_input_lookups``: whether the input embedding looks up unit rows ŵ_i too (l2), which changes every
+  layer's input (no lossless start, no weight-norm technique, and a plain export ships the unit rows at the input);
+* ``keeps_row_norms``: whether row norms still mean something anywhere in the model (the weight-norm
+  initialization and regularization act on them);
+* ``equation``, ``paper``, ``summary``: the text of the config help, the CLI help, the model card and the docs;
+* ``lossless_start`` / ``lossless_terms(weight, eps)``: which learned per-token terms (``"logit_scale"``,
+  ``"logit_bias"``) give back a source's plain logits exactly when a tied checkpoint is converted, and their values;
+  ``None`` where no such start exists (``lossless_refusal`` says why);
+* ``plain_input_weight(weight, eps)``: what a plain ``nn.Embedding`` must hold to look up what this mode looks up;
+  with the head's effective column terms (``TiedNormHead.column_terms()``, the logit scale g and bias b folded in)
+  that is all a plain export needs: output weight ``diag(scale)·W``, output bias ``bias``.
+
+``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model layer and travels
+with a saved model as remote code: a folder whose config names a mode that its code files do not define is refused
+by name when it is loaded (``get_head_mode``). A saved config records the mode's *name* only, so a name must mean one
+mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither redefined nor unregistered (a model
+trained with a redefined ``cosine`` reloaded in a fresh process as the built-in one, its logits 7.9 off, no error).
+For the same reason a name that a live model scores with is not given another definition in its process: every head
+is recorded, by weak reference, as it is built (``hold_head_mode``), and ``register_head_mode`` refuses a definition
+other than the one a live head holds (issue 58: ``replace=True`` while a model built with ``"m"`` lived left that
+model on the old definition while its saved folder reloaded in the same process with the new one, logits × 0.5, no
+warning). Once the model is gone (``del model``) the name may be redefined; a model keeps its mode through a
+``copy.deepcopy`` (TRL's reference model), since a mode copies as itself.
+
+What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
+``lossless_terms`` a subclass defines with the checks of ``head/mode_checks.py`` (the terms' type, shape, dtype and
+device; a declared lossless start verified on the weights), and ``register_head_mode`` runs them on a small probe.
+"""
+
+
+LIU_ET_AL = "Liu, Zhai & Chen (2020)"
+
+
+def inverse_row_norms(weight: "torch.Tensor", eps: "float", power: "float" = 1) -> "torch.Tensor":
+    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
+
+    The 0 instead of 1/eps makes a dead row (the zero padding row) score 0 and receive no gradient through its
+    norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
+    padding row's gradient dominate the whole model's.
+    """
+    # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
+    squared = squared_row_norms(weight).float()
+    inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
+    return torch.where(squared > eps * eps, inverse, torch.zeros_like(inverse))
+
+
+def unit_rows(rows: "torch.Tensor", eps: "float") -> "torch.Tensor":
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
+
+    Scaled in fp32 so that fp16 rows cannot overflow on the way.
+    """
+    return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
+
+
+class HeadMode:
+    """One scoring mode of the tied output head. Subclass it (or build one with ``column_terms`` overridden) and
+    ``register_head_mode`` the instance.
+
+    Attributes:
+        name: the value of ``config.head_mode``.
+        equation: the score s_i in words, e.g. ``"s_i = w_i·h / ‖w_i‖"``.
+        paper: where it comes from, e.g. ``"Liu, Zhai & Chen (2020), eq. 27"``.
+        summary: a short description for the help texts (default: the equation).
+        normalizes_input_lookups: the input embedding looks up ŵ_i instead of w_i.
+        keeps_row_norms: the row norms still act somewhere (False when both sides normalize them away).
+        lossless_start: the learned terms a lossless start sets (``("logit_scale",)``, ``("logit_bias",)``, ``()``
+            when the scores are the source's already); None: no lossless start (see ``lossless_refusal``).
+        lossless_refusal: why there is no lossless start, for the error message.
+        cites_liu_et_al: the model card cites Liu, Zhai & Chen.
+    """
+
+    name: "str" = ""
+    equation: "str" = ""
+    paper: "str" = ""
+    summary: "str" = ""
+    normalizes_input_lookups: "bool" = False
+    keeps_row_norms: "bool" = True
+    lossless_start: "tuple[str, ...] | None" = None
+    lossless_refusal: "str" = "this mode declares no lossless start"
+    cites_liu_et_al: "bool" = True
+
+    def __init_subclass__(cls, **kwargs) -> "None":
+        # Every column_terms / lossless_terms a mode defines returns checked terms (module docstring).
+        super().__init_subclass__(**kwargs)
+        if "column_terms" in cls.__dict__:
+            cls.column_terms = checked_column_terms(cls.__dict__["column_terms"])
+        if "lossless_terms" in cls.__dict__:
+            cls.lossless_terms = checked_lossless_terms(cls.__dict__["lossless_terms"])
+
+    def column_terms(self, weight: "torch.Tensor", eps: "float") -> "ColumnTerms":
+        """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
+
+        Args:
+            weight: W, (V, d) (or one band's (n, d)); eps: the dead-row threshold ``norm_eps``.
+        Returns:
+            fp32 vectors of shape (V,) on ``weight``'s device (a 0-dim tensor stands for one value for every row),
+            or None for "multiply by one" / "add zero"; anything else is refused naming the mode and the term.
+        """
+        raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
+
+    @checked_lossless_terms
+    def lossless_terms(self, weight: "torch.Tensor", eps: "float") -> "ColumnTerms":
+        """The per-token logit scale g and logit bias b (fp32 (V,), or None where ``lossless_start`` sets none) that
+        make this mode's scores equal the plain w_i·h: g·(W·h·scale + bias) + b = W·h, i.e. g = 1/scale and
+        b = −g·bias (g = 0 on a dead row, which scores 0 either way). Modes override it for exact closed forms."""
+        if self.lossless_start is None:
+            raise ValueError(self.lossless_refusal)
+        scale, bias = self.column_terms(weight, eps)
+        scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
+        g = None
+        if scale_term in self.lossless_start:
+            g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        b = None
+        if bias_term in self.lossless_start:
+            b = -bias if g is None else -bias * g
+        return g, b
+
+    def plain_input_weight(self, weight: "torch.Tensor", eps: "float") -> "torch.Tensor":
+        """The matrix a plain ``nn.Embedding`` must hold to look up what this mode looks up: ŵ for a mode that
+        normalizes the input lookups, W itself otherwise. (V, d), in ``weight``'s dtype."""
+        return unit_rows(weight, eps) if self.normalizes_input_lookups else weight
+
+    def __repr__(self) -> "str":
+        return f"<head mode {self.name!r}: {self.equation}>"
+
+    def __deepcopy__(self, memo) -> "HeadMode":
+        return self  # a mode is its registered definition: a deep-copied model scores with the same one
+
+
+class Baseline(HeadMode):
+    name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
+    summary = "w_i·h (plain tying)"
+    lossless_start = ()
+    cites_liu_et_al = False
+
+    def column_terms(self, weight, eps):
+        return None, None
+
+
+class L2(HeadMode):
+    name, paper = "l2", f"{LIU_ET_AL}, eq. 19"
+    equation = "s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too"
+    summary = "ŵ_i·h with unit-row input lookups too"
+    normalizes_input_lookups = True
+    keeps_row_norms = False
+    lossless_refusal = (
+        "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input too, "
+        "so every layer receives other inputs than in the source and no term of the output head can restore its "
+        "logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
+        "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
+    )
+
+    def column_terms(self, weight, eps):  # ŵ_i·h = w_i·h / ‖w_i‖
+        return inverse_row_norms(weight, eps), None
+
+
+class Square(HeadMode):
+    name, equation, paper = "square", "s_i = w_i·h / ‖w_i‖²", f"{LIU_ET_AL}, eq. 22"
+    summary = "w_i·h/‖w_i‖²"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps, power=2), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖²
+        return squared_row_norms(weight).float(), None
+
+
+class Distance(HeadMode):
+    name, paper = "distance", f"{LIU_ET_AL}, eq. 26"
+    # = −½‖w_i − h‖² + ½‖h‖²: a nearest-neighbour score (the ½‖h‖² is the same for every token)
+    equation = "s_i = w_i·h − ½‖w_i‖²"
+    summary = "w_i·h − ½‖w_i‖²"
+    lossless_start = ("logit_bias",)
+
+    def column_terms(self, weight, eps):
+        # No norm is divided by, so no lower bound is needed: a zero row has zero bias and a bounded gradient.
+        return None, -0.5 * squared_row_norms(weight).float()
+
+    def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
+        return None, 0.5 * squared_row_norms(weight).float()
+
+
+class Cosine(HeadMode):
+    name, equation, paper = "cosine", "s_i = w_i·h / ‖w_i‖", f"{LIU_ET_AL}, eq. 27"
+    summary = "w_i·h/‖w_i‖"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖
+        return squared_row_norms(weight).float().sqrt(), None
+
+
+_REGISTRY: "dict[str, HeadMode]" = {}
+# The package's own modes: what a config naming them means in every process, so never replaced (module docstring).
+BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
+# The heads built in this process, by the name of their mode, held weakly (a head is forgotten with its model).
+_LIVE_HEADS: "dict[str, weakref.WeakSet]" = {}
+
+
+def hold_head_mode(head) -> "None":
+    """Record that ``head`` (a module whose ``mode`` attribute is the ``HeadMode`` it scores with) lives: while it
+    does, its mode's name cannot be given another definition (``register_head_mode``)."""
+    _LIVE_HEADS.setdefault(head.mode.name, weakref.WeakSet()).add(head)
+
+
+def live_heads_holding_another(mode: "HeadMode") -> "list":
+    """The live heads scoring with a definition of ``mode.name`` other than ``mode``. A model in a reference cycle
+    outlives its last name until the garbage collector runs, so it runs before a head is counted as live."""
+    def others() -> "list":
+        return [head for head in list(_LIVE_HEADS.get(mode.name, ())) if head.mode is not mode]
+
+    if others():
+        gc.collect()
+    return others()
+
+
+def register_head_mode(mode: "HeadMode", *, replace: "bool" = False) -> "HeadMode":
+    """Add ``mode`` to the registry under ``mode.name`` (and return it); every config, head, script flag, converter
+    and model card of this process then accepts it. ``replace`` allows redefining a name registered at runtime; a
+    built-in name (``BUILTIN_HEAD_MODES``) is refused: a saved config names its mode only, and a fresh process (the
+    folder's remote code, another user) would score it with the built-in mode."""
+    if not isinstance(mode, HeadMode) or not isinstance(mode.name, str) or not mode.name.isidentifier():
+        raise ValueError(f"a head mode must be a HeadMode instance with an identifier as name, got {mode!r}")
+    if mode.name in BUILTIN_HEAD_MODES and mode.name in _REGISTRY:
+        if _REGISTRY[mode.name] is mode:  # the built-in object itself: nothing changes
+            return mode
+        raise ValueError(
+            f"head mode {mode.name!r} is built in ({', '.join(BUILTIN_HEAD_MODES)}) and cannot be redefined, even "
+            "with replace=True: a saved config records the mode's name only, so a model trained with the redefined "
+            f"mode would reload in another process as the built-in {mode.name!r}, with other logits and no error. "
+            "Register your mode under a name of its own"
+        )
+    if mode.lossless_start is not None and set(mode.lossless_start) - set(MODE_LOSSLESS_TERMS):
+        names = " / ".join(map(repr, MODE_LOSSLESS_TERMS))
+        raise ValueError(f"head mode {mode.name!r}: lossless_start may name {names} only")
+    if mode.name in _REGISTRY and not replace:
+        raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
+    live = live_heads_holding_another(mode)
+    if live:
+        raise ValueError(
+            f"head mode {mode.name!r} cannot be redefined while a model built with it lives ({len(live)} live "
+            f"head(s) of {type(live[0]).__name__} score with {live[0].mode!r}): that model would keep the old "
+            "definition while its saved folder reloaded in this process with the new one, other logits and no "
+            "error. Delete those models first (del model), or register the new definition under a name of its own"
+        )
+    # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.
+    for attribute, checked in (("column_terms", checked_column_terms), ("lossless_terms", checked_lossless_terms)):
+        if attribute in vars(mode):
+            setattr(mode, attribute, functools.partial(checked(_unbound(vars(mode)[attribute])), mode))
+    probe_head_mode(mode)
+    _REGISTRY[mode.name] = mode
+    return mode
+
+
+def _unbound(function: "Callable") -> "Callable":
+    """A function set on an instance takes (weight, eps); the checks call it as (self, weight, eps)."""
+    return getattr(function, "__func__", None) or (lambda self, *args, **kwargs: function(*args, **kwargs))
+
+
+def unregister_head_mode(name: "str") -> "None":
+    """Remove a mode that ``register_head_mode`` added (a test cleans up with it); a built-in mode is refused (it
+    could then be registered again as another mode under its name). A live model of the mode keeps scoring with it,
+    its ``save_pretrained`` is refused until it is registered again, and no other definition can be registered under
+    the name while it lives."""
+    if name in BUILTIN_HEAD_MODES:
+        raise ValueError(f"head mode {name!r} is built in and cannot be unregistered")
+    _REGISTRY.pop(name, None)
+
+
+def get_head_mode(name: "str") -> "HeadMode":
+    """The registered mode called ``name``; ``ValueError`` naming it and the modes this code defines otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"head_mode must be one of {tuple(_REGISTRY)}, the modes this code ({__name__}) defines; got {name!r}. "
+            "A model with a mode registered at runtime (register_head_mode) loads and saves only where that mode is "
+            "registered: register it first"
+        ) from None
+
+
+def registered_head_mode(name: "str") -> "HeadMode | None":
+    """The mode registered as ``name``, or None (``get_head_mode`` raises instead)."""
+    return _REGISTRY.get(name)
+
+
+class _RegisteredNames(Sequence):
+    """The names of the registered modes, read at each use (argparse choices, membership tests, iteration)."""
+
+    def __getitem__(self, index):
+        return tuple(_REGISTRY)[index]
+
+    def __len__(self) -> "int":
+        return len(_REGISTRY)
+
+    def __iter__(self) -> "Iterator[str]":
+        return iter(tuple(_REGISTRY))
+
+    def __contains__(self, name: "object") -> "bool":
+        return name in _REGISTRY
+
+    def __eq__(self, other: "object") -> "bool":
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> "int":
+        return hash(tuple(self))
+
+    def __repr__(self) -> "str":
+        return repr(tuple(self))
+
+
+HEAD_MODES: "Sequence[str]" = _RegisteredNames()
+# The mode a model, a head or a conversion gets when none is named: plain tying, which keeps a converted model's
+# function unchanged (docs/head.md, "The default mode").
+DEFAULT_HEAD_MODE = "baseline"
+
+for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
+    register_head_mode(_mode)
+
+
+def head_mode_summaries() -> "str":
+    """"name summary" of every registered mode, for help texts."""
+    return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
+
+
+# ------------------------------ hf_tiednorm/modeling/save_checks.py ---------------------------------------------
+"""A refused save leaves the folder as it was: every check that can refuse a ``save_pretrained`` runs before its
+first write.
+
+transformers' ``PreTrainedModel.save_pretrained`` creates the folder and its code files, then lets the config refuse
+itself (``PreTrainedConfig.save_pretrained`` validates just before writing ``config.json``) and the generation config
+after that. A model whose head mode had been unregistered wrote ``configuration_tiednorm.py`` and
+``modeling_tiednorm.py`` before the refusal, and the folder then failed later with transformers' "Should have a
+`model_type` key" (issue 58). ``check_model_saveable`` (a model's save) and ``check_config_saveable`` (a config's)
+run those same checks first, and one more: every head of the model scores with the definition its mode's name is
+registered under (head/modes.py), since the saved config records that name only.
+
+This file imports the head modes only: it travels with the configuration code (auto_map.py's save hooks) as remote
+code, where the head's layer is not.
+"""
+
+
+def check_config_saveable(config, save_directory: "str | os.PathLike") -> "None":
+    """What ``config.save_pretrained(save_directory)`` would refuse, raised before anything is written: the config's
+    own validation (``@strict`` validators: a head mode or head term not registered, a contradiction) and generation
+    parameters set on the config. ``ValueError`` naming the folder, with the cause."""
+    try:
+        if hasattr(config, "validate"):
+            config.validate()
+        generation = config._get_generation_parameters() if hasattr(config, "_get_generation_parameters") else {}
+        if generation:
+            raise ValueError(
+                f"generation parameters are set in the model config ({generation}): they go into "
+                "model.generation_config"
+            )
+    except (ValueError, StrictDataclassError) as error:  # a @strict validator's refusal is not a ValueError
+        refused = f"save_pretrained({str(save_directory)!r}) is refused, and nothing was written"
+        raise ValueError(f"{refused}: {error}") from error
+
+
+def check_model_saveable(model: "nn.Module", save_directory: "str | os.PathLike") -> "None":
+    """What ``model.save_pretrained(save_directory)`` would refuse, raised before the folder is created or any file
+    written: a head whose mode is not the definition registered under its name (unregistered, or replaced past the
+    registry), the config's checks (``check_config_saveable``) and the generation config's strict validation as
+    transformers runs it at save time."""
+    # The heads (head/layer.py's, found by the mode they hold: this file travels with the configuration code too)
+    for head in (module for module in model.modules() if isinstance(getattr(module, "mode", None), HeadMode)):
+        registered = registered_head_mode(head.head_mode)
+        if registered is not head.mode:
+            what = "is not registered" if registered is None else f"is registered as {registered!r}"
+            raise ValueError(
+                f"save_pretrained({str(save_directory)!r}) is refused, and nothing was written: the model scores "
+                f"with head mode {head.mode!r}, but its name {head.head_mode!r} {what} in this process, and the saved "
+                "config records the name only, so the folder would not reload as this model. Register the model's "
+                f"mode again (register_head_mode({head.mode!r})) and save"
+            )
+    check_config_saveable(model.config, save_directory)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and model.can_generate():
+        strict = getattr(generation_config, "_original_object_hash", None) != hash(generation_config)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # transformers' own save warns again; this check only refuses
+                generation_config.validate(strict=strict)
+        except ValueError as error:
+            raise ValueError(
+                f"save_pretrained({str(save_directory)!r}) is refused, and nothing was written: the generation "
+                f"config is invalid ({error})"
+            ) from error
 
 
 # ------------------------------ hf_tiednorm/modeling/auto_map.py ------------------------------------------------
@@ -204,6 +893,7 @@ class TwoFileModelCodeMixin:
     its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        check_model_saveable(self, save_directory)  # a refused save writes nothing (modeling/save_checks.py)
         with no_module_copies(self):
             super().save_pretrained(save_directory, *args, **kwargs)
 
@@ -213,585 +903,9 @@ class TwoFileRemoteCodeMixin:
     model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        check_config_saveable(self, save_directory)  # before the code files are written (modeling/save_checks.py)
         with two_file_remote_code(self, save_directory):
             super().save_pretrained(save_directory, *args, **kwargs)
-
-
-# ------------------------------ hf_tiednorm/modeling/head/mode_checks.py ----------------------------------------
-"""What a head mode returns is checked, not trusted (head/modes.py wraps every mode's ``column_terms`` and
-``lossless_terms`` with these checks, and ``register_head_mode`` runs them on a probe):
-
-* **the terms** (``check_terms``): each of scale, bias, g and b is None or a floating tensor on the weight's device,
-  of shape (n,) for the n rows asked about or 0-dim (one value for every row, expanded to (n,)); they come back as
-  fp32. Anything else (a Python float, a (n, 1) or (d,) tensor, an integer tensor, a tensor on another device) is a
-  ``TypeError``/``ValueError`` naming the mode and the term, at every call rather than only where a batch happens to
-  take the code path that trips over it;
-* **the lossless start** (``check_lossless``): ``lossless_terms`` must give back the plain scores w_i·h for every
-  h, i.e. per row g_i·scale_i = 1 and g_i·bias_i + b_i = 0 (a dead row, ‖w_i‖ ≤ eps, may score 0). It is verified on
-  the weight being converted, with a stated tolerance (``LOSSLESS_RTOL`` of the row's score scale, plus eps), and
-  on a small random probe when the mode is registered: a start that cannot undo the mode's bias (or its scale) is
-  refused by the mode's name instead of converting "lossless" with other logits.
-
-This file imports torch only: it travels with the modeling code as remote code (head/modes.py imports it).
-"""
-
-
-ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
-
-# A lossless start may be off by this fraction of a row's score scale (‖w_i‖ + |g_i·bias_i| + |b_i|), plus eps: fp32
-# rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
-LOSSLESS_RTOL = 1e-5
-COLUMN_TERM_NAMES = ("scale", "bias")
-# The learned head terms a mode's lossless start sets, in the order of its ``lossless_terms`` (the scale g, then the
-# bias b): the built-in terms of head/terms.py, which take their lossless values from these.
-MODE_LOSSLESS_TERMS: "tuple[str, ...]" = ("logit_scale", "logit_bias")
-LOSSLESS_TERM_NAMES = tuple(f"{name} {symbol}" for name, symbol in zip(MODE_LOSSLESS_TERMS, "gb", strict=True))
-
-
-def check_terms(mode_name: "str", method: "str", terms, weight: "torch.Tensor", names=COLUMN_TERM_NAMES) -> "ColumnTerms":
-    """``terms`` (what ``method`` of mode ``mode_name`` returned for ``weight`` (n, d)) as two fp32 (n,) tensors or
-    None; ``TypeError``/``ValueError`` naming the mode and the term for anything else (module docstring)."""
-    where = f"head mode {mode_name!r}: {method} returned"
-    if not isinstance(terms, (tuple, list)) or len(terms) != 2:
-        raise TypeError(f"{where} {type(terms).__name__} {terms!r:.80}; it must return a pair ({', '.join(names)})")
-    rows = weight.shape[0]
-    checked = []
-    for name, term in zip(names, terms):
-        if term is None:
-            checked.append(None)
-            continue
-        if not isinstance(term, torch.Tensor):
-            raise TypeError(
-                f"{where} a {type(term).__name__} as its {name} ({term!r:.40}); it must be a tensor on the weight's "
-                f"device ({weight.device}), of shape ({rows},) or 0-dim, or None (e.g. weight.new_full((rows,), "
-                "value, dtype=torch.float32))"
-            )
-        if not term.is_floating_point():
-            raise ValueError(f"{where} a {term.dtype} {name}; it must be a floating-point tensor")
-        if term.device != weight.device:
-            raise ValueError(
-                f"{where} its {name} on {term.device}, the weight is on {weight.device}; create the term on the "
-                "weight's device (e.g. from the weight itself, or with device=weight.device)"
-            )
-        if term.dim() == 0:
-            term = term.expand(rows)
-        elif tuple(term.shape) != (rows,):
-            raise ValueError(
-                f"{where} a {name} of shape {tuple(term.shape)} for a weight of shape {tuple(weight.shape)}; it "
-                f"must have shape ({rows},) (one value per row, i.e. per token) or be 0-dim (one for every row)"
-            )
-        checked.append(term.float())
-    return checked[0], checked[1]
-
-
-def check_lossless(mode, weight: "torch.Tensor", eps: "float", g, b) -> "None":
-    """``ValueError`` naming ``mode`` and the worst row when the logit scale ``g`` and bias ``b`` (fp32 (n,) or None:
-    the head's g = 1, b = 0) do not turn the mode's scores on ``weight`` back into the plain w_i·h for every h:
-    g_i·(w_i·h·scale_i + bias_i) + b_i − w_i·h = (g_i·scale_i − 1)·w_i·h + (g_i·bias_i + b_i), at most
-    |g_i·scale_i − 1|·‖w_i‖ + |g_i·bias_i + b_i| for a unit h. Allowed: ``LOSSLESS_RTOL``·(‖w_i‖ + |g_i·bias_i| +
-    |b_i|) + eps (a dead row scores 0: off by ‖w_i‖ ≤ eps). Skipped for a weight without values (meta device)."""
-    if weight.is_meta or weight.shape[0] == 0:
-        return
-    scale, bias = mode.column_terms(weight, eps)
-    norms = torch.linalg.vector_norm(weight.float(), dim=-1)
-    g = torch.ones_like(norms) if g is None else g
-    gain = g if scale is None else g * scale  # must be 1
-    shift = torch.zeros_like(norms) if bias is None else g * bias
-    offset = shift if b is None else shift + b  # must be 0
-    scale_error, bias_error = (gain - 1).abs() * norms, offset.abs()
-    allowed = LOSSLESS_RTOL * (norms + shift.abs() + (0 if b is None else b.abs())) + eps
-    excess = (scale_error + bias_error - allowed).nan_to_num(nan=torch.inf)  # NaN/inf: not lossless
-    worst = excess.argmax()
-    if bool(excess[worst] > 0):  # one host sync, at conversion time only (never in a training step)
-        row = int(worst)
-        raise ValueError(
-            f"head mode {mode.name!r} declares lossless_start={mode.lossless_start!r}, but its lossless_terms do not "
-            f"give back the plain scores w_i·h: at row {row} of {weight.shape[0]}, g_i·scale_i = {float(gain[row]):.6g}"
-            f" (must be 1) and g_i·bias_i + b_i = {float(offset[row]):.6g} (must be 0), so a logit would be off by up "
-            f"to {float(scale_error[row] + bias_error[row]):.4g} for a unit-norm h (allowed: {float(allowed[row]):.3g},"
-            f" {LOSSLESS_RTOL:g} of the row's score scale + eps). A lossless start needs g_i = 1/scale_i and "
-            "b_i = −g_i·bias_i: add 'logit_bias' to lossless_start when the mode's score has a bias term, or override "
-            "lossless_terms"
-        )
-
-
-def checked_column_terms(method: "Callable") -> "Callable":
-    """``method`` (a ``column_terms``) with its result checked by ``check_terms``."""
-    if getattr(method, "_checked_terms", False):
-        return method
-
-    @functools.wraps(method)
-    def column_terms(self, weight, eps, *args, **kwargs):
-        return check_terms(self.name, "column_terms", method(self, weight, eps, *args, **kwargs), weight)
-
-    column_terms._checked_terms = True
-    return column_terms
-
-
-def checked_lossless_terms(method: "Callable") -> "Callable":
-    """``method`` (a ``lossless_terms``) with its result checked: terms (``check_terms``), only the terms the mode's
-    ``lossless_start`` declares, and lossless on the weight (``check_lossless``)."""
-    if getattr(method, "_checked_terms", False):
-        return method
-
-    @functools.wraps(method)
-    def lossless_terms(self, weight, eps, *args, **kwargs):
-        g, b = check_terms(
-            self.name, "lossless_terms", method(self, weight, eps, *args, **kwargs), weight, LOSSLESS_TERM_NAMES
-        )
-        declared = self.lossless_start or ()
-        for term, value in zip(MODE_LOSSLESS_TERMS, (g, b), strict=True):
-            if value is not None and term not in declared:
-                raise ValueError(
-                    f"head mode {self.name!r}: lossless_terms returned a {term} but lossless_start={declared!r} does "
-                    f"not declare {term!r}, so the converted head would have no {term} to hold it; declare it or "
-                    "return None"
-                )
-        check_lossless(self, weight, eps, g, b)
-        return g, b
-
-    lossless_terms._checked_terms = True
-    return lossless_terms
-
-
-def probe_head_mode(mode) -> "None":
-    """Run ``mode``'s column terms, and its lossless start if it declares one, on a small random weight (7 rows,
-    one of them dead, on the CPU): a term of the wrong type, shape, dtype or device, or a lossless start that does not
-    give back the plain scores, is refused by the mode's name when it is registered, not when a model uses it."""
-    generator = torch.Generator().manual_seed(0)  # on the CPU, also inside a torch.device("meta") block
-    weight = torch.randn(7, 5, generator=generator, device="cpu") * torch.linspace(0.2, 3.0, 7, device="cpu")[:, None]
-    weight[0] = 0  # a dead row, as HF's zeroed padding row
-    eps = 1e-6
-    try:
-        mode.column_terms(weight, eps)
-        if mode.lossless_start is not None:
-            mode.lossless_terms(weight, eps)
-    except (TypeError, ValueError) as error:
-        raise type(error)(
-            f"register_head_mode refuses it, on a random {tuple(weight.shape)} probe weight: {error}"
-        ) from None
-
-
-# ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
-"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
-in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
-every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
-
-Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
-weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
-``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
-
-W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
-cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
-d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
-scale only and computes both gradients from them:
-``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
-
-The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
-matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
-per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
-accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
-fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
-"""
-
-
-# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
-# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
-_BLOCK_ELEMENTS = 1 << 22
-_MIN_BLOCKS = 8
-
-
-def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
-    """The first row of each block of rows, and the block's height."""
-    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
-    return range(0, rows, step), step
-
-
-def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
-    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
-
-    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
-    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
-    compute = torch.promote_types(weight.dtype, torch.float32)
-    if weight.dtype == compute:
-        return weight * scale.to(compute).unsqueeze(-1)
-    out = torch.empty_like(weight)
-    starts, step = _row_blocks(*weight.shape)
-    for start in starts:
-        block = slice(start, start + step)
-        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
-    return out
-
-
-def _row_dots(a: "torch.Tensor", b: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
-    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
-    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
-    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
-    starts, step = _row_blocks(*a.shape)
-    for start in starts:
-        block = slice(start, start + step)
-        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
-    return out
-
-
-class SquaredRowNorms(torch.autograd.Function):
-    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
-
-    @staticmethod
-    def forward(ctx, weight: "torch.Tensor") -> "torch.Tensor":
-        ctx.save_for_backward(weight)
-        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
-        compute = torch.promote_types(weight.dtype, torch.float32)
-        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
-        starts, step = _row_blocks(*weight.shape)
-        for start in starts:
-            block = slice(start, start + step)
-            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
-        return out.square()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_norms: "torch.Tensor") -> "torch.Tensor":
-        (weight,) = ctx.saved_tensors
-        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
-
-
-def squared_row_norms(weight: "torch.Tensor") -> "torch.Tensor":
-    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
-    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
-    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
-        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
-    return SquaredRowNorms.apply(weight)
-
-
-class FoldScale(torch.autograd.Function):
-    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
-
-    @staticmethod
-    def forward(ctx, weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
-        ctx.save_for_backward(weight, scale)
-        return _scaled_rows(weight, scale)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_folded: "torch.Tensor"):
-        weight, scale = ctx.saved_tensors
-        grad_weight = grad_scale = None
-        if ctx.needs_input_grad[0]:
-            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
-        if ctx.needs_input_grad[1]:
-            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
-            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
-        return grad_weight, grad_scale
-
-
-def fold_scale(weight: "torch.Tensor", scale: "torch.Tensor | None") -> "torch.Tensor":
-    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
-    if scale is None:
-        return weight
-    if scale.shape != weight.shape[:1]:
-        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
-                         "a mode's column_terms must return one scale per row (V,)")
-    return FoldScale.apply(weight, scale)
-
-
-# ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------
-"""The head modes: one small object per mode, holding everything that mode *is*, and the registry that holds them.
-
-With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i) and scores
-token i as s_i = w_i·h. Liu, Zhai & Chen ("Normalization of Input-output Shared Embeddings in Text Generation
-Models", 2020) show that this score is biased by the row norm ‖w_i‖ and propose the normalized modes below. Every
-mode is an affine map of the plain scores W·h along the vocabulary axis, ``s = (W·h) * scale + bias`` with
-vocabulary-sized vectors derived from the rows (``HeadMode.column_terms``): one matmul plus O(V) work per decoding
-step, a chunked loss that reuses the vectors, and no normalized copy of W.
-
-A mode object answers every question the rest of the package asks about a mode, so that no other module compares
-a mode's name:
-
-* ``column_terms(weight, eps)``: the (scale, bias) of its score;
-* ``normalizes_input_lookups``: whether the input embedding looks up unit rows ŵ_i too (l2), which changes every
-  layer's input (no lossless start, no weight-norm technique, and a plain export ships the unit rows at the input);
-* ``keeps_row_norms``: whether row norms still mean something anywhere in the model (the weight-norm
-  initialization and regularization act on them);
-* ``equation``, ``paper``, ``summary``: the text of the config help, the CLI help, the model card and the docs;
-* ``lossless_start`` / ``lossless_terms(weight, eps)``: which learned per-token terms (``"logit_scale"``,
-  ``"logit_bias"``) give back a source's plain logits exactly when a tied checkpoint is converted, and their values;
-  ``None`` where no such start exists (``lossless_refusal`` says why);
-* ``plain_input_weight(weight, eps)``: what a plain ``nn.Embedding`` must hold to look up what this mode looks up;
-  with the head's effective column terms (``TiedNormHead.column_terms()``, the logit scale g and bias b folded in)
-  that is all a plain export needs: output weight ``diag(scale)·W``, output bias ``bias``.
-
-``register_head_mode`` adds a mode (a test, a user's own variant). The registry lives in the model layer and travels
-with a saved model as remote code: a folder whose config names a mode that its code files do not define is refused
-by name when it is loaded (``get_head_mode``). A saved config records the mode's *name* only, so a name must mean one
-mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither redefined nor unregistered (a model
-trained with a redefined ``cosine`` reloaded in a fresh process as the built-in one, its logits 7.9 off, no error).
-
-What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
-``lossless_terms`` a subclass defines with the checks of ``head/mode_checks.py`` (the terms' type, shape, dtype and
-device; a declared lossless start verified on the weights), and ``register_head_mode`` runs them on a small probe.
-"""
-
-
-LIU_ET_AL = "Liu, Zhai & Chen (2020)"
-
-
-def inverse_row_norms(weight: "torch.Tensor", eps: "float", power: "float" = 1) -> "torch.Tensor":
-    """1/‖w_i‖^power of every row of ``weight`` (..., d), in fp32, shape (...,); 0 for a dead row (‖w_i‖ ≤ eps).
-
-    The 0 instead of 1/eps makes a dead row (the zero padding row) score 0 and receive no gradient through its
-    norm: the direction of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm made the
-    padding row's gradient dominate the whole model's.
-    """
-    # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
-    squared = squared_row_norms(weight).float()
-    inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
-    return torch.where(squared > eps * eps, inverse, torch.zeros_like(inverse))
-
-
-def unit_rows(rows: "torch.Tensor", eps: "float") -> "torch.Tensor":
-    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in the dtype of ``rows``; 0 for a dead row.
-
-    Scaled in fp32 so that fp16 rows cannot overflow on the way.
-    """
-    return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
-
-
-class HeadMode:
-    """One scoring mode of the tied output head. Subclass it (or build one with ``column_terms`` overridden) and
-    ``register_head_mode`` the instance.
-
-    Attributes:
-        name: the value of ``config.head_mode``.
-        equation: the score s_i in words, e.g. ``"s_i = w_i·h / ‖w_i‖"``.
-        paper: where it comes from, e.g. ``"Liu, Zhai & Chen (2020), eq. 27"``.
-        summary: a short description for the help texts (default: the equation).
-        normalizes_input_lookups: the input embedding looks up ŵ_i instead of w_i.
-        keeps_row_norms: the row norms still act somewhere (False when both sides normalize them away).
-        lossless_start: the learned terms a lossless start sets (``("logit_scale",)``, ``("logit_bias",)``, ``()``
-            when the scores are the source's already); None: no lossless start (see ``lossless_refusal``).
-        lossless_refusal: why there is no lossless start, for the error message.
-        cites_liu_et_al: the model card cites Liu, Zhai & Chen.
-    """
-
-    name: "str" = ""
-    equation: "str" = ""
-    paper: "str" = ""
-    summary: "str" = ""
-    normalizes_input_lookups: "bool" = False
-    keeps_row_norms: "bool" = True
-    lossless_start: "tuple[str, ...] | None" = None
-    lossless_refusal: "str" = "this mode declares no lossless start"
-    cites_liu_et_al: "bool" = True
-
-    def __init_subclass__(cls, **kwargs) -> "None":
-        # Every column_terms / lossless_terms a mode defines returns checked terms (module docstring).
-        super().__init_subclass__(**kwargs)
-        if "column_terms" in cls.__dict__:
-            cls.column_terms = checked_column_terms(cls.__dict__["column_terms"])
-        if "lossless_terms" in cls.__dict__:
-            cls.lossless_terms = checked_lossless_terms(cls.__dict__["lossless_terms"])
-
-    def column_terms(self, weight: "torch.Tensor", eps: "float") -> "ColumnTerms":
-        """(scale, bias) over the vocabulary such that ``s = (W·h) * scale + bias`` is the mode's score.
-
-        Args:
-            weight: W, (V, d) (or one band's (n, d)); eps: the dead-row threshold ``norm_eps``.
-        Returns:
-            fp32 vectors of shape (V,) on ``weight``'s device (a 0-dim tensor stands for one value for every row),
-            or None for "multiply by one" / "add zero"; anything else is refused naming the mode and the term.
-        """
-        raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
-
-    @checked_lossless_terms
-    def lossless_terms(self, weight: "torch.Tensor", eps: "float") -> "ColumnTerms":
-        """The per-token logit scale g and logit bias b (fp32 (V,), or None where ``lossless_start`` sets none) that
-        make this mode's scores equal the plain w_i·h: g·(W·h·scale + bias) + b = W·h, i.e. g = 1/scale and
-        b = −g·bias (g = 0 on a dead row, which scores 0 either way). Modes override it for exact closed forms."""
-        if self.lossless_start is None:
-            raise ValueError(self.lossless_refusal)
-        scale, bias = self.column_terms(weight, eps)
-        scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
-        g = None
-        if scale_term in self.lossless_start:
-            g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
-        b = None
-        if bias_term in self.lossless_start:
-            b = -bias if g is None else -bias * g
-        return g, b
-
-    def plain_input_weight(self, weight: "torch.Tensor", eps: "float") -> "torch.Tensor":
-        """The matrix a plain ``nn.Embedding`` must hold to look up what this mode looks up: ŵ for a mode that
-        normalizes the input lookups, W itself otherwise. (V, d), in ``weight``'s dtype."""
-        return unit_rows(weight, eps) if self.normalizes_input_lookups else weight
-
-    def __repr__(self) -> "str":
-        return f"<head mode {self.name!r}: {self.equation}>"
-
-
-class Baseline(HeadMode):
-    name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
-    summary = "w_i·h (plain tying)"
-    lossless_start = ()
-    cites_liu_et_al = False
-
-    def column_terms(self, weight, eps):
-        return None, None
-
-
-class L2(HeadMode):
-    name, paper = "l2", f"{LIU_ET_AL}, eq. 19"
-    equation = "s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too"
-    summary = "ŵ_i·h with unit-row input lookups too"
-    normalizes_input_lookups = True
-    keeps_row_norms = False
-    lossless_refusal = (
-        "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input too, "
-        "so every layer receives other inputs than in the source and no term of the output head can restore its "
-        "logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
-        "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
-    )
-
-    def column_terms(self, weight, eps):  # ŵ_i·h = w_i·h / ‖w_i‖
-        return inverse_row_norms(weight, eps), None
-
-
-class Square(HeadMode):
-    name, equation, paper = "square", "s_i = w_i·h / ‖w_i‖²", f"{LIU_ET_AL}, eq. 22"
-    summary = "w_i·h/‖w_i‖²"
-    lossless_start = ("logit_scale",)
-
-    def column_terms(self, weight, eps):
-        return inverse_row_norms(weight, eps, power=2), None
-
-    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖²
-        return squared_row_norms(weight).float(), None
-
-
-class Distance(HeadMode):
-    name, paper = "distance", f"{LIU_ET_AL}, eq. 26"
-    # = −½‖w_i − h‖² + ½‖h‖²: a nearest-neighbour score (the ½‖h‖² is the same for every token)
-    equation = "s_i = w_i·h − ½‖w_i‖²"
-    summary = "w_i·h − ½‖w_i‖²"
-    lossless_start = ("logit_bias",)
-
-    def column_terms(self, weight, eps):
-        # No norm is divided by, so no lower bound is needed: a zero row has zero bias and a bounded gradient.
-        return None, -0.5 * squared_row_norms(weight).float()
-
-    def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
-        return None, 0.5 * squared_row_norms(weight).float()
-
-
-class Cosine(HeadMode):
-    name, equation, paper = "cosine", "s_i = w_i·h / ‖w_i‖", f"{LIU_ET_AL}, eq. 27"
-    summary = "w_i·h/‖w_i‖"
-    lossless_start = ("logit_scale",)
-
-    def column_terms(self, weight, eps):
-        return inverse_row_norms(weight, eps), None
-
-    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖
-        return squared_row_norms(weight).float().sqrt(), None
-
-
-_REGISTRY: "dict[str, HeadMode]" = {}
-# The package's own modes: what a config naming them means in every process, so never replaced (module docstring).
-BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
-
-
-def register_head_mode(mode: "HeadMode", *, replace: "bool" = False) -> "HeadMode":
-    """Add ``mode`` to the registry under ``mode.name`` (and return it); every config, head, script flag, converter
-    and model card of this process then accepts it. ``replace`` allows redefining a name registered at runtime; a
-    built-in name (``BUILTIN_HEAD_MODES``) is refused: a saved config names its mode only, and a fresh process (the
-    folder's remote code, another user) would score it with the built-in mode."""
-    if not isinstance(mode, HeadMode) or not isinstance(mode.name, str) or not mode.name.isidentifier():
-        raise ValueError(f"a head mode must be a HeadMode instance with an identifier as name, got {mode!r}")
-    if mode.name in BUILTIN_HEAD_MODES and mode.name in _REGISTRY:
-        if _REGISTRY[mode.name] is mode:  # the built-in object itself: nothing changes
-            return mode
-        raise ValueError(
-            f"head mode {mode.name!r} is built in ({', '.join(BUILTIN_HEAD_MODES)}) and cannot be redefined, even "
-            "with replace=True: a saved config records the mode's name only, so a model trained with the redefined "
-            f"mode would reload in another process as the built-in {mode.name!r}, with other logits and no error. "
-            "Register your mode under a name of its own"
-        )
-    if mode.lossless_start is not None and set(mode.lossless_start) - set(MODE_LOSSLESS_TERMS):
-        names = " / ".join(map(repr, MODE_LOSSLESS_TERMS))
-        raise ValueError(f"head mode {mode.name!r}: lossless_start may name {names} only")
-    if mode.name in _REGISTRY and not replace:
-        raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
-    # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.
-    for attribute, checked in (("column_terms", checked_column_terms), ("lossless_terms", checked_lossless_terms)):
-        if attribute in vars(mode):
-            setattr(mode, attribute, functools.partial(checked(_unbound(vars(mode)[attribute])), mode))
-    probe_head_mode(mode)
-    _REGISTRY[mode.name] = mode
-    return mode
-
-
-def _unbound(function: "Callable") -> "Callable":
-    """A function set on an instance takes (weight, eps); the checks call it as (self, weight, eps)."""
-    return getattr(function, "__func__", None) or (lambda self, *args, **kwargs: function(*args, **kwargs))
-
-
-def unregister_head_mode(name: "str") -> "None":
-    """Remove a mode that ``register_head_mode`` added (a test cleans up with it); a built-in mode is refused (it
-    could then be registered again as another mode under its name)."""
-    if name in BUILTIN_HEAD_MODES:
-        raise ValueError(f"head mode {name!r} is built in and cannot be unregistered")
-    _REGISTRY.pop(name, None)
-
-
-def get_head_mode(name: "str") -> "HeadMode":
-    """The registered mode called ``name``; ``ValueError`` naming it and the modes this code defines otherwise."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"head_mode must be one of {tuple(_REGISTRY)}, the modes this code ({__name__}) defines; got {name!r}. "
-            "A model saved with a mode registered at runtime (register_head_mode) loads only where that mode is "
-            "registered"
-        ) from None
-
-
-class _RegisteredNames(Sequence):
-    """The names of the registered modes, read at each use (argparse choices, membership tests, iteration)."""
-
-    def __getitem__(self, index):
-        return tuple(_REGISTRY)[index]
-
-    def __len__(self) -> "int":
-        return len(_REGISTRY)
-
-    def __iter__(self) -> "Iterator[str]":
-        return iter(tuple(_REGISTRY))
-
-    def __contains__(self, name: "object") -> "bool":
-        return name in _REGISTRY
-
-    def __eq__(self, other: "object") -> "bool":
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    def __hash__(self) -> "int":
-        return hash(tuple(self))
-
-    def __repr__(self) -> "str":
-        return repr(tuple(self))
-
-
-HEAD_MODES: "Sequence[str]" = _RegisteredNames()
-# The mode a model, a head or a conversion gets when none is named: plain tying, which keeps a converted model's
-# function unchanged (docs/head.md, "The default mode").
-DEFAULT_HEAD_MODE = "baseline"
-
-for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
-    register_head_mode(_mode)
-
-
-def head_mode_summaries() -> "str":
-    """"name summary" of every registered mode, for help texts."""
-    return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
 
 
 # ------------------------------ hf_tiednorm/modeling/head/options.py --------------------------------------------
