@@ -59,7 +59,7 @@ def status_kib(name: str) -> int:
 def run_child(args: Args) -> dict:
     import torch
 
-    from hf_tiednorm import HeadOptions, TiedNormHead
+    from hf_tiednorm import HeadSettings, TiedNormHead
     from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
     from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
@@ -67,8 +67,8 @@ def run_child(args: Args) -> dict:
         torch.set_num_threads(args.threads)
     mode, contender = args.child.split(":")
     torch.manual_seed(0)
-    options = HeadOptions(head_mode=mode, logit_scale_kind=args.logit_scale_kind)
-    head = TiedNormHead(args.dim, args.vocab, options=options)
+    settings = HeadSettings(head_mode=mode, logit_scale_kind=args.logit_scale_kind)
+    head = TiedNormHead(args.dim, args.vocab, settings=settings)
     with torch.no_grad():
         head.weight.normal_(0, 0.02)
     hidden = torch.randn(args.tokens, args.dim).requires_grad_(True)

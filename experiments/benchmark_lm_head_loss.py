@@ -106,7 +106,7 @@ def contenders(args: Args, dtype, tokens: int):
     import torch
     import torch.nn.functional as F
 
-    from hf_tiednorm import HeadOptions, TiedNormHead
+    from hf_tiednorm import HeadSettings, TiedNormHead
     from hf_tiednorm.modeling.loss.head_loss import head_linear_cross_entropy
     from hf_tiednorm.modeling.loss.policy import choose_loss_path
     from hf_tiednorm.modeling.loss.token import token_cross_entropy
@@ -132,9 +132,9 @@ def contenders(args: Args, dtype, tokens: int):
     steps["plain"] = plain
     for mode in args.head_modes.split(","):
         normalized = mode != "baseline"
-        options = HeadOptions(head_mode=mode, logit_scale_kind=args.logit_scale_kind if normalized else "none",
+        settings = HeadSettings(head_mode=mode, logit_scale_kind=args.logit_scale_kind if normalized else "none",
                               logit_bias=args.logit_bias and normalized)
-        head = TiedNormHead(args.dim, args.vocab, options=options, device=device, dtype=dtype)
+        head = TiedNormHead(args.dim, args.vocab, settings=settings, device=device, dtype=dtype)
         head.weight = weight  # tied: the same matrix for every contender
         params += [p for p in head.parameters() if p is not weight]
 

@@ -7,6 +7,8 @@ them for ``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` 
 installed. The config and model classes are the package's public names, taken from the same table.
 """
 
+import warnings
+
 from transformers import AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
@@ -16,7 +18,7 @@ from .modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTe
 from .modeling.families.table import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
 from .modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from .modeling.head.modes import HEAD_MODES, HeadMode, register_head_mode, unregister_head_mode
-from .modeling.head.options import HEAD_OPTIONS, LOGIT_SCALES, HeadOption, HeadOptions, HeadTerm, register_head_option
+from .modeling.head.settings import HEAD_TERMS, LOGIT_SCALES, ExtraHeadTerm, HeadSettings, HeadTerm, register_head_term
 from .modeling.translation_pipeline import TiedNormTranslationPipeline
 from .training.liger import register_families_with_liger
 
@@ -29,16 +31,31 @@ PIPELINE_REGISTRY.register_pipeline(
 )
 
 __version__ = "0.1.0"
+
+# Names of 0.1, kept one release with a FutureWarning: the head's vocabulary is HeadSettings (a head's settings),
+# HeadTerm (a learned term) and its registry HEAD_TERMS, ExtraHeadTerm (a term added from outside, register_head_term).
+_RENAMED = {"HeadOptions": "HeadSettings", "HeadOption": "ExtraHeadTerm", "HEAD_OPTIONS": "HEAD_TERMS",
+            "register_head_option": "register_head_term"}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        warnings.warn(f"hf_tiednorm.{name} is renamed hf_tiednorm.{_RENAMED[name]}; the old name will be removed in "
+                      "the next release", FutureWarning, stacklevel=2)  # fmt: skip
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module 'hf_tiednorm' has no attribute {name!r}")
+
+
 # The public names. A new family subclasses TiedNormHeadConfigMixin + TiedNormTechniquesConfigMixin (its config)
 # and TiedNormCausalLMMixin (its LM) with an HF parent, and is one keyword ModelFamily row given to register_family;
-# a head mode is a HeadMode given to register_head_mode, a head term a HeadOption given to register_head_option.
+# a head mode is a HeadMode given to register_head_mode, a head term an ExtraHeadTerm given to register_head_term.
 __all__ = [
     "FAMILIES",
     "HEAD_MODES",
-    "HEAD_OPTIONS",
+    "HEAD_TERMS",
+    "ExtraHeadTerm",
     "HeadMode",
-    "HeadOption",
-    "HeadOptions",
+    "HeadSettings",
     "HeadTerm",
     "LOGIT_SCALES",
     "ModelFamily",
@@ -53,7 +70,7 @@ __all__ = [
     "TiedNormTranslationPipeline",
     "register_family",
     "register_head_mode",
-    "register_head_option",
+    "register_head_term",
     "unregister_family",
     "unregister_head_mode",
     *sorted(public_classes()),

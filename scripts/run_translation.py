@@ -230,7 +230,7 @@ def bleu_metrics(eval_prediction, *, tokenizer, bleu, references: list[str], spl
 
 def main(argv: list[str] | None = None) -> None:
     """The run; ``argv``: its flags (default: the command line), so that a caller in this process, with the head
-    modes, head options and families it registered, can run it."""
+    modes, head terms and families it registered, can run it."""
     model_args, data_args, run_args, output_args, training_args, resume = steps.start_run(
         (ModelArguments, DataArguments, RunArguments, OutputDirArguments, TiedNormSeq2SeqTrainingArguments),
         description=__doc__.split("\n\n")[0],  # the script's first line, for --help

@@ -2,7 +2,12 @@
 wrapper (tests/modeling/families/test_hf_common_generation.py). The transformers sdist ships no
 ``tests/generation/``; these are our own checks of what its ``GenerationTesterMixin`` covers: greedy, sampling, beam,
 assisted decoding, the KV cache against a full forward, left padding, ``inputs_embeds``, ``output_scores`` /
-``output_logits`` and ``num_return_sequences``.
+``output_logits`` and ``num_return_sequences``; generation with a static cache and transformers' automatic compile
+(the compiled call kept on the model itself, a full graph, no recompile for a shorter generation:
+``test_generate_compilation_all_outputs``, ``test_generate_compile_model_forward_fullgraph``,
+``test_static_cache_no_recompile_with_smaller_length`` of HF's mixin); and what HF's mixin skips a model for when its
+forward does not name it (``logits_to_keep``, ``position_ids``) or its class does not declare it
+(``_supports_attention_backend``, read through ``is_backend_compatible()``).
 
 Every check compares ``generate`` with full forwards of the model itself (no cache), so a cache, a padding or a head
 that ``generate`` used differently from ``forward`` shows. ``min_new_tokens`` keeps every sequence to the same length
@@ -12,10 +17,11 @@ checkpoint's processors (forced tokens, banned words) out of the comparison.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 
 import torch
-from transformers import GenerationConfig
+from transformers import CompileConfig, GenerationConfig
 
 NEW = 4  # new tokens per check
 
@@ -167,12 +173,157 @@ def check_inputs_embeds(model) -> None:
     torch.testing.assert_close(from_embeds, from_ids)
 
 
+def _compile_config(**settings) -> CompileConfig:
+    """transformers' automatic compile, forced on CPU as HF's tests force it (``_compile_all_devices``), with
+    ``dynamic=False`` (a shape change is a recompile). Dynamo's "eager" backend: the graph capture, its breaks and its
+    guards are what the checks look at, and inductor's code generation would cost minutes on a CPU."""
+    config = CompileConfig(dynamic=False, backend="eager", **settings)
+    config._compile_all_devices = True
+    return config
+
+
+def check_compiled_static_cache(model) -> None:
+    """A static cache triggers transformers' automatic compile of the model's forward (HF's
+    ``test_generate_compilation_all_outputs``): the compiled call is kept on the model itself, the one the user holds
+    (``_compiled_call``), never on a module inside it, and every optional output (scores, raw logits, hidden states)
+    equals the uncompiled generation's with the dynamic cache."""
+    inputs = prompt(model)
+    settings = {"do_sample": False, "output_scores": True, "output_logits": True, "output_hidden_states": True,
+                "return_dict_in_generate": True}
+    torch.compiler.reset()
+    for module in model.modules():
+        module.__dict__.pop("_compiled_call", None)
+    with without_forced_tokens(model):
+        eager = model.generate(**inputs, generation_config=generation_config(model, **settings))
+        assert "_compiled_call" not in vars(model), "a dynamic cache must not trigger the compile"
+        compiled = model.generate(**inputs, generation_config=generation_config(
+            model, cache_implementation="static", compile_config=_compile_config(), **settings))
+    assert "_compiled_call" in vars(model), f"{type(model).__name__}: the compiled call is not kept on the model"
+    inner = [name for name, module in model.named_modules() if name and "_compiled_call" in vars(module)]
+    assert not inner, f"the compiled call is kept on {inner}, not on the model the user holds"
+    torch.testing.assert_close(compiled.sequences, eager.sequences)
+    for field in ("scores", "logits"):
+        torch.testing.assert_close(torch.stack(getattr(compiled, field)), torch.stack(getattr(eager, field)),
+                                   atol=1e-4, rtol=1e-4)
+    assert len(compiled.decoder_hidden_states if model.config.is_encoder_decoder else compiled.hidden_states) == NEW
+
+
+@contextmanager
+def _recompiles_refused():
+    """Inside, a call that would recompile a compiled function raises instead (torch's "fail_on_recompile")."""
+    with torch.compiler.set_stance("fail_on_recompile"):
+        yield
+
+
+def check_compiled_forward_fullgraph(model) -> None:
+    """The forward that ``generate`` calls compiles as one graph (``fullgraph=True``: a graph break raises), and a
+    second prompt of the same shape runs it without recompiling; both give the uncompiled tokens and scores (HF's
+    ``test_generate_compile_model_forward_fullgraph``)."""
+    first, second = prompt(model, seed=0), prompt(model, seed=1)
+    settings = {"do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    torch.compiler.reset()
+    model.__dict__.pop("_compiled_call", None)
+    model.__dict__.pop("_previous_max_cache_length", None)
+    with without_forced_tokens(model):
+        eager = [model.generate(**inputs, generation_config=generation_config(model, **settings))
+                 for inputs in (first, second)]
+        config = generation_config(model, cache_implementation="static",
+                                   compile_config=_compile_config(fullgraph=True), **settings)
+        compiled = [model.generate(**first, generation_config=config)]
+        assert "_compiled_call" in vars(model)
+        with _recompiles_refused():
+            compiled.append(model.generate(**second, generation_config=config))
+    for got, expected in zip(compiled, eager):
+        torch.testing.assert_close(got.sequences, expected.sequences)
+        torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), atol=1e-4, rtol=1e-4)
+
+
+def check_static_cache_no_recompile_when_shorter(model) -> None:
+    """A static cache is kept at the longest length the model has generated to (on the model:
+    ``_previous_max_cache_length``), so a shorter generation afterwards reuses the compiled forward without
+    recompiling, and its tokens are the first ones of the longer generation (HF's
+    ``test_static_cache_no_recompile_with_smaller_length``)."""
+    inputs = prompt(model)
+    torch.compiler.reset()
+    model.__dict__.pop("_compiled_call", None)
+    model.__dict__.pop("_previous_max_cache_length", None)
+    settings = {"do_sample": False, "cache_implementation": "static", "compile_config": _compile_config()}
+    with without_forced_tokens(model):
+        longer = generation_config(model, **settings)
+        longer.max_new_tokens = longer.min_new_tokens = NEW + 2
+        long_tokens = new_tokens(model, model.generate(**inputs, generation_config=longer), inputs)
+        assert "_previous_max_cache_length" in vars(model), "the static cache's length is not kept on the model"
+        with _recompiles_refused():
+            short_tokens = new_tokens(model, model.generate(**inputs, generation_config=generation_config(
+                model, **settings)), inputs)
+    torch.testing.assert_close(short_tokens, long_tokens[:, :NEW])
+
+
+def check_logits_to_keep(model) -> None:
+    """The forward names ``logits_to_keep`` (so ``generate`` computes one position's logits a step, as HF's models
+    do): ``logits_to_keep=1`` gives the last position's logits of a full forward, a tensor of positions gives those
+    positions'; ``generate`` without it (``logits_to_keep=0``: all positions) gives the same tokens and scores (HF's
+    ``test_generate_methods_with_logits_to_keep``). Every decoder-only model and the wrapper name it; an
+    encoder-decoder family, as HF's Marian and BART, does not (HF's test skips them)."""
+    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        assert model.config.is_encoder_decoder and not type(model).__name__.startswith("TiedNormWrapped"), (
+            f"{type(model).__name__}.forward does not name logits_to_keep")
+        return
+    inputs = prompt(model)
+    with torch.no_grad():
+        extra = ({"decoder_input_ids": inputs["input_ids"][:, :4]} if model.config.is_encoder_decoder else {})
+        full = model(**inputs, **extra, use_cache=False).logits
+        last = model(**inputs, **extra, use_cache=False, logits_to_keep=1).logits
+        picked = model(**inputs, **extra, use_cache=False, logits_to_keep=torch.tensor([0, 2])).logits
+    torch.testing.assert_close(last, full[:, -1:])
+    torch.testing.assert_close(picked, full[:, [0, 2]])
+    settings = {"do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    with without_forced_tokens(model):
+        kept = model.generate(**inputs, generation_config=generation_config(model, **settings))
+        every = model.generate(**inputs, logits_to_keep=0, generation_config=generation_config(model, **settings))
+    torch.testing.assert_close(kept.sequences, every.sequences)
+    torch.testing.assert_close(torch.stack(kept.scores), torch.stack(every.scores), atol=1e-5, rtol=1e-5)
+
+
+def check_position_ids(model) -> None:
+    """A decoder-only model's forward names ``position_ids``, so ``generate`` computes them from a left-padded mask
+    and hands them over; passing those positions explicitly gives the same tokens (HF's
+    ``test_generate_with_and_without_position_ids``). An encoder-decoder's decoder counts its own positions."""
+    if model.config.is_encoder_decoder:
+        return
+    assert "position_ids" in inspect.signature(model.forward).parameters
+    inputs = prompt(model)
+    inputs["attention_mask"][1, :2] = 0
+    positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    config = generation_config(model, do_sample=False)
+    without = model.generate(**inputs, generation_config=config)
+    given = model.generate(**inputs, position_ids=positions, generation_config=config)
+    torch.testing.assert_close(given, without)
+
+
+def check_backend_flags(model, wrapped_class=None) -> None:
+    """The backend flags HF's tests and serving engines read (``_supports_attention_backend`` through
+    ``is_backend_compatible()``, the attention implementations, ``_can_compile_fullgraph``) are the architecture's:
+    for the wrapper, those of the class it wraps (``wrapped_class``)."""
+    source = wrapped_class or type(model)
+    assert model.is_backend_compatible() is bool(source._supports_attention_backend)
+    for flag in ("_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn", "_supports_flex_attn",
+                 "_can_compile_fullgraph", "_is_stateful"):
+        assert getattr(model, flag) == getattr(source, flag), flag
+
+
 __all__ = [
     "check_assisted_decoding",
+    "check_backend_flags",
     "check_beam_search",
+    "check_compiled_forward_fullgraph",
+    "check_compiled_static_cache",
     "check_greedy_equals_full_forward",
     "check_inputs_embeds",
     "check_left_padding",
+    "check_logits_to_keep",
+    "check_position_ids",
     "check_sampling",
+    "check_static_cache_no_recompile_when_shorter",
     "generation_config",
 ]

@@ -35,7 +35,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("publishing",),
     ("conversion", "convert", "export"),
     ("modeling.families",),
-    ("modeling.load_checks", "modeling.weight_checks", "modeling.auto_map", "modeling.translation_pipeline"),
+    ("modeling.load_checks", "modeling.weight_checks", "modeling.auto_map", "modeling.translation_pipeline",
+     "modeling.engine_checks"),
     ("modeling.loss",),
     ("modeling.head",),
     ("metrics", "remote_code"),
@@ -443,7 +444,7 @@ def test_each_name_is_imported_from_the_module_that_defines_it():
     """No module re-exports another's names for others to import (normalized_head.py once re-exported the mode
     registry and the options): an import of a head_modes / head_options name goes to head_modes / head_options."""
     import hf_tiednorm.modeling.head.modes as head_modes
-    import hf_tiednorm.modeling.head.options as head_options
+    import hf_tiednorm.modeling.head.settings as head_options
 
     homes = {name: "head_modes" for name in head_modes.__all__} | {name: "head_options" for name in
                                                                        head_options.__all__}  # fmt: skip

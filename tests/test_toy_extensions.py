@@ -26,10 +26,10 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Model, GPT2PreTrainedMode
 
 from hf_tiednorm import (
     FAMILIES,
-    HEAD_OPTIONS,
+    HEAD_TERMS,
+    ExtraHeadTerm,
     HeadMode,
-    HeadOption,
-    HeadOptions,
+    HeadSettings,
     ModelFamily,
     TiedNormCausalLMMixin,
     TiedNormForCausalLM,
@@ -37,7 +37,7 @@ from hf_tiednorm import (
     TiedNormTechniquesConfigMixin,
     register_family,
     register_head_mode,
-    register_head_option,
+    register_head_term,
     unregister_family,
     unregister_head_mode,
 )
@@ -87,8 +87,8 @@ class ToyForCausalLM(TiedNormCausalLMMixin, GPT2PreTrainedModel, GenerationMixin
 @pytest.fixture(scope="module")
 def toys():
     register_head_mode(RootNorm())
-    register_head_option(
-        HeadOption(
+    register_head_term(
+        ExtraHeadTerm(
             TERM,
             "a learned per-token temperature τ_i dividing the scores",
             1.0,
@@ -101,7 +101,7 @@ def toys():
     yield row
     unregister_family(FAMILY)
     unregister_head_mode(MODE)
-    del HEAD_OPTIONS[TERM]
+    del HEAD_TERMS[TERM]
 
 
 def expected_logits(model, ids) -> torch.Tensor:
@@ -244,8 +244,8 @@ def test_a_plain_gpt2_converts_to_the_toy_family_and_exports_back(toys, tmp_path
     with torch.no_grad():
         torch.testing.assert_close(converted(input_ids=ids).logits, plain, rtol=1e-4, atol=1e-4)  # lossless start
 
-    options = HeadOptions(head_mode=MODE, extra_terms=(TERM,))
-    api = normalize_tied_head(GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2"), options=options,
+    settings = HeadSettings(head_mode=MODE, extra_terms=(TERM,))
+    api = normalize_tied_head(GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2"), settings=settings,
                               lossless_start=True).eval()  # fmt: skip
     assert type(api) is ToyForCausalLM
     set_temperatures(api)  # the term away from its neutral start: the export must bake it

@@ -1,5 +1,5 @@
-"""A head option added in this file alone (issue 41): a learned per-token temperature τ_i (logits s_i / τ_i),
-registered with ``register_head_option``. With no edit to the package it trains, saves and reloads, is refused by
+"""A head term added in this file alone (issue 41): a learned per-token temperature τ_i (logits s_i / τ_i),
+registered with ``register_head_term``. With no edit to the package it trains, saves and reloads, is refused by
 name by a saved folder's remote code (which does not define it, as an unregistered head mode is), converts (API and
 ``tiednorm-convert --logit-temperature``), exports plain with the same logits and appears on the model card.
 
@@ -19,7 +19,7 @@ from testing_utils import model_inputs, run_without_package, tiny_model
 from tiny_architectures import source_model
 from transformers import HfArgumentParser
 
-from hf_tiednorm import HEAD_OPTIONS, HeadOption, HeadOptions, HeadTerm, register_head_option
+from hf_tiednorm import HEAD_TERMS, ExtraHeadTerm, HeadSettings, HeadTerm, register_head_term
 from hf_tiednorm.conversion.convert import build_parser, convert_checkpoint, normalize_tied_head
 from hf_tiednorm.conversion.export import export_plain
 from hf_tiednorm.modeling.families.head_host import keep_head_terms_fp32
@@ -36,8 +36,8 @@ def fold_temperature(tau, scale, bias):
 
 @pytest.fixture
 def temperature():
-    register_head_option(
-        HeadOption(
+    register_head_term(
+        ExtraHeadTerm(
             NAME,
             "a learned per-token temperature τ_i dividing the scores",
             1.0,
@@ -46,7 +46,7 @@ def temperature():
         )
     )
     yield NAME
-    del HEAD_OPTIONS[NAME]
+    del HEAD_TERMS[NAME]
 
 
 def set_temperatures(model):
@@ -88,7 +88,7 @@ def test_a_head_option_registered_in_a_test_converts_and_exports(temperature, tm
     options = build_parser().parse_args([str(tmp_path / "llama"), str(tmp_path / "out"), "--head-mode", "cosine",
                                          "--logit-temperature"])  # fmt: skip
     assert options.logit_temperature
-    converted = convert_checkpoint(tmp_path / "llama", options=HeadOptions(head_mode="cosine", extra_terms=(NAME,)))
+    converted = convert_checkpoint(tmp_path / "llama", settings=HeadSettings(head_mode="cosine", extra_terms=(NAME,)))
     assert converted.config.extra_terms == (NAME,) or list(converted.config.extra_terms) == [NAME]
     set_temperatures(converted)
     result = export_plain(converted, tmp_path / "plain")  # checks the export's logits against the model's
@@ -106,7 +106,7 @@ def trained_terms(model):
     """Give every learned term of ``model``'s head values far from its start (as training would)."""
     head = model.get_output_embeddings()
     with torch.no_grad():
-        for term in HEAD_OPTIONS:
+        for term in HEAD_TERMS:
             if getattr(head, term, None) is not None:
                 getattr(head, term).uniform_(0.5, 2.0)
     return model
@@ -117,7 +117,7 @@ def test_every_registered_term_gets_the_same_hooks(temperature, term, tmp_path):
     """One contract over the registry: the built-in g and b and the term added in this test alike are parameters of
     the head, folded into its scores and its plain export, resized with the vocabulary (new tokens at the start
     value), kept fp32 under a bf16 load, and named by the load checks when their tensor is missing."""
-    assert isinstance(HEAD_OPTIONS[term], HeadTerm)
+    assert isinstance(HEAD_TERMS[term], HeadTerm)
     model = trained_terms(tiny_model("seq2seq", **ALL_TERMS))  # Marian: a parent with a bias slot exports b too
     values = getattr(model.get_output_embeddings(), term)
     before = model(**model_inputs(model)).logits
@@ -144,7 +144,7 @@ def test_every_registered_term_gets_the_same_hooks(temperature, term, tmp_path):
     (key,) = [key for key in weights if key.endswith(f".{term}")]
     save_file({k: v for k, v in weights.items() if k != key}, tmp_path / "model" / "model.safetensors",
               metadata={"format": "pt"})  # fmt: skip
-    setting = re.escape(HEAD_OPTIONS[term].setting(HeadOptions(**ALL_TERMS)))
+    setting = re.escape(HEAD_TERMS[term].setting(HeadSettings(**ALL_TERMS)))
     with pytest.raises(ValueError, match=rf"'{key}' is missing from the weights, but config.json declares {setting}"):
         type(model).from_pretrained(tmp_path / "model")
 
@@ -153,10 +153,10 @@ def test_a_registered_term_takes_its_lossless_value_at_a_lossless_start_and_a_re
     """A lossless start sets a term that declares a ``lossless`` value to it, as it sets g and b from the rows: a
     temperature that starts training at 2 converts with the source's logits (refused before: its init changes them),
     and the tokens a resize adds take the same value."""
-    register_head_option(HeadOption("warm", "a temperature starting at 2", 2.0, fold_temperature, "τ_i", lossless=1.0))
+    register_head_term(ExtraHeadTerm("warm", "a temperature starting at 2", 2.0, fold_temperature, "τ_i", lossless=1.0))
     try:
         source = source_model("llama").eval()
-        model = normalize_tied_head(source, options=HeadOptions(head_mode="cosine", extra_terms=("warm",)),
+        model = normalize_tied_head(source, settings=HeadSettings(head_mode="cosine", extra_terms=("warm",)),
                                     lossless_start=True).eval()  # fmt: skip
         inputs = model_inputs(model)
         with torch.no_grad():
@@ -167,7 +167,7 @@ def test_a_registered_term_takes_its_lossless_value_at_a_lossless_start_and_a_re
         fresh = tiny_model("causal", extra_terms=("warm",))
         assert torch.equal(fresh.lm_head.warm, torch.full_like(fresh.lm_head.warm, 2.0))  # a new model: its init
     finally:
-        del HEAD_OPTIONS["warm"]
+        del HEAD_TERMS["warm"]
 
 
 def test_a_registered_term_is_a_flag_of_the_training_scripts_and_starts_in_the_wrapper(temperature):
@@ -179,7 +179,7 @@ def test_a_registered_term_is_a_flag_of_the_training_scripts_and_starts_in_the_w
     assert getattr(model.lm_head, NAME).shape == (model.config.vocab_size,)
     assert "--extra_terms" in HfArgumentParser(TiedNormModelArguments).format_help()
 
-    wrapped = normalize_tied_head(source_model("gpt2"), options=HeadOptions(head_mode="cosine", extra_terms=(NAME,)),
+    wrapped = normalize_tied_head(source_model("gpt2"), settings=HeadSettings(head_mode="cosine", extra_terms=(NAME,)),
                                   generic=True)  # fmt: skip
     term = getattr(wrapped.get_output_embeddings(), NAME)
     assert not term.is_meta and torch.equal(term, torch.ones_like(term))
@@ -195,6 +195,6 @@ def test_a_term_added_from_outside_is_switched_by_extra_terms_not_by_config_fiel
         def fold(self, values, scale, bias):
             return fold_temperature(values, scale, bias)
 
-    with pytest.raises(ValueError, match=r"'sharpness' \(register_head_option\) declares config_fields"):
-        register_head_option(Sharpness())
-    assert "sharpness" not in HEAD_OPTIONS
+    with pytest.raises(ValueError, match=r"'sharpness' \(register_head_term\) declares config_fields"):
+        register_head_term(Sharpness())
+    assert "sharpness" not in HEAD_TERMS

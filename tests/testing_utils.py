@@ -313,8 +313,8 @@ def variant_head(head_mode: str, logit_scale: str, logit_bias: bool, vocab: int 
                  dtype=torch.float64, seed: int = 0):
     """A ``TiedNormHead`` with random W (a dead row 0), g and b (so that their gradients are non-trivial)."""
     torch.manual_seed(seed)
-    options = hf_tiednorm.HeadOptions(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
-    head = hf_tiednorm.TiedNormHead(dim, vocab, options=options, dtype=dtype)
+    settings = hf_tiednorm.HeadSettings(head_mode=head_mode, logit_scale_kind=logit_scale, logit_bias=logit_bias)
+    head = hf_tiednorm.TiedNormHead(dim, vocab, settings=settings, dtype=dtype)
     with torch.no_grad():
         head.weight.normal_(0, 0.5)
         head.weight[0] = 0  # a dead (padding) row

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from pathlib import Path
 
 from transformers import AutoConfig, PreTrainedModel
@@ -33,8 +34,8 @@ from ..modeling.families.wrapped import (
 )
 from ..modeling.head.lossless_start import start_lossless, take_row_scales
 from ..modeling.head.modes import DEFAULT_HEAD_MODE
-from ..modeling.head.options import HeadOptions, learned_terms, takes_row_scales
 from ..modeling.head.peft_guard import refuse_peft_before_normalizing
+from ..modeling.head.settings import HeadSettings, learned_terms, takes_row_scales
 from ..modeling.load_checks import check_source_loaded
 from .convert_checks import (
     SUPPORTED_TEXT,
@@ -44,7 +45,7 @@ from .convert_checks import (
     tie_parallel_output_rows,
     tied_copy,
 )
-from .field_flags import add_head_option_flags, add_registered_option_flags, head_options_from_flags
+from .field_flags import add_extra_term_flags, add_head_setting_flags, head_settings_from_flags
 from .gguf_checks import check_gguf_file, drop_quantization_state
 from .path_identity import is_same_or_inside
 from .source_provenance import (
@@ -63,21 +64,31 @@ _DROPPED_CONFIG_KEYS = (
     "tie_word_embeddings", "share_encoder_decoder_embeddings",
 )  # fmt: skip
 # Keys that exist on only one side of the mapping: Marian's and BART's (zero) output bias, and the head's learned
-# terms (head/options.HeadTerm) that only its options add (initialized by the model).
+# terms (head/settings.HeadTerm) that only its settings add (initialized by the model).
 _SOURCE_ONLY_KEYS = {"final_logits_bias"}
 def _target_only_keys() -> set[str]:
     return {f"lm_head.{term}" for term in learned_terms()}
 
 
-def head_options_of(options: HeadOptions | None, head_mode: str | None, settings: dict, lossless: bool) -> HeadOptions:
-    """The head's settings given as ``options`` or as keywords (``head_mode`` and any other ``HeadOptions`` field:
-    each head term's config fields, ``extra_terms``, ``norm_eps``), not both; with a lossless start's terms on."""
-    if options is None:
-        options = HeadOptions(head_mode=head_mode or DEFAULT_HEAD_MODE, **settings)  # an unknown keyword: TypeError
-    elif head_mode is not None or settings:
-        given = ", ".join(f"{name}=..." for name in ([] if head_mode is None else ["head_mode"]) + list(settings))
-        raise ValueError(f"pass the head's settings either as options or as {given}, not both")
-    return options.with_lossless_start() if lossless else options
+def head_settings_of(
+    settings: HeadSettings | None, head_mode: str | None, fields: dict, lossless: bool
+) -> HeadSettings:
+    """The head's settings given as ``settings`` or as keywords (``head_mode`` and any other ``HeadSettings`` field:
+    each head term's config fields, ``extra_terms``, ``norm_eps``), not both; with a lossless start's terms on.
+    ``options=``, the keyword's name before ``HeadSettings``, is taken with a FutureWarning."""
+    if "options" in fields:
+        fields = dict(fields)
+        warnings.warn("the keyword options= is renamed settings= (a HeadSettings); options= will stop working in a "
+                      "future release", FutureWarning, stacklevel=3)  # fmt: skip
+        if settings is not None:
+            raise ValueError("pass the head's settings as settings= only (options= is its old name)")
+        settings = fields.pop("options")
+    if settings is None:
+        settings = HeadSettings(head_mode=head_mode or DEFAULT_HEAD_MODE, **fields)  # an unknown keyword: TypeError
+    elif head_mode is not None or fields:
+        given = ", ".join(f"{name}=..." for name in ([] if head_mode is None else ["head_mode"]) + list(fields))
+        raise ValueError(f"pass the head's settings either as settings or as {given}, not both")
+    return settings.with_lossless_start() if lossless else settings
 
 
 def normalize_tied_head(
@@ -85,7 +96,7 @@ def normalize_tied_head(
     head_mode: str | None = None,
     *,
     lossless_start: bool = False,
-    options: HeadOptions | None = None,
+    settings: HeadSettings | None = None,
     generic: bool = False,
     base_model: str | None = None,
     license: str | None = None,
@@ -107,8 +118,8 @@ def normalize_tied_head(
     Args:
         model: e.g. ``AutoModelForCausalLM.from_pretrained(...)`` of a model with tied embeddings (``gguf_file=...``
             works too).
-        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
-            ``extra_terms``, ``norm_eps``), or ``options`` holding them all (then leave these unset); ``head_mode``
+        head_mode, **head_settings: the head's settings (``HeadSettings`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``settings`` holding them all (then leave these unset); ``head_mode``
             None: the default mode. ``logit_scale``, the old name of ``logit_scale_kind``, still works with a
             FutureWarning naming the new one.
         lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
@@ -125,12 +136,12 @@ def normalize_tied_head(
     """
     refuse_peft_before_normalizing(model)  # normalize first, then get_peft_model (head/peft_guard.py)
     check_base_model_id(base_model)
-    options = head_options_of(options, head_mode, head_settings, lossless_start)
+    settings = head_settings_of(settings, head_mode, head_settings, lossless_start)
     drop_quantization_state(model)
     name_or_path = model.name_or_path
     own_family = not generic and family_of_source(model.config.model_type) is not None
     # The own family normalizes its lookups itself; convert_checkpoint checks unit lookups only for the wrapper.
-    auto = check_convertible(model.config) if own_family else check_source_model(model, options)
+    auto = check_convertible(model.config) if own_family else check_source_model(model, settings)
     if type(model) is not auto._model_mapping[type(model.config)]:
         raise ValueError(
             f"{type(model).__name__} is not the model {auto.__name__} builds for {model.config.model_type!r} "
@@ -138,38 +149,38 @@ def normalize_tied_head(
         )
     if own_family:
         check_tied(model)
-        converted = _own_family_in_memory(model, options, lossless_start)
+        converted = _own_family_in_memory(model, settings, lossless_start)
     else:
-        converted = _wrap(model, options, lossless_start)
+        converted = _wrap(model, settings, lossless_start)
     record_provenance(converted, folder_provenance(name_or_path), base_model=base_model, license=license)
     return name_like_source(converted, name_or_path)
 
 
-def _own_family_in_memory(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> PreTrainedModel:
+def _own_family_in_memory(model: PreTrainedModel, settings: HeadSettings, lossless_start: bool) -> PreTrainedModel:
     """A loaded marian / bart / llama ``model`` (checked) as our own family, as ``convert_checkpoint`` builds it
     from a folder: same class, weights layout and start; on ``model``'s device, in its training mode."""
-    converted = _to_own_family(model.name_or_path or type(model).__name__, model, options)
+    converted = _to_own_family(model.name_or_path or type(model).__name__, model, settings)
     converted = converted.to(model.device).train(model.training)
     if lossless_start:
         start_lossless(converted)
     return converted
 
 
-def check_source_model(model: PreTrainedModel, options: HeadOptions) -> type:
+def check_source_model(model: PreTrainedModel, settings: HeadSettings) -> type:
     """Every check a loaded source goes through, once: convertible (config), tied (weights) and, for a mode that
     normalizes the input lookups, lookups that can be made unit rows. Returns the Auto class of its architecture."""
     auto = check_convertible(model.config)
     check_tied(model)
-    if options.mode.normalizes_input_lookups:
-        check_unit_lookups(model, options.norm_eps)
+    if settings.mode.normalizes_input_lookups:
+        check_unit_lookups(model, settings.norm_eps)
     return auto
 
 
-def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) -> TiedNormWrappedPreTrainedModel:
-    """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``options``."""
+def _wrap(model: PreTrainedModel, settings: HeadSettings, lossless_start: bool) -> TiedNormWrappedPreTrainedModel:
+    """``model`` (checked: ``check_source_model``) inside the wrapper with a head of ``settings``."""
     # The adopted model's config is saved as text_config: it names its source only by a Hub id, never a local path.
     model.config._name_or_path = portable_name_or_path(model.config._name_or_path)
-    config = WRAPPED.config_class(text_config=model.config, **options.as_config_fields())
+    config = WRAPPED.config_class(text_config=model.config, **settings.as_config_fields())
     wrapper_class = WRAPPED.lm_class_for(model.config.is_encoder_decoder)
     wrapped = wrapper_class(config, body=model).train(model.training)
     if lossless_start:
@@ -177,20 +188,20 @@ def _wrap(model: PreTrainedModel, options: HeadOptions, lossless_start: bool) ->
     return wrapped
 
 
-def _target_config(source_config, options: HeadOptions):
-    """The config of our own family for a source it maps 1:1 from (families/table.py), with the head's ``options``."""
+def _target_config(source_config, settings: HeadSettings):
+    """The config of our own family for a source it maps 1:1 from (families/table.py), with the head's ``settings``."""
     family = family_of_source(source_config.model_type)
     fields = {k: v for k, v in source_config.to_dict().items() if k not in _DROPPED_CONFIG_KEYS}
-    head_fields = options.as_config_fields()
+    head_fields = settings.as_config_fields()
     if family.is_encoder_decoder:  # Marian with two vocabularies shares only the decoder's; BART always shares
         shared = getattr(source_config, "share_encoder_decoder_embeddings", True)
         head_fields["tie_topology"] = "three_way" if shared else "decoder"
     return family.config_class(**fields, **head_fields)
 
 
-def _to_own_family(source: Path, source_model: PreTrainedModel, options: HeadOptions) -> PreTrainedModel:
+def _to_own_family(source: Path, source_model: PreTrainedModel, settings: HeadSettings) -> PreTrainedModel:
     """Map a marian / bart / llama model 1:1 onto our family of the same architecture."""
-    config = _target_config(source_model.config, options)
+    config = _target_config(source_model.config, settings)
     target_class = family_of_source(source_model.config.model_type).lm_class
     state = source_model.state_dict()
     if "final_logits_bias" in state and state["final_logits_bias"].count_nonzero() > 0:
@@ -221,7 +232,7 @@ def convert_checkpoint(
     generic: bool = False,
     gguf_file: str | None = None,
     lossless_start: bool = False,
-    options: HeadOptions | None = None,
+    settings: HeadSettings | None = None,
     base_model: str | None = None,
     license: str | None = None,
     **head_settings,
@@ -239,8 +250,8 @@ def convert_checkpoint(
         gguf_file: name of a GGUF file in ``source`` (transformers' ``gguf_file``; needs the gguf extra:
             ``python -m pip install -e ".[gguf]"``).
         lossless_start: start at the source's logits (module docstring); switches on the head terms it sets.
-        head_mode, **head_settings: the head's settings (``HeadOptions`` fields: each head term's config fields,
-            ``extra_terms``, ``norm_eps``), or ``options`` holding them all; ``head_mode`` None: the default mode
+        head_mode, **head_settings: the head's settings (``HeadSettings`` fields: each head term's config fields,
+            ``extra_terms``, ``norm_eps``), or ``settings`` holding them all; ``head_mode`` None: the default mode
             (head_modes.DEFAULT_HEAD_MODE). ``logit_scale`` (the old name of ``logit_scale_kind``) works with a
             FutureWarning.
         base_model, license: the source's Hub id and license (CLI ``--base-model`` / ``--license``), recorded in the
@@ -259,7 +270,7 @@ def convert_checkpoint(
             f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
         )
     check_base_model_id(base_model)
-    options = head_options_of(options, head_mode, head_settings, lossless_start)
+    settings = head_settings_of(settings, head_mode, head_settings, lossless_start)
     if output_dir is not None:
         output_dir = Path(output_dir)
         existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
@@ -278,7 +289,7 @@ def convert_checkpoint(
     # An untied source whose output rows are positive multiples c_i of its input rows (a plain export with a trained
     # logit scale) converts with a lossless start that sets a logit scale: c_i goes into g_i. Others are refused.
     parallel = (
-        lossless_start and takes_row_scales(options.mode)
+        lossless_start and takes_row_scales(settings.mode)
         and not getattr(source_config, "tie_word_embeddings", False)
     )  # fmt: skip
     auto = check_convertible(tied_copy(source_config) if parallel else source_config)  # before loading any weight
@@ -286,16 +297,16 @@ def convert_checkpoint(
     check_source_loaded(source_model, loading)  # a tensor missing from the folder is named, not made up (issue 40)
     source_model.eval()
     drop_quantization_state(source_model)
-    row_scales = tie_parallel_output_rows(source_model, str(source), options.norm_eps) if parallel else None
+    row_scales = tie_parallel_output_rows(source_model, str(source), settings.norm_eps) if parallel else None
     check_tied(source_model)
     if family_of_source(source_config.model_type) is not None and not generic:
-        model = _to_own_family(source, source_model, options)
+        model = _to_own_family(source, source_model, settings)
         if lossless_start:
             start_lossless(model)
     else:
-        if options.mode.normalizes_input_lookups:
-            check_unit_lookups(source_model, options.norm_eps)
-        model = _wrap(source_model, options, lossless_start)
+        if settings.mode.normalizes_input_lookups:
+            check_unit_lookups(source_model, settings.norm_eps)
+        model = _wrap(source_model, settings, lossless_start)
     if row_scales is not None:
         take_row_scales(model, row_scales)
     found = folder_provenance(source)
@@ -335,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that file), or the path of a .gguf file",
     )
     parser.add_argument("output_dir", help="new or empty folder for the converted model")
-    add_head_option_flags(parser)  # --head-mode ... --norm-eps: the head's config fields (field_flags.py)
+    add_head_setting_flags(parser)  # --head-mode ... --norm-eps: the head's config fields (field_flags.py)
     parser.add_argument(
         "--gguf-file",
         help="name of a GGUF file inside SOURCE, dequantized on load; needs the gguf extra (python -m pip install -e "
@@ -363,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
         "mapping them onto hf_tiednorm's own families",
     )
-    add_registered_option_flags(parser)  # last: a registered option's flag may not shadow one above
+    add_extra_term_flags(parser)  # last: a registered term's flag may not shadow one above
     return parser
 
 
@@ -371,13 +382,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # the settings checked once, as the one value the conversion passes on
-        options = head_options_from_flags(args)
+        settings = head_settings_from_flags(args)
     except ValueError as error:
         parser.error(str(error))
     convert_checkpoint(
         args.source,
         args.output_dir,
-        options=options,
+        settings=settings,
         generic=args.generic,
         gguf_file=args.gguf_file,
         lossless_start=args.lossless_start,

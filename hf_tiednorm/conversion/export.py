@@ -59,7 +59,7 @@ from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormT
 from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import HeadOptions, learned_terms
+from ..modeling.head.settings import HeadSettings, learned_terms
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
 from .staging_checks import (
     check_new_folder,
@@ -143,7 +143,7 @@ def _bias_reason(model: PreTrainedModel) -> str:
     if mode_bias is not None and mode_bias.count_nonzero():
         reasons.append(f"head_mode {head.mode.name!r} (its score {head.mode.equation}, times g)")
     rows = slice(0, head.weight.shape[0])
-    for term in head.options.active_terms():  # a learned term that shifts the scores (b, or a registered one)
+    for term in head.settings.active_terms():  # a learned term that shifts the scores (b, or a registered one)
         _, shift = term.fold_into(head, None, None, rows, head.weight.device)
         if shift is not None and shift.count_nonzero():
             reasons.append(term.bias_text())
@@ -353,12 +353,12 @@ def export_plain(
         finally:
             for module, mode in training.items():
                 module.training = mode
-    options = HeadOptions.from_config(model.config)  # the head's settings, recorded (the card shows them)
+    settings = HeadSettings.from_config(model.config)  # the head's settings, recorded (the card shows them)
     result = PlainExport(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={"head_mode": options.head_mode, **options.term_switches(), "extra_terms": options.extra_terms},
+        head={"head_mode": settings.head_mode, **settings.term_switches(), "extra_terms": settings.extra_terms},
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),

@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..modeling.families.table import family_of_source
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import head_terms, takes_row_scales
+from ..modeling.head.settings import head_terms, takes_row_scales
 from .convert_checks import parallel_row_scales
 from .source_provenance import PROVENANCE, folder_provenance, source_text
 from .staging_checks import unshipped_head_mode

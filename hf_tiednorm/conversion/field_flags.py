@@ -1,6 +1,6 @@
 """The command-line flags of config fields, read from the fields' ``script_flag`` metadata
 (configuration_tiednorm.py): the training scripts' model flags (``hf_tiednorm.training.arguments``) and the
-converter's head flags (``tiednorm-convert``: ``add_head_option_flags``) come from the same metadata, so a head option
+converter's head flags (``tiednorm-convert``: ``add_head_setting_flags``) come from the same metadata, so a head term
 described once in its config field is a flag of both with nothing else to edit.
 """
 
@@ -13,7 +13,7 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
-from ..modeling.head.options import HEAD_OPTIONS, HeadOptions, renamed_config_fields, switched_terms
+from ..modeling.head.settings import HEAD_TERMS, HeadSettings, renamed_config_fields, switched_terms
 
 # A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run,
 # with a FutureWarning naming the new flag (RenamedFlagAction).
@@ -86,17 +86,17 @@ def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str,
     return metadata
 
 
-def head_option_fields() -> list[tuple[dataclasses.Field, Any]]:
-    """(config field, its type) of every ``HeadOptions`` field, as ``TiedNormHeadConfigMixin`` declares it."""
+def head_setting_fields() -> list[tuple[dataclasses.Field, Any]]:
+    """(config field, its type) of every ``HeadSettings`` field, as ``TiedNormHeadConfigMixin`` declares it."""
     fields = {f.name: f for f in dataclasses.fields(TiedNormHeadConfigMixin)}
     types = get_type_hints(TiedNormHeadConfigMixin)
-    return [(fields[name], types[name]) for name in HeadOptions.field_names()]
+    return [(fields[name], types[name]) for name in HeadSettings.field_names()]
 
 
-def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--dashed-name`` flag per ``HeadOptions`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
+def add_head_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` flag per ``HeadSettings`` field (``--head-mode``, ..., ``--norm-eps``), with the field's
     help, choices and default: a bool field is a switch, every other flag's default is the config's."""
-    for config_field, annotation in head_option_fields():
+    for config_field, annotation in head_setting_fields():
         flags = [f"--{config_field.name.replace('_', '-')}", *old_flags(config_field.name)]
         metadata = flag_metadata(config_field, annotation)
         if annotation is bool or annotation == "bool":
@@ -110,31 +110,31 @@ def add_head_option_flags(parser: argparse.ArgumentParser) -> None:
                             action=metadata.get("action", "store"))
 
 
-def add_registered_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--dashed-name`` switch per registered head option (head/options.register_head_option), added after
+def add_extra_term_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--dashed-name`` switch per registered head term (head/settings.register_head_term), added after
     every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
-    ``output_dir`` argument) is refused naming the option, since the switch would be shadowed or read the other
+    ``output_dir`` argument) is refused naming the term, since the switch would be shadowed or read the other
     argument's value."""
     taken = {action.dest: action for action in parser._actions}
-    for option in map(HEAD_OPTIONS.get, switched_terms()):  # a built-in term's flags are its config fields'
+    for option in map(HEAD_TERMS.get, switched_terms()):  # a built-in term's flags are its config fields'
         flag = f"--{option.name.replace('_', '-')}"
         clash = taken.get(option.name) or parser._option_string_actions.get(flag)
         if clash is not None:
             raise ValueError(
-                f"head option {option.name!r} (register_head_option) would be the flag {flag} of {parser.prog}, "
-                f"which already has {'/'.join(clash.option_strings) or clash.dest}; register the option under "
+                f"head term {option.name!r} (register_head_term) would be the flag {flag} of {parser.prog}, "
+                f"which already has {'/'.join(clash.option_strings) or clash.dest}; register the term under "
                 "another name"
             )
-        # An identifier name (register_head_option) is its flag's destination: head_options_from_flags reads it.
+        # An identifier name (register_head_term) is its flag's destination: head_settings_from_flags reads it.
         parser.add_argument(flag, action="store_true", help=f"{option.help} (default: off)")
 
 
-def head_options_from_flags(args: argparse.Namespace) -> HeadOptions:
-    """The ``HeadOptions`` of the flags ``add_head_option_flags`` and ``add_registered_option_flags`` added (checked
-    once, as every HeadOptions is)."""
+def head_settings_from_flags(args: argparse.Namespace) -> HeadSettings:
+    """The ``HeadSettings`` of the flags ``add_head_setting_flags`` and ``add_extra_term_flags`` added (checked
+    once, as every HeadSettings is)."""
     extra = tuple(name for name in switched_terms() if getattr(args, name) is True)
-    return HeadOptions(**{name: getattr(args, name) for name in HeadOptions.field_names()}, extra_terms=extra)
+    return HeadSettings(**{name: getattr(args, name) for name in HeadSettings.field_names()}, extra_terms=extra)
 
 
-__all__ = ["RenamedFlagAction", "add_head_option_flags", "add_registered_option_flags", "flag_help", "flag_metadata",
-           "flag_type", "head_option_fields", "head_options_from_flags", "old_flags"]
+__all__ = ["RenamedFlagAction", "add_extra_term_flags", "add_head_setting_flags", "flag_help", "flag_metadata",
+           "flag_type", "head_setting_fields", "head_settings_from_flags", "old_flags"]

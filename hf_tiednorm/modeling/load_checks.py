@@ -3,7 +3,7 @@ tensor of the file must find its place, checked when ``from_pretrained`` finishe
 
 transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
 "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
 loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
 edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
@@ -24,25 +24,25 @@ from torch import nn
 
 from .head.adaptive import embedding_matrices
 from .head.layer import NormalizedScoresMixin
-from .head.options import HEAD_OPTIONS, HeadOptions
+from .head.settings import HEAD_TERMS, HeadSettings
 from .weight_checks import check_finite_weights
 
 
 def _term_setting(model: nn.Module, name: str) -> str:
     """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
     "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
-    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
+    return HEAD_TERMS[name].setting(HeadSettings.from_config(model.config))
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    """What is wrong with the head's learned terms (head/settings.HeadTerm, every registered one): a term the config
     declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
     as 'lm_head.logit_scale')."""
     heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     errors = []
     for key in sorted(missing | unexpected):
         module, _, leaf = key.rpartition(".")
-        if module not in heads or leaf not in HEAD_OPTIONS:
+        if module not in heads or leaf not in HEAD_TERMS:
             continue
         setting = _term_setting(model, leaf)
         switch = setting.partition("=")[0]
@@ -57,7 +57,7 @@ def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) 
             errors.append(
                 f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
                 f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
-                f"trained with ({HEAD_OPTIONS[leaf].help})"
+                f"trained with ({HEAD_TERMS[leaf].help})"
             )
     return errors
 
@@ -96,7 +96,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
-    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name in keys and (id(parameter) in shared or parameter.is_meta):
             named.add(name)

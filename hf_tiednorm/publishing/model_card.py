@@ -34,7 +34,7 @@ from ..conversion.source_provenance import PROVENANCE
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.options import HeadOptions, head_terms
+from ..modeling.head.settings import HeadSettings, head_terms
 from .card_metrics import eval_results, metric_subsets, parse_metrics, training_settings
 from .provenance import (
     add_provenance_arguments,
@@ -149,9 +149,9 @@ def _term_rows(config: TiedNormConfig, folder: Path | None = None) -> tuple[dict
     def stored(name: str) -> tuple[float, float] | None:
         return _stored_range(folder, f".{name}") if folder is not None else None
 
-    options = HeadOptions.from_config(config)
+    settings = HeadSettings.from_config(config)
     built_in = {t.name: t.card_row(config, stored, hidden_size) for t in head_terms() if t.config_fields}
-    added = [(t.name, t.card_row(config, stored, hidden_size)) for t in options.active_terms() if not t.config_fields]
+    added = [(t.name, t.card_row(config, stored, hidden_size)) for t in settings.active_terms() if not t.config_fields]
     return built_in, added
 
 

@@ -908,15 +908,15 @@ class TwoFileRemoteCodeMixin:
             super().save_pretrained(save_directory, *args, **kwargs)
 
 
-# ------------------------------ hf_tiednorm/modeling/head/options.py --------------------------------------------
-"""The five settings of the normalized tied head, as one value: ``HeadOptions``.
+# ------------------------------ hf_tiednorm/modeling/head/settings.py -------------------------------------------
+"""The five settings of the normalized tied head, as one value: ``HeadSettings``.
 
-A head is built from a config (``HeadOptions.from_config``), from the converter's arguments or CLI, or directly; each
-path builds one ``HeadOptions``, which checks every setting once when it is made, and passes it whole to the head
-(``TiedNormHead(..., options=...)``), the wrapper's config (``as_config_fields``) and the lossless start
+A head is built from a config (``HeadSettings.from_config``), from the converter's arguments or CLI, or directly; each
+path builds one ``HeadSettings``, which checks every setting once when it is made, and passes it whole to the head
+(``TiedNormHead(..., settings=...)``), the wrapper's config (``as_config_fields``) and the lossless start
 (``with_lossless_start``). The head's learned terms (its logit scale g and bias b, and any added from outside) are
-``HeadTerm`` objects in one registry (``HEAD_OPTIONS``; the built-ins in terms.py): a new term is a
-``HeadTerm`` registered with ``register_head_option`` and nothing else.
+``HeadTerm`` objects in one registry (``HEAD_TERMS``; the built-ins in terms.py): a new term is a
+``HeadTerm`` registered with ``register_head_term`` and nothing else.
 """
 
 
@@ -944,14 +944,14 @@ def renamed_fields_set(config, kwargs: "dict") -> "dict":
 
 class HeadTerm:
     """A learned term of the head, folded into its (scale, bias): the one protocol of the built-in terms (the logit
-    scale g and bias b, terms.py) and of a term added from outside (``HeadOption``). The head, the fold, a
+    scale g and bias b, terms.py) and of a term added from outside (``ExtraHeadTerm``). The head, the fold, a
     resize, fp32 handling, a lossless start, the load checks, the flags, the export and the card ask a term only
     these; none of them names one. Defaults are those of a per-token (V,) term switched on by ``extra_terms``.
 
     Attributes:
         name: the head's parameter (``lm_head.<name>``, a state-dict key), a Python identifier.
         help: the help of its flag (converter, training scripts).
-        config_fields: the ``HeadOptions``/config fields that set it (their flags are the term's flags); () for a
+        config_fields: the ``HeadSettings``/config fields that set it (their flags are the term's flags); () for a
             term switched on by naming it in ``extra_terms`` (its flag is the switch ``--<name>``).
         keep_fp32: kept fp32 under a bf16/fp16 load or cast (a step of a small learning rate rounds away in bf16).
         row_scaled: multiplied by c_i where a source's output rows were c_i·w_i (``take_row_scales``), because it
@@ -973,32 +973,32 @@ class HeadTerm:
         that renamed a field says what the old name may hold."""
         raise ValueError(f"{old}={value!r}: the config field {old} is now {new}")
 
-    def is_on(self, options) -> "bool":
-        """Whether a head with ``options`` holds (or applies) this term."""
-        return self.name in options.extra_terms
+    def is_on(self, settings) -> "bool":
+        """Whether a head with ``settings`` holds (or applies) this term."""
+        return self.name in settings.extra_terms
 
-    def setting(self, options) -> "str":
+    def setting(self, settings) -> "str":
         """The config setting that switches it, as config.json states it (load checks' messages)."""
-        return f"extra_terms={list(options.extra_terms)!r}"
+        return f"extra_terms={list(settings.extra_terms)!r}"
 
-    def check(self, options) -> "None":
-        """``ValueError`` naming the field for a bad setting of ``options`` (a ``HeadOptions`` being made)."""
+    def check(self, settings) -> "None":
+        """``ValueError`` naming the field for a bad setting of ``settings`` (a ``HeadSettings`` being made)."""
 
-    def start_value(self, options, hidden_size: "int") -> "float":
+    def start_value(self, settings, hidden_size: "int") -> "float":
         """The value the parameter starts at (and a resized vocabulary's new tokens get)."""
         return float(self.init)
 
-    def shape(self, options, vocab_size: "int") -> "tuple[int, ...] | None":
-        """The parameter's shape for ``options``; None: the head holds no parameter for it."""
-        return (vocab_size,) if self.is_on(options) else None
+    def shape(self, settings, vocab_size: "int") -> "tuple[int, ...] | None":
+        """The parameter's shape for ``settings``; None: the head holds no parameter for it."""
+        return (vocab_size,) if self.is_on(settings) else None
 
     def fold_into(self, head, scale, bias, rows: "slice", device):
         """(scale, bias) of the tokens ``rows`` (a slice with both ends; fp32, (n,) or None) with this term folded
         in; ``device``: the head's."""
         return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
 
-    def lossless_options(self, options, mode) -> "dict":
-        """The ``HeadOptions`` fields a lossless start of ``mode`` sets for this term, or ``ValueError`` naming the
+    def lossless_settings(self, settings, mode) -> "dict":
+        """The ``HeadSettings`` fields a lossless start of ``mode`` sets for this term, or ``ValueError`` naming the
         setting that makes the start impossible."""
         return {}
 
@@ -1011,7 +1011,7 @@ class HeadTerm:
     def card_row(self, config, stored, hidden_size: "int") -> "str | None":
         """The model card's text for it (``stored(name)``: the (min, max) of a saved tensor, or None); None where
         ``config`` does not switch it on."""
-        return self.card if self.is_on(HeadOptions.from_config(config)) else None
+        return self.card if self.is_on(HeadSettings.from_config(config)) else None
 
     def bias_text(self) -> "str":
         """What a plain export's refusal of a bias says this term is."""
@@ -1019,11 +1019,11 @@ class HeadTerm:
 
 
 @dataclass(frozen=True)
-class HeadOption(HeadTerm):
-    """A head option added from outside the package (``register_head_option``): a learned per-token term t (V,),
+class ExtraHeadTerm(HeadTerm):
+    """A head term added from outside the package (``register_head_term``): a learned per-token term t (V,),
     a parameter of the head named ``name``, started at ``init`` and folded into the column terms by ``fold(t, scale,
     bias) -> (scale, bias)`` (so the plain export bakes it like g and b). A model switches it on with
-    ``HeadOptions(extra_terms=(name,))``; its config records the names (``extra_terms``), and a process where the
+    ``HeadSettings(extra_terms=(name,))``; its config records the names (``extra_terms``), and a process where the
     option is not registered refuses the model by name, as it refuses an unknown head mode. ``lossless``: the value
     a lossless start sets it to (None: left at ``init``); ``keep_fp32``: kept fp32 under a bf16/fp16 load."""
 
@@ -1037,65 +1037,64 @@ class HeadOption(HeadTerm):
 
 
 # Every head term, in the order they fold: the built-ins first (terms.py registers them at import), then those
-# registered from outside (``register_head_option``).
-HEAD_OPTIONS: "dict[str, HeadTerm]" = {}
-HEAD_TERMS = HEAD_OPTIONS
+# registered from outside (``register_head_term``).
+HEAD_TERMS: "dict[str, HeadTerm]" = {}
 
 
 def head_terms() -> "tuple[HeadTerm, ...]":
     """Every registered head term, built-in and added, in folding order."""
-    return tuple(HEAD_OPTIONS.values())
+    return tuple(HEAD_TERMS.values())
 
 
 def add_head_term(term: "HeadTerm") -> "HeadTerm":
-    """Put ``term`` in the registry (a built-in's way in, at import; ``register_head_option`` checks more)."""
-    if term.name in HEAD_OPTIONS:
-        raise ValueError(f"a head option {term.name!r} is registered already")
-    HEAD_OPTIONS[term.name] = term
+    """Put ``term`` in the registry (a built-in's way in, at import; ``register_head_term`` checks more)."""
+    if term.name in HEAD_TERMS:
+        raise ValueError(f"a head term {term.name!r} is registered already")
+    HEAD_TERMS[term.name] = term
     return term
 
 
 def takes_row_scales(mode) -> "bool":
     """Whether ``mode``'s lossless start sets a term that can absorb a source's output row scales c_i (a per-token
     scale of the logit, ``HeadTerm.takes_row_scales``): an untied source with rows c_i·w_i converts losslessly."""
-    return any(HEAD_OPTIONS[name].takes_row_scales for name in mode.lossless_start or () if name in HEAD_OPTIONS)
+    return any(HEAD_TERMS[name].takes_row_scales for name in mode.lossless_start or () if name in HEAD_TERMS)
 
 
 def switched_terms() -> "tuple[str, ...]":
     """The names of the terms a model switches on by naming them in ``extra_terms``."""
-    return tuple(term.name for term in HEAD_OPTIONS.values() if not term.config_fields)
+    return tuple(term.name for term in HEAD_TERMS.values() if not term.config_fields)
 
 
-def register_head_option(option: "HeadOption") -> "HeadOption":
-    """Make ``option`` available to every head, config, converter flag (``--<name>``), export and card.
+def register_head_term(term: "ExtraHeadTerm") -> "ExtraHeadTerm":
+    """Make ``term`` available to every head, config, converter flag (``--<name>``), export and card.
 
     Its name becomes a parameter of the head (``lm_head.<name>``), a key of the state dict and a converter flag, so
     it must be a Python identifier (no dash, dot or empty name) not starting with ``_``, and must not shadow
-    anything the head already holds (``HEAD_NAME_SOURCES``: ``norm_eps``, ``weight``, ``options``, ...): a
+    anything the head already holds (``HEAD_NAME_SOURCES``: ``norm_eps``, ``weight``, ``settings``, ...): a
     parameter set over ``norm_eps`` changed the logits by 1.77 at its neutral init, with no error.
     """
-    if not isinstance(option, HeadTerm):
-        raise TypeError(f"register_head_option takes a HeadOption (a HeadTerm), got {type(option).__name__}")
-    name = option.name
+    if not isinstance(term, HeadTerm):
+        raise TypeError(f"register_head_term takes an ExtraHeadTerm (a HeadTerm), got {type(term).__name__}")
+    name = term.name
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
         raise ValueError(
-            f"head option name {name!r} (register_head_option) must be a Python identifier not starting with '_' "
+            f"head term name {name!r} (register_head_term) must be a Python identifier not starting with '_' "
             "(letters, digits and underscores: it becomes the head's parameter lm_head.<name> and the converter's "
             "flag --<name with dashes>), e.g. 'logit_temperature'"
         )
-    if name in HEAD_OPTIONS:
-        raise ValueError(f"a head option {name!r} is registered already")
-    if option.config_fields:  # HeadOptions and the configs declare the built-ins' fields only
+    if name in HEAD_TERMS:
+        raise ValueError(f"a head term {name!r} is registered already")
+    if term.config_fields:  # HeadSettings and the configs declare the built-ins' fields only
         raise ValueError(
-            f"head option {name!r} (register_head_option) declares config_fields {option.config_fields}, which no "
+            f"head term {name!r} (register_head_term) declares config_fields {term.config_fields}, which no "
             "config has: a term added from outside is switched on by naming it in extra_terms; leave config_fields ()"
         )
     if name in taken_head_names():
         raise ValueError(
-            f"head option name {name!r} (register_head_option) is taken by the head itself (an attribute, method "
-            "or setting of TiedNormHead): its parameter would replace it; register the option under another name"
+            f"head term name {name!r} (register_head_term) is taken by the head itself (an attribute, method "
+            "or setting of TiedNormHead): its parameter would replace it; register the term under another name"
         )
-    return add_head_term(option)
+    return add_head_term(term)
 
 
 # Callables giving every name a head holds (its attributes, methods and parameters): head/layer.py adds
@@ -1104,23 +1103,23 @@ HEAD_NAME_SOURCES: "list[Callable[[], Iterable[str]]]" = []
 
 
 def taken_head_names() -> "frozenset[str]":
-    """What a registered option's parameter must not replace: every name the head holds (``HEAD_NAME_SOURCES``) and
-    every ``HeadOptions`` field, the renamed ones' old names included."""
+    """What a registered term's parameter must not replace: every name the head holds (``HEAD_NAME_SOURCES``) and
+    every ``HeadSettings`` field, the renamed ones' old names included."""
     if not HEAD_NAME_SOURCES:
         raise RuntimeError("no head has declared its names (head/layer.py is not loaded): cannot check a name")
-    fields = {f.name for f in dataclasses.fields(HeadOptions)} | set(renamed_config_fields())
+    fields = {f.name for f in dataclasses.fields(HeadSettings)} | set(renamed_config_fields())
     return frozenset(fields.union(*(source() for source in HEAD_NAME_SOURCES)))
 
 
 def learned_terms() -> "tuple[str, ...]":
     """Every learned term a head may hold, named as its parameter (state-dict keys such as 'lm_head.<name>')."""
-    return tuple(HEAD_OPTIONS)
+    return tuple(HEAD_TERMS)
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeadOptions:
+class HeadSettings:
     """The head's settings, keyword-only; the config fields of the same names (``TiedNormHeadConfigMixin``) document
-    them, and every check of them is here (a config validates through ``HeadOptions.from_config``).
+    them, and every check of them is here (a config validates through ``HeadSettings.from_config``).
 
     Attributes:
         head_mode: a registered mode (head/modes.py).
@@ -1137,9 +1136,9 @@ class HeadOptions:
     logit_scale_init: "float | None" = None
     logit_bias: "bool" = False
     norm_eps: "float" = 1e-6
-    # Registered head options (``register_head_option``) that are on; not a config field of the package's own.
+    # Registered head terms (``register_head_term``) that are on; not a config field of the package's own.
     extra_terms: "tuple[str, ...]" = field(default=(), metadata={"registry": True})
-    # The old name of logit_scale_kind (renamed_config_fields), a keyword only: HeadOptions(logit_scale="vector"),
+    # The old name of logit_scale_kind (renamed_config_fields), a keyword only: HeadSettings(logit_scale="vector"),
     # as scripts written before the rename pass it (normalize_tied_head, convert_checkpoint), sets logit_scale_kind
     # with a FutureWarning naming the new name.
     logit_scale: "InitVar[str | None]" = None
@@ -1152,18 +1151,18 @@ class HeadOptions:
         extra = self.extra_terms
         if isinstance(extra, str) or not isinstance(extra, (tuple, list)) or not all(isinstance(n, str) for n in extra):
             raise ValueError(
-                f"extra_terms must be a tuple of registered head option names, got {type(extra).__name__} {extra!r}"
+                f"extra_terms must be a tuple of registered head term names, got {type(extra).__name__} {extra!r}"
                 + (f"; write extra_terms=({extra!r},)" if isinstance(extra, str) else "")
             )
         if len(set(extra)) != len(extra):
-            raise ValueError(f"extra_terms names a head option twice: {list(extra)}")
+            raise ValueError(f"extra_terms names a head term twice: {list(extra)}")
         object.__setattr__(self, "extra_terms", tuple(extra))  # a config.json's list, as the hashable tuple
         switched = switched_terms()
         unknown = [name for name in self.extra_terms if name not in switched]
         if unknown:
             raise ValueError(
-                f"head option(s) {unknown} are not registered in this process (registered: {sorted(switched)}): "
-                "the model was trained with a head option registered at runtime (register_head_option); register it "
+                f"head term(s) {unknown} are not registered in this process (registered: {sorted(switched)}): "
+                "the model was trained with a head term registered at runtime (register_head_term); register it "
                 "before loading"
             )
         get_head_mode(self.head_mode)  # ValueError naming the mode and the registered ones
@@ -1178,22 +1177,22 @@ class HeadOptions:
         return get_head_mode(self.head_mode)
 
     @classmethod
-    def from_config(cls, config) -> "HeadOptions":
-        """The options a config (any hf_tiednorm config: the fields of ``TiedNormHeadConfigMixin``) holds."""
+    def from_config(cls, config) -> "HeadSettings":
+        """The settings a config (any hf_tiednorm config: the fields of ``TiedNormHeadConfigMixin``) holds."""
         extra = getattr(config, "extra_terms", None)
         fields = {name: getattr(config, name) for name in cls.field_names()}
         return cls(**fields, extra_terms=() if extra is None else extra)  # a string is refused, not split
 
     @classmethod
     def field_names(cls) -> "tuple[str, ...]":
-        """The options that are config fields of the package (``TiedNormHeadConfigMixin``)."""
+        """The settings that are config fields of the package (``TiedNormHeadConfigMixin``)."""
         return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("registry"))
 
     def active_terms(self) -> "tuple[HeadTerm, ...]":
-        """The head terms these options switch on, in the order they fold: the built-ins' (set by their config
+        """The head terms these settings switch on, in the order they fold: the built-ins' (set by their config
         fields) in registry order, then ``extra_terms`` in their order."""
         built_in = (term for term in head_terms() if term.config_fields and term.is_on(self))
-        return (*built_in, *map(HEAD_OPTIONS.get, self.extra_terms))
+        return (*built_in, *map(HEAD_TERMS.get, self.extra_terms))
 
     def term_switches(self) -> "dict":
         """Each built-in term's switch (its first config field) and its value: {"logit_scale_kind": ..., ...}."""
@@ -1206,21 +1205,21 @@ class HeadOptions:
         return ", ".join(dict.fromkeys(settings))
 
     def as_config_fields(self) -> "dict":
-        """The config fields (``head_mode=...``, ...) of these options; ``extra_terms`` only when one is on."""
+        """The config fields (``head_mode=...``, ...) of these settings; ``extra_terms`` only when one is on."""
         fields = dataclasses.asdict(self)
         if not self.extra_terms:
             del fields["extra_terms"]
         return fields
 
-    def with_lossless_start(self) -> "HeadOptions":
-        """The options a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start`` terms switched on),
+    def with_lossless_start(self) -> "HeadSettings":
+        """The settings a lossless start of ``head_mode`` needs (its ``HeadMode.lossless_start`` terms switched on),
         or ``ValueError`` naming the option that makes it impossible (head/lossless_start.py)."""
         mode = self.mode
         if mode.lossless_start is None:
             raise ValueError(mode.lossless_refusal)
         changes = {}
         for term in head_terms():
-            changes.update(term.lossless_options(self, mode))
+            changes.update(term.lossless_settings(self, mode))
         return dataclasses.replace(self, **changes)
 
 
@@ -1262,12 +1261,12 @@ refused.
 
 def check_lossless_settings(config) -> "None":
     """``ValueError`` unless ``config``'s head terms are switched as a lossless start of its ``head_mode`` needs
-    (``HeadOptions.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
+    (``HeadSettings.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
     the switches (each term's first config field) and their needed values."""
-    switches = tuple(HeadOptions().term_switches())
-    options = HeadOptions(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
-    needed = options.with_lossless_start()  # raises for l2
-    want, have = (tuple(o.term_switches().values()) for o in (needed, options))
+    switches = tuple(HeadSettings().term_switches())
+    settings = HeadSettings(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
+    needed = settings.with_lossless_start()  # raises for l2
+    want, have = (tuple(o.term_switches().values()) for o in (needed, settings))
     if want != have:
         raise ValueError(
             f"lossless_start=True with head_mode={config.head_mode!r} needs ({', '.join(switches)}) = {want}, got "
@@ -1279,23 +1278,23 @@ def check_lossless_settings(config) -> "None":
 def start_lossless(model: "PreTrainedModel") -> "None":
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
-    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``HeadOptions.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the settings of
+    ``HeadSettings.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
     g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
     _set_lossless_terms(head, 0)
-    check_registered_options_neutral(head)
+    check_extra_terms_neutral(head)
     model.config.lossless_start = True
 
 
-def check_registered_options_neutral(head) -> "None":
-    """``ValueError`` naming the registered head options (``extra_terms``) when, at their ``init``, they change the
+def check_extra_terms_neutral(head) -> "None":
+    """``ValueError`` naming the registered head settings (``extra_terms``) when, at their ``init``, they change the
     scores of a lossless-started ``head``: its effective column terms (mode, g, b and every option folded in) must be
     the plain scores', scale_i = 1 and bias_i = 0 on every live row, within the tolerance of the mode's own check
-    (``head_mode_checks.check_lossless``). A lossless start sets g and b only; an option whose init is not neutral
+    (``head_mode_checks.check_lossless``). A lossless start sets g and b only; a term whose init is not neutral
     (e.g. a temperature starting at 2) would leave the logits off the source's while the config said lossless."""
-    names = head.options.extra_terms
+    names = head.settings.extra_terms
     if not names or head.weight.is_meta:
         return
     scale, bias = head.column_terms()
@@ -1308,9 +1307,9 @@ def check_registered_options_neutral(head) -> "None":
     excess = (error - LOSSLESS_RTOL * (norms + learned_bias) - head.norm_eps).nan_to_num(nan=torch.inf)
     row = int(excess.argmax())
     if bool(excess[row] > 0):  # host syncs at conversion time only
-        inits = ", ".join(f"{name} init={HEAD_OPTIONS[name].init}" for name in names)
+        inits = ", ".join(f"{name} init={HEAD_TERMS[name].init}" for name in names)
         raise ValueError(
-            f"lossless_start cannot give back the source's logits with the registered head option(s) {list(names)} "
+            f"lossless_start cannot give back the source's logits with the registered head term(s) {list(names)} "
             f"({inits}): folded in at their init they change the scores (at row {row}, scale {float(gain[row]):.6g} "
             f"and bias {float(offset[row]):.6g} where the plain score needs 1 and 0; a logit off by up to "
             f"{float(error[row]):.4g}). A lossless start sets the logit scale and bias only: register the option "
@@ -1323,7 +1322,7 @@ def _set_lossless_terms(head, first: "int") -> "None":
     from their mode's ``lossless_terms``, a registered one to its ``lossless`` value) for tokens ``first`` and up."""
     rows = head.weight[first:]
     mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
-    for term in head.options.active_terms():
+    for term in head.settings.active_terms():
         value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
         if value is not None:
             getattr(head, term.name)[first:].copy_(value)  # copy_: from any device, as a load does
@@ -1353,7 +1352,7 @@ def take_row_scales(model: "PreTrainedModel", row_scales: "torch.Tensor") -> "No
 
 # ------------------------------ hf_tiednorm/modeling/head/terms.py ----------------------------------------------
 """The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
-(options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
+(settings.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
 
 * ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
   FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
@@ -1388,8 +1387,8 @@ class LogitScaleTerm(HeadTerm):
     def renamed_value(self, old: "str", new: "str", value, current, given_as: "str" = "config field"):
         """``value`` given under the old name with a FutureWarning naming the new one; ``ValueError`` for a value the
         old field never took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's
-        options do not read) or one contradicting ``new`` given too. ``given_as``: ``"config field"`` (config.json,
-        a config's keywords) or ``"keyword argument"`` (``HeadOptions``, ``normalize_tied_head``,
+        settings do not read) or one contradicting ``new`` given too. ``given_as``: ``"config field"`` (config.json,
+        a config's keywords) or ``"keyword argument"`` (``HeadSettings``, ``normalize_tied_head``,
         ``convert_checkpoint``), which the warning's advice follows."""
         if not (isinstance(value, str) and value in LOGIT_SCALES):
             raise ValueError(
@@ -1415,56 +1414,56 @@ class LogitScaleTerm(HeadTerm):
         )
         return value
 
-    def is_on(self, options) -> "bool":
-        return options.logit_scale_kind != "none"
+    def is_on(self, settings) -> "bool":
+        return settings.logit_scale_kind != "none"
 
-    def setting(self, options) -> "str":
-        return f"logit_scale_kind={options.logit_scale_kind!r}"
+    def setting(self, settings) -> "str":
+        return f"logit_scale_kind={settings.logit_scale_kind!r}"
 
-    def check(self, options) -> "None":
-        if options.logit_scale_kind not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {options.logit_scale_kind!r}")
-        if options.logit_scale_init is not None:
-            if not 0 < options.logit_scale_init < math.inf:
-                raise ValueError(f"logit_scale_init must be > 0 and finite, got {options.logit_scale_init}")
-            if options.logit_scale_kind == "none":
+    def check(self, settings) -> "None":
+        if settings.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {settings.logit_scale_kind!r}")
+        if settings.logit_scale_init is not None:
+            if not 0 < settings.logit_scale_init < math.inf:
+                raise ValueError(f"logit_scale_init must be > 0 and finite, got {settings.logit_scale_init}")
+            if settings.logit_scale_kind == "none":
                 raise ValueError(
-                    f"logit_scale_init={options.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    f"logit_scale_init={settings.logit_scale_init} is set but logit_scale_kind='none'; choose a "
                     "logit_scale_kind "
                     "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
                 )
 
-    def start_value(self, options, hidden_size: "int") -> "float":
-        init = options.logit_scale_init
-        return float(init) if init is not None else default_logit_scale(options.logit_scale_kind, hidden_size)
+    def start_value(self, settings, hidden_size: "int") -> "float":
+        init = settings.logit_scale_init
+        return float(init) if init is not None else default_logit_scale(settings.logit_scale_kind, hidden_size)
 
-    def shape(self, options, vocab_size: "int") -> "tuple[int, ...] | None":
-        return {"scalar": (), "vector": (vocab_size,)}.get(options.logit_scale_kind)
+    def shape(self, settings, vocab_size: "int") -> "tuple[int, ...] | None":
+        return {"scalar": (), "vector": (vocab_size,)}.get(settings.logit_scale_kind)
 
     def fold_into(self, head, scale, bias, rows: "slice", device):
         # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias; "fixed" is a constant, not a parameter
-        if head.options.logit_scale_kind == "none":
+        if head.settings.logit_scale_kind == "none":
             return scale, bias
         g = head.logit_scale
         g = g.float() if g is not None else torch.tensor(head.term_starts[self.name], device=device)
         g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
         return (g if scale is None else scale * g), (None if bias is None else bias * g)
 
-    def lossless_options(self, options, mode) -> "dict":
-        kind = options.logit_scale_kind
+    def lossless_settings(self, settings, mode) -> "dict":
+        kind = settings.logit_scale_kind
         if "logit_scale" in mode.lossless_start:
             if kind not in ("none", "vector"):
                 raise ValueError(
-                    f"lossless_start for head_mode {options.head_mode!r} sets a per-token logit scale "
+                    f"lossless_start for head_mode {settings.head_mode!r} sets a per-token logit scale "
                     f"(logit_scale_kind='vector'); logit_scale_kind={kind!r} cannot give back the source's "
                     "logits: leave logit_scale_kind unset or 'vector'"
                 )
-            if options.logit_scale_init is not None:
+            if settings.logit_scale_init is not None:
                 # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
                 # dropped while config.json recorded it.
                 raise ValueError(
-                    f"logit_scale_init={options.logit_scale_init} (--logit-scale-init) cannot be combined with "
-                    f"lossless_start (--lossless-start): for head_mode {options.head_mode!r} the lossless start sets "
+                    f"logit_scale_init={settings.logit_scale_init} (--logit-scale-init) cannot be combined with "
+                    f"lossless_start (--lossless-start): for head_mode {settings.head_mode!r} the lossless start sets "
                     "every per-token logit scale g_i itself, to the value that gives back the source's logits "
                     f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
                     "lossless_start"
@@ -1472,7 +1471,7 @@ class LogitScaleTerm(HeadTerm):
             return {"logit_scale_kind": "vector"}
         if kind != "none":
             raise ValueError(
-                f"lossless_start for head_mode {options.head_mode!r} needs no logit scale ({mode.equation}; its start "
+                f"lossless_start for head_mode {settings.head_mode!r} needs no logit scale ({mode.equation}; its start "
                 f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={kind!r} would "
                 "multiply the scores: leave logit_scale_kind='none'"
             )
@@ -1512,15 +1511,15 @@ class LogitBiasTerm(HeadTerm):
     config_fields = ("logit_bias",)
     row_scaled = True
 
-    def is_on(self, options) -> "bool":
-        return options.logit_bias
+    def is_on(self, settings) -> "bool":
+        return settings.logit_bias
 
-    def setting(self, options) -> "str":
-        return f"logit_bias={options.logit_bias!r}"
+    def setting(self, settings) -> "str":
+        return f"logit_bias={settings.logit_bias!r}"
 
-    def check(self, options) -> "None":
-        if not isinstance(options.logit_bias, bool):
-            raise ValueError(f"logit_bias must be True or False, got {options.logit_bias!r}")
+    def check(self, settings) -> "None":
+        if not isinstance(settings.logit_bias, bool):
+            raise ValueError(f"logit_bias must be True or False, got {settings.logit_bias!r}")
 
     def fold_into(self, head, scale, bias, rows: "slice", device):
         if head.logit_bias is None:
@@ -1528,8 +1527,8 @@ class LogitBiasTerm(HeadTerm):
         learned = head.logit_bias[rows].float()
         return scale, (learned if bias is None else bias + learned)
 
-    def lossless_options(self, options, mode) -> "dict":
-        return {"logit_bias": options.logit_bias or "logit_bias" in mode.lossless_start}
+    def lossless_settings(self, settings, mode) -> "dict":
+        return {"logit_bias": settings.logit_bias or "logit_bias" in mode.lossless_start}
 
     def lossless_value(self, head, rows, mode_terms: "dict"):
         return mode_terms.get(self.name)
@@ -1733,12 +1732,18 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
             check_lossless_settings(self)  # the head terms a lossless start of head_mode sets (lossless_start.py)
 
     @property
-    def head_options(self) -> HeadOptions:
-        """The head's settings as the one value a head is built from (head/options.py)."""
-        return HeadOptions.from_config(self)
+    def head_settings(self) -> HeadSettings:
+        """The head's settings as the one value a head is built from (head/settings.py)."""
+        return HeadSettings.from_config(self)
 
-    def validate_head_options(self) -> None:
-        HeadOptions.from_config(self)  # every check of the head's settings, once (head/options.py)
+    @property
+    def head_options(self) -> HeadSettings:
+        """``head_settings`` under its name in 0.1 (a FutureWarning; removed in the next release)."""
+        warnings.warn("config.head_options is renamed config.head_settings", FutureWarning, stacklevel=2)
+        return self.head_settings
+
+    def validate_head_settings(self) -> None:
+        HeadSettings.from_config(self)  # every check of the head's settings, once (head/settings.py)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)

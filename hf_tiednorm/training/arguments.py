@@ -207,7 +207,7 @@ class ModelSourceArguments:
         return config_class(vocab_size=vocab_size, **new_model, **self.config_overrides())
 
 
-EXTRA_TERMS = "extra_terms"  # the config's list of registered head options (head_options.HeadOptions)
+EXTRA_TERMS = "extra_terms"  # the config's list of registered head terms (head/settings.HeadSettings)
 
 
 def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
@@ -229,10 +229,10 @@ def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArgume
         )
         for config_field in flags
     ]
-    # The head options registered from outside the package (register_head_option), by name: a new model's head
+    # The head terms registered from outside the package (register_head_term), by name: a new model's head
     # learns them (the config's extra_terms); the names are checked when the config is built.
     fields.append((EXTRA_TERMS, list[str] | None, field(default=None, metadata={
-        "help": "head options registered with hf_tiednorm.register_head_option that a new model's head learns "
+        "help": "head terms registered with hf_tiednorm.register_head_term that a new model's head learns "
                 "(per-token terms folded into the scores), by name"})))  # fmt: skip
     new_model = tuple(f.name for f in flags if f.metadata.get("new_model_only"))
     namespace = {

@@ -10,7 +10,7 @@ import torch
 from testing_utils import FAMILIES, model_inputs, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadSettings
 
 NORMALIZED_MODES = ("l2", "square", "cosine")  # the modes that divide by a row norm
 
@@ -105,7 +105,7 @@ def test_generate_computes_the_norms_once_and_drops_them_after(family):
 def test_head_compiles_without_graph_breaks(head_mode):
     """Before, the inference cache compared data pointers: ``Unsupported: Data pointer comparison``."""
     torch._dynamo.reset()  # each shape / scope variant recompiles; don't carry other tests' compilations
-    head = TiedNormHead(16, 50, options=HeadOptions(head_mode=head_mode, logit_scale_kind="scalar"))
+    head = TiedNormHead(16, 50, settings=HeadSettings(head_mode=head_mode, logit_scale_kind="scalar"))
     compiled = torch.compile(head, fullgraph=True, backend="eager")
     hidden = {"decoding": torch.randn(2, 16), "batch": torch.randn(40, 16)}
     with torch.no_grad():

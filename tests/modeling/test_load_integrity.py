@@ -14,7 +14,7 @@ from testing_utils import FAMILIES, run_without_package, tiny_model
 from tiny_architectures import source_model
 
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
-from hf_tiednorm.modeling.head.options import HEAD_OPTIONS, HeadOptions, head_terms
+from hf_tiednorm.modeling.head.settings import HEAD_TERMS, HeadSettings, head_terms
 
 WRAPPED = ("gpt2", "t5")
 # Every model of the package: its name, and a builder taking the head's learned-term options.
@@ -58,7 +58,7 @@ def edit_config(folder: Path, **fields) -> None:
 def test_a_learned_head_term_missing_from_the_weights_is_refused(name, term, tmp_path):
     cls = saved(name, tmp_path, logit_scale_kind="vector", logit_bias=True)
     (key,) = drop_tensors(tmp_path, lambda key: key.endswith(f".{term}"))
-    declared = HEAD_OPTIONS[term].setting(HeadOptions(logit_scale_kind="vector", logit_bias=True))
+    declared = HEAD_TERMS[term].setting(HeadSettings(logit_scale_kind="vector", logit_bias=True))
     assert declared in ("logit_scale_kind='vector'", "logit_bias=True")  # as config.json states it
     with pytest.raises(
         ValueError,

@@ -16,11 +16,12 @@ from transformers import GenerationMixin
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
 
 from ..auto_map import TwoFileModelCodeMixin
+from ..engine_checks import EngineChecksMixin
 from .configuration import TiedNormBartConfig
 from .seq2seq import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
 
 
-class TiedNormBartPreTrainedModel(TwoFileModelCodeMixin, BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 

@@ -11,13 +11,14 @@ from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
 from ..auto_map import TwoFileModelCodeMixin
+from ..engine_checks import EngineChecksMixin
 from .causal_lm_names import recognise_as_causal_lm
 from .common import TiedNormCausalLMMixin
 from .configuration import TiedNormCausalConfig
 from .embeddings import build_embedding
 
 
-class TiedNormCausalPreTrainedModel(TwoFileModelCodeMixin, LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 

@@ -16,9 +16,9 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 from ..auto_map import code_reference
 from ..head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from ..head.layer import TiedNormEmbedding, TiedNormHead
-from ..head.options import HeadOptions
 from ..head.peft_guard import refuse_bypassed_head
 from ..head.scoring_guard import own_scoring
+from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection
@@ -30,12 +30,12 @@ from .tie_topology import TiedEmbeddingsMixin
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
     """The normalized tied head; an adaptive softmax returning log-probabilities when adaptive_cutoffs is set."""
-    options = HeadOptions.from_config(config)
+    settings = HeadSettings.from_config(config)
     if config.adaptive_cutoffs is not None:
         return AdaptiveSoftmaxHead(
-            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, options=options
+            hidden_size, vocab_size, config.adaptive_cutoffs, div_value=config.adaptive_div_value, settings=settings
         )
-    return TiedNormHead(hidden_size, vocab_size, options=options)
+    return TiedNormHead(hidden_size, vocab_size, settings=settings)
 
 
 def build_output_projection(config, hidden_size: int) -> OutputProjection | None:

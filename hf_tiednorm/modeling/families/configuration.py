@@ -8,6 +8,7 @@ range (``validated_field``) whenever it is set, then runs the ``validate_*`` met
 raises a ``StrictDataclass*ValidationError`` naming the field or validator and the cause.
 """
 
+import warnings
 from dataclasses import dataclass, field
 
 from huggingface_hub.dataclasses import strict
@@ -17,8 +18,8 @@ from transformers.utils.type_validators import interval, positive_int_field
 from ..auto_map import TwoFileRemoteCodeMixin
 from ..head.lossless_start import check_lossless_settings
 from ..head.modes import DEFAULT_HEAD_MODE, HEAD_MODES, get_head_mode, head_mode_summaries
-from ..head.options import HeadOptions, LogitScale, renamed_fields_set
-from ..head.terms import BUILTIN_TERMS  # noqa: F401 (the built-in head terms every HeadOptions check asks)
+from ..head.settings import HeadSettings, LogitScale, renamed_fields_set
+from ..head.terms import BUILTIN_TERMS  # noqa: F401 (the built-in head terms every HeadSettings check asks)
 from ..loss.regularizers import LOSS_TERMS
 from .config_fields import (
     TIE_TOPOLOGIES,
@@ -90,12 +91,18 @@ class TiedNormHeadConfigMixin(TwoFileRemoteCodeMixin):
             check_lossless_settings(self)  # the head terms a lossless start of head_mode sets (lossless_start.py)
 
     @property
-    def head_options(self) -> HeadOptions:
-        """The head's settings as the one value a head is built from (head/options.py)."""
-        return HeadOptions.from_config(self)
+    def head_settings(self) -> HeadSettings:
+        """The head's settings as the one value a head is built from (head/settings.py)."""
+        return HeadSettings.from_config(self)
 
-    def validate_head_options(self) -> None:
-        HeadOptions.from_config(self)  # every check of the head's settings, once (head/options.py)
+    @property
+    def head_options(self) -> HeadSettings:
+        """``head_settings`` under its name in 0.1 (a FutureWarning; removed in the next release)."""
+        warnings.warn("config.head_options is renamed config.head_settings", FutureWarning, stacklevel=2)
+        return self.head_settings
+
+    def validate_head_settings(self) -> None:
+        HeadSettings.from_config(self)  # every check of the head's settings, once (head/settings.py)
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)

@@ -6,9 +6,10 @@ A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) need
 with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
 vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
 naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-generates and resizes: ``_output_head``, ``_place_output_head``, ``_generate_with_frozen_head`` and
-``_resize_embeddings``. A caller that replaces the model's forward (TRL's fused LM head) is served the head as the
-plain linear layer it computes, or refused by name (head/scoring_guard.py).
+resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
+on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
+model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
+(head/scoring_guard.py).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from torch.distributed.fsdp import FSDPModule
 from ..head.adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from ..head.layer import TiedNormHead
 from ..head.lossless_start import start_resized_tokens
-from ..head.options import head_terms, learned_terms
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import FoldedLinear, install_scoring_guard, is_serving_folded_head, serve_replaced_forward
+from ..head.settings import head_terms, learned_terms
 from ..translation_pipeline import add_translation_pipeline
 from ..weight_checks import check_resize_keeps_special_tokens
 
@@ -103,10 +104,6 @@ class TiedNormHeadHostMixin:
             return FoldedLinear(head, getattr(self, "output_projection", None))
         return head
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The generation itself (``GenerationMixin.generate``), run while the head's column terms are frozen."""
-        return super().generate(*args, **kwargs)
-
     def _resize_embeddings(self, *args, **kwargs) -> nn.Embedding:
         """The resize itself (transformers' ``resize_token_embeddings``); the head's per-token terms follow."""
         return super().resize_token_embeddings(*args, **kwargs)
@@ -133,7 +130,7 @@ class TiedNormHeadHostMixin:
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
         # The weights cannot change while one generation runs: compute the head's norms once for all its steps.
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
-            return self._generate_with_frozen_head(*args, **kwargs)
+            return super().generate(*args, **kwargs)
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True

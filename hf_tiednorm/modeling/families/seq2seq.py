@@ -25,6 +25,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from ..auto_map import TwoFileModelCodeMixin
+from ..engine_checks import EngineChecksMixin
 from ..head.lossless_start import start_resized_tokens
 from ..head.scoring_guard import own_scoring
 from ..load_checks import WeightChecksMixin, check_loaded_body
@@ -181,7 +182,7 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
-class TiedNormSeq2SeqPreTrainedModel(TwoFileModelCodeMixin, MarianPreTrainedModel):
+class TiedNormSeq2SeqPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, MarianPreTrainedModel):
     config_class = TiedNormSeq2SeqConfig
     config: TiedNormSeq2SeqConfig
     # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.

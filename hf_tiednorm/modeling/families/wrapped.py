@@ -12,11 +12,17 @@ Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exa
   unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
   scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
 
-``head_mode="baseline"`` computes the wrapped model's logits exactly. Generation, the KV cache and the loss are the
-wrapped model's: ``forward`` and ``generate`` call it.
+``head_mode="baseline"`` computes the wrapped model's logits exactly. The KV cache, the input preparation and the loss
+are the wrapped model's: ``forward`` calls it. ``generate`` is transformers' own, run on the wrapper as on any HF
+model, so that what generation keeps on the model (the compiled call of a static cache, the cache itself,
+``logits_to_keep``) is the wrapper's, the model the user holds; the wrapped model prepares each step's inputs and
+checks ``generate``'s arguments against its own forward.
 """
 
 from __future__ import annotations
+
+import inspect
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,10 +32,11 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
 from ..auto_map import TwoFileModelCodeMixin
+from ..engine_checks import EngineChecksMixin
 from ..head.layer import TiedNormEmbedding, TiedNormHead
-from ..head.options import HeadOptions
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
+from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside
@@ -89,7 +96,7 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     head = TiedNormHead(
         weight.shape[1],
         weight.shape[0],
-        options=HeadOptions.from_config(config),
+        settings=HeadSettings.from_config(config),
         device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
         dtype=weight.dtype,
     )
@@ -105,7 +112,37 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     return head
 
 
-class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel):
+class _instance_or_class:
+    """A method that receives the instance when called on one, the class when called on the class."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __get__(self, instance, owner):
+        return self.function.__get__(owner if instance is None else instance)
+
+
+def slice_logits_to_keep(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The positions of ``logits`` (batch, length, V) that ``logits_to_keep`` keeps: the last n for an int n, those a
+    1-D tensor of positions names (transformers' rule for ``logits_to_keep``; its own helper is absent before 5.2x)."""
+    if isinstance(logits_to_keep, int):
+        return logits[:, slice(-logits_to_keep, None), :]
+    return logits[:, logits_to_keep, :]
+
+
+_FORWARD_NAMES: dict[type, frozenset[str]] = {}
+
+
+def _forward_names(cls: type) -> frozenset[str]:
+    """The argument names of ``cls.forward``."""
+    if cls not in _FORWARD_NAMES:
+        _FORWARD_NAMES[cls] = frozenset(inspect.signature(cls.forward).parameters)
+    return _FORWARD_NAMES[cls]
+
+
+class TiedNormWrappedPreTrainedModel(
+    EngineChecksMixin, WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel
+):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
     hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
     ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
@@ -182,6 +219,28 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, T
         return self._body_class()._can_compile_fullgraph
 
     @property
+    def _supports_attention_backend(self) -> bool:
+        # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention,
+        # logits sliced by a tensor): what HF's tests and serving engines read
+        return self._body_class()._supports_attention_backend
+
+    @property
+    def _is_stateful(self) -> bool:
+        return self._body_class()._is_stateful
+
+    @_instance_or_class
+    def is_backend_compatible(self_or_class) -> bool:
+        """transformers' ``is_backend_compatible`` (a classmethod there): on a model, its wrapped model's class's;
+        on the class, whose wrapped architecture is not known yet, False."""
+        if isinstance(self_or_class, type):
+            return False
+        return bool(self_or_class._body_class()._supports_attention_backend)
+
+    def _body_forward_names(self) -> frozenset[str]:
+        """The argument names of the wrapped model's forward (read once per wrapped class)."""
+        return _forward_names(type(self.model))
+
+    @property
     def backbone(self) -> nn.Module:
         """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
         i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
@@ -230,23 +289,44 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, T
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ):
         """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
         returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
         fused path computes (``config.loss_implementation``, families/wrapped_loss.py) the loss and ``logits=None``.
 
+        The arguments named here are those transformers' ``generate`` looks for in a model's forward (position ids
+        from a left-padded mask, ``logits_to_keep=1`` at each step); each goes to the wrapped model as it is.
+
         Args:
             input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
             attention_mask: (batch, length), 1 for tokens to attend to.
+            position_ids: (batch, length) positions (a causal LM's; ``generate`` computes them from the mask).
             labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
                 as already aligned).
+            use_cache: whether to return the cache (None: the wrapped model's config).
+            logits_to_keep: compute the logits of the last ``logits_to_keep`` positions only (0: all), or of the
+                positions a tensor indexes; a wrapped model whose forward lacks it (BART, T5, Marian) computes them
+                all, and the kept ones are returned.
         """
         check_head_once(self)
         if inputs_embeds is not None:
             kwargs["inputs_embeds"] = inputs_embeds
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids  # a TransformersKwargs entry: an architecture without it ignores it
+        if use_cache is not None:
+            kwargs["use_cache"] = use_cache
+        sliced_here = False
+        if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+            if "logits_to_keep" in self._body_forward_names():
+                kwargs["logits_to_keep"] = logits_to_keep
+            else:
+                sliced_here = True
         kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
         # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
@@ -262,14 +342,23 @@ class TiedNormWrappedPreTrainedModel(WeightChecksMixin, TiedNormHeadHostMixin, T
             if fused is not None:  # the loss by a fused path, no logits
                 return fused
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        if sliced_here and outputs.logits is not None:
+            outputs.logits = slice_logits_to_keep(outputs.logits, logits_to_keep)
         shifted = not self.config.is_encoder_decoder
         return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
 
-    def _generate_with_frozen_head(self, *args, **kwargs):
-        """The wrapped model's ``generate`` (its cache layout and input preparation), with this model's
-        ``generation_config``."""
-        self.model.generation_config = self.generation_config
-        return self.model.generate(*args, **kwargs)
+    # transformers' generate runs on the wrapper (GenerationMixin); what depends on the architecture is asked of the
+    # wrapped model: each step's inputs (its cache layout, its masks), and which arguments generate accepts.
+    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict[str, Any]:
+        return self.model.prepare_inputs_for_generation(*args, **kwargs)
+
+    # generate reads the arguments it may pass (inputs_embeds) from this signature: transformers' own.
+    prepare_inputs_for_generation.__signature__ = inspect.signature(GenerationMixin.prepare_inputs_for_generation)
+
+    def _validate_model_kwargs(self, model_kwargs: dict[str, Any]) -> None:
+        # logits_to_keep is this forward's own (sliced here where the wrapped forward lacks it): valid whatever the
+        # wrapped model takes.
+        self.model._validate_model_kwargs({k: v for k, v in model_kwargs.items() if k != "logits_to_keep"})
 
 
 class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):

@@ -34,7 +34,7 @@ from torch import nn
 
 from .layer import NormalizedScoresMixin, out_of_vocabulary_message
 from .modes import unit_rows
-from .options import HeadOptions
+from .settings import HeadSettings
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -137,13 +137,13 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         cutoffs: Sequence[int],
         div_value: float = 4.0,
         *,
-        options: HeadOptions | None = None,
+        settings: HeadSettings | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (``HeadOptions``); None: the defaults."""
+        """``settings``: the head's settings as one value (``HeadSettings``); None: the defaults."""
         super().__init__()
-        if options is not None and options.extra_terms:
-            raise ValueError(f"head options {list(options.extra_terms)} are not supported by the adaptive softmax")
-        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size)
+        if settings is not None and settings.extra_terms:
+            raise ValueError(f"head terms {list(settings.extra_terms)} are not supported by the adaptive softmax")
+        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size)
         self.edges = band_edges(vocab_size, cutoffs)
         num_bands = len(self.edges) - 1
         dims = band_dims(hidden_size, num_bands, div_value)
@@ -153,7 +153,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:

@@ -3,7 +3,7 @@
 With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
 its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
 cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
-options every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
+learned terms every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
 O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
 the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
 
@@ -39,6 +39,7 @@ through ``column_terms()`` like the mode's own bias.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -48,7 +49,7 @@ from torch import nn
 
 from .folded_weight import fold_scale
 from .modes import HeadMode, hold_head_mode, unit_rows
-from .options import HEAD_NAME_SOURCES, HeadOptions, head_terms
+from .settings import HEAD_NAME_SOURCES, HeadSettings, head_terms
 
 
 class NormalizedScoresMixin:
@@ -58,18 +59,18 @@ class NormalizedScoresMixin:
     A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
     """
 
-    def init_normalized_scores(self, options: HeadOptions, hidden_size: int, vocab_size: int, device=None) -> None:
-        """Take the head's settings (checked when ``options`` was made) and create its learned g and b."""
-        self.options = options
-        self.head_mode = options.head_mode
-        self.mode: HeadMode = options.mode  # everything the mode is (head/modes.py)
+    def init_normalized_scores(self, settings: HeadSettings, hidden_size: int, vocab_size: int, device=None) -> None:
+        """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
+        self.settings = settings
+        self.head_mode = settings.head_mode
+        self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
         hold_head_mode(self)  # its name keeps this definition while the head lives (head/modes.py)
-        self.norm_eps = options.norm_eps
-        # The learned terms (head/options.HeadTerm: the built-in g and b, terms.py, and any registered one),
-        # each a parameter named as the term, or None where ``options`` leave it off (or it is a constant).
-        self.term_starts = {term.name: term.start_value(options, hidden_size) for term in head_terms()}
+        self.norm_eps = settings.norm_eps
+        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
+        # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
+        self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
-            shape = term.shape(options, vocab_size)
+            shape = term.shape(settings, vocab_size)
             if shape is not None:
                 # register_parameter, not setattr: a name the head holds already is refused, never replaced
                 value = torch.full(shape, self.term_starts[term.name], device=device)
@@ -87,7 +88,7 @@ class NormalizedScoresMixin:
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
         then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
-        for term in self.options.active_terms():
+        for term in self.settings.active_terms():
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
@@ -127,17 +128,21 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         hidden_size: int,
         vocab_size: int,
         *,
-        options: HeadOptions | None = None,
+        settings: HeadSettings | None = None,
         device=None,
         dtype=None,
+        options: HeadSettings | None = None,
     ) -> None:
-        """``options``: the head's settings as one value (a config's ``HeadOptions.from_config``); None: the
-        defaults (``HeadOptions()``)."""
+        """``settings``: the head's settings as one value (a config's ``HeadSettings.from_config``); None: the
+        defaults (``HeadSettings()``). ``options``: its name in 0.1, taken with a FutureWarning for one release."""
+        if options is not None:
+            warnings.warn("TiedNormHead(options=...) is renamed settings=...", FutureWarning, stacklevel=2)
+            settings = options
         super().__init__(hidden_size, vocab_size, bias=False, device=device, dtype=dtype)
-        self.init_normalized_scores(options or HeadOptions(), hidden_size, vocab_size, device=device)
+        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.options.term_settings()}"
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
 
     def match_vocab_size(self) -> None:
         """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
@@ -186,8 +191,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
 
 def head_attribute_names() -> frozenset[str]:
     """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/options.register_head_option), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, options=HeadOptions(), device="meta")  # a built-in term's name is held when off too
+    option may take none of them (head/settings.register_head_term), since its parameter would replace it."""
+    head = TiedNormHead(2, 3, settings=HeadSettings(), device="meta")  # a built-in term's name is held when off too
     return frozenset({*dir(head), *vars(head)})
 
 

@@ -38,17 +38,17 @@ import torch
 from transformers import PreTrainedModel
 
 from .mode_checks import LOSSLESS_RTOL, MODE_LOSSLESS_TERMS
-from .options import HEAD_OPTIONS, HeadOptions, head_terms
+from .settings import HEAD_TERMS, HeadSettings, head_terms
 
 
 def check_lossless_settings(config) -> None:
     """``ValueError`` unless ``config``'s head terms are switched as a lossless start of its ``head_mode`` needs
-    (``HeadOptions.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
+    (``HeadSettings.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
     the switches (each term's first config field) and their needed values."""
-    switches = tuple(HeadOptions().term_switches())
-    options = HeadOptions(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
-    needed = options.with_lossless_start()  # raises for l2
-    want, have = (tuple(o.term_switches().values()) for o in (needed, options))
+    switches = tuple(HeadSettings().term_switches())
+    settings = HeadSettings(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
+    needed = settings.with_lossless_start()  # raises for l2
+    want, have = (tuple(o.term_switches().values()) for o in (needed, settings))
     if want != have:
         raise ValueError(
             f"lossless_start=True with head_mode={config.head_mode!r} needs ({', '.join(switches)}) = {want}, got "
@@ -60,23 +60,23 @@ def check_lossless_settings(config) -> None:
 def start_lossless(model: PreTrainedModel) -> None:
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
-    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the options of
-    ``HeadOptions.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the settings of
+    ``HeadSettings.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
     g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
     _set_lossless_terms(head, 0)
-    check_registered_options_neutral(head)
+    check_extra_terms_neutral(head)
     model.config.lossless_start = True
 
 
-def check_registered_options_neutral(head) -> None:
-    """``ValueError`` naming the registered head options (``extra_terms``) when, at their ``init``, they change the
+def check_extra_terms_neutral(head) -> None:
+    """``ValueError`` naming the registered head settings (``extra_terms``) when, at their ``init``, they change the
     scores of a lossless-started ``head``: its effective column terms (mode, g, b and every option folded in) must be
     the plain scores', scale_i = 1 and bias_i = 0 on every live row, within the tolerance of the mode's own check
-    (``head_mode_checks.check_lossless``). A lossless start sets g and b only; an option whose init is not neutral
+    (``head_mode_checks.check_lossless``). A lossless start sets g and b only; a term whose init is not neutral
     (e.g. a temperature starting at 2) would leave the logits off the source's while the config said lossless."""
-    names = head.options.extra_terms
+    names = head.settings.extra_terms
     if not names or head.weight.is_meta:
         return
     scale, bias = head.column_terms()
@@ -89,9 +89,9 @@ def check_registered_options_neutral(head) -> None:
     excess = (error - LOSSLESS_RTOL * (norms + learned_bias) - head.norm_eps).nan_to_num(nan=torch.inf)
     row = int(excess.argmax())
     if bool(excess[row] > 0):  # host syncs at conversion time only
-        inits = ", ".join(f"{name} init={HEAD_OPTIONS[name].init}" for name in names)
+        inits = ", ".join(f"{name} init={HEAD_TERMS[name].init}" for name in names)
         raise ValueError(
-            f"lossless_start cannot give back the source's logits with the registered head option(s) {list(names)} "
+            f"lossless_start cannot give back the source's logits with the registered head term(s) {list(names)} "
             f"({inits}): folded in at their init they change the scores (at row {row}, scale {float(gain[row]):.6g} "
             f"and bias {float(offset[row]):.6g} where the plain score needs 1 and 0; a logit off by up to "
             f"{float(error[row]):.4g}). A lossless start sets the logit scale and bias only: register the option "
@@ -104,7 +104,7 @@ def _set_lossless_terms(head, first: int) -> None:
     from their mode's ``lossless_terms``, a registered one to its ``lossless`` value) for tokens ``first`` and up."""
     rows = head.weight[first:]
     mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
-    for term in head.options.active_terms():
+    for term in head.settings.active_terms():
         value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
         if value is not None:
             getattr(head, term.name)[first:].copy_(value)  # copy_: from any device, as a load does
@@ -132,5 +132,5 @@ def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
             learned.mul_(row_scales.to(learned))
 
 
-__all__ = ["check_registered_options_neutral", "check_lossless_settings", "start_lossless", "start_resized_tokens",
+__all__ = ["check_extra_terms_neutral", "check_lossless_settings", "start_lossless", "start_resized_tokens",
            "take_row_scales"]

@@ -8,7 +8,7 @@ on the model: it sets ``model.forward`` to a function that, called with ``fused_
 scores w_i·h, which are not what the model computes (on tiny models the log-probs differ by 2.4).
 
 The head *is* a plain linear layer at any given weights, though. Every head mode scores s = (W·h) ⊙ scale + bias
-(head/modes.py), with the logit scale g, the logit bias b and registered head options folded into scale and bias;
+(head/modes.py), with the logit scale g, the logit bias b and registered head terms folded into scale and bias;
 Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
 layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
 TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,

@@ -1,5 +1,5 @@
 """The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
-(options.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
+(settings.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
 
 * ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
   FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from .options import LOGIT_SCALES, HeadTerm, add_head_term
+from .settings import LOGIT_SCALES, HeadTerm, add_head_term
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
@@ -44,8 +44,8 @@ class LogitScaleTerm(HeadTerm):
     def renamed_value(self, old: str, new: str, value, current, given_as: str = "config field"):
         """``value`` given under the old name with a FutureWarning naming the new one; ``ValueError`` for a value the
         old field never took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's
-        options do not read) or one contradicting ``new`` given too. ``given_as``: ``"config field"`` (config.json,
-        a config's keywords) or ``"keyword argument"`` (``HeadOptions``, ``normalize_tied_head``,
+        settings do not read) or one contradicting ``new`` given too. ``given_as``: ``"config field"`` (config.json,
+        a config's keywords) or ``"keyword argument"`` (``HeadSettings``, ``normalize_tied_head``,
         ``convert_checkpoint``), which the warning's advice follows."""
         if not (isinstance(value, str) and value in LOGIT_SCALES):
             raise ValueError(
@@ -71,56 +71,56 @@ class LogitScaleTerm(HeadTerm):
         )
         return value
 
-    def is_on(self, options) -> bool:
-        return options.logit_scale_kind != "none"
+    def is_on(self, settings) -> bool:
+        return settings.logit_scale_kind != "none"
 
-    def setting(self, options) -> str:
-        return f"logit_scale_kind={options.logit_scale_kind!r}"
+    def setting(self, settings) -> str:
+        return f"logit_scale_kind={settings.logit_scale_kind!r}"
 
-    def check(self, options) -> None:
-        if options.logit_scale_kind not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {options.logit_scale_kind!r}")
-        if options.logit_scale_init is not None:
-            if not 0 < options.logit_scale_init < math.inf:
-                raise ValueError(f"logit_scale_init must be > 0 and finite, got {options.logit_scale_init}")
-            if options.logit_scale_kind == "none":
+    def check(self, settings) -> None:
+        if settings.logit_scale_kind not in LOGIT_SCALES:
+            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {settings.logit_scale_kind!r}")
+        if settings.logit_scale_init is not None:
+            if not 0 < settings.logit_scale_init < math.inf:
+                raise ValueError(f"logit_scale_init must be > 0 and finite, got {settings.logit_scale_init}")
+            if settings.logit_scale_kind == "none":
                 raise ValueError(
-                    f"logit_scale_init={options.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                    f"logit_scale_init={settings.logit_scale_init} is set but logit_scale_kind='none'; choose a "
                     "logit_scale_kind "
                     "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
                 )
 
-    def start_value(self, options, hidden_size: int) -> float:
-        init = options.logit_scale_init
-        return float(init) if init is not None else default_logit_scale(options.logit_scale_kind, hidden_size)
+    def start_value(self, settings, hidden_size: int) -> float:
+        init = settings.logit_scale_init
+        return float(init) if init is not None else default_logit_scale(settings.logit_scale_kind, hidden_size)
 
-    def shape(self, options, vocab_size: int) -> tuple[int, ...] | None:
-        return {"scalar": (), "vector": (vocab_size,)}.get(options.logit_scale_kind)
+    def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
+        return {"scalar": (), "vector": (vocab_size,)}.get(settings.logit_scale_kind)
 
     def fold_into(self, head, scale, bias, rows: slice, device):
         # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias; "fixed" is a constant, not a parameter
-        if head.options.logit_scale_kind == "none":
+        if head.settings.logit_scale_kind == "none":
             return scale, bias
         g = head.logit_scale
         g = g.float() if g is not None else torch.tensor(head.term_starts[self.name], device=device)
         g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
         return (g if scale is None else scale * g), (None if bias is None else bias * g)
 
-    def lossless_options(self, options, mode) -> dict:
-        kind = options.logit_scale_kind
+    def lossless_settings(self, settings, mode) -> dict:
+        kind = settings.logit_scale_kind
         if "logit_scale" in mode.lossless_start:
             if kind not in ("none", "vector"):
                 raise ValueError(
-                    f"lossless_start for head_mode {options.head_mode!r} sets a per-token logit scale "
+                    f"lossless_start for head_mode {settings.head_mode!r} sets a per-token logit scale "
                     f"(logit_scale_kind='vector'); logit_scale_kind={kind!r} cannot give back the source's "
                     "logits: leave logit_scale_kind unset or 'vector'"
                 )
-            if options.logit_scale_init is not None:
+            if settings.logit_scale_init is not None:
                 # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
                 # dropped while config.json recorded it.
                 raise ValueError(
-                    f"logit_scale_init={options.logit_scale_init} (--logit-scale-init) cannot be combined with "
-                    f"lossless_start (--lossless-start): for head_mode {options.head_mode!r} the lossless start sets "
+                    f"logit_scale_init={settings.logit_scale_init} (--logit-scale-init) cannot be combined with "
+                    f"lossless_start (--lossless-start): for head_mode {settings.head_mode!r} the lossless start sets "
                     "every per-token logit scale g_i itself, to the value that gives back the source's logits "
                     f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
                     "lossless_start"
@@ -128,7 +128,7 @@ class LogitScaleTerm(HeadTerm):
             return {"logit_scale_kind": "vector"}
         if kind != "none":
             raise ValueError(
-                f"lossless_start for head_mode {options.head_mode!r} needs no logit scale ({mode.equation}; its start "
+                f"lossless_start for head_mode {settings.head_mode!r} needs no logit scale ({mode.equation}; its start "
                 f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={kind!r} would "
                 "multiply the scores: leave logit_scale_kind='none'"
             )
@@ -168,15 +168,15 @@ class LogitBiasTerm(HeadTerm):
     config_fields = ("logit_bias",)
     row_scaled = True
 
-    def is_on(self, options) -> bool:
-        return options.logit_bias
+    def is_on(self, settings) -> bool:
+        return settings.logit_bias
 
-    def setting(self, options) -> str:
-        return f"logit_bias={options.logit_bias!r}"
+    def setting(self, settings) -> str:
+        return f"logit_bias={settings.logit_bias!r}"
 
-    def check(self, options) -> None:
-        if not isinstance(options.logit_bias, bool):
-            raise ValueError(f"logit_bias must be True or False, got {options.logit_bias!r}")
+    def check(self, settings) -> None:
+        if not isinstance(settings.logit_bias, bool):
+            raise ValueError(f"logit_bias must be True or False, got {settings.logit_bias!r}")
 
     def fold_into(self, head, scale, bias, rows: slice, device):
         if head.logit_bias is None:
@@ -184,8 +184,8 @@ class LogitBiasTerm(HeadTerm):
         learned = head.logit_bias[rows].float()
         return scale, (learned if bias is None else bias + learned)
 
-    def lossless_options(self, options, mode) -> dict:
-        return {"logit_bias": options.logit_bias or "logit_bias" in mode.lossless_start}
+    def lossless_settings(self, settings, mode) -> dict:
+        return {"logit_bias": settings.logit_bias or "logit_bias" in mode.lossless_start}
 
     def lossless_value(self, head, rows, mode_terms: dict):
         return mode_terms.get(self.name)

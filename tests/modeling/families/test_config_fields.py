@@ -14,7 +14,7 @@ from script_helpers import load_script
 from hf_tiednorm.modeling.families.config_fields import script_flag
 from hf_tiednorm.modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from hf_tiednorm.modeling.head.modes import HEAD_MODES
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadSettings
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser, model_arguments_class
 from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, TiedNormTrainingArguments
 
@@ -73,8 +73,8 @@ def test_tiednorm_only_flags_are_every_technique_flag_but_the_contenders():
     translation = load_script("run_translation")
     assert set(translation.TIEDNORM_ONLY_FLAGS) == (
         {field.name for field in TECHNIQUE_FIELDS}
-        | set(HeadOptions.field_names())
-        | {"loss_implementation", "extra_terms"}  # extra_terms: the registered head options a new model learns
+        | set(HeadSettings.field_names())
+        | {"loss_implementation", "extra_terms"}  # extra_terms: the registered head terms a new model learns
     ) - {"label_smoothing", "embedding_init_std"}
 
 

@@ -50,7 +50,7 @@ FAMILY_CASES["bart"] = FAMILY_CASES["seq2seq"]
 
 # Values each valid on its own that contradict one another: the validator names the fields.
 COMBINATION_CASES = [
-    ({"logit_scale_init": 4.0}, "validate_head_options", "logit_scale_init=4.0 is set but logit_scale_kind='none'"),
+    ({"logit_scale_init": 4.0}, "validate_head_settings", "logit_scale_init=4.0 is set but logit_scale_kind='none'"),
     ({"head_mode": "l2", "weight_norm_regularization": 1e-3}, "validate_row_norm_techniques", "head_mode='l2'"),
     ({"adaptive_cutoffs": [10, 10]}, "validate_adaptive_cutoffs", "adaptive_cutoffs must be strictly increasing"),
     ({"adaptive_cutoffs": [10, 64]}, "validate_adaptive_cutoffs", r"\[1, vocab_size - 1\]"),
@@ -126,7 +126,7 @@ def test_wrapped_config_validates_the_same_head_fields():
     for fields, name in HEAD_CASES[:6]:
         with pytest.raises(StrictDataclassError, match=f"'{name}'"):
             TiedNormWrappedConfig(text_config=text_config, **fields)
-    with pytest.raises(StrictDataclassClassValidationError, match="validate_head_options"):
+    with pytest.raises(StrictDataclassClassValidationError, match="validate_head_settings"):
         TiedNormWrappedConfig(text_config=text_config, logit_scale_init=4.0)
     for own_field in ("label_smoothing", "embedding_init_std", "tie_topology"):
         with pytest.raises(ValueError, match=own_field):

@@ -15,7 +15,7 @@ from tiny_architectures import source_model
 
 import hf_tiednorm
 from hf_tiednorm.conversion.convert import build_parser
-from hf_tiednorm.conversion.field_flags import head_options_from_flags
+from hf_tiednorm.conversion.field_flags import head_settings_from_flags
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser
 
@@ -100,7 +100,7 @@ def test_the_converter_takes_the_new_flag_and_the_old_one_with_a_deprecation_mes
     # issue 58 case 3, bcb37a5: --logit-scale was a silent alias
     with _deprecated_unless_new(flag, "--logit-scale-kind"):
         args = build_parser().parse_args(["src", str(tmp_path), "--head-mode", "cosine", flag, "vector"])
-    assert head_options_from_flags(args).logit_scale_kind == "vector"
+    assert head_settings_from_flags(args).logit_scale_kind == "vector"
 
 
 @pytest.mark.parametrize("flag", ["--logit_scale_kind", "--logit_scale", "--logit-scale"])
@@ -121,7 +121,7 @@ def test_the_old_keyword_of_normalize_tied_head_converts_with_a_deprecation_mess
     assert model.config.logit_scale_kind == "vector"
     assert model.get_output_embeddings().logit_scale.shape == (model.config.vocab_size,)
     with pytest.warns(FutureWarning, match="'logit_scale' is renamed"):
-        assert hf_tiednorm.HeadOptions(logit_scale="scalar").logit_scale_kind == "scalar"
+        assert hf_tiednorm.HeadSettings(logit_scale="scalar").logit_scale_kind == "scalar"
 
 
 def test_the_old_keyword_of_convert_checkpoint_is_saved_under_the_new_name(tmp_path):

@@ -1,5 +1,7 @@
 """``generate`` of every family (cosine and baseline) and of the wrapper (around a tied Llama, Qwen3, GPT-2 and
-BART) passes the generation checks of tests/generation_checks.py, our equivalent of HF's generation mixin (issue 46).
+BART) passes the generation checks of tests/generation_checks.py, our equivalent of HF's generation mixin (issue 46),
+the static cache with transformers' automatic compile and what HF's mixin reads of a model's forward and class
+included (issue 57: the wrapper generates on itself, not through the model it wraps).
 
 Contrastive search is not checked: transformers 5 no longer implements it (``penalty_alpha`` dispatches to the Hub
 repository transformers-community/contrastive-search, remote code this offline suite does not fetch).
@@ -41,6 +43,11 @@ CHECKS = {
     "beam": checks.check_beam_search,
     "left_padding": checks.check_left_padding,
     "inputs_embeds": checks.check_inputs_embeds,
+    "compiled_static_cache": checks.check_compiled_static_cache,
+    "compiled_fullgraph": checks.check_compiled_forward_fullgraph,
+    "static_cache_shorter": checks.check_static_cache_no_recompile_when_shorter,
+    "logits_to_keep": checks.check_logits_to_keep,
+    "position_ids": checks.check_position_ids,
 }
 
 
@@ -58,9 +65,19 @@ def test_generation(name, check, models):
 
 
 @pytest.mark.parametrize("name", PARAMS)
+def test_backend_flags(name, models):
+    """The wrapper's flags are those of the class it wraps; a family's are its own class's."""
+    if name not in models:
+        models[name] = build(name)
+    model = models[name]
+    checks.check_backend_flags(model, type(model.model) if name.startswith("wrapped_") else None)
+
+
+@pytest.mark.parametrize("name", PARAMS)
 def test_assisted_decoding(name, models):
     """The assistant is a copy of the model whose scoring differs (another head mode), so that it proposes tokens
-    the model rejects: the output is still the model's greedy one."""
+    the model rejects: the output is still the model's greedy one (``logits_to_keep`` set to the candidates' length
+    at each check, as transformers sets it for a forward that names it)."""
     if name not in models:
         models[name] = build(name)
     model = models[name]

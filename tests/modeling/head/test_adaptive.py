@@ -14,7 +14,7 @@ from testing_utils import FAMILIES, model_inputs, tiny_causal_config, tiny_confi
 import hf_tiednorm
 from hf_tiednorm.modeling.families.embeddings import ScaledAdaptiveInput
 from hf_tiednorm.modeling.head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadSettings
 from hf_tiednorm.training.tokenization import train_joint_tokenizer
 from hf_tiednorm.training.vocab_order import frequency_order, inverse_order, permute_counts, remap_ids, remap_tokenizer
 
@@ -40,7 +40,7 @@ def test_baseline_matches_torch_adaptive_log_softmax():
     torch.manual_seed(0)
     d, vocab, cutoffs = 32, 61, CUTOFFS
     reference = torch.nn.AdaptiveLogSoftmaxWithLoss(d, vocab, cutoffs, div_value=4.0)
-    head = AdaptiveSoftmaxHead(d, vocab, cutoffs, div_value=4.0, options=HeadOptions(head_mode="baseline"))
+    head = AdaptiveSoftmaxHead(d, vocab, cutoffs, div_value=4.0, settings=HeadSettings(head_mode="baseline"))
     with torch.no_grad():  # torch's head = [shortlist rows; cluster rows], tail i = (d -> d_i, d_i -> n_i)
         head.bands[0].weight.copy_(reference.head.weight[: cutoffs[0]])
         head.cluster.weight.copy_(reference.head.weight[cutoffs[0] :])

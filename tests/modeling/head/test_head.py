@@ -8,12 +8,12 @@ import torch.nn.functional as F
 from testing_utils import reference_scores
 
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormEmbedding, TiedNormHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadSettings
 
 
 def make_head(head_mode: str, vocab: int = 50, dim: int = 16, seed: int = 0, **kwargs) -> TiedNormHead:
     torch.manual_seed(seed)
-    head = TiedNormHead(dim, vocab, options=HeadOptions(head_mode=head_mode, **kwargs))
+    head = TiedNormHead(dim, vocab, settings=HeadSettings(head_mode=head_mode, **kwargs))
     torch.nn.init.normal_(head.weight, std=0.5)
     return head
 
@@ -43,13 +43,13 @@ def test_scores_match_reference(head_mode, logit_scale, shape):
 def test_a_learned_logit_scale_starts_at_one_and_a_fixed_one_at_sqrt_d():
     # A learned g starts where the head equals the scale-free one (√d made the step-0 logits √d× too sharp, issue 25);
     # "fixed" keeps √d, which saved fixed-scale models depend on.
-    assert TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="scalar")).logit_scale.item() == 1.0
-    vector = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="vector"))
+    assert TiedNormHead(64, 10, settings=HeadSettings(logit_scale_kind="scalar")).logit_scale.item() == 1.0
+    vector = TiedNormHead(64, 10, settings=HeadSettings(logit_scale_kind="vector"))
     assert torch.equal(vector.logit_scale.detach(), torch.ones(10))
-    fixed = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="fixed"))
+    fixed = TiedNormHead(64, 10, settings=HeadSettings(logit_scale_kind="fixed"))
     assert fixed.logit_scale is None and fixed.term_starts["logit_scale"] == pytest.approx(8.0)
     assert torch.equal(fixed.column_terms()[0], torch.full((10,), fixed.term_starts["logit_scale"]))  # folded in
-    started = TiedNormHead(64, 10, options=HeadOptions(logit_scale_kind="vector", logit_scale_init=3.0))
+    started = TiedNormHead(64, 10, settings=HeadSettings(logit_scale_kind="vector", logit_scale_init=3.0))
     assert started.logit_scale[0].item() == 3.0
 
 
@@ -97,12 +97,12 @@ def test_square_and_baseline_break_identity_when_norms_differ():
     pointing near w_k. Baseline fails for a long w_i. (cosine, l2 and distance pass the same case above.)"""
     weight = torch.tensor([[1.0, 0.0], [0.1, 0.02], [5.0, 3.0]])
     for head_mode, winner in (("square", 1), ("baseline", 2)):
-        head = TiedNormHead(2, 3, options=HeadOptions(head_mode=head_mode))
+        head = TiedNormHead(2, 3, settings=HeadSettings(head_mode=head_mode))
         head.weight.data = weight.clone()
         with torch.no_grad():
             assert head(weight[0]).argmax().item() == winner
     for head_mode in ("l2", "cosine", "distance"):
-        head = TiedNormHead(2, 3, options=HeadOptions(head_mode=head_mode))
+        head = TiedNormHead(2, 3, settings=HeadSettings(head_mode=head_mode))
         head.weight.data = weight.clone()
         with torch.no_grad():
             assert head(weight[0]).argmax().item() == 0
@@ -128,7 +128,7 @@ def win_frequency_norm_correlation(head_mode: str, vocab: int = 40, dim: int = 8
     generator = torch.Generator().manual_seed(1)
     directions = F.normalize(torch.randn(vocab, dim, generator=generator), dim=-1)
     norms = torch.linspace(0.2, 3.0, vocab)[torch.randperm(vocab, generator=generator)]
-    head = TiedNormHead(dim, vocab, options=HeadOptions(head_mode=head_mode))
+    head = TiedNormHead(dim, vocab, settings=HeadSettings(head_mode=head_mode))
     head.weight.data = directions * norms[:, None]
     hidden = F.normalize(torch.randn(samples, dim, generator=generator), dim=-1)
     with torch.no_grad():
@@ -270,6 +270,6 @@ def test_l2_embedding_equals_normalizing_all_rows_in_value_and_gradient():
 
 def test_head_rejects_unknown_mode_and_scale():
     with pytest.raises(ValueError, match="head_mode must be one of"):
-        TiedNormHead(4, 4, options=HeadOptions(head_mode="unit"))
+        TiedNormHead(4, 4, settings=HeadSettings(head_mode="unit"))
     with pytest.raises(ValueError, match="logit_scale_kind must be one of"):
-        TiedNormHead(4, 4, options=HeadOptions(logit_scale_kind="learned"))
+        TiedNormHead(4, 4, settings=HeadSettings(logit_scale_kind="learned"))

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from hf_tiednorm import HEAD_MODES, LOGIT_SCALES, TiedNormHead
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.modeling.head.adaptive import AdaptiveSoftmaxHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadSettings
 from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
 from hf_tiednorm.publishing.model_card import write_model_card
 
@@ -27,7 +27,7 @@ def biased_head(head_mode: str, logit_scale: str, dtype=torch.float32) -> TiedNo
     """A head with random rows (one dead), distinct per-token scales and a non-zero bias."""
     torch.manual_seed(0)
     init = None if logit_scale == "none" else 3.0
-    head = TiedNormHead(DIM, VOCAB, options=HeadOptions(
+    head = TiedNormHead(DIM, VOCAB, settings=HeadSettings(
         head_mode=head_mode, logit_scale_kind=logit_scale, logit_scale_init=init, logit_bias=True))
     head = head.to(dtype)
     with torch.no_grad():
@@ -40,7 +40,7 @@ def biased_head(head_mode: str, logit_scale: str, dtype=torch.float32) -> TiedNo
 
 
 def test_the_bias_is_a_zero_initialized_parameter_and_absent_by_default():
-    head = TiedNormHead(DIM, VOCAB, options=HeadOptions(head_mode="cosine", logit_bias=True))
+    head = TiedNormHead(DIM, VOCAB, settings=HeadSettings(head_mode="cosine", logit_bias=True))
     assert isinstance(head.logit_bias, torch.nn.Parameter) and head.logit_bias.shape == (VOCAB,)
     assert torch.equal(head.logit_bias, torch.zeros(VOCAB))
     assert TiedNormHead(DIM, VOCAB).logit_bias is None
@@ -108,8 +108,8 @@ def test_chunked_loss_equals_plain_with_the_bias(head_mode, logit_scale):
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
 def test_adaptive_softmax_adds_the_bias_per_band(head_mode):
     torch.manual_seed(0)
-    options = HeadOptions(head_mode=head_mode, logit_scale_kind="vector", logit_bias=True)
-    head = AdaptiveSoftmaxHead(32, 61, [20, 40], options=options)
+    settings = HeadSettings(head_mode=head_mode, logit_scale_kind="vector", logit_bias=True)
+    head = AdaptiveSoftmaxHead(32, 61, [20, 40], settings=settings)
     hidden = torch.randn(2, 3, 32)
     with torch.no_grad():
         before = [s.clone() for s in head.band_scores(hidden)]

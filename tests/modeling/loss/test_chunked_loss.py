@@ -11,7 +11,7 @@ from huggingface_hub.errors import StrictDataclassError
 from testing_utils import FAMILIES, model_inputs, tiny_config, tiny_model
 
 from hf_tiednorm import HEAD_MODES, TiedNormHead
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadSettings
 from hf_tiednorm.modeling.loss.head_loss import chunked_head_cross_entropy
 from hf_tiednorm.modeling.loss.token import token_cross_entropy
 
@@ -20,7 +20,7 @@ VOCAB, DIM = 37, 8
 
 def _head(mode, logit_scale, dtype):
     torch.manual_seed(0)
-    head = TiedNormHead(DIM, VOCAB, options=HeadOptions(head_mode=mode, logit_scale_kind=logit_scale)).to(dtype)
+    head = TiedNormHead(DIM, VOCAB, settings=HeadSettings(head_mode=mode, logit_scale_kind=logit_scale)).to(dtype)
     with torch.no_grad():
         head.weight.normal_()
         head.weight[5].zero_()  # a zero row: the eps lower bound must behave the same on both paths

@@ -1,4 +1,4 @@
-"""The head's settings are one value (hf_tiednorm/modeling/head/options.py), checked once and passed whole; a
+"""The head's settings are one value (hf_tiednorm/modeling/head/settings.py), checked once and passed whole; a
 conversion checks its source once."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tiny_architectures import source_model
 import hf_tiednorm.conversion.convert as convert
 from hf_tiednorm.modeling.head.layer import TiedNormHead
 from hf_tiednorm.modeling.head.modes import HEAD_MODES, get_head_mode
-from hf_tiednorm.modeling.head.options import HeadOptions
+from hf_tiednorm.modeling.head.settings import HeadSettings
 
 
 @pytest.mark.parametrize(
@@ -28,30 +28,31 @@ from hf_tiednorm.modeling.head.options import HeadOptions
 )
 def test_bad_options_are_refused_when_made(fields, message):
     with pytest.raises(ValueError, match=message):
-        HeadOptions(**fields)
+        HeadSettings(**fields)
 
 
-def test_a_config_passes_its_options_whole_to_the_head():
+def test_a_config_passes_its_settings_whole_to_the_head():
     config = tiny_config("causal", head_mode="square", logit_scale_kind="vector", logit_scale_init=3.0, logit_bias=True)
-    options = config.head_options
-    assert options == HeadOptions(head_mode="square", logit_scale_kind="vector", logit_scale_init=3.0, logit_bias=True,
-                                  norm_eps=config.norm_eps)
-    head = TiedNormHead(8, 5, options=options)
-    assert head.options is options and head.mode.name == "square"
+    settings = config.head_settings
+    assert settings == HeadSettings(head_mode="square", logit_scale_kind="vector", logit_scale_init=3.0,
+                                    logit_bias=True, norm_eps=config.norm_eps)
+    head = TiedNormHead(8, 5, settings=settings)
+    assert head.settings is settings and head.mode.name == "square"
     assert head.logit_scale.shape == (5,) and float(head.logit_scale.detach()[0]) == 3.0 and head.logit_bias is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
-        options.head_mode = "cosine"
+        settings.head_mode = "cosine"
 
 
 def test_the_lossless_start_options_follow_the_mode():
-    cosine = HeadOptions(head_mode="cosine", logit_scale_kind="vector")
-    assert HeadOptions(head_mode="cosine").with_lossless_start() == cosine
-    assert HeadOptions(head_mode="distance").with_lossless_start() == HeadOptions(head_mode="distance", logit_bias=True)
-    assert HeadOptions(head_mode="baseline").with_lossless_start() == HeadOptions(head_mode="baseline")
+    cosine = HeadSettings(head_mode="cosine", logit_scale_kind="vector")
+    assert HeadSettings(head_mode="cosine").with_lossless_start() == cosine
+    distance = HeadSettings(head_mode="distance", logit_bias=True)
+    assert HeadSettings(head_mode="distance").with_lossless_start() == distance
+    assert HeadSettings(head_mode="baseline").with_lossless_start() == HeadSettings(head_mode="baseline")
     with pytest.raises(ValueError, match="impossible for head_mode 'l2'"):
-        HeadOptions(head_mode="l2").with_lossless_start()
+        HeadSettings(head_mode="l2").with_lossless_start()
     with pytest.raises(ValueError, match="logit_scale_kind='scalar' cannot give back"):
-        HeadOptions(head_mode="cosine", logit_scale_kind="scalar").with_lossless_start()
+        HeadSettings(head_mode="cosine", logit_scale_kind="scalar").with_lossless_start()
 
 
 SCALE_STARTS = [name for name in HEAD_MODES if "logit_scale" in (get_head_mode(name).lossless_start or ())]
@@ -65,7 +66,7 @@ def test_an_explicit_logit_scale_init_is_refused_where_the_lossless_start_sets_g
         match=r"logit_scale_init=5.0 \(--logit-scale-init\) cannot be combined with "
         r"lossless_start \(--lossless-start\)",
     ):
-        HeadOptions(head_mode=head_mode, logit_scale_kind="vector", logit_scale_init=5.0).with_lossless_start()
+        HeadSettings(head_mode=head_mode, logit_scale_kind="vector", logit_scale_init=5.0).with_lossless_start()
     # Every other mode cannot even be given a logit_scale_init with a lossless start: its start needs
     # logit_scale_kind='none', and logit_scale_init without a logit_scale is refused when the options are made.
 
@@ -94,5 +95,34 @@ def test_a_conversion_checks_its_source_once(generic, tmp_path, monkeypatch):
     assert calls == {"check_convertible": 1, "check_tied": 1, "check_unit_lookups": 1 if generic else 0}
     for name in calls:
         calls[name] = 0
-    convert.normalize_tied_head(source_model("llama"), options=HeadOptions(head_mode="l2"), generic=generic)
+    convert.normalize_tied_head(source_model("llama"), settings=HeadSettings(head_mode="l2"), generic=generic)
     assert calls == {"check_convertible": 1, "check_tied": 1, "check_unit_lookups": 1 if generic else 0}
+
+
+# The names of 0.1 and what replaced them (issue 56): one vocabulary, HeadSettings / HeadTerm / HEAD_TERMS /
+# ExtraHeadTerm / register_head_term; the old names work one more release, each with a FutureWarning.
+RENAMED = {"HeadOptions": "HeadSettings", "HeadOption": "ExtraHeadTerm", "HEAD_OPTIONS": "HEAD_TERMS",
+           "register_head_option": "register_head_term"}  # fmt: skip
+
+
+@pytest.mark.parametrize(("old", "new"), RENAMED.items())
+def test_an_old_name_still_works_with_a_future_warning_naming_the_new_one(old, new):
+    import hf_tiednorm
+
+    with pytest.warns(FutureWarning, match=rf"hf_tiednorm\.{old} is renamed hf_tiednorm\.{new}"):
+        assert getattr(hf_tiednorm, old) is getattr(hf_tiednorm, new)
+    assert old not in hf_tiednorm.__all__ and new in hf_tiednorm.__all__
+    with pytest.raises(AttributeError, match="no attribute 'HeadOptionz'"):
+        hf_tiednorm.HeadOptionz  # noqa: B018
+
+
+def test_the_old_keywords_still_work_with_a_future_warning():
+    settings = HeadSettings(head_mode="cosine")
+    with pytest.warns(FutureWarning, match=r"TiedNormHead\(options=...\) is renamed settings="):
+        assert TiedNormHead(4, 5, options=settings).settings is settings
+    with pytest.warns(FutureWarning, match="config.head_options is renamed config.head_settings"):
+        assert tiny_config("causal", head_mode="cosine").head_options == settings.__class__.from_config(
+            tiny_config("causal", head_mode="cosine"))
+    with pytest.warns(FutureWarning, match="the keyword options= is renamed settings="):
+        model = convert.normalize_tied_head(source_model("gpt2"), options=settings)
+    assert model.get_output_embeddings().head_mode == "cosine"
