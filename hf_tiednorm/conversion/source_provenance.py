@@ -260,7 +260,17 @@ def name_like_source(model, name_or_path: str):
     return model
 
 
+
+def stated_provenance(source: Path, gguf_file: str | None) -> dict:
+    """What the source states about itself: a GGUF file's metadata first, then its folder (source_provenance.py)."""
+    found = folder_provenance(source)
+    if gguf_file is not None:
+        found = {key: value or found[key] for key, value in gguf_provenance(source / gguf_file).items()}
+    return found
+
+
 __all__ = [
+    "stated_provenance",
     "OPTIONAL_KEYS",
     "PROVENANCE",
     "cached_hub_id",

@@ -249,8 +249,25 @@ def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **l
     return tokenizer
 
 
+
+def save_staged(model, output_dir: Path, source: Path, has_tokenizer: bool, load: dict) -> None:
+    """Save ``model`` and the source's tokenizer to ``output_dir``, staged beside it and renamed into place: a failure
+    (a tokenizer that does not load, a full disk) leaves no half-written output folder, as the exports do
+    (``staged_folder``)."""
+    with staged_folder(output_dir) as partial:
+        model.save_pretrained(partial)
+        if has_tokenizer:
+            try:
+                copy_tokenizer(source, partial, **load)
+            except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+                raise ValueError(
+                    f"the tokenizer of {source} does not load ({type(error).__name__}: {error}); nothing was "
+                    f"written to {output_dir}: repair or re-save the source's tokenizer files"
+                ) from error
+
+
 __all__ = [
-    "copy_tokenizer",
+    "copy_tokenizer", "save_staged",
     "local_paths_in", "safetensors_problem",
     "check_new_folder",
     "check_no_token",

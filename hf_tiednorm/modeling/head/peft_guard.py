@@ -38,6 +38,8 @@ PEFT_EMBEDDING_ADVICE = (
     "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
     "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
 )
+# Where a checked model keeps the head terms an adapter save would drop (unsaved_head_terms), checked at every call.
+_WATCHED = "_tiednorm_guard_unsaved_terms"
 # (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
 _WHY = (
     (
@@ -95,6 +97,43 @@ def check_head_not_bypassed(model: nn.Module) -> None:
             "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
             f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
         )
+    model.__dict__[_WATCHED] = unsaved = unsaved_head_terms(modules)  # not a module attribute: no state dict entry
+    refuse_unsaved_head_terms(unsaved)
+
+
+def unsaved_head_terms(modules: dict[str, nn.Module]) -> list[tuple[str, nn.Parameter]]:
+    """The head's learned terms (every parameter of a ``TiedNormHead`` but the shared matrix) that an adapter save
+    would drop, by qualified name: all of them in a model PEFT put adapters into, unless the head trains them with an
+    adapter (``hf_tiednorm.training.peft_terms.train_head_terms``, which makes it a PEFT auxiliary module); none in a
+    model without PEFT (whose save keeps them)."""
+    names = {name: {cls.__name__ for cls in type(module).__mro__} for name, module in modules.items()}
+    if not any("BaseTunerLayer" in classes for classes in names.values()):
+        return []
+    return [
+        (f"{name}.{term}" if name else term, parameter)
+        for name, module in modules.items()
+        if isinstance(module, TiedNormHead) and "AuxiliaryTrainingWrapper" not in names[name]
+        for term, parameter in module.named_parameters(recurse=False)
+        if term != "weight"
+    ]
+
+
+def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
+    """Raise ``ValueError`` naming the first of ``terms`` (``unsaved_head_terms``) that requires grad: it would
+    train, then be lost at ``save_pretrained`` (PEFT saves only its adapters), and a reload would score with the
+    base model's value, with no warning. ``check_head_not_bypassed`` keeps ``terms`` on the model, and
+    ``check_head_once`` checks them at every call (an attribute read a term): a ``requires_grad_`` set later is
+    refused at the next call."""
+    for name, parameter in terms:
+        if parameter.requires_grad:
+            raise ValueError(
+                f"{name} requires grad in a model PEFT put adapters into, but PEFT's save_pretrained saves only what "
+                f"its adapters own: the trained {name} would be lost at save, and PeftModel.from_pretrained would "
+                "score with the base model's value. Train the head's learned terms with the adapter instead: after "
+                "get_peft_model, `from hf_tiednorm.training.peft_terms import train_head_terms; "
+                "train_head_terms(model)` (saved with the adapter, restored by PeftModel.from_pretrained); or freeze "
+                f"it again with `.requires_grad_(False)`"
+            )
 
 
 def refuse_peft_before_normalizing(model: nn.Module) -> None:
@@ -150,9 +189,18 @@ def check_head_once(model: nn.Module) -> None:
     anywhere in the process since (O(1) then)."""
     version = _structure["version"]
     if model.__dict__.get(_CHECKED_AT) == version:
+        refuse_unsaved_head_terms(model.__dict__.get(_WATCHED, ()))  # a requires_grad_ set since
         return
     check_head_not_bypassed(model)
     model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
+
+
+def check_again(model: nn.Module) -> None:
+    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
+    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
+    for module in model.modules():
+        module.__dict__.pop(_CHECKED_AT, None)
+        module.__dict__.pop(_WATCHED, None)
 
 
 def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
@@ -162,8 +210,10 @@ def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
 
 __all__ = [
     "PEFT_EMBEDDING_ADVICE",
+    "check_again",
     "check_head_not_bypassed",
     "check_head_once",
     "refuse_bypassed_head",
+    "refuse_unsaved_head_terms",
     "refuse_peft_before_normalizing",
 ]
