@@ -31,6 +31,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedConfig
 
 from ..conversion.source_provenance import PROVENANCE
+from ..modeling.auto_map import VERSION_FIELD
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
 from ..modeling.head.modes import get_head_mode
@@ -114,7 +115,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE,
+        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE, VERSION_FIELD,
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
