@@ -9,7 +9,10 @@ implementation are ``slow``; the exactness and the guards run by default.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import itertools
+import pickle
 import types
 
 import pytest
@@ -20,7 +23,7 @@ from tiny_architectures import source_model
 import hf_tiednorm
 from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.modeling.head.modes import HEAD_MODES
-from hf_tiednorm.modeling.head.scoring_guard import check_scoring, own_scoring
+from hf_tiednorm.modeling.head.scoring_guard import own_scoring
 from hf_tiednorm.modeling.head.settings import LOGIT_SCALES
 
 trl = pytest.importorskip("trl")
@@ -49,15 +52,17 @@ def randomize_head_terms(model) -> None:
             head.logit_bias.normal_()
 
 
-def own_and_trl_log_probs(model, seed=1):
-    """The model's own log-softmax at the next tokens, and TRL's fused LM head output, on the same batch."""
+def own_and_trl_log_probs(model, seed=1, patch=True):
+    """The model's own log-softmax at the next tokens, and TRL's fused LM head output (``patch``: added first), on
+    the same batch."""
     ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(seed))
     labels = ids.clone()
     labels[0, :3] = -100
     with torch.no_grad():
         logits = model(input_ids=ids).logits
         own = torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
-        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+        if patch:
+            add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
         fused = model(input_ids=ids, labels=labels, fused_lm_head=True)
     mask = labels[:, 1:] != -100
     return own[mask], fused.log_probs[mask].double(), logits.abs().max().item()
@@ -153,14 +158,20 @@ def scoring_with_raw_weight(self, input_ids=None, **kwargs):
 
 
 def test_a_monkey_patched_forward_is_refused_by_name():
+    """Judged by what ran: the patched forward ran the backbone itself (set through the model or behind its back)."""
     model = causal_model(torch.float32, head_mode="cosine")
-    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
-        model.forward = types.MethodType(scoring_with_raw_weight, model)
-    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
+    ids = torch.tensor([[3, 4, 5]])
+    model.forward = types.MethodType(scoring_with_raw_weight, model)  # accepted when set ...
+    with pytest.raises(ValueError, match=r"forward \(set on the instance\) ran its backbone in "
+                                         r"test_trl\.scoring_with_raw_weight, not through the model's own forward"):
+        model(input_ids=ids)  # ... refused when it runs
+    with pytest.raises(ValueError, match=r"torch.compile of test_trl\.scoring_with_raw_weight"):
         model.forward = torch.compile(types.MethodType(scoring_with_raw_weight, model), backend="eager")
     model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # behind the model's back
-    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
-        model(input_ids=torch.tensor([[3, 4, 5]]))
+    with pytest.raises(ValueError, match=r"ran its backbone in test_trl\.scoring_with_raw_weight"):
+        model(input_ids=ids)
+    with torch.no_grad():  # the backbone called directly (hidden states) scores nothing: not refused
+        assert model.base_model(input_ids=ids).last_hidden_state.shape == (1, 3, TINY["hidden_size"])
 
 
 def test_a_forward_replaced_at_class_level_is_refused_by_name():
@@ -170,17 +181,41 @@ def test_a_forward_replaced_at_class_level_is_refused_by_name():
     Patched.forward = scoring_with_raw_weight  # as liger-kernel's apply_liger_kernel_to_* do on a class
     torch.manual_seed(0)
     model = Patched(hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine"))
-    with pytest.raises(ValueError, match=r"Patched\.forward was replaced at class level by "
+    with pytest.raises(ValueError, match=r"Patched's forward \(its class's\) ran its backbone in "
                                          r"test_trl\.scoring_with_raw_weight"):
         model(input_ids=torch.tensor([[3, 4, 5]]))
+
+
+def test_a_subclass_whose_own_forward_scores_with_the_raw_matrix_is_refused():
+    """Before: exempt because its forward is written in its class body (logits off by the normalization)."""
+
+    class RawScoring(hf_tiednorm.TiedNormForCausalLM):
+        def forward(self, input_ids=None, **kwargs):
+            hidden = self.model(input_ids=input_ids).last_hidden_state
+            return hidden @ self.get_output_embeddings().weight.T
+
+    class Logging(hf_tiednorm.TiedNormForCausalLM):  # a subclass that calls the model's own forward: served
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    torch.manual_seed(0)
+    config = hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine")
+    with pytest.raises(ValueError, match=r"RawScoring's forward \(its class's\) ran its backbone in "
+                                         r"test_trl\.test_a_subclass_whose_own_forward_scores_with_the_raw_matrix_is_"
+                                         r"refused\.<locals>\.RawScoring\.forward"):
+        RawScoring(config)(input_ids=torch.tensor([[3, 4, 5]]))
+    assert Logging(config)(input_ids=torch.tensor([[3, 4, 5]])).logits.shape == (1, 3, TINY["vocab_size"])
 
 
 def test_trls_forward_installed_behind_the_models_back_is_refused():
     model = causal_model(torch.float32, head_mode="cosine")
     add_fused_lm_head(model)
     served = model.__dict__["forward"]
-    object.__setattr__(model, "forward", types.MethodType(served.__func__.__wrapped__, model))  # TRL's own, unserved
-    with pytest.raises(ValueError, match="TRL's add_fused_lm_head forward"):
+    trl_forward = model.__dict__["_tiednorm_trl_forward"][0]
+    assert "input_ids" in inspect.signature(served).parameters  # the model's signature, which the Trainer reads
+    object.__setattr__(model, "forward", types.MethodType(trl_forward, model))  # TRL's own, unserved
+    with pytest.raises(ValueError, match=r"trl\.trainer\.utils\.add_fused_lm_head\.<locals>\._fused_forward, "
+                                         "TRL's add_fused_lm_head forward installed without going through"):
         model(input_ids=torch.tensor([[3, 4, 5]]), labels=torch.tensor([[3, 4, 5]]), fused_lm_head=True)
 
 
@@ -195,13 +230,46 @@ def test_the_guard_follows_accelerates_mixed_precision_wrappers_and_peft():
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)
     model.forward = types.MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
     ids = torch.tensor([[3, 4, 5, 6]])
-    check_scoring(model)
+    own, fused, largest = own_and_trl_log_probs(model)  # served through both wrappers, exactly
+    torch.testing.assert_close(fused, own, rtol=0, atol=1e-5 * (1 + largest))
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     out = peft_model(input_ids=ids, labels=ids, fused_lm_head=True)
     assert torch.isfinite(out.log_probs).all()
     model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # a patch under PEFT is still found
     with pytest.raises(ValueError, match="scoring_with_raw_weight"):
         peft_model(input_ids=ids)
+
+
+COPIES = {"deepcopy": copy.deepcopy, "copy": copy.copy, "pickle": lambda model: pickle.loads(pickle.dumps(model))}
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+@pytest.mark.parametrize("name", ["own", "wrapped-gpt2", "wrapped-llama"])
+def test_a_copy_of_a_trl_patched_model_scores_with_its_own_head(name, how):
+    """A user's reference model: before, a deep copy's fused log-probs used the original model's raw tied matrix
+    (off by 3 and more, no warning). A pickle leaves TRL's patch out, as for transformers' own models (TRL's forward
+    pickles as the attribute ``forward``): it is patched again."""
+    if name == "own":
+        model = causal_model(head_mode="cosine", logit_scale_kind="vector", logit_bias=True)
+    else:
+        model = normalize_tied_head(source_model(name.split("-")[1]), "cosine", logit_scale_kind="vector",
+                                    logit_bias=True, generic=True).double().eval()
+        randomize_head_terms(model)
+    add_fused_lm_head(model)
+    copied = COPIES[how](model)
+    if how != "copy":  # a shallow copy shares the modules: the same head
+        randomize_head_terms(model)  # the original moves on (a policy trains); the copy keeps its own terms
+        assert not torch.equal(model.get_output_embeddings().logit_bias, copied.get_output_embeddings().logit_bias)
+    own, fused, largest = own_and_trl_log_probs(copied, patch=how == "pickle")  # the copy's patch, as it was copied
+    torch.testing.assert_close(fused, own, rtol=0, atol=1e-6 * (1 + largest))
+
+
+def test_the_pickled_model_keeps_the_guard():
+    model = causal_model(torch.float32, head_mode="cosine")
+    copied = pickle.loads(pickle.dumps(model))
+    copied.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, copied)
+    with pytest.raises(ValueError, match="ran its backbone in test_trl.scoring_with_raw_weight"):
+        copied(input_ids=torch.tensor([[3, 4, 5]]))
 
 
 def test_a_forward_marked_as_own_scoring_is_let_through():
