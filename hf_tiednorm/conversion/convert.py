@@ -159,7 +159,13 @@ def normalize_tied_head(
     else:
         converted = _wrap(model, settings, lossless_start)
     record_provenance(converted, folder_provenance(name_or_path), base_model=base_model, license=license)
-    return name_like_source(converted, name_or_path)
+    return name_like_source(converted, name_or_path, _computes_source_logits(settings, lossless_start))
+
+
+def _computes_source_logits(settings: HeadSettings, lossless_start: bool) -> bool:
+    """Whether a conversion with ``settings`` starts with its source's logits: a lossless start, or the plain
+    baseline head with no learned term."""
+    return lossless_start or settings == HeadSettings(norm_eps=settings.norm_eps)
 
 
 def _own_family_in_memory(model: PreTrainedModel, settings: HeadSettings, lossless_start: bool) -> PreTrainedModel:
@@ -299,7 +305,7 @@ def convert_checkpoint(
     if row_scales is not None:
         take_row_scales(model, row_scales)
     record_provenance(model, stated_provenance(source, gguf_file), base_model=base_model, license=license)
-    model = name_like_source(model.eval(), source_model.name_or_path)
+    model = name_like_source(model.eval(), source_model.name_or_path, _computes_source_logits(settings, lossless_start))
     if output_dir is not None:
         save_staged(model, output_dir, source, has_tokenizer, load)
     return model

@@ -380,3 +380,127 @@ def test_trl_trains_smollm2_converted_with_a_lossless_start(trl_data, tmp_path):
         trainer, flags = RUNS[run]
         history = run_trl(trainer, tmp_path / "smollm2", trl_data, tmp_path / run, *flags, "--lora")
         assert METRICS[trainer] <= {key for entry in history for key in entry}, run
+
+
+# --- TRL's reference model, ref_model=None (issue 60) ------------------------------------------------------------
+# DPO, KTO and GRPO with beta > 0 rebuild their reference from the policy's config._name_or_path, with their config's
+# trust_remote_code (default False). With the package imported a stock config works; a script that loads a folder as
+# remote code only must set trust_remote_code=True in the trainer's config; a model converted in memory names no
+# folder a reload would find it in.
+
+PAIRS = {"prompt": ["a dog", "a woman"] * 4, "chosen": [" runs .", " reads ."] * 4,
+         "rejected": [" book .", " grass ."] * 4}  # fmt: skip
+UNPAIRED = {"prompt": ["a dog", "a woman"] * 4, "completion": [" runs .", " book ."] * 4, "label": [True, False] * 4}
+TRAINERS = {  # trainer, config, data, the first step's logged value that is 0 exactly when the reference is the policy
+    "dpo": ("DPOTrainer", "DPOConfig", PAIRS, "rewards/margins", {}),
+    "kto": ("KTOTrainer", "KTOConfig", UNPAIRED, "kl", {}),
+    "grpo": ("GRPOTrainer", "GRPOConfig", {"prompt": ["a dog", "a woman"] * 4}, "kl",
+             {"beta": 0.1, "num_generations": 2, "max_completion_length": 4}),
+}
+REFERENCE_RUN = """
+import json
+import trl
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+trainer_name, config_name, data, logged, extra, trust = ARGS
+model = AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("model", trust_remote_code=True)
+config = getattr(trl, config_name)(output_dir="out", max_steps=1, per_device_train_batch_size=4, report_to="none",
+                                   save_strategy="no", use_cpu=True, learning_rate=0.0, logging_steps=1, **extra,
+                                   **({"trust_remote_code": True} if trust else {}))
+reward = {"reward_funcs": lambda completions, **_: [float(len(c)) for c in completions]}
+kwargs = reward if trainer_name == "GRPOTrainer" else {}
+try:
+    trainer = getattr(trl, trainer_name)(model=model, args=config, train_dataset=Dataset.from_dict(data),
+                                         processing_class=tokenizer, **kwargs)
+except ValueError as error:
+    import os
+    print(json.dumps({"refused": str(error), "wrote": os.listdir("out") if os.path.exists("out") else []}))
+else:
+    trainer.train()
+    print(json.dumps({"reference": type(trainer.ref_model).__module__, "logged": trainer.state.log_history[0][logged]}))
+"""
+
+
+def reference_run(kind: str, folder, trust: bool) -> dict:
+    import json
+
+    from testing_utils import run_without_package
+
+    trainer, config, data, logged, extra = TRAINERS[kind]
+    code = REFERENCE_RUN.replace("ARGS", repr([trainer, config, data, logged, extra, trust]))
+    return json.loads(run_without_package(code, folder).strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference")
+    saved_model("own-auto", folder / "model")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "kind", ["dpo", pytest.param("kto", marks=pytest.mark.slow), pytest.param("grpo", marks=pytest.mark.slow)]
+)  # KTO, GRPO: two more packageless trainer runs (~1 min)
+def test_a_folder_loaded_as_remote_code_needs_trust_remote_code_in_the_trainers_config(kind, tiny_folder):
+    """Without hf_tiednorm: a stock config stops at the trainer's construction (no file written) with transformers'
+    message naming trust_remote_code; with trust_remote_code=True in the config, TRL reloads the folder's own code and
+    the reference is the policy (the first step's margin / KL is 0)."""
+    refused = reference_run(kind, tiny_folder, trust=False)
+    assert "trust_remote_code=True" in refused["refused"] and not refused["wrote"]
+    run = reference_run(kind, tiny_folder, trust=True)
+    assert run["reference"].startswith("transformers_modules.") and run["logged"] == 0.0
+
+
+def test_a_stock_config_reloads_the_reference_where_the_package_is_imported(tiny_folder, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder / "model", trust_remote_code=True)
+    config = trl.DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none",
+                           save_strategy="no", use_cpu=True, learning_rate=0.0)  # fmt: skip
+    trainer = trl.DPOTrainer(model=model, args=config, train_dataset=Dataset.from_dict(PAIRS),
+                             processing_class=tiny_tokenizer())
+    assert type(trainer.ref_model) is hf_tiednorm.TiedNormForCausalLM
+    trainer.train()
+    assert trainer.state.log_history[0]["rewards/margins"] == 0.0
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["cosine", "cosine-lossless"])
+def test_a_model_converted_in_memory_is_never_reloaded_as_its_source(lossless, tmp_path):
+    """Before: TRL rebuilt the reference from the source's folder, which the in-memory conversion still named: a plain
+    Qwen3 whose log-probs are not the cosine model's (a DPO margin of -0.49 at step 0, silently). Now a conversion that
+    changes the scores names no folder (the trainer stops at once); a lossless one still names its source, whose
+    logits it has, and the reference is right (margin 0)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    source_model("qwen3").save_pretrained(tmp_path / "source")
+    model = normalize_tied_head(AutoModelForCausalLM.from_pretrained(tmp_path / "source"), "cosine",
+                                lossless_start=lossless)  # fmt: skip
+    assert model.name_or_path == str(tmp_path / "source")  # what PEFT records as the adapter's base model
+    config = trl.DPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4,
+                           report_to="none", save_strategy="no", use_cpu=True, learning_rate=0.0)  # fmt: skip
+    make = lambda: trl.DPOTrainer(model=model, args=config, train_dataset=Dataset.from_dict(PAIRS),  # noqa: E731
+                                  processing_class=tiny_tokenizer())  # fmt: skip
+    if not lossless:
+        with pytest.raises(OSError):
+            make()
+        return
+    trainer = make()
+    trainer.train()
+    assert trainer.state.log_history[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.slow  # one TRL DPO run with LoRA and the head's terms, and a reload
+def test_run_trl_trains_the_heads_terms_beside_lora(trl_data, tmp_path):
+    from peft import PeftModel
+    from safetensors import safe_open
+
+    model = saved_model("own-auto", tmp_path / "model")
+    run_trl("dpo", tmp_path / "model", trl_data, tmp_path / "out", "--lora", "--lora_head_terms")
+    with safe_open(tmp_path / "out" / "adapter_model.safetensors", "pt") as saved:
+        g = saved.get_tensor("base_model.model.lm_head.logit_scale")
+    assert not torch.equal(g, model.get_output_embeddings().logit_scale)  # trained, and saved with the adapter
+    reloaded = PeftModel.from_pretrained(type(model).from_pretrained(tmp_path / "model"), tmp_path / "out")
+    assert torch.equal(reloaded.get_output_embeddings().logit_scale, g)
