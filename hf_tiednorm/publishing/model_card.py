@@ -30,6 +30,7 @@ from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedConfig
 
+from ..conversion.saved_code import VERSION_FIELD
 from ..conversion.source_provenance import PROVENANCE
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
 from ..modeling.families.configuration_encoder_decoder import TieTopologyConfigMixin
@@ -115,7 +116,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE,
+        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE, VERSION_FIELD,
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()

@@ -9,9 +9,11 @@ refused by name. What a registered mode returns is checked at every call (regist
 
 from __future__ import annotations
 
+import gc
 import types
 from collections.abc import Callable, Iterator, Sequence
 
+from ..modeling.head.layer import NormalizedScoresMixin
 from ..modeling.head.modes import HeadMode, get_head_mode
 from ..modeling.head.settings import BUILTIN_HEAD_MODES, HEAD_MODE_REGISTRY, head_mode_names
 from ..modeling.head.terms import MODE_LOSSLESS_TERMS
@@ -44,6 +46,14 @@ def register_head_mode(mode: HeadMode, *, replace: bool = False) -> HeadMode:
         raise ValueError(f"head mode {mode.name!r}: lossless_start may name {names} only")
     if mode.name in HEAD_MODE_REGISTRY and not replace:
         raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
+    live = live_heads_holding_another(mode)
+    if live:
+        raise ValueError(
+            f"head mode {mode.name!r} cannot be redefined while a model built with it lives ({len(live)} live "
+            f"head(s) of {type(live[0]).__name__} score with {live[0].mode!r}): that model would keep the old "
+            "definition while its saved folder reloaded in this process with the new one, other logits and no "
+            "error. Delete those models first (del model), or register the new definition under a name of its own"
+        )
     # Every call of its terms is checked: the methods become checked ones on the instance (its class's, or those set
     # on the instance itself, mode.column_terms = ...).
     for attribute, checked in (("column_terms", checked_column_terms), ("lossless_terms", checked_lossless_terms)):
@@ -54,6 +64,22 @@ def register_head_mode(mode: HeadMode, *, replace: bool = False) -> HeadMode:
     return mode
 
 
+def live_heads_holding_another(mode: HeadMode) -> list:
+    """The live heads of this process scoring with a definition of ``mode.name`` other than ``mode`` (issue 58: a
+    live model kept the old definition while its saved folder reloaded with the new one, logits × 0.5). Found among
+    the objects the garbage collector tracks, after a collection, so that a model in a reference cycle outlives its
+    last name no longer; a registration is rare, and a head needs no record of its own (nor its copies)."""
+    gc.collect()
+    live = []
+    for found in gc.get_objects():
+        try:
+            if isinstance(found, NormalizedScoresMixin) and found.mode.name == mode.name and found.mode is not mode:
+                live.append(found)
+        except Exception:  # noqa: BLE001, S112 (an object whose isinstance or attributes raise: not a head)
+            continue
+    return live
+
+
 def _unbound(function: Callable) -> Callable:
     """A function set on an instance takes (weight, eps); the checks call it as (self, weight, eps)."""
     return getattr(function, "__func__", None) or (lambda self, *args, **kwargs: function(*args, **kwargs))
@@ -61,7 +87,9 @@ def _unbound(function: Callable) -> Callable:
 
 def unregister_head_mode(name: str) -> None:
     """Remove a mode that ``register_head_mode`` added (a test cleans up with it); a built-in mode is refused (it
-    could then be registered again as another mode under its name)."""
+    could then be registered again as another mode under its name). A live model of the mode keeps scoring with it,
+    its ``save_pretrained`` is refused until it is registered again, and no other definition can be registered under
+    the name while it lives."""
     if name in BUILTIN_HEAD_MODES:
         raise ValueError(f"head mode {name!r} is built in and cannot be unregistered")
     HEAD_MODE_REGISTRY.pop(name, None)
@@ -101,4 +129,6 @@ def head_mode_summaries() -> str:
     return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in modes)
 
 
-__all__ = ["HEAD_MODES", "head_mode_summaries", "register_head_mode", "unregister_head_mode"]
+__all__ = [
+    "HEAD_MODES", "head_mode_summaries", "live_heads_holding_another", "register_head_mode", "unregister_head_mode",
+]  # fmt: skip

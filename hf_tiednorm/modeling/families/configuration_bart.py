@@ -11,8 +11,8 @@ from .configuration_techniques import TiedNormTechniquesConfigMixin
 @strict
 class TiedNormBartConfig(SmallEncoderDecoderConfigMixin, TieTopologyConfigMixin, TiedNormHeadConfigMixin,
                          TiedNormTechniquesConfigMixin, BartConfig):  # fmt: skip
-    """A BART-style encoder-decoder (learned positions, embedding LayerNorm) whose output layer is the normalized
-    tied head; the family that BART checkpoints convert to. ``scale_embedding`` keeps BART's default (False)."""
+    """A BART-style encoder-decoder (learned positions, embedding LayerNorm) whose output layer is the normalized tied
+    head; ``scale_embedding`` keeps BART's default (False)."""
 
     model_type = "tiednorm_bart"
 

@@ -15,8 +15,7 @@ class TiedNormSeq2SeqConfig(SmallEncoderDecoderConfigMixin, TieTopologyConfigMix
 
     model_type = "tiednorm_seq2seq"
 
-    # Multiply embeddings by sqrt(d) as in Vaswani et al. (Marian's default for trained-from-scratch models).
-    scale_embedding: bool = True
+    scale_embedding: bool = True  # embeddings times sqrt(d), as in Vaswani et al.
 
 
 __all__ = ["TiedNormSeq2SeqConfig"]

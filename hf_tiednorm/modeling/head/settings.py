@@ -1,6 +1,5 @@
 """The head's settings as one value, ``HeadSettings``, checked once when made, and the registries of head modes and
-learned terms: what a configuration checks without torch (the registries' objects live in head/modes.py and
-head/terms.py; a configuration knows them by name)."""
+learned terms, by name: what a configuration checks without torch."""
 
 from __future__ import annotations
 
@@ -36,9 +35,8 @@ def check_head_mode(name) -> None:
 
 
 def renamed_value(old: str, value, current, given_as: str, stacklevel: int):
-    """``value`` given under a renamed field's old name, with a FutureWarning attributed ``stacklevel`` frames up
-    (``given_as``: "config field" or "keyword argument"); ``ValueError`` for a value the old field never took (a float
-    multiplier) or one contradicting the new field's ``current`` value."""
+    """``value`` given under a renamed field's old name (a FutureWarning ``stacklevel`` frames up, as a ``given_as``);
+    ``ValueError`` for a value it never took (a float multiplier) or one contradicting the new field's ``current``."""
     new = RENAMED_FIELDS[old]
     if not (isinstance(value, str) and value in LOGIT_SCALES):
         raise ValueError(
@@ -61,8 +59,8 @@ def renamed_value(old: str, value, current, given_as: str, stacklevel: int):
 
 @dataclass(frozen=True, kw_only=True)
 class HeadSettings:
-    """The head's settings, keyword-only, as the config fields of the same names (``TiedNormHeadConfigMixin``)
-    describe them; ``extra_terms``: registered head terms (``register_head_term``) the head learns too."""
+    """The head's settings as the config fields of the same names (``TiedNormHeadConfigMixin``) describe them;
+    ``extra_terms``: registered head terms it learns too."""
 
     head_mode: str = DEFAULT_HEAD_MODE
     logit_scale_kind: str = "none"

@@ -15,28 +15,32 @@ from transformers.utils.type_validators import interval, positive_int_field
 
 
 # ------------------------------ hf_tiednorm/modeling/code_writer.py ---------------------------------------------
-"""How a saved folder gets its code: the package sets ``CODE_WRITER`` (hf_tiednorm/conversion/saved_code.py, its
-family's two generated files); in a folder's own code it is None and transformers copies the code itself."""
+"""How a saved folder gets its code: the package sets ``CODE_HOOKS`` when imported (conversion/saved_code.py: a save
+writes the family's generated files, a load reports a folder whose own code does not run); in a folder's own code
+they are None, and transformers copies that code as any remote code."""
 
 
-# A callable (the config or model being saved, its folder) -> a context manager around the save; None: transformers'.
-CODE_WRITER: list = [None]
+CODE_HOOKS: dict = {"save": None, "load": None}  # (config or model, folder) -> context manager; (model, source) -> None
 
 
 class SavesItsCode:
-    """First among the bases of a config or model class: its ``save_pretrained`` writes the folder's code through
-    ``CODE_WRITER``."""
+    """First among a config's or model's bases: its ``save_pretrained`` and ``from_pretrained`` run ``CODE_HOOKS``."""
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        writer = CODE_WRITER[0]
-        with nullcontext() if writer is None else writer(self, save_directory):
+        with nullcontext() if CODE_HOOKS["save"] is None else CODE_HOOKS["save"](self, save_directory):
             return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        if CODE_HOOKS["load"] is not None:
+            CODE_HOOKS["load"](loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path)
+        return loaded
 
 
 # ------------------------------ hf_tiednorm/modeling/head/settings.py -------------------------------------------
 """The head's settings as one value, ``HeadSettings``, checked once when made, and the registries of head modes and
-learned terms: what a configuration checks without torch (the registries' objects live in head/modes.py and
-head/terms.py; a configuration knows them by name)."""
+learned terms, by name: what a configuration checks without torch."""
 
 
 LogitScale = Literal["none", "fixed", "scalar", "vector"]
@@ -65,9 +69,8 @@ def check_head_mode(name) -> "None":
 
 
 def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"):
-    """``value`` given under a renamed field's old name, with a FutureWarning attributed ``stacklevel`` frames up
-    (``given_as``: "config field" or "keyword argument"); ``ValueError`` for a value the old field never took (a float
-    multiplier) or one contradicting the new field's ``current`` value."""
+    """``value`` given under a renamed field's old name (a FutureWarning ``stacklevel`` frames up, as a ``given_as``);
+    ``ValueError`` for a value it never took (a float multiplier) or one contradicting the new field's ``current``."""
     new = RENAMED_FIELDS[old]
     if not (isinstance(value, str) and value in LOGIT_SCALES):
         raise ValueError(
@@ -90,8 +93,8 @@ def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"
 
 @dataclass(frozen=True, kw_only=True)
 class HeadSettings:
-    """The head's settings, keyword-only, as the config fields of the same names (``TiedNormHeadConfigMixin``)
-    describe them; ``extra_terms``: registered head terms (``register_head_term``) the head learns too."""
+    """The head's settings as the config fields of the same names (``TiedNormHeadConfigMixin``) describe them;
+    ``extra_terms``: registered head terms it learns too."""
 
     head_mode: "str" = DEFAULT_HEAD_MODE
     logit_scale_kind: "str" = "none"
@@ -393,5 +396,4 @@ class TiedNormSeq2SeqConfig(SmallEncoderDecoderConfigMixin, TieTopologyConfigMix
 
     model_type = "tiednorm_seq2seq"
 
-    # Multiply embeddings by sqrt(d) as in Vaswani et al. (Marian's default for trained-from-scratch models).
-    scale_embedding: bool = True
+    scale_embedding: bool = True  # embeddings times sqrt(d), as in Vaswani et al.

@@ -470,6 +470,9 @@ class HeadMode:
     def __repr__(self) -> str:
         return f"<head mode {self.name!r}: {self.equation}>"
 
+    def __deepcopy__(self, memo) -> HeadMode:
+        return self  # a mode is its registered definition: a deep-copied model scores with the same one
+
 
 class Baseline(HeadMode):
     name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
