@@ -150,9 +150,8 @@ def _bias_reason(model: PreTrainedModel) -> str:
     for term in active_terms(head.settings):  # a learned term that shifts the scores (b, or a registered one)
         _, shift = term.fold_into(head, None, None, rows, head.weight.device)
         if shift is not None and shift.count_nonzero():
-            built_in = term.name == "logit_bias"
-            reasons.append("logit_bias=True (the learned per-token b)" if built_in else f"the registered head term "
-                           f"{term.name!r}")  # fmt: skip
+            reasons.append("logit_bias=True (the learned per-token b)" if term.name == "logit_bias" else
+                           f"the registered head term {term.name!r}")  # fmt: skip
     return " and ".join(reasons) or "the model's final_logits_bias"
 
 

@@ -63,8 +63,8 @@ def check_head_mode(name) -> "None":
     """``ValueError`` naming ``name`` and the modes this process knows, unless it is one of them."""
     if not isinstance(name, str) or name not in head_mode_names():
         raise ValueError(
-            f"head_mode must be one of {head_mode_names()}, the modes this code defines; got {name!r}. A model saved "
-            "with a mode registered at runtime (register_head_mode) loads only where that mode is registered"
+            f"head_mode must be one of {head_mode_names()}, the modes this code defines; got {name!r}. A model with a "
+            "mode registered at runtime (register_head_mode) loads and saves only where it is registered: register it"
         )
 
 
