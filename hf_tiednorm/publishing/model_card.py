@@ -30,16 +30,10 @@ from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedConfig
 
+from ..conversion import training_record
 from ..conversion.source_provenance import PROVENANCE
 from ..conversion.staging_checks import has_chat_template
-from ..conversion.training_record import (
-    data_text,
-    is_dataset_id,
-    origin_text,
-    read_training_record,
-    record_metadata,
-    trained,
-)
+from ..modeling.auto_map import VERSION_FIELD
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
 from ..modeling.head.modes import get_head_mode
@@ -122,7 +116,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE,
+        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE, VERSION_FIELD,
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
@@ -265,8 +259,8 @@ def render_model_card(
     source_id, license, source = card_provenance(config, base_model, license)
     details = license_details(config, license, license_name, license_link)
     # What was done to the weights: by this run (base_model), or what the folder says, whatever saved it.
-    record = read_training_record(Path(trained_in) if trained_in is not None else folder, dataset)
-    fine_tuned = base_model is not None or trained(record)
+    record = training_record.read_training_record(Path(trained_in) if trained_in is not None else folder, dataset)
+    fine_tuned = base_model is not None or training_record.trained(record)
     dataset = record.data if record is not None else None
     results, signature = parse_metrics(metrics or {})
     eval_subsets = {**metric_subsets(metrics), **(eval_subsets or {})}  # the run saved them with its metrics
@@ -291,13 +285,13 @@ def render_model_card(
         pipeline_tag="translation" if is_encoder_decoder else "text-generation",
         tags=tags,
         language=languages,
-        datasets=[dataset] if is_dataset_id(dataset) else None,  # data named in words: the body and the record
+        datasets=[dataset] if training_record.is_dataset_id(dataset) else None,  # words: the body and the record
         license=license,
         **details,
         base_model=source_id,
         model_name=model_name,
         eval_results=eval_results(results, signature, dataset, is_encoder_decoder) or None,
-        **record_metadata(record),
+        **training_record.record_metadata(record),
     )
     built_in_terms, added_terms = _term_rows(config, folder)
     return ModelCard.from_template(
@@ -320,8 +314,8 @@ def render_model_card(
         num_parameters=_num_parameters(folder),
         vocab_size=config.vocab_size,
         regularizers=_regularizer_fields(config),
-        origin=origin_text(record, source, from_base=base_model is not None),
-        data_line=data_text(record, languages) if fine_tuned or dataset else "",
+        origin=training_record.origin_text(record, source, from_base=base_model is not None),
+        data_line=training_record.data_text(record, languages) if fine_tuned or dataset else "",
         chat_template=not is_encoder_decoder and has_chat_template(folder),
         license_text=license_text(license, details),
         training=training_settings(training, metrics),

@@ -67,6 +67,7 @@ from .configuration_tiednorm import (
     fold_scale,
     get_head_mode,
     head_terms,
+    hold_head_mode,
     learned_terms,
     projection_penalty,
     start_resized_tokens,
@@ -199,6 +200,7 @@ class NormalizedScoresMixin:
         self.settings = settings
         self.head_mode = settings.head_mode
         self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
+        hold_head_mode(self)  # its name keeps this definition while the head lives (head/modes.py)
         self.norm_eps = settings.norm_eps
         # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
         # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
@@ -213,6 +215,11 @@ class NormalizedScoresMixin:
                 setattr(self, term.name, None)
         self._frozen_depth = 0
         self._frozen_terms = None
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "mode" in state:  # a copy (copy.deepcopy, pickle) of a head holds its mode as the head does
+            hold_head_mode(self)
 
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
