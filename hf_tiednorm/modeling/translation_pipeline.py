@@ -93,6 +93,9 @@ class TiedNormTranslationPipeline(Pipeline):
             folder = getattr(self.model, "name_or_path", None) or ""
             has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
             source = f"in {folder}" if has_files else "given as pipeline(tokenizer=...)"
+            if failure is not None and not has_files and folder and os.path.isdir(folder):
+                # transformers guessed the tokenizer from the model's folder, which has none
+                raise ValueError(missing_tokenizer_message(self.model)) from failure
             if failure is not None:
                 raise ValueError(
                     f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
