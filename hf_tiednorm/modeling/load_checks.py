@@ -1,22 +1,7 @@
-"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
-tensor of the file must find its place, checked when ``from_pretrained`` finishes.
-
-transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
-"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
-loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
-edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
-meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
-fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
-any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
-each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
-itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
-``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
-from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``WeightChecksMixin``, below), so transformers' report table is still printed first.
-
-This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
-"""
+"""A model folder loads as trained or not at all: every tensor the model holds must come from the file (a learned head
+term, the shared embedding, any layer) and every tensor of the file must find its place; transformers only logs both.
+``check_loaded_head`` runs from transformers' own hook on the loading report and names each tensor, config field and
+the folder. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -79,15 +64,28 @@ def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
         "incomplete; restore it"
         for found in names.values()
     ]
-    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
-    if not offloaded:
-        for name, parameter in model.named_parameters():
-            if parameter.is_meta:
-                errors.append(
-                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
-                    "weights file is incomplete; restore it"
-                )
+    for name, parameter in model.named_parameters():
+        if parameter.is_meta and not offloaded_to_disk(model, name):
+            errors.append(
+                f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
+                "weights file is incomplete; restore it"
+            )
     return errors
+
+
+_DEVICE_MAP_AT_LOAD = "_tiednorm_device_map_at_load"  # model.__dict__: no registration, no state-dict entry
+
+
+def offloaded_to_disk(model: nn.Module, name: str) -> bool:
+    """Whether parameter ``name`` is offloaded to disk by the device map ``model`` is loaded (or dispatched) with:
+    the longest module prefix of ``name`` the map names maps to ``"disk"``."""
+    device_map = model.__dict__.get(_DEVICE_MAP_AT_LOAD) or getattr(model, "hf_device_map", None) or {}
+    parts = name.split(".")
+    for end in range(len(parts), -1, -1):
+        device = device_map.get(".".join(parts[:end]))
+        if device is not None:
+            return device == "disk"
+    return False
 
 
 def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
@@ -98,7 +96,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
     named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        if name in keys and (id(parameter) in shared or parameter.is_meta):
+        if name in keys and (id(parameter) in shared or parameter.is_meta and not offloaded_to_disk(model, name)):
             named.add(name)
     return named
 
@@ -137,7 +135,7 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
-    _refuse(model, errors)
+    refuse_load_errors(model, errors)
 
 
 def check_loaded_body(model: nn.Module, loading_info) -> None:
@@ -145,25 +143,27 @@ def check_loaded_body(model: nn.Module, loading_info) -> None:
     (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
     a body loaded from its LM's folder drops the head, as transformers' bodies do."""
     missing = set(loading_info.missing_keys)
-    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
-def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
-    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
-    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
-    instead of converting a randomly initialized layer "lossless"."""
-    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
-    _refuse(model, other_tensor_errors(model, missing, unexpected))
-
-
-def _refuse(model: nn.Module, errors: list[str]) -> None:
+def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
 
 
-class WeightChecksMixin:
+class DeviceMapAtLoadMixin:
+    """Keeps the device map ``from_pretrained`` loads with where the load checks read it (``offloaded_to_disk``):
+    transformers sets ``hf_device_map`` only after loading, when it dispatches the model."""
+
+    @classmethod
+    def _finalize_model_loading(cls, model, load_config, loading_info):
+        model.__dict__[_DEVICE_MAP_AT_LOAD] = getattr(load_config, "device_map", None)
+        return super()._finalize_model_loading(model, load_config, loading_info)
+
+
+class WeightChecksMixin(DeviceMapAtLoadMixin):
     """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded
     (modeling/load_checks.py).
     First among a model class's bases."""
@@ -183,11 +183,13 @@ class WeightChecksMixin:
 
 
 __all__ = [
+    "DeviceMapAtLoadMixin",
     "WeightChecksMixin",
     "check_loaded_body",
     "check_loaded_head",
-    "check_source_loaded",
     "embedding_errors",
     "head_term_errors",
+    "offloaded_to_disk",
     "other_tensor_errors",
+    "refuse_load_errors",
 ]

@@ -245,3 +245,28 @@ with torch.no_grad():
     print((model(**expected["inputs"]).logits - expected["logits"]).abs().max().item())
 """, tmp_path)
     assert float(out.strip().splitlines()[-1]) == 0.0
+
+
+def test_dpo_scores_its_reference_with_the_base_terms(folders, tmp_path):
+    """TRL's DPOTrainer given the PeftModel adds a frozen reference adapter: the head's trained terms belong to the
+    policy's adapter only, so the reference is the starting model (margin 0 at step 1), and the terms train."""
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+    from testing_utils import tiny_tokenizer
+
+    model = peft.get_peft_model(load(folders, "own"), peft.LoraConfig(target_modules=ATTENTION["own"]))
+    train_head_terms(model)
+    head = model.get_output_embeddings()
+    start = head.logit_scale.detach().clone()
+    data = Dataset.from_dict({"prompt": ["a dog", "a woman"] * 4, "chosen": [" runs .", " reads ."] * 4,
+                              "rejected": [" book .", " grass ."] * 4})  # fmt: skip
+    config = trl.DPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, learning_rate=0.1,
+                           report_to="none", save_strategy="no", use_cpu=True, logging_steps=1)  # fmt: skip
+    trainer = trl.DPOTrainer(model=model, args=config, train_dataset=data, processing_class=tiny_tokenizer())
+    assert "ref" in model.peft_config and head._adapters == {"default"}
+    trainer.train()
+    assert trainer.state.log_history[0]["rewards/margins"] == 0.0
+    assert trainer.state.log_history[1]["rewards/margins"] != 0.0
+    assert not torch.equal(head.logit_scale, start)
+    model.set_adapter("ref")  # the reference: the starting terms
+    assert torch.equal(head.logit_scale, start)

@@ -1,32 +1,8 @@
-"""The head's O(V·d) work on its weight W, in the fewest passes over W a training step needs.
-
-Every head mode scores ``s = (W·h) * scale + bias`` with (V,) vectors made of the squared row norms ‖w_i‖² and the
-learned terms (head/modes.py, head/terms.py). A training batch folds the scale into the weight,
-``W_s = diag(scale)·W``, so the loss is a linear cross-entropy of (h, W_s, bias) that any fused kernel computes
-(liger-kernel's, torch's ``F.linear_cross_entropy``, the chunked loop of loss/chunked.py, a plain ``F.linear``), and
-the (tokens × V) logits are never scaled. What the normalization then costs is four passes over W per step:
-
-* forward: (1) ‖w_i‖² (reads W); (2) ``W_s = diag(scale)·W`` (reads W, writes W_s);
-* backward, from ``M = ∂L/∂W_s``, which the loss's matmul returns anyway: (3) ``c_i = w_i·M_i = ∂L/∂scale_i``
-  (reads W and M); (4) ``∂L/∂W = diag(scale)·M + diag(2·∂L/∂‖w‖²)·W`` (reads W and M, written over M), the fold's
-  and the norms' gradients in one pass. Between (3) and (4) autograd takes c and ∂L/∂bias back through the head's
-  (V,) computation, to ∂L/∂‖w‖² and the gradients of g, b and any registered term.
-
-``FoldedHead`` is that op: its forward computes the norms, records the head's (V,) computation on them (the mode's
-``column_terms`` finds the norms of pass 1 on the weight it is given, ``squared_row_norms``) and folds; its backward
-makes passes 3 and 4, pass 4 into M itself when autograd hands M over unshared (a matmul's fresh gradient). A mode
-that reads W otherwise than through ``squared_row_norms`` still gets its exact gradient (autograd's, added in pass 4).
-Composed of separate ops (a norm op, a fold op, autograd summing their gradients of W) the same step made six
-passes and four (V, d) tensors beyond the plain head's; this op makes one, W_s.
-
-Precision. Every product is computed in fp32 (fp64 for fp64 weights) and rounded once into W's dtype: a scale can
-reach 1/eps, a scaled row cannot; the row dots and the norms accumulate in fp32. A bf16/fp16 W never gets an fp32
-copy: a CUDA kernel reads W in its dtype and computes in fp32 registers, but a CPU elementwise op with mixed dtypes
-first copies its operands to the common dtype whole. So each pass is one kernel for an fp32/fp64 W on the CPU (and
-for the norms and the fold on an accelerator), and otherwise runs a block of rows at a time through fp32 buffers of
-at most ``_BLOCK_ELEMENTS`` (kept in the cache between a block's few ops), allocated once per forward or backward.
-The op saves W and (V,) vectors: W_s is saved by the matmul that consumes it, not here.
-"""
+"""The head's O(V·d) work on its weight W in the four passes over W a training step needs (``FoldedHead``): the row
+norms ‖w_i‖² and the fold ``W_s = diag(scale)·W`` forward (the loss is then a linear cross-entropy of (h, W_s, bias)
+that any fused kernel computes); backward, from ``M = ∂L/∂W_s``, the row dots ``w_i·M_i`` (∂L/∂scale) and
+``diag(scale)·M + diag(2·∂L/∂‖w‖²)·W``, written over M. Every product in fp32, rounded once into W's dtype; a bf16 W
+gets no fp32 copy (on the CPU, a block of rows at a time through small fp32 buffers). Why: docs/code_notes.md."""
 
 from __future__ import annotations
 
@@ -34,13 +10,12 @@ import contextlib
 
 import torch
 
-# Rows per block of the fp32 buffers: at most 2**20 elements (4 MiB, in the CPU's last-level cache; every op of a
-# block is a parallel region, so smaller blocks cost more in dispatch than they gain in cache), 2**24 (64 MiB) on an
-# accelerator, and at most 1/8 of the rows, so that no fp32 buffer is ever as large as W itself.
+# Elements per block of the fp32 buffers: 2**20 (4 MiB, in the CPU's last-level cache), 2**24 on an accelerator, and
+# at most 1/8 of the rows, so that no fp32 buffer is ever as large as W itself.
 _BLOCK_ELEMENTS = 1 << 20
 _ACCELERATOR_BLOCK_ELEMENTS = 1 << 24
 _MIN_BLOCKS = 8
-# The attribute of a weight (FoldedHead's detached alias of W) holding its squared row norms, computed already.
+# The attribute of FoldedHead's alias of W that hands its norms to squared_row_norms.
 _GIVEN_NORMS = "_tiednorm_squared_row_norms"
 
 
@@ -158,16 +133,14 @@ def _combine_rows(
 
 
 def _own_buffer(grad: torch.Tensor) -> bool:
-    """Whether autograd handed a backward a gradient nobody else holds (a matmul's fresh output, not a caller's
-    ``grad_outputs`` or a view into another tensor), which it may then overwrite: torch's own test for accumulating
-    gradients in place (``InputBuffer``)."""
+    """A gradient nobody else holds (a matmul's fresh output), which a backward may overwrite: torch's own test for
+    accumulating gradients in place (``InputBuffer``)."""
     use_count = getattr(grad, "_use_count", None)
     return use_count is not None and use_count() == 1 and not grad._is_view() and grad.is_contiguous()
 
 
 class SquaredRowNorms(torch.autograd.Function):
-    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only. What a mode's
-    terms use outside ``FoldedHead`` (a few tokens' logits, the lossless start)."""
+    """‖w_i‖² of every row of W (V, d), (V,) fp32 (fp64 for an fp64 W), saving W only: outside ``FoldedHead``."""
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor) -> torch.Tensor:
@@ -182,8 +155,7 @@ class SquaredRowNorms(torch.autograd.Function):
 
 
 class _NormsOnce:
-    """Pass 1 for ``FoldedHead``: the squared row norms of W, computed when a term first asks (never, for a head
-    without one), as a leaf of the (V,) graph."""
+    """Pass 1 of ``FoldedHead``: ‖w_i‖², computed when a term first asks (the baseline never does), a graph leaf."""
 
     def __init__(self, weight: torch.Tensor, blocks: _Blocks | None):
         self.weight, self.blocks, self.value = weight, blocks, None

@@ -1,34 +1,14 @@
-"""PEFT must never bypass the normalized tied head: refuse the adapters that would, saying what to do instead.
-
-Measured with peft 0.21 on a normalized tied head (cosine, l2):
-
-* LoRA (or any adapter) on attention / MLP layers leaves the head and the embedding alone: exact (tie kept, adapter
-  round trip exact, merged = unmerged up to float rounding). Allowed.
-* ``trainable_token_indices`` replaces the lookup and the output layer by ``F.embedding`` / ``F.linear`` on the raw
-  matrix: the model would silently score with plain tied logits (and look up unnormalized rows in l2 mode).
-* LoRA on ``lm_head`` / the embedding adds an unnormalized low-rank term beside the normalized score, and merging it
-  changes the shared matrix the head normalizes: merged ≠ unmerged.
-* ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
-
-Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
-The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
-pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
-bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
-its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
-anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
-(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
-save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
-
-This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
-"""
+"""PEFT must never bypass the normalized tied head: adapters on attention and MLP layers are allowed; trainable tokens,
+LoRA on the head or the shared embedding, ``modules_to_save`` on them and an untied output layer are refused naming what
+to do instead, and so is a head term trained outside an adapter, which PEFT's save would drop. The check runs at every
+call of the model and every ``generate``, O(1) while nothing it watches was replaced. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
+import operator
+
+import torch
 from torch import nn
-from torch.nn.modules.module import (
-    register_module_module_registration_hook,
-    register_module_parameter_registration_hook,
-)
 
 from .layer import TiedNormHead
 
@@ -83,7 +63,8 @@ def check_head_not_bypassed(model: nn.Module) -> None:
     heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
     if not heads:
         return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
-    shared = heads[0].weight
+    head = heads[0]
+    shared = head.weight
     for name, module in modules.items():
         why = _peft_reason(module)
         if why is None:
@@ -91,7 +72,7 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         base = _wrapped(module)
         if isinstance(base, TiedNormHead) or isinstance(base, nn.Embedding) and base.weight is shared:
             raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
-    tied = any(isinstance(m, nn.Embedding) and m.weight is shared for m in modules.values())
+    tied = any(isinstance(m, nn.Embedding) and _same_matrix(m.weight, shared) for m in modules.values())
     if getattr(model.config, "tie_word_embeddings", True) and not tied:
         raise ValueError(
             "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
@@ -136,70 +117,68 @@ def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
             )
 
 
-def refuse_peft_before_normalizing(model: nn.Module) -> None:
-    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
-    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
+def _same_matrix(weight: torch.Tensor, shared: torch.Tensor) -> bool:
+    """Whether an embedding's ``weight`` is the head's matrix ``shared``: the same parameter, or offloaded by
+    accelerate (a placeholder on the meta device between calls: accelerate puts the values in place, and ties them,
+    from its weights map at each call)."""
+    return weight is shared or (weight.is_meta or shared.is_meta) and weight.shape == shared.shape
 
-    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
-    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
-    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
-    """
-    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
-    found = next(
-        (
-            (name or "the model itself", type(module).__name__)
-            for name, module in model.named_modules()
-            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
-        ),
-        None,
+
+_HEAD_CHECKED = "_tiednorm_head_checked"  # model.__dict__: (watched names, the objects found under them) after a pass
+_OFFLOADED = object()  # what a meta parameter counts as: accelerate replaces it by another placeholder at each call
+
+
+def _watched_paths(model: nn.Module) -> tuple[tuple[str, ...], ...]:
+    """Every name (as a path of attribute names) under which ``model`` holds its normalized head or an embedding
+    holding the head's matrix: the objects a PEFT bypass or an untie replaces."""
+    heads = [m for m in model.modules() if isinstance(m, TiedNormHead)]
+    if not heads:
+        return ()
+    shared = heads[0].weight
+    return tuple(
+        tuple(name.split(".")) if name else ()
+        for name, module in model.named_modules(remove_duplicate=False)
+        if module is heads[0] or isinstance(module, nn.Embedding) and _same_matrix(module.weight, shared)
     )
-    if found is not None:
-        raise ValueError(
-            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
-            f"{found[1]}): normalize first, then add adapters, i.e. "
-            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
-            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
-        )
 
 
-# Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
-# add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
-# shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
-# at every forward) replaces nothing that a checked model reaches its head through.
-_structure = {"version": 0}
-
-
-def _replaced_module(module: nn.Module, name: str, _value) -> None:
-    if name in module._modules:
-        _structure["version"] += 1
-
-
-def _replaced_parameter(module: nn.Module, name: str, _value) -> None:
-    if name in module._parameters:
-        _structure["version"] += 1
-
-
-register_module_module_registration_hook(_replaced_module)
-register_module_parameter_registration_hook(_replaced_parameter)
-_CHECKED_AT = "_tiednorm_guard_checked_at"
+def _fingerprint(model: nn.Module, paths: tuple[tuple[str, ...], ...]) -> tuple:
+    """The objects found under ``paths`` (each module and its ``weight``), read through the modules' own
+    dictionaries: a few reads per path, whatever the size of the model."""
+    found = []
+    for path in paths:
+        module = model
+        for part in path:
+            module = module._modules.get(part)
+            if module is None:
+                return (None,)
+        weight = module._parameters.get("weight")
+        found += [module, _OFFLOADED if weight is not None and weight.is_meta else weight]
+    return tuple(found)
 
 
 def check_head_once(model: nn.Module) -> None:
-    """``check_head_not_bypassed(model)``, unless it passed already and no module or parameter has been registered
-    anywhere in the process since (O(1) then)."""
-    version = _structure["version"]
-    if model.__dict__.get(_CHECKED_AT) == version:
-        refuse_unsaved_head_terms(model.__dict__.get(_WATCHED, ()))  # a requires_grad_ set since
-        return
+    """``check_head_not_bypassed(model)``, unless it passed already and the head, the embeddings holding its matrix
+    and that matrix are still the objects found under the same names (O(1) then: no walk over the modules); the head
+    terms an adapter save would drop are checked at every call (``refuse_unsaved_head_terms``)."""
+    checked = model.__dict__.get(_HEAD_CHECKED)
+    if checked is not None:
+        paths, objects = checked
+        now = _fingerprint(model, paths)
+        if len(now) == len(objects) and all(map(operator.is_, now, objects)):
+            refuse_unsaved_head_terms(model.__dict__.get(_WATCHED, ()))  # a requires_grad_ set since
+            return
     check_head_not_bypassed(model)
-    model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
+    paths = _watched_paths(model)
+    # Not a module attribute: no registration, no state-dict entry; a deep copy maps the objects to its own.
+    model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
 
 
 def check_again(model: nn.Module) -> None:
     """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
     head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
     for module in model.modules():
-        module.__dict__.pop(_CHECKED_AT, None)
+        module.__dict__.pop(_HEAD_CHECKED, None)
         module.__dict__.pop(_WATCHED, None)
 
 
@@ -215,5 +194,4 @@ __all__ = [
     "check_head_once",
     "refuse_bypassed_head",
     "refuse_unsaved_head_terms",
-    "refuse_peft_before_normalizing",
 ]
