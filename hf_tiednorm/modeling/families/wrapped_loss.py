@@ -1,21 +1,8 @@
-"""The fused training loss of a wrapped causal LM, and the guard that no patched ``forward`` bypasses its head.
-
-A wrapped causal LM (``modeling_tiednorm_wrapped``) runs its architecture's own forward, which computes the
-(tokens × V) logits with the head and then transformers' ``ForCausalLMLoss``. For the architectures whose forward is
-exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``, read from transformers'
-code: no logit soft-capping, scaling or bias around the head), the wrapper computes the same loss from the body's
-base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``loss/policy.py``),
-never materializing the logits. Other architectures keep their own forward (``loss_implementation="auto"``) or are
-refused by name (``"fused"`` / ``"chunked"``).
-
-liger-kernel's patches (``apply_liger_kernel_to_llama()``, ``AutoLigerKernelForCausalLM``, on the class or the
-instance) replace ``LlamaForCausalLM.forward`` by one that computes the training loss from ``lm_head.weight``
-directly: with the normalized head installed, training would skip the normalization and the logit scale g, while
-evaluation and generation still use them. ``judging_the_body`` judges the wrapped model's forward by what ran, at the
-first training step of each forward in effect: its output layer, the normalized head, must have run. Any wrapper that
-calls the architecture's forward (accelerate's hooks, a logging wrapper) passes; a forward that scored without the
-head is refused by its real module and name, whoever installed it and whatever ``functools.wraps`` copied onto it.
-"""
+"""A wrapped causal LM's fused training loss, and the guard that no patched ``forward`` bypasses its head: for an
+architecture whose forward is exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``) the
+wrapper computes that loss from the last hidden state on the head's folded weight, never holding the logits; a body
+forward that computed the training loss without running its output layer (liger-kernel's patches) is refused by name,
+judged by what ran. (docs/code_notes.md)"""
 
 from __future__ import annotations
 

@@ -1,39 +1,8 @@
-"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper) is served,
-TRL's fused LM head is served the head exactly, and a forward that ran the backbone itself is refused by name.
-
-TRL's trainers call ``trl.trainer.utils.add_fused_lm_head``: the forward it sets runs ``model.base_model`` and, with
-``fused_lm_head=True``, scores the last hidden state itself with ``get_output_embeddings().weight`` / ``.bias`` (on
-a normalized tied head: the raw tied matrix, log-probs off by 2.4 on tiny models). But at given weights every head
-mode is a plain linear layer, s = (W·h) ⊙ scale + bias, the terms g, b, registered ones and Press & Wolf's P folded
-in: ``FoldedLinear`` (W_s = diag(scale)·W (·P), autograd reaching W, g, b and P). While a TRL fused call runs, and
-only then, ``get_output_embeddings()`` returns it (``serving_folded_head``), so TRL's own kernel computes the head's
-log-probabilities and metrics exactly; everywhere else it stays the ``TiedNormHead`` that tying, resizing and PEFT
-need. (A permanently folded view breaks those; a copy of TRL's forward drifts with its releases; a subclass of TRL's
-trainers is never called by stock TRL.)
-
-Every other forward is judged by what ran, not by who wrapped it, from counts and the objects themselves (no
-interpreter frame is read). The model's own forward (``own_scoring``) and the served TRL call count, on the backbone
-(``model.base_model``, which every way of scoring runs), how many of them are running over it; two hooks on the model
-count its calls (its ``__call__``) in progress. A forward pre-hook on the backbone reads both. Own forwards running:
-the call scores with the head, whatever wraps the forward — accelerate's device and offload hooks (a
-``functools.partial`` set on the instance), ``torch.compile``, autocast, PEFT, a user's logging wrapper. None
-running while the model is being called: the model's forward in effect (set on the instance, or its class's: a
-class-level patch such as liger-kernel's, a subclass's own forward) ran the backbone itself, so it scores the hidden
-states itself, with the raw tied matrix: refused, named by its real module and qualified name (its code's, never the
-``__module__`` / ``__qualname__`` that ``functools.wraps`` copies). Neither: the backbone was called directly (hidden
-states for an embedding, a value head), and nothing is refused — unless PEFT holds the model (``model.peft_config``;
-its AdaLoRA and X-LoRA tuners call ``model.forward`` past the model's ``__call__``) and the forward in effect does not
-reach the model's own forward through its wrappers (bound methods, ``functools.partial``, ``__wrapped__``): refused.
-What this cannot see: a forward that runs the backbone itself called past the model's ``__call__`` — by code of one's
-own (``model.forward(...)``), or under AdaLoRA / X-LoRA by a forward whose ``__wrapped__`` names the model's own
-forward — is taken for a direct call. A forward compiled with ``torch.compile`` and set on the instance runs in a graph
-no hook can look into: it is judged when it is set, by whether what it compiles reaches the model's own forward.
-
-What the guard keeps is per model (the counts and a weak reference to the model in the backbone's ``__dict__``, TRL's
-forward and the one it replaced in the model's): a deep copy, ``copy.copy`` and a pickle carry it, pointing at the
-copy. No torch global hook. A forward costs four counter updates and one dictionary read (docs/benchmarks.md).
-This module imports neither trl nor accelerate.
-"""
+"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper: accelerate's
+hooks and offload, torch.compile, PEFT) is served, TRL's fused LM head is served the head exactly (``FoldedLinear``:
+W_s = diag(scale)·W and the bias), and a forward that ran the backbone itself is refused by its real name. Decided
+from counts kept in the model (its own forwards running, its calls in progress), never from interpreter frames; no
+torch global hook. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
