@@ -33,7 +33,8 @@ is recorded, by weak reference, as it is built (``hold_head_mode``), and ``regis
 other than the one a live head holds (issue 58: ``replace=True`` while a model built with ``"m"`` lived left that
 model on the old definition while its saved folder reloaded in the same process with the new one, logits × 0.5, no
 warning). Once the model is gone (``del model``) the name may be redefined; a model keeps its mode through a
-``copy.deepcopy`` (TRL's reference model), since a mode copies as itself.
+``copy.deepcopy`` (TRL's reference model), since a mode copies as itself, and through pickling, since a registered
+mode pickles as its name.
 
 What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
 ``lossless_terms`` a subclass defines with the checks of ``head/mode_checks.py`` (the terms' type, shape, dtype and
@@ -155,6 +156,14 @@ class HeadMode:
 
     def __deepcopy__(self, memo) -> HeadMode:
         return self  # a mode is its registered definition: a deep-copied model scores with the same one
+
+    def __reduce_ex__(self, protocol):
+        # Pickled by its registered name, as a class or a function is: an unpickled model (torch.save of a whole
+        # model, a spawned process) scores with the definition its save_pretrained records. An object registered
+        # under no name pickles as any object.
+        if _REGISTRY.get(self.name) is self:
+            return get_head_mode, (self.name,)
+        return super().__reduce_ex__(protocol)
 
 
 class Baseline(HeadMode):

@@ -6,6 +6,7 @@ it, refuses it by name."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -370,6 +371,10 @@ def test_a_mode_is_not_redefined_while_a_model_built_with_it_lives(family, tmp_p
             assert torch.equal(reloaded(**inputs).logits, model(**inputs).logits)
         copied = copy.deepcopy(model)  # a deep copy (TRL's reference model) scores with the same definition, and lives
         assert copied.get_output_embeddings().mode is original
+        unpickled = pickle.loads(pickle.dumps(model))  # torch.save of a whole model: the mode pickles as its name
+        assert unpickled.get_output_embeddings().mode is original
+        unpickled.save_pretrained(tmp_path / "unpickled")
+        del unpickled
         del model, reloaded
         with pytest.raises(ValueError, match=REFUSED_REDEFINITION):
             register_head_mode(Scaled(LIVE, 0.25), replace=True)
