@@ -157,6 +157,12 @@ class HeadMode:
     def __deepcopy__(self, memo) -> HeadMode:
         return self  # a mode is its registered definition: a deep-copied model scores with the same one
 
+    def __copy__(self) -> HeadMode:
+        # copy.copy makes another object (reduced by name below, it would return the registered one itself)
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
     def __reduce_ex__(self, protocol):
         # Pickled by its registered name, as a class or a function is: an unpickled model (torch.save of a whole
         # model, a spawned process) scores with the definition its save_pretrained records. An object registered
