@@ -201,7 +201,7 @@ def unshipped_head_mode(name: str) -> str | None:
         return None
     return (
         f"head_mode {name!r} was registered at runtime (register_head_mode: {cls.__module__}.{cls.__qualname__}); "
-        "the remote code saved with the model (configuration_tiednorm.py, generated from "
+        "the remote code saved with the model (modeling_tiednorm.py, generated from "
         "hf_tiednorm/modeling/head/modes.py) "
         "does not define it, so from_pretrained(..., trust_remote_code=True) would refuse the model"
     )
@@ -236,6 +236,17 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def has_chat_template(folder: Path) -> bool:
+    """Whether the folder's tokenizer has a chat template (``chat_template.jinja``, or ``chat_template`` in
+    ``tokenizer_config.json``): the card's usage snippet then goes through it."""
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
     """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
     and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
@@ -267,7 +278,7 @@ def save_staged(model, output_dir: Path, source: Path, has_tokenizer: bool, load
 
 
 __all__ = [
-    "copy_tokenizer", "save_staged",
+    "copy_tokenizer", "has_chat_template", "save_staged",
     "local_paths_in", "safetensors_problem",
     "check_new_folder",
     "check_no_token",

@@ -18,14 +18,9 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from hf_tiednorm import HEAD_MODES
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
-from hf_tiednorm.modeling.head.modes import (
-    HeadMode,
-    get_head_mode,
-    inverse_row_norms,
-    register_head_mode,
-    unregister_head_mode,
-)
+from hf_tiednorm.modeling.head.modes import HeadMode, get_head_mode, inverse_row_norms
 from hf_tiednorm.publishing.model_card import write_model_card
+from hf_tiednorm.registration.head_modes import register_head_mode, unregister_head_mode
 from hf_tiednorm.training.arguments import argument_parser
 
 TOY = "root"
