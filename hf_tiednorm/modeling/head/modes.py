@@ -82,6 +82,20 @@ class HeadMode:
     def __deepcopy__(self, memo) -> HeadMode:
         return self  # a mode is its registered definition: a deep-copied model scores with the same one
 
+    def __copy__(self) -> HeadMode:
+        # copy.copy makes another object (reduced by name below, it would return the registered one itself)
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __reduce_ex__(self, protocol):
+        # Pickled by its registered name, as a class or a function is: an unpickled model (torch.save of a whole
+        # model, a spawned process) scores with the definition its save_pretrained records. An object registered
+        # under no name pickles as any object.
+        if HEAD_MODE_REGISTRY.get(self.name) is self:
+            return get_head_mode, (self.name,)
+        return super().__reduce_ex__(protocol)
+
 
 class Baseline(HeadMode):
     name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
