@@ -157,8 +157,7 @@ def _mixed_on_cpu(weight: torch.Tensor) -> bool:
 
 
 def _one_kernel(weight: torch.Tensor) -> bool:
-    """W is fp32/fp64 on the CPU: the row dots and the combination are one kernel each (elsewhere they go through
-    ``_Blocks``: a bf16 W would need an fp32 copy, and an accelerator's batched matmul may run in TF32)."""
+    """W is fp32/fp64 on the CPU: passes 3 and 4 are one kernel each (else blocks: no fp32 copy of W, no TF32)."""
     return weight.device.type == "cpu" and weight.dtype == _compute_dtype(weight)
 
 
@@ -200,14 +199,7 @@ def _row_dots(weight: torch.Tensor, other: torch.Tensor, blocks: _Blocks | None)
     return dots
 
 
-def _combine_rows(
-    grad: torch.Tensor,
-    alpha: torch.Tensor | None,
-    weight: torch.Tensor,
-    beta: torch.Tensor | None,
-    out: torch.Tensor,
-    blocks: _Blocks | None,
-) -> torch.Tensor:
+def _combine_rows(grad, alpha: torch.Tensor | None, weight, beta: torch.Tensor | None, out, blocks) -> torch.Tensor:
     """Pass 4: ``out = diag(alpha)·grad + diag(beta)·W`` (alpha None: 1; beta None: 0), each row computed in fp32
     and rounded once into W's dtype; ``out`` may be ``grad`` itself."""
     if _one_kernel(weight):
@@ -253,20 +245,6 @@ class SquaredRowNorms(torch.autograd.Function):
         return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
 
 
-class _NormsOnce:
-    """Pass 1 of ``FoldedHead``: ‖w_i‖², computed when a term first asks (the baseline never does), a graph leaf."""
-
-    def __init__(self, weight: torch.Tensor, blocks: _Blocks | None):
-        self.weight, self.blocks, self.value = weight, blocks, None
-
-    def __call__(self) -> torch.Tensor:
-        if self.value is None:
-            with torch.no_grad():
-                self.value = _squared_norms(self.weight, self.blocks)
-            self.value.requires_grad_(self.weight.requires_grad)
-        return self.value
-
-
 def squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
     """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
     no fp32 copy of a bf16/fp16 W in the forward or the backward. Inside ``FoldedHead``, the norms of its pass 1."""
@@ -281,12 +259,11 @@ def squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
 
 
 class FoldedHead(torch.autograd.Function):
-    """``(W_s, bias)`` of a head at its current weights, ``W_s = diag(scale)·W``, with (scale, bias) =
-    ``column_terms(weight)``: two passes over W forward, two backward (module docstring).
+    """``(W_s, bias)`` of a head, ``W_s = diag(scale)·W`` and (scale, bias) = ``column_terms(weight)``.
 
-    Inputs: ``column_terms`` (a function of the weight returning the head's (scale, bias), each fp32 (V,) or None),
-    W (V, d), then every tensor ``column_terms`` reads that may need a gradient (the head's learned terms). Returns
-    W_s (V, d) in W's dtype (W itself when the scale is None) and the bias (V,) fp32 or None.
+    Inputs: ``column_terms`` (a function of W returning the head's (scale, bias), each fp32 (V,) or None), W (V, d),
+    then every tensor ``column_terms`` reads that may need a gradient (the head's learned terms). Returns W_s (V, d) in
+    W's dtype (W itself when the scale is None) and the bias (V,) fp32 or None.
     """
 
     @staticmethod
@@ -295,14 +272,19 @@ class FoldedHead(torch.autograd.Function):
         with _without_autocast(weight.device):
             blocks = _Blocks(weight, 1) if _mixed_on_cpu(weight) else None
             # The (V,) computation recorded on the norms of pass 1, from an alias of W that carries them.
-            alias = weight.detach().requires_grad_(weight.requires_grad)
-            squared = _NormsOnce(weight, blocks)
+            alias, norms = weight.detach().requires_grad_(weight.requires_grad), []
+
+            def squared():  # pass 1, when a term first asks (the baseline never does): a leaf of the (V,) graph
+                if not norms:
+                    norms.append(_squared_norms(weight.detach(), blocks).requires_grad_(weight.requires_grad))
+                return norms[0]
+
             setattr(alias, _GIVEN_NORMS, squared)
             with torch.enable_grad():
                 scale, bias = column_terms(alias)
             folded = weight if scale is None else _scaled_rows(weight, scale.detach(), blocks)
         ctx.save_for_backward(weight)
-        ctx.graph = (squared.value, alias, scale, bias, terms)
+        ctx.graph = (norms[0] if norms else None, alias, scale, bias, terms)
         return folded, None if bias is None else bias.detach()
 
     @staticmethod
