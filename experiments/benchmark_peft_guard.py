@@ -7,7 +7,8 @@ each decoding the same prompt greedily for exactly ``--new-tokens`` tokens:
 * ``source``: the model as transformers loads it;
 * ``converted``: ``convert_checkpoint(source, head_mode="baseline")``, hf_tiednorm's own ``TiedNormForCausalLM`` (the
   same weights, the same logits), with the guard as the package runs it (a forward pre-hook, ``check_head_once``: a
-  walk of the modules only after a structural change);
+  walk of the modules only after the head, an embedding holding its matrix or the matrix was replaced under the names
+  kept after the last walk, which it reads again at each call);
 * ``converted_walk_every_step``: the same converted model with the guard walking every module at every forward (what
   it did before ``check_head_once``), for the guard's own cost.
 

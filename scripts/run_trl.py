@@ -21,7 +21,11 @@ The model is any causal hf_tiednorm folder: an own-family run (scripts/run_clm.p
 e.g. SmolLM2 with ``--lossless-start``) or a saved wrapper. TRL scores the tokens through the model's normalized head
 exactly (hf_tiednorm/modeling/head/scoring_guard.py); its metrics (``mean_token_accuracy`` and ``entropy`` in SFT,
 rewards and log-probabilities in DPO / GRPO) are logged as usual. ``--lora`` trains LoRA adapters on the attention and
-MLP layers through TRL's ``peft_config`` (never on the head or the embedding: hf_tiednorm/modeling/head/peft_guard.py).
+MLP layers through TRL's ``peft_config`` (never on the head or the embedding: hf_tiednorm/modeling/head/peft_guard.py);
+the head's learned terms stay frozen unless ``--lora_head_terms`` trains them with the adapters
+(hf_tiednorm/training/peft_terms.py). The script imports hf_tiednorm, so TRL's stock configs rebuild the reference
+model from the folder (DPO without ``--lora``); a script of your own that loads the folder as remote code only sets
+``trust_remote_code=True`` in the trainer's config instead (docs/training.md, "With TRL").
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_generations", type=int, default=2, help="grpo: completions per prompt")
     parser.add_argument("--max_completion_length", type=int, default=12, help="grpo: tokens per completion")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (TRL's peft_config) instead")
+    parser.add_argument("--lora_head_terms", action="store_true",
+                        help="with --lora: train the head's learned terms (logit scale g, logit bias b) beside the "
+                        "adapters, saved with them (hf_tiednorm.training.peft_terms.train_head_terms); default: frozen")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (default: fp32)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
@@ -128,6 +135,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=[t for t in LORA_TARGETS if t in present],
                                  task_type="CAUSAL_LM")
+    if args.lora_head_terms:  # the adapter made here, so that the head's terms train and save with it
+        if peft_config is None:
+            raise SystemExit("--lora_head_terms trains the head's terms beside LoRA adapters: add --lora")
+        from peft import get_peft_model
+
+        from hf_tiednorm.training.peft_terms import train_head_terms
+
+        model, peft_config = get_peft_model(model, peft_config), None
+        train_head_terms(model)
     dataset = toy_examples(args)
     if args.trainer == "sft":
         config = trl.SFTConfig(max_length=args.max_length, assistant_only_loss=args.assistant_only_loss, **common)

@@ -234,3 +234,11 @@ def test_checks_fail_on_a_broken_reference(tmp_path):
     )
     assert broken_links(good) == broken_repo_paths(good) == unresolved_names(good) == unknown_flags(good) == []
 
+
+
+def test_readme_step_one_loads_the_tokenizer_with_trust_remote_code_too():
+    """A converted folder's tokenizer loads without a y/N prompt only with ``trust_remote_code`` (or after ``import
+    hf_tiednorm``): README's first step says so (issue 60; docs/converting.md explains why)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    step = text[text.index("## 1. "):text.index("## 2. ")]
+    assert re.search(r"AutoTokenizer\.from_pretrained\([^)]*trust_remote_code=True\)", step)

@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("conversion", "convert", "export"),
     ("modeling.families",),
     ("modeling.load_checks", "modeling.weight_checks", "modeling.auto_map", "modeling.translation_pipeline",
-     "modeling.engine_checks"),
+     "modeling.engine_checks", "modeling.save_checks"),
     ("modeling.loss",),
     ("modeling.head",),
     ("metrics", "remote_code"),

@@ -12,10 +12,14 @@ source's Hub id and license are recorded in its config (``provenance``, source_p
 Untied sources are refused (the head scores with the input embedding: a separate output matrix would be dropped), as
 is a config claiming a tie its checkpoint does not hold. The source folder is only read.
 
+``plain_baseline`` (``--plain``) writes the source as a stock model of its own architecture in fp32 instead: the
+plain model to fine-tune beside the normalized one.
+
 CLI::
 
     python -m hf_tiednorm.convert path/to/gpt2 converted/ --head-mode cosine
     tiednorm-convert path/to/SmolLM2-135M-Instruct.Q4_1.gguf converted/ --head-mode cosine --lossless-start
+    tiednorm-convert path/to/SmolLM2-135M-Instruct.Q4_1.gguf plain/ --plain
 """
 
 from __future__ import annotations
@@ -40,23 +44,25 @@ from ..modeling.load_checks import check_source_loaded
 from .convert_checks import (
     SUPPORTED_TEXT,
     check_convertible,
+    check_output_dir,
     check_tied,
     check_unit_lookups,
+    resolve_source,
     tie_parallel_output_rows,
     tied_copy,
 )
 from .field_flags import add_extra_term_flags, add_head_setting_flags, head_settings_from_flags
-from .gguf_checks import check_gguf_file, drop_quantization_state
-from .path_identity import is_same_or_inside
+from .gguf_checks import drop_quantization_state
+from .plain_baseline import plain_baseline
 from .source_provenance import (
     check_base_model_id,
     folder_provenance,
-    gguf_provenance,
     name_like_source,
     portable_name_or_path,
     record_provenance,
+    stated_provenance,
 )
-from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, copy_tokenizer, staged_folder
+from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, save_staged
 
 # Config entries describing the source checkpoint or derived by our configs (tie_topology sets the tying flags).
 _DROPPED_CONFIG_KEYS = (
@@ -153,7 +159,13 @@ def normalize_tied_head(
     else:
         converted = _wrap(model, settings, lossless_start)
     record_provenance(converted, folder_provenance(name_or_path), base_model=base_model, license=license)
-    return name_like_source(converted, name_or_path)
+    return name_like_source(converted, name_or_path, _computes_source_logits(settings, lossless_start))
+
+
+def _computes_source_logits(settings: HeadSettings, lossless_start: bool) -> bool:
+    """Whether a conversion with ``settings`` starts with its source's logits: a lossless start, or the plain
+    baseline head with no learned term."""
+    return lossless_start or settings == HeadSettings(norm_eps=settings.norm_eps)
 
 
 def _own_family_in_memory(model: PreTrainedModel, settings: HeadSettings, lossless_start: bool) -> PreTrainedModel:
@@ -258,28 +270,11 @@ def convert_checkpoint(
             saved config (``provenance``) over what the source states: its README.md / config, or the GGUF file's
             ``general.license`` (source_provenance.py). None: what the source states, else unknown.
     """
-    source = Path(source)
-    if gguf_file is None and source.suffix == ".gguf":
-        source, gguf_file = source.parent, source.name
-    if gguf_file is not None:
-        if not (source / gguf_file).is_file():
-            raise FileNotFoundError(f"GGUF file {source / gguf_file} does not exist")
-        check_gguf_file(source / gguf_file)  # a truncated file is named as such (gguf_checks.py)
-    elif not (source / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
-        )
+    source, gguf_file = resolve_source(source, gguf_file)
     check_base_model_id(base_model)
     settings = head_settings_of(settings, head_mode, head_settings, lossless_start)
     if output_dir is not None:
-        output_dir = Path(output_dir)
-        existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
-        if not existing.is_dir():  # output_dir is a file, or lies below one
-            raise NotADirectoryError(f"output_dir {output_dir}: {existing} is a file; choose a new or empty folder")
-        if is_same_or_inside(output_dir, source):  # by device and inode: a bind mount or link too
-            raise ValueError(f"output_dir {output_dir} must lie outside the source checkpoint {source}")
-        if output_dir.exists() and any(output_dir.iterdir()):
-            raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the converted model")
+        output_dir = check_output_dir(output_dir, source)
 
     load = {"gguf_file": gguf_file} if gguf_file is not None else {}
     has_tokenizer = gguf_file is not None or any((source / name).is_file() for name in TOKENIZER_FILES)
@@ -309,25 +304,10 @@ def convert_checkpoint(
         model = _wrap(source_model, settings, lossless_start)
     if row_scales is not None:
         take_row_scales(model, row_scales)
-    found = folder_provenance(source)
-    if gguf_file is not None:  # what the file states first, then its folder
-        found = {key: value or found[key] for key, value in gguf_provenance(source / gguf_file).items()}
-    record_provenance(model, found, base_model=base_model, license=license)
-    model = name_like_source(model.eval(), source_model.name_or_path)
-
+    record_provenance(model, stated_provenance(source, gguf_file), base_model=base_model, license=license)
+    model = name_like_source(model.eval(), source_model.name_or_path, _computes_source_logits(settings, lossless_start))
     if output_dir is not None:
-        # Staged beside output_dir and renamed into place: a failure (a tokenizer that does not load, a full disk)
-        # leaves no half-written output folder, as the exports do (staging_checks.staged_folder).
-        with staged_folder(output_dir) as partial:
-            model.save_pretrained(partial)
-            if has_tokenizer:
-                try:
-                    copy_tokenizer(source, partial, **load)
-                except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
-                    raise ValueError(
-                        f"the tokenizer of {source} does not load ({type(error).__name__}: {error}); nothing was "
-                        f"written to {output_dir}: repair or re-save the source's tokenizer files"
-                    ) from error
+        save_staged(model, output_dir, source, has_tokenizer, load)
     return model
 
 
@@ -374,6 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="wrap marian/bart/llama sources as they are (keeping e.g. a non-zero final_logits_bias) instead of "
         "mapping them onto hf_tiednorm's own families",
     )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="write SOURCE as a stock model of its own architecture instead (LlamaForCausalLM, Qwen3ForCausalLM, ...): "
+        "fp32, no normalized head, GGUF quantization state dropped, loadable without trust_remote_code; the plain "
+        "baseline to fine-tune beside a normalized conversion of the same source (its logits equal --head-mode "
+        "baseline's). Takes no head flags (default: off)",
+    )
     add_extra_term_flags(parser)  # last: a registered term's flag may not shadow one above
     return parser
 
@@ -385,6 +373,15 @@ def main(argv: list[str] | None = None) -> None:
         settings = head_settings_from_flags(args)
     except ValueError as error:
         parser.error(str(error))
+    if args.plain:
+        given = [flag for flag, on in (("--lossless-start", args.lossless_start), ("--generic", args.generic),
+                                       ("head flags (--head-mode, ...)", settings != HeadSettings())) if on]
+        if given:
+            parser.error(f"--plain writes the source as it is, with no normalized head: drop {', '.join(given)}")
+        plain_baseline(args.source, args.output_dir, gguf_file=args.gguf_file, base_model=args.base_model,
+                       license=args.license)
+        print(f"wrote {args.output_dir} (the plain baseline)")
+        return
     convert_checkpoint(
         args.source,
         args.output_dir,

@@ -7,6 +7,8 @@ raises ``ValueError`` naming what is wrong and what to do instead.
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -16,6 +18,8 @@ from ..modeling.families.table import family_of_config
 from ..modeling.families.wrapped import shared_embedding_modules, unit_lookups
 from ..modeling.head.layer import TiedNormHead
 from ..modeling.head.modes import unit_rows
+from .gguf_checks import check_gguf_file
+from .path_identity import is_same_or_inside
 
 SUPPORTED_TEXT = (
     "any transformers causal LM (AutoModelForCausalLM) or encoder-decoder (AutoModelForSeq2SeqLM) whose output layer "
@@ -164,7 +168,40 @@ def check_unit_lookups(model: PreTrainedModel, norm_eps: float) -> None:
             )
 
 
+
+def resolve_source(source: str | os.PathLike, gguf_file: str | None) -> tuple[Path, str | None]:
+    """(folder, GGUF file name or None) of a source given as a folder, a folder and ``gguf_file``, or a ``.gguf``
+    path; ``FileNotFoundError`` naming what is missing, ``ValueError`` for a truncated GGUF file."""
+    source = Path(source)
+    if gguf_file is None and source.suffix == ".gguf":
+        source, gguf_file = source.parent, source.name
+    if gguf_file is not None:
+        if not (source / gguf_file).is_file():
+            raise FileNotFoundError(f"GGUF file {source / gguf_file} does not exist")
+        check_gguf_file(source / gguf_file)  # a truncated file is named as such (gguf_checks.py)
+    elif not (source / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{source} has no config.json; pass a local folder written by save_pretrained, or a .gguf file"
+        )
+    return source, gguf_file
+
+
+def check_output_dir(output_dir: str | os.PathLike, source: Path) -> Path:
+    """``output_dir`` as a ``Path`` if it can take a conversion of ``source``: a new or empty folder, outside the
+    source (by device and inode), not below a file."""
+    output_dir = Path(output_dir)
+    existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
+    if not existing.is_dir():  # output_dir is a file, or lies below one
+        raise NotADirectoryError(f"output_dir {output_dir}: {existing} is a file; choose a new or empty folder")
+    if is_same_or_inside(output_dir, source):  # by device and inode: a bind mount or link too
+        raise ValueError(f"output_dir {output_dir} must lie outside the source checkpoint {source}")
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise FileExistsError(f"{output_dir} is not empty; choose a new folder for the converted model")
+    return output_dir
+
+
 __all__ = [
+    "check_output_dir", "resolve_source",
     "SUPPORTED_TEXT", "check_convertible", "check_tied", "check_unit_lookups", "parallel_row_scales",
     "tie_parallel_output_rows", "tied_copy",
 ]  # fmt: skip

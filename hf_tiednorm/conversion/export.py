@@ -55,6 +55,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from ..modeling.auto_map import VERSION_FIELD
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
 from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
@@ -76,11 +77,11 @@ from .staging_checks import (
 # an edit here.
 BIAS_PARENTS = "Marian, BART, mBART, Pegasus, Blenderbot (architectures with a final_logits_bias)"
 # Fields that only hf_tiednorm's configs have (the parent config must not carry them) and bookkeeping that names the
-# source or its remote code.
+# source or its remote code (VERSION_FIELD: the hf_tiednorm version whose code a folder carries; a plain one has none).
 _OWN_FIELDS = {f.name for mixin in (TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin) for f in fields(mixin)}
 _DROPPED = _OWN_FIELDS | {
     "tie_topology", "model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version",
-    "_name_or_path", "_model_name_or_path", "keys_to_ignore_at_inference",
+    "_name_or_path", "_model_name_or_path", "keys_to_ignore_at_inference", VERSION_FIELD,
 }  # fmt: skip
 
 

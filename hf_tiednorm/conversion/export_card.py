@@ -19,6 +19,7 @@ from ..modeling.head.settings import head_terms, takes_row_scales
 from .convert_checks import parallel_row_scales
 from .source_provenance import PROVENANCE, folder_provenance, source_text
 from .staging_checks import unshipped_head_mode
+from .training_record import data_text, origin_text, read_training_record, record_metadata, trained
 
 # Where the card's commands name the export: a placeholder the user replaces (a local card cannot know where the
 # folder will be; tests/conversion/test_export.py substitutes it), or, on a Hub card, the folder `hf download` writes.
@@ -128,6 +129,7 @@ def _metadata(result, name: str, source: Path | None) -> ModelCardData:
         base_model=stated.base_model or provenance.get("base_model"),
         model_name=name.split("/")[-1] if stated.eval_results else None,
         eval_results=stated.eval_results,
+        **record_metadata(read_training_record(source)),  # how the exported weights were trained
     )
 
 
@@ -155,12 +157,15 @@ def export_card(result, repo_id: str | None = None, source: str | Path | None = 
         )
     else:
         checked = "the logits were not compared with the normalized model's at export time"
-    # Where the weights came from, in the words of every other card (source_provenance.source_text): "Fine-tuned
-    # from" where a run trained the folder exported (its trainer_state.json), else "Based on".
+    # Where the weights came from and what was done to them, in the words of every other card (source_text,
+    # training_record.origin_text): the training record of the folder exported (its training_args.bin,
+    # trainer_state.json and card), whatever trained it.
     folder = Path(source) if source is not None else None
+    record = read_training_record(folder)
     origin = source_text(_provenance(result, folder), data.base_model if isinstance(data.base_model, str) else None)
-    trained = folder is not None and (folder / "trainer_state.json").is_file()
-    origin = f"{'Fine-tuned from' if trained else 'Based on'} {origin}." if origin else "Its source is not recorded."
+    origin = origin_text(record, origin) or "Its source is not recorded."
+    if trained(record) or (record is not None and record.data):
+        origin += " " + data_text(record, data.language if isinstance(data.language, list) else None)
     text = f"""---
 {data.to_yaml()}
 ---

@@ -251,16 +251,31 @@ def source_text(provenance: dict[str, Any] | None, source_id: str | None = None)
     return text
 
 
-def name_like_source(model, name_or_path: str):
+def name_like_source(model, name_or_path: str, same_logits: bool = True):
     """``model`` named as its source was (``name_or_path``, which PEFT's ``adapter_config.json`` records as the base
     model): both conversion routes give the same name. Only the top-level name, which ``save_pretrained`` does not
-    write (a saved config names its source by ``provenance`` and, in a wrapped ``text_config``, a Hub id only)."""
+    write (a saved config names its source by ``provenance`` and, in a wrapped ``text_config``, a Hub id only).
+
+    ``same_logits`` False (a conversion that changes the scores: no lossless start): the config's ``_name_or_path``
+    stays empty, as a model built in memory has it. Reloads read it as where *this* model lies: TRL's trainers rebuild
+    their reference model from it, and got the unconverted source, whose log-probabilities differ (a DPO margin of
+    -0.49 at step 0 instead of 0, silently); with no name they stop at once."""
     model.name_or_path = name_or_path
-    model.config._name_or_path = name_or_path
+    model.config._name_or_path = name_or_path if same_logits else ""
     return model
 
 
+
+def stated_provenance(source: Path, gguf_file: str | None) -> dict:
+    """What the source states about itself: a GGUF file's metadata first, then its folder (source_provenance.py)."""
+    found = folder_provenance(source)
+    if gguf_file is not None:
+        found = {key: value or found[key] for key, value in gguf_provenance(source / gguf_file).items()}
+    return found
+
+
 __all__ = [
+    "stated_provenance",
     "OPTIONAL_KEYS",
     "PROVENANCE",
     "cached_hub_id",

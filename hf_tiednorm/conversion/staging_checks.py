@@ -236,6 +236,17 @@ def safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def has_chat_template(folder: Path) -> bool:
+    """Whether the folder's tokenizer has a chat template (``chat_template.jinja``, or ``chat_template`` in
+    ``tokenizer_config.json``): the card's usage snippet then goes through it."""
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **load_options):
     """Re-save the tokenizer of ``source`` into ``output_dir`` without this machine's load settings (the converter
     and ``tiednorm-push`` ship a tokenizer so), and return it; ``load_options``: more ``AutoTokenizer.from_pretrained``
@@ -249,8 +260,25 @@ def copy_tokenizer(source: str | os.PathLike, output_dir: str | os.PathLike, **l
     return tokenizer
 
 
+
+def save_staged(model, output_dir: Path, source: Path, has_tokenizer: bool, load: dict) -> None:
+    """Save ``model`` and the source's tokenizer to ``output_dir``, staged beside it and renamed into place: a failure
+    (a tokenizer that does not load, a full disk) leaves no half-written output folder, as the exports do
+    (``staged_folder``)."""
+    with staged_folder(output_dir) as partial:
+        model.save_pretrained(partial)
+        if has_tokenizer:
+            try:
+                copy_tokenizer(source, partial, **load)
+            except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+                raise ValueError(
+                    f"the tokenizer of {source} does not load ({type(error).__name__}: {error}); nothing was "
+                    f"written to {output_dir}: repair or re-save the source's tokenizer files"
+                ) from error
+
+
 __all__ = [
-    "copy_tokenizer",
+    "copy_tokenizer", "has_chat_template", "save_staged",
     "local_paths_in", "safetensors_problem",
     "check_new_folder",
     "check_no_token",

@@ -5,6 +5,6 @@ files (``hf_tiednorm/remote_code/``) are generated from the modules of this pack
 * ``loss/``: the training loss: the token cross-entropy, the loss-path policy, the chunked kernel, the one entry point
   of the head's fused loss, the regularizers.
 * ``families/``: the model families built from them (the family table, the configs, the models, the wrapper).
-* ``load_checks``, ``weight_checks``, ``auto_map``, ``translation_pipeline``: loading checks, ``auto_map`` rules and
-  the translation pipeline, shared by the families.
+* ``save_checks``, ``load_checks``, ``weight_checks``, ``auto_map``, ``translation_pipeline``: saving and loading
+  checks, ``auto_map`` rules and the translation pipeline, shared by the families.
 """

@@ -17,6 +17,14 @@ is not the package's (a saved copy's, loaded with ``trust_remote_code=True``; a 
 left to transformers. Folders saved before (``LEGACY_MODULES``: one file per package module) still name their own
 copies, which they carry.
 
+Whose code runs. transformers builds a model type registered in the process (``import hf_tiednorm`` registers ours)
+instead of the folder's code, ``trust_remote_code=True`` or not. So a folder saved by another version, or whose
+``modeling_tiednorm.py`` was edited, loads with the installed package's classes. A save records the version whose
+code it wrote (``config.json``'s ``hf_tiednorm_version``); a load with the package's classes compares the folder's
+code files with those the installed package writes for it (``saved_code_files``: the one rule of which files a save
+writes) and, where they differ, logs once per folder which code runs and how to run the folder's own
+(``report_whose_code_runs``, issue 58).
+
 Ours are the only remote code a saved or published model may name.
 ``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
 config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
@@ -28,6 +36,7 @@ the training layer to drop and for staging to refuse.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import sys
@@ -39,9 +48,13 @@ from typing import Any
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
+from .save_checks import check_config_saveable, check_model_saveable
+
 logger = logging.get_logger(__name__)
 
 REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
+# The config.json key of the package version whose code a save wrote into the folder.
+VERSION_FIELD = "hf_tiednorm_version"
 # The package modules a folder saved before the two generated files names in its auto_map (the flat
 # hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
 LEGACY_MODULES = frozenset({
@@ -146,6 +159,80 @@ def no_module_copies(model) -> Iterator[None]:
             del cls._auto_class
 
 
+def installed_version() -> str | None:
+    """The installed hf_tiednorm's version; None where the package is not installed (this file as remote code)."""
+    try:
+        return importlib.metadata.version("hf_tiednorm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def saved_code_files(config: PreTrainedConfig, *, with_model: bool = True) -> dict[str, Path]:
+    """The code files a save of ``config`` writes into its folder (file name -> the package's generated file it is a
+    copy of): what the installed package generates for the config's family. ``with_model``: the modeling file too
+    (a config saved alone names no model). The one rule ``two_file_remote_code`` writes by and a load compares a
+    folder's code against (``code_differences``)."""
+    modules = REMOTE_CODE_MODULES if with_model else REMOTE_CODE_MODULES[:1]
+    return {f"{module}.py": GENERATED_DIR / f"{module}.py" for module in modules}
+
+
+def folder_code_files(config: PreTrainedConfig) -> list[str]:
+    """The code files a loaded ``config``'s folder names as its own: the modules of its ``auto_map`` entries and of
+    its pipelines' implementations (``module.Name``, no other repository's), as file names."""
+    pipelines = getattr(config, "custom_pipelines", None) or {}
+    named = [*(getattr(config, "auto_map", None) or {}).values(),
+             *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]  # fmt: skip
+    named = [item for value in named for item in (value if isinstance(value, (list, tuple)) else [value])]
+    modules = {name.rsplit(".", 1)[0] for name in named if isinstance(name, str) and "." in name and "--" not in name}
+    return sorted(f"{module}.py" for module in modules)
+
+
+def code_differences(folder: Path, config: PreTrainedConfig) -> list[str]:
+    """How the code files that ``folder`` (loaded as ``config``) names differ from those the installed package writes
+    for it (``saved_code_files``); [] where they are the same bytes, or the folder names no code of its own."""
+    expected = saved_code_files(config)
+    differences = []
+    for name in folder_code_files(config):
+        if name not in expected:
+            differences.append(f"{name} is not a file this version writes (it writes {', '.join(expected)})")
+        elif not (folder / name).is_file():
+            differences.append(f"{name} is missing")
+        elif (folder / name).read_bytes() != expected[name].read_bytes():
+            differences.append(f"{name} differs from the installed package's")
+    return differences
+
+
+_REPORTED: set[str] = set()  # the folders whose code was reported (once each)
+
+
+def report_whose_code_runs(model, source: str | os.PathLike) -> None:
+    """Log once per folder, where ``model`` (a class of the installed package, loaded from ``source``) was loaded from
+    a folder whose own code differs from what the installed package writes for it: which code runs, and how to run
+    the folder's own. Nothing for a class that is not the package's (the folder's own code already runs)."""
+    if not _package_class(type(model)) or not Path(source).is_dir():
+        return
+    folder = Path(source)
+    key = str(folder.resolve())
+    differences = [] if key in _REPORTED else code_differences(folder, model.config)
+    if not differences:
+        return
+    _REPORTED.add(key)
+    saved, installed = getattr(model.config, VERSION_FIELD, None), installed_version()
+    saved_by = f"saved by hf_tiednorm {saved}" if saved else "saved with no hf_tiednorm version recorded (before 0.1)"
+    entries = (getattr(model.config, "auto_map", None) or {}).values()
+    own = next((e for e in entries if isinstance(e, str) and e.endswith(f".{type(model).__name__}")), None)
+    own = own or f"{REMOTE_CODE_MODULES[1]}.{type(model).__name__}"
+    logger.warning(
+        "%s carries its own code (%s%s: %s), but the installed hf_tiednorm %s runs it: transformers builds a model "
+        "type registered in this process (import hf_tiednorm registers ours) instead of a folder's code, "
+        "trust_remote_code=True or not. To run the folder's own code: transformers.dynamic_module_utils."
+        "get_class_from_dynamic_module(%r, %r).from_pretrained(%r), or load it in a process that does not import "
+        "hf_tiednorm; to give the folder the installed code, save the loaded model again",
+        folder, saved_by, "; edited since, or another build" if saved == installed else "", "; ".join(differences),
+        installed, own, str(folder), str(folder),
+    )
+
+
 @contextmanager
 def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.PathLike) -> Iterator[None]:
     """While ``config.save_pretrained(save_directory)`` runs (itself, or inside a model's ``save_pretrained``):
@@ -171,9 +258,11 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
         if isinstance(entry, dict) and "impl" in entry:
             entry["impl"] = _renamed(entry["impl"])
     named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
-    for module in REMOTE_CODE_MODULES:  # the modeling file where a model (or its pipeline) is named: not a config's
-        if module == REMOTE_CODE_MODULES[0] or any(str(name).startswith(f"{module}.") for name in named):
-            shutil.copyfile(GENERATED_DIR / f"{module}.py", folder / f"{module}.py")
+    # the modeling file where a model (or its pipeline) is named: not a config's
+    with_model = any(str(name).startswith(f"{REMOTE_CODE_MODULES[1]}.") for name in named)
+    for name, generated in saved_code_files(config, with_model=with_model).items():
+        shutil.copyfile(generated, folder / name)
+    setattr(config, VERSION_FIELD, installed_version())  # whose code the folder now carries
     config._auto_class = None  # an instance attribute, over the class's: transformers then copies nothing
     try:
         yield
@@ -183,9 +272,18 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
 
 class TwoFileModelCodeMixin:
     """Put before ``PreTrainedModel`` in a model class's bases (every family's pretrained base, so a bare body too):
-    its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``)."""
+    its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``),
+    and its ``from_pretrained`` says where the folder's own code is not the code that runs
+    (``report_whose_code_runs``)."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        report_whose_code_runs(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path)
+        return loaded
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        check_model_saveable(self, save_directory)  # a refused save writes nothing (modeling/save_checks.py)
         with no_module_copies(self):
             super().save_pretrained(save_directory, *args, **kwargs)
 
@@ -195,12 +293,14 @@ class TwoFileRemoteCodeMixin:
     model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        check_config_saveable(self, save_directory)  # before the code files are written (modeling/save_checks.py)
         with two_file_remote_code(self, save_directory):
             super().save_pretrained(save_directory, *args, **kwargs)
 
 
 __all__ = [
-    "GENERATED_DIR", "LEGACY_MODULES", "REMOTE_CODE_MODULES", "code_reference", "drop_source_auto_map",
+    "GENERATED_DIR", "LEGACY_MODULES", "REMOTE_CODE_MODULES", "VERSION_FIELD", "code_differences", "code_reference",
+    "folder_code_files", "installed_version", "report_whose_code_runs", "saved_code_files", "drop_source_auto_map",
     "foreign_auto_map", "no_module_copies", "TwoFileModelCodeMixin", "TwoFileRemoteCodeMixin", "remote_code_reference",
     "two_file_remote_code",
 ]  # fmt: skip

@@ -13,7 +13,10 @@ each of these into an error naming the tensor, the config field where one is inv
 itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
 ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
 from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``WeightChecksMixin``, below), so transformers' report table is still printed first.
+``WeightChecksMixin``, below), so transformers' report table is still printed first. A parameter that
+``from_pretrained(device_map=..., offload_folder=...)`` offloads to disk stays on the meta device there too (accelerate
+reads it from the folder at each call): the device map the load was given (kept by ``DeviceMapAtLoadMixin``: the
+model's ``hf_device_map`` is set only after the check) tells it from a tensor the file lacks.
 
 This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
 """
@@ -79,15 +82,28 @@ def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
         "incomplete; restore it"
         for found in names.values()
     ]
-    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
-    if not offloaded:
-        for name, parameter in model.named_parameters():
-            if parameter.is_meta:
-                errors.append(
-                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
-                    "weights file is incomplete; restore it"
-                )
+    for name, parameter in model.named_parameters():
+        if parameter.is_meta and not offloaded_to_disk(model, name):
+            errors.append(
+                f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
+                "weights file is incomplete; restore it"
+            )
     return errors
+
+
+_DEVICE_MAP_AT_LOAD = "_tiednorm_device_map_at_load"  # model.__dict__: no registration, no state-dict entry
+
+
+def offloaded_to_disk(model: nn.Module, name: str) -> bool:
+    """Whether parameter ``name`` is offloaded to disk by the device map ``model`` is loaded (or dispatched) with:
+    the longest module prefix of ``name`` the map names maps to ``"disk"``."""
+    device_map = model.__dict__.get(_DEVICE_MAP_AT_LOAD) or getattr(model, "hf_device_map", None) or {}
+    parts = name.split(".")
+    for end in range(len(parts), -1, -1):
+        device = device_map.get(".".join(parts[:end]))
+        if device is not None:
+            return device == "disk"
+    return False
 
 
 def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
@@ -98,7 +114,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
     named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        if name in keys and (id(parameter) in shared or parameter.is_meta):
+        if name in keys and (id(parameter) in shared or parameter.is_meta and not offloaded_to_disk(model, name)):
             named.add(name)
     return named
 
@@ -163,7 +179,17 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
 
 
-class WeightChecksMixin:
+class DeviceMapAtLoadMixin:
+    """Keeps the device map ``from_pretrained`` loads with where the load checks read it (``offloaded_to_disk``):
+    transformers sets ``hf_device_map`` only after loading, when it dispatches the model."""
+
+    @classmethod
+    def _finalize_model_loading(cls, model, load_config, loading_info):
+        model.__dict__[_DEVICE_MAP_AT_LOAD] = getattr(load_config, "device_map", None)
+        return super()._finalize_model_loading(model, load_config, loading_info)
+
+
+class WeightChecksMixin(DeviceMapAtLoadMixin):
     """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded
     (modeling/load_checks.py).
     First among a model class's bases."""
@@ -183,11 +209,13 @@ class WeightChecksMixin:
 
 
 __all__ = [
+    "DeviceMapAtLoadMixin",
     "WeightChecksMixin",
     "check_loaded_body",
     "check_loaded_head",
     "check_source_loaded",
     "embedding_errors",
     "head_term_errors",
+    "offloaded_to_disk",
     "other_tensor_errors",
 ]

@@ -30,7 +30,10 @@ from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedConfig
 
+from ..conversion import training_record
 from ..conversion.source_provenance import PROVENANCE
+from ..conversion.staging_checks import has_chat_template
+from ..modeling.auto_map import VERSION_FIELD
 from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
 from ..modeling.head.modes import get_head_mode
@@ -53,7 +56,6 @@ NORM_VS_FREQUENCY_PLOT = "embedding_norms_vs_frequency.png"
 # Any config of the family table (families/table.py): our families' and the wrapper's (a converted model of any tied
 # architecture, whose wrapped config is its text_config). Every per-family answer of the card is the table's.
 TiedNormConfig = PreTrainedConfig
-# Histogram of the embedding row norms that the training/benchmark scripts save next to the weights.
 
 TIE_TOPOLOGY_TEXT = {
     "three_way": "three-way: encoder input = decoder input = output embedding",
@@ -114,7 +116,7 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     own_rows = [*fields(TiedNormHeadConfigMixin), *fields(TieTopologyConfigMixin)]
     known = set(parent.to_dict()) | {field.name for field in own_rows} | {
         "label_smoothing", "auto_map", "architectures", "transformers_version", "model_type", "_name_or_path", "dtype",
-        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE,
+        "custom_pipelines", "unk_token_id", "extra_terms", PROVENANCE, VERSION_FIELD,
     }  # fmt: skip
     values = config.to_dict()
     defaults = type(config)().to_dict()
@@ -228,7 +230,8 @@ def render_model_card(
         metrics: evaluation results, e.g. the Trainer's ``{"test_bleu": 38.1, "test_bleu_signature": "nrefs:1|...",
             "eval_loss": 1.9}``. ``bleu``/``sacrebleu`` and ``perplexity``/``ppl`` go into the ``model-index``
             (the ``eval_``/``test_`` prefix gives the split); every other number is listed in the card's body.
-        dataset: Hub id of the training and evaluation data set, e.g. ``"bentrevett/multi30k"``.
+        dataset: the training data: its Hub id (``"bentrevett/multi30k"``, also the front matter's ``datasets``) or
+            words (``"200 support chats"``, the body); None: what the folder's card recorded, else not recorded.
         languages: ISO codes of the languages, e.g. ``["de", "en"]``.
         training: training budget and settings, rendered as a table (e.g. ``{"steps": 20000, "GPU hours": 1.5}``).
         eval_subsets: splits scored on their first rows only, ``{split: (rows scored, rows in the file)}`` (the
@@ -242,9 +245,9 @@ def render_model_card(
             otherwise says "a local model": never a path of this machine. None: the folder's recorded provenance.
         base_model_id: the Hub id the card names as the base model (CLI ``--base-model``), over the recorded one;
             the card says the model is based on it.
-        trained_in: the folder a training run saved the model in (default: ``folder``; ``tiednorm-push`` renders
-            into a staging folder): its ``trainer_state.json`` says the recorded source was fine-tuned, so a re-render
-            says "Fine-tuned from" as the run's own card did.
+        trained_in: the folder a run saved the model in (default: ``folder``; ``tiednorm-push`` renders into a
+            staging folder): what it says of its training (conversion/training_record.py) gives "Fine-tuned from ...
+            with ...", whatever saved it (TRL's ``save_model`` too).
         license_name, license_link: an ``other`` license's name and link (CLI ``--license-name`` /
             ``--license-link``), over those the folder records; refused with any other license.
     """
@@ -255,9 +258,10 @@ def render_model_card(
         config.provenance = {**(getattr(config, PROVENANCE, None) or {}), "base_model": base_model_id}
     source_id, license, source = card_provenance(config, base_model, license)
     details = license_details(config, license, license_name, license_link)
-    # Fine-tuned: by this run (base_model), or by the run that saved this folder from a recorded source.
-    trained = Path(trained_in) if trained_in is not None else folder
-    fine_tuned = base_model is not None or (source is not None and (trained / "trainer_state.json").is_file())
+    # What was done to the weights: by this run (base_model), or what the folder says, whatever saved it.
+    record = training_record.read_training_record(Path(trained_in) if trained_in is not None else folder, dataset)
+    fine_tuned = base_model is not None or training_record.trained(record)
+    dataset = record.data if record is not None else None
     results, signature = parse_metrics(metrics or {})
     eval_subsets = {**metric_subsets(metrics), **(eval_subsets or {})}  # the run saved them with its metrics
     subsets = {split: used for split, (used, total) in (eval_subsets or {}).items() if used < total}
@@ -281,12 +285,13 @@ def render_model_card(
         pipeline_tag="translation" if is_encoder_decoder else "text-generation",
         tags=tags,
         language=languages,
-        datasets=[dataset] if dataset else None,
+        datasets=[dataset] if training_record.is_dataset_id(dataset) else None,  # words: the body and the record
         license=license,
         **details,
         base_model=source_id,
         model_name=model_name,
         eval_results=eval_results(results, signature, dataset, is_encoder_decoder) or None,
+        **training_record.record_metadata(record),
     )
     built_in_terms, added_terms = _term_rows(config, folder)
     return ModelCard.from_template(
@@ -309,11 +314,10 @@ def render_model_card(
         num_parameters=_num_parameters(folder),
         vocab_size=config.vocab_size,
         regularizers=_regularizer_fields(config),
-        dataset=dataset,
-        base_model=(source or "a local model") if fine_tuned else None,
-        based_on=source,
+        origin=training_record.origin_text(record, source, from_base=base_model is not None),
+        data_line=training_record.data_text(record, languages) if fine_tuned or dataset else "",
+        chat_template=not is_encoder_decoder and has_chat_template(folder),
         license_text=license_text(license, details),
-        language=languages,
         training=training_settings(training, metrics),
         results={f"{name} ({split})" if split else name: f"{value:g}" for split, name, value in results},
         subsets=[f"the first {used:,} of {total:,} rows of the {split} split" for split, (used, total)
@@ -365,7 +369,11 @@ def add_card_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON file of training settings and budget for the card (e.g. the Trainer's train_results.json, or your "
         'own {"steps": 20000, "GPU hours": 1.5})',
     )
-    parser.add_argument("--dataset", help="Hub id of the data set for the card, e.g. bentrevett/multi30k")
+    parser.add_argument(
+        "--dataset",
+        help="the training data for the card: its Hub id (e.g. bentrevett/multi30k), or words where it has none (e.g. "
+        "'200 support chats, 40 held out') (default: what the folder's card recorded, else not recorded)",
+    )
     parser.add_argument("--languages", nargs="+", help="ISO language codes for the card, e.g. de en")
     add_provenance_arguments(parser)
 

@@ -2,17 +2,20 @@
 # Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
 #
 # The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 11 package modules, in dependency order, each under a rule naming its file.
+# 12 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 import dataclasses
 import functools
+import gc
+import importlib.metadata
 import keyword
 import math
 import os
 import shutil
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import InitVar, dataclass, field, fields
@@ -21,200 +24,134 @@ from typing import Any, Literal, get_args
 
 import torch
 from huggingface_hub.dataclasses import as_validated_field, strict
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import AutoConfig, BartConfig, LlamaConfig, MarianConfig, PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 from transformers.utils.type_validators import interval, positive_int_field
 
 
-# ------------------------------ hf_tiednorm/modeling/auto_map.py ------------------------------------------------
-"""Every ``auto_map`` rule in one place: a wrapped model's saved folder has the wrapper's own, never the source's
-(``drop_source_auto_map``); and which entries of a config are ours (``foreign_auto_map``).
+# ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
+"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
+in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
+every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
 
-A Hub config often carries an ``auto_map`` under a built-in ``model_type`` (remote code of its own, or stale
-entries). Kept inside the wrapper's ``text_config``, it (a) took the wrapper's own entries: ``register_for_auto_class``
-reads and writes ``config.auto_map``, which the wrapper config delegates to ``text_config``, so the saved folder had
-no top-level ``auto_map`` and did not load with ``trust_remote_code=True`` where hf_tiednorm is not installed; and
-(b) named someone else's code (``"AutoModelForCausalLM": "org/repo--modeling.Model"``) that transformers would run to
-build the wrapped model from ``text_config`` under ``trust_remote_code=True``. The wrapped architecture is a built-in
-one, so its config needs no ``auto_map``: it is removed when the config becomes a wrapper's ``text_config``.
+Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
+weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
+``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
 
-A saved model carries two Python files, ``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, generated from
-this package by ``utils/generate_remote_code.py`` (in ``hf_tiednorm/remote_code/``): ``two_file_remote_code`` puts
-them in the folder and points ``auto_map`` (and the translation pipeline's ``custom_pipelines`` entry) into them,
-where transformers' ``custom_object_save`` would copy the class's module and every module it imports. A class that
-is not the package's (a saved copy's, loaded with ``trust_remote_code=True``; a family registered from outside) is
-left to transformers. Folders saved before (``LEGACY_MODULES``: one file per package module) still name their own
-copies, which they carry.
+W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
+cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
+d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
+scale only and computes both gradients from them:
+``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
 
-Ours are the only remote code a saved or published model may name.
-``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
-config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
-``save_pretrained`` keeps the config's entries it does not overwrite, so they would survive fine-tuning and be
-uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of
-its copies of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for
-the training layer to drop and for staging to refuse.
+The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
+matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
+accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
 """
 
 
-logger = logging.get_logger(__name__)
-
-REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
-# The package modules a folder saved before the two generated files names in its auto_map (the flat
-# hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
-LEGACY_MODULES = frozenset({
-    "accumulated_loss", "adaptive", "causal_lm_names", "chunked_loss", "configuration_tiednorm",
-    "configuration_tiednorm_wrapped", "embeddings", "folded_weight", "fused_loss", "head_host", "head_mode_checks",
-    "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
-    "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
-    "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
-    "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
-})  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
-# The model layer's folder (hf_tiednorm/modeling/) and the generated files beside it in the package (absent where
-# this module is itself generated code).
-_MODEL_LAYER = Path(__file__).resolve().parent
-GENERATED_DIR = _MODEL_LAYER.parent / "remote_code"
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
+# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
+_BLOCK_ELEMENTS = 1 << 22
+_MIN_BLOCKS = 8
 
 
-def drop_source_auto_map(text_config) -> "None":
-    """Remove ``auto_map`` from ``text_config`` (a ``PreTrainedConfig`` about to become a wrapper's ``text_config``)
-    in place; a dict (converted later) or None is left alone."""
-    if isinstance(text_config, PreTrainedConfig):
-        text_config.__dict__.pop("auto_map", None)
+def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
+    """The first row of each block of rows, and the block's height."""
+    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
+    return range(0, rows, step), step
 
 
-def _is_ours(reference: "Any") -> "bool":
-    if reference is None:
-        return True
-    if isinstance(reference, (list, tuple)):  # a tokenizer's [slow, fast] pair
-        return all(_is_ours(item) for item in reference)
-    if not isinstance(reference, str) or "--" in reference or "." not in reference:
-        return False
-    return reference.rsplit(".", 1)[0] in LEGACY_MODULES.union(REMOTE_CODE_MODULES)
+def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
+
+    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
+    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
+    compute = torch.promote_types(weight.dtype, torch.float32)
+    if weight.dtype == compute:
+        return weight * scale.to(compute).unsqueeze(-1)
+    out = torch.empty_like(weight)
+    starts, step = _row_blocks(*weight.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
+    return out
 
 
-def foreign_auto_map(auto_map: "dict[str, Any] | None") -> "dict[str, Any]":
-    """The entries of ``auto_map`` (a config's) that do not name our remote code: another repository's
-    (``owner/repo--module.Class``) or a module that is not ours. {} when every entry is ours."""
-    return {key: value for key, value in (auto_map or {}).items() if not _is_ours(value)}
+def _row_dots(a: "torch.Tensor", b: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
+    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
+    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
+    starts, step = _row_blocks(*a.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
+    return out
 
 
-def _package_class(cls: "type") -> "bool":
-    """Whether ``cls`` is defined by one of this package's model-layer modules (not by a generated file, a saved copy
-    or a test) while the generated files are at hand."""
-    module = sys.modules.get(cls.__module__)
-    path = Path(getattr(module, "__file__", "") or "").resolve()
-    return GENERATED_DIR.is_dir() and _MODEL_LAYER in path.parents
+class SquaredRowNorms(torch.autograd.Function):
+    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
+
+    @staticmethod
+    def forward(ctx, weight: "torch.Tensor") -> "torch.Tensor":
+        ctx.save_for_backward(weight)
+        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
+        starts, step = _row_blocks(*weight.shape)
+        for start in starts:
+            block = slice(start, start + step)
+            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
+        return out.square()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_norms: "torch.Tensor") -> "torch.Tensor":
+        (weight,) = ctx.saved_tensors
+        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
 
 
-def remote_code_reference(cls: "type") -> "str":
-    """``"modeling_tiednorm.Name"`` / ``"configuration_tiednorm.Name"``: where a saved model's code defines ``cls``,
-    a class of this package. ``RuntimeError`` when the generated file lacks it (stale: regenerate)."""
-    module = REMOTE_CODE_MODULES[0] if issubclass(cls, PreTrainedConfig) else REMOTE_CODE_MODULES[1]
-    if f"\nclass {cls.__name__}(" not in (GENERATED_DIR / f"{module}.py").read_text():
-        raise RuntimeError(
-            f"{GENERATED_DIR / module}.py does not define {cls.__name__}: the generated remote code is stale; run "
-            "`python utils/generate_remote_code.py`"
-        )
-    return f"{module}.{cls.__name__}"
+def squared_row_norms(weight: "torch.Tensor") -> "torch.Tensor":
+    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
+    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
+    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
+    return SquaredRowNorms.apply(weight)
 
 
-def _renamed(reference: "Any") -> "Any":
-    """A ``"module.Name"`` entry naming one of the package's modules, renamed into the generated files."""
-    if not isinstance(reference, str) or "--" in reference or "." not in reference:
-        return reference
-    module, name = reference.rsplit(".", 1)
-    if module not in LEGACY_MODULES:
-        return reference
-    for target in REMOTE_CODE_MODULES:
-        if f"\nclass {name}(" in (GENERATED_DIR / f"{target}.py").read_text():
-            return f"{target}.{name}"
-    return reference
+class FoldScale(torch.autograd.Function):
+    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
+
+    @staticmethod
+    def forward(ctx, weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
+        ctx.save_for_backward(weight, scale)
+        return _scaled_rows(weight, scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_folded: "torch.Tensor"):
+        weight, scale = ctx.saved_tensors
+        grad_weight = grad_scale = None
+        if ctx.needs_input_grad[0]:
+            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
+        if ctx.needs_input_grad[1]:
+            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
+            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
+        return grad_weight, grad_scale
 
 
-def code_reference(cls: "type") -> "str":
-    """The ``auto_map`` entry of ``cls``: in the generated files for a class of this package, else
-    ``"<its module's file name>.Name"`` as transformers writes it (a saved copy's class names its own file)."""
-    if _package_class(cls):
-        return remote_code_reference(cls)
-    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
-
-
-@contextmanager
-def no_module_copies(model) -> "Iterator[None]":
-    """While ``model.save_pretrained`` runs, for a model class of this package: transformers' ``custom_object_save``
-    copies nothing (it would copy the class's module and the modules it imports, and it follows single-dot imports
-    only), the config's ``auto_map`` names the class in the generated modeling file, and the config's own save writes
-    the two files (``two_file_remote_code``). transformers asks the class (``is_remote_code`` is a classmethod), so
-    the class's ``_auto_class`` is cleared for the save and restored after it."""
-    cls = type(model)
-    auto_class = cls._auto_class
-    if auto_class is None or not _package_class(cls):
-        yield
-        return
-    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), auto_class: code_reference(cls)}
-    own = "_auto_class" in vars(cls)
-    cls._auto_class = None
-    try:
-        yield
-    finally:
-        if own:
-            cls._auto_class = auto_class
-        else:
-            del cls._auto_class
-
-
-@contextmanager
-def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.PathLike") -> "Iterator[None]":
-    """While ``config.save_pretrained(save_directory)`` runs (itself, or inside a model's ``save_pretrained``):
-    the folder holds the two generated files instead of transformers' copies of the package's modules, and the
-    config's ``auto_map`` and ``custom_pipelines`` entries name them. Nothing changes for a config class that is not
-    the package's (see the module docstring)."""
-    if type(config)._auto_class is None or not _package_class(type(config)):
-        yield
-        return
-    folder = Path(save_directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    left = []
-    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
-        if (folder / f"{module}.py").is_file():
-            left.append(f"{module}.py")
-    if left:  # not ours to delete: an earlier save's code, or the user's
-        logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
-                       "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
-    auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
-    config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
-    pipelines = getattr(config, "custom_pipelines", None) or {}
-    for entry in pipelines.values():
-        if isinstance(entry, dict) and "impl" in entry:
-            entry["impl"] = _renamed(entry["impl"])
-    named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
-    for module in REMOTE_CODE_MODULES:  # the modeling file where a model (or its pipeline) is named: not a config's
-        if module == REMOTE_CODE_MODULES[0] or any(str(name).startswith(f"{module}.") for name in named):
-            shutil.copyfile(GENERATED_DIR / f"{module}.py", folder / f"{module}.py")
-    config._auto_class = None  # an instance attribute, over the class's: transformers then copies nothing
-    try:
-        yield
-    finally:
-        del config._auto_class
-
-
-class TwoFileModelCodeMixin:
-    """Put before ``PreTrainedModel`` in a model class's bases (every family's pretrained base, so a bare body too):
-    its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``)."""
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
-        with no_module_copies(self):
-            super().save_pretrained(save_directory, *args, **kwargs)
-
-
-class TwoFileRemoteCodeMixin:
-    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
-    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
-        with two_file_remote_code(self, save_directory):
-            super().save_pretrained(save_directory, *args, **kwargs)
+def fold_scale(weight: "torch.Tensor", scale: "torch.Tensor | None") -> "torch.Tensor":
+    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
+    if scale is None:
+        return weight
+    if scale.shape != weight.shape[:1]:
+        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
+                         "a mode's column_terms must return one scale per row (V,)")
+    return FoldScale.apply(weight, scale)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/mode_checks.py ----------------------------------------
@@ -372,129 +309,6 @@ def probe_head_mode(mode) -> "None":
         ) from None
 
 
-# ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
-"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
-in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
-every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
-
-Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
-weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
-``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
-
-W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
-cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
-d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
-scale only and computes both gradients from them:
-``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
-
-The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
-matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
-per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
-accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
-fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
-"""
-
-
-# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
-# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
-_BLOCK_ELEMENTS = 1 << 22
-_MIN_BLOCKS = 8
-
-
-def _row_blocks(rows: "int", width: "int") -> "tuple[range, int]":
-    """The first row of each block of rows, and the block's height."""
-    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
-    return range(0, rows, step), step
-
-
-def _scaled_rows(weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
-    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
-
-    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
-    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
-    compute = torch.promote_types(weight.dtype, torch.float32)
-    if weight.dtype == compute:
-        return weight * scale.to(compute).unsqueeze(-1)
-    out = torch.empty_like(weight)
-    starts, step = _row_blocks(*weight.shape)
-    for start in starts:
-        block = slice(start, start + step)
-        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
-    return out
-
-
-def _row_dots(a: "torch.Tensor", b: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
-    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
-    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
-    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
-    starts, step = _row_blocks(*a.shape)
-    for start in starts:
-        block = slice(start, start + step)
-        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
-    return out
-
-
-class SquaredRowNorms(torch.autograd.Function):
-    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
-
-    @staticmethod
-    def forward(ctx, weight: "torch.Tensor") -> "torch.Tensor":
-        ctx.save_for_backward(weight)
-        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
-        compute = torch.promote_types(weight.dtype, torch.float32)
-        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
-        starts, step = _row_blocks(*weight.shape)
-        for start in starts:
-            block = slice(start, start + step)
-            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
-        return out.square()
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_norms: "torch.Tensor") -> "torch.Tensor":
-        (weight,) = ctx.saved_tensors
-        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
-
-
-def squared_row_norms(weight: "torch.Tensor") -> "torch.Tensor":
-    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
-    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
-    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
-        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
-    return SquaredRowNorms.apply(weight)
-
-
-class FoldScale(torch.autograd.Function):
-    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
-
-    @staticmethod
-    def forward(ctx, weight: "torch.Tensor", scale: "torch.Tensor") -> "torch.Tensor":
-        ctx.save_for_backward(weight, scale)
-        return _scaled_rows(weight, scale)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_folded: "torch.Tensor"):
-        weight, scale = ctx.saved_tensors
-        grad_weight = grad_scale = None
-        if ctx.needs_input_grad[0]:
-            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
-        if ctx.needs_input_grad[1]:
-            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
-            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
-        return grad_weight, grad_scale
-
-
-def fold_scale(weight: "torch.Tensor", scale: "torch.Tensor | None") -> "torch.Tensor":
-    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
-    if scale is None:
-        return weight
-    if scale.shape != weight.shape[:1]:
-        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
-                         "a mode's column_terms must return one scale per row (V,)")
-    return FoldScale.apply(weight, scale)
-
-
 # ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------
 """The head modes: one small object per mode, holding everything that mode *is*, and the registry that holds them.
 
@@ -526,6 +340,12 @@ with a saved model as remote code: a folder whose config names a mode that its c
 by name when it is loaded (``get_head_mode``). A saved config records the mode's *name* only, so a name must mean one
 mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither redefined nor unregistered (a model
 trained with a redefined ``cosine`` reloaded in a fresh process as the built-in one, its logits 7.9 off, no error).
+For the same reason a name that a live model scores with is not given another definition in its process: every head
+is recorded, by weak reference, as it is built (``hold_head_mode``), and ``register_head_mode`` refuses a definition
+other than the one a live head holds (issue 58: ``replace=True`` while a model built with ``"m"`` lived left that
+model on the old definition while its saved folder reloaded in the same process with the new one, logits × 0.5, no
+warning). Once the model is gone (``del model``) the name may be redefined; a model keeps its mode through a
+``copy.deepcopy`` (TRL's reference model), since a mode copies as itself.
 
 What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
 ``lossless_terms`` a subclass defines with the checks of ``head/mode_checks.py`` (the terms' type, shape, dtype and
@@ -628,6 +448,9 @@ class HeadMode:
     def __repr__(self) -> "str":
         return f"<head mode {self.name!r}: {self.equation}>"
 
+    def __deepcopy__(self, memo) -> "HeadMode":
+        return self  # a mode is its registered definition: a deep-copied model scores with the same one
+
 
 class Baseline(HeadMode):
     name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
@@ -698,6 +521,25 @@ class Cosine(HeadMode):
 _REGISTRY: "dict[str, HeadMode]" = {}
 # The package's own modes: what a config naming them means in every process, so never replaced (module docstring).
 BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
+# The heads built in this process, by the name of their mode, held weakly (a head is forgotten with its model).
+_LIVE_HEADS: "dict[str, weakref.WeakSet]" = {}
+
+
+def hold_head_mode(head) -> "None":
+    """Record that ``head`` (a module whose ``mode`` attribute is the ``HeadMode`` it scores with) lives: while it
+    does, its mode's name cannot be given another definition (``register_head_mode``)."""
+    _LIVE_HEADS.setdefault(head.mode.name, weakref.WeakSet()).add(head)
+
+
+def live_heads_holding_another(mode: "HeadMode") -> "list":
+    """The live heads scoring with a definition of ``mode.name`` other than ``mode``. A model in a reference cycle
+    outlives its last name until the garbage collector runs, so it runs before a head is counted as live."""
+    def others() -> "list":
+        return [head for head in list(_LIVE_HEADS.get(mode.name, ())) if head.mode is not mode]
+
+    if others():
+        gc.collect()
+    return others()
 
 
 def register_head_mode(mode: "HeadMode", *, replace: "bool" = False) -> "HeadMode":
@@ -721,6 +563,14 @@ def register_head_mode(mode: "HeadMode", *, replace: "bool" = False) -> "HeadMod
         raise ValueError(f"head mode {mode.name!r}: lossless_start may name {names} only")
     if mode.name in _REGISTRY and not replace:
         raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
+    live = live_heads_holding_another(mode)
+    if live:
+        raise ValueError(
+            f"head mode {mode.name!r} cannot be redefined while a model built with it lives ({len(live)} live "
+            f"head(s) of {type(live[0]).__name__} score with {live[0].mode!r}): that model would keep the old "
+            "definition while its saved folder reloaded in this process with the new one, other logits and no "
+            "error. Delete those models first (del model), or register the new definition under a name of its own"
+        )
     # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.
     for attribute, checked in (("column_terms", checked_column_terms), ("lossless_terms", checked_lossless_terms)):
         if attribute in vars(mode):
@@ -737,7 +587,9 @@ def _unbound(function: "Callable") -> "Callable":
 
 def unregister_head_mode(name: "str") -> "None":
     """Remove a mode that ``register_head_mode`` added (a test cleans up with it); a built-in mode is refused (it
-    could then be registered again as another mode under its name)."""
+    could then be registered again as another mode under its name). A live model of the mode keeps scoring with it,
+    its ``save_pretrained`` is refused until it is registered again, and no other definition can be registered under
+    the name while it lives."""
     if name in BUILTIN_HEAD_MODES:
         raise ValueError(f"head mode {name!r} is built in and cannot be unregistered")
     _REGISTRY.pop(name, None)
@@ -750,9 +602,14 @@ def get_head_mode(name: "str") -> "HeadMode":
     except (KeyError, TypeError):
         raise ValueError(
             f"head_mode must be one of {tuple(_REGISTRY)}, the modes this code ({__name__}) defines; got {name!r}. "
-            "A model saved with a mode registered at runtime (register_head_mode) loads only where that mode is "
-            "registered"
+            "A model with a mode registered at runtime (register_head_mode) loads and saves only where that mode is "
+            "registered: register it first"
         ) from None
+
+
+def registered_head_mode(name: "str") -> "HeadMode | None":
+    """The mode registered as ``name``, or None (``get_head_mode`` raises instead)."""
+    return _REGISTRY.get(name)
 
 
 class _RegisteredNames(Sequence):
@@ -792,6 +649,358 @@ for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
 def head_mode_summaries() -> "str":
     """"name summary" of every registered mode, for help texts."""
     return "; ".join(f"{mode.name} {mode.summary or mode.equation}" for mode in _REGISTRY.values())
+
+
+# ------------------------------ hf_tiednorm/modeling/save_checks.py ---------------------------------------------
+"""A refused save leaves the folder as it was: every check that can refuse a ``save_pretrained`` runs before its
+first write.
+
+transformers' ``PreTrainedModel.save_pretrained`` creates the folder and its code files, then lets the config refuse
+itself (``PreTrainedConfig.save_pretrained`` validates just before writing ``config.json``) and the generation config
+after that. A model whose head mode had been unregistered wrote ``configuration_tiednorm.py`` and
+``modeling_tiednorm.py`` before the refusal, and the folder then failed later with transformers' "Should have a
+`model_type` key" (issue 58). ``check_model_saveable`` (a model's save) and ``check_config_saveable`` (a config's)
+run those same checks first, and one more: every head of the model scores with the definition its mode's name is
+registered under (head/modes.py), since the saved config records that name only.
+
+This file imports the head modes only: it travels with the configuration code (auto_map.py's save hooks) as remote
+code, where the head's layer is not.
+"""
+
+
+def check_config_saveable(config, save_directory: "str | os.PathLike") -> "None":
+    """What ``config.save_pretrained(save_directory)`` would refuse, raised before anything is written: the config's
+    own validation (``@strict`` validators: a head mode or head term not registered, a contradiction) and generation
+    parameters set on the config. ``ValueError`` naming the folder, with the cause."""
+    try:
+        if hasattr(config, "validate"):
+            config.validate()
+        generation = config._get_generation_parameters() if hasattr(config, "_get_generation_parameters") else {}
+        if generation:
+            raise ValueError(
+                f"generation parameters are set in the model config ({generation}): they go into "
+                "model.generation_config"
+            )
+    except (ValueError, StrictDataclassError) as error:  # a @strict validator's refusal is not a ValueError
+        refused = f"save_pretrained({str(save_directory)!r}) is refused, and nothing was written"
+        raise ValueError(f"{refused}: {error}") from error
+
+
+def check_model_saveable(model: "nn.Module", save_directory: "str | os.PathLike") -> "None":
+    """What ``model.save_pretrained(save_directory)`` would refuse, raised before the folder is created or any file
+    written: a head whose mode is not the definition registered under its name (unregistered, or replaced past the
+    registry), the config's checks (``check_config_saveable``) and the generation config's strict validation as
+    transformers runs it at save time."""
+    # The heads (head/layer.py's, found by the mode they hold: this file travels with the configuration code too)
+    for head in (module for module in model.modules() if isinstance(getattr(module, "mode", None), HeadMode)):
+        registered = registered_head_mode(head.head_mode)
+        if registered is not head.mode:
+            what = "is not registered" if registered is None else f"is registered as {registered!r}"
+            raise ValueError(
+                f"save_pretrained({str(save_directory)!r}) is refused, and nothing was written: the model scores "
+                f"with head mode {head.mode!r}, but its name {head.head_mode!r} {what} in this process, and the saved "
+                "config records the name only, so the folder would not reload as this model. Register the model's "
+                f"mode again (register_head_mode({head.mode!r})) and save"
+            )
+    check_config_saveable(model.config, save_directory)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and model.can_generate():
+        strict = getattr(generation_config, "_original_object_hash", None) != hash(generation_config)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # transformers' own save warns again; this check only refuses
+                generation_config.validate(strict=strict)
+        except ValueError as error:
+            raise ValueError(
+                f"save_pretrained({str(save_directory)!r}) is refused, and nothing was written: the generation "
+                f"config is invalid ({error})"
+            ) from error
+
+
+# ------------------------------ hf_tiednorm/modeling/auto_map.py ------------------------------------------------
+"""Every ``auto_map`` rule in one place: a wrapped model's saved folder has the wrapper's own, never the source's
+(``drop_source_auto_map``); and which entries of a config are ours (``foreign_auto_map``).
+
+A Hub config often carries an ``auto_map`` under a built-in ``model_type`` (remote code of its own, or stale
+entries). Kept inside the wrapper's ``text_config``, it (a) took the wrapper's own entries: ``register_for_auto_class``
+reads and writes ``config.auto_map``, which the wrapper config delegates to ``text_config``, so the saved folder had
+no top-level ``auto_map`` and did not load with ``trust_remote_code=True`` where hf_tiednorm is not installed; and
+(b) named someone else's code (``"AutoModelForCausalLM": "org/repo--modeling.Model"``) that transformers would run to
+build the wrapped model from ``text_config`` under ``trust_remote_code=True``. The wrapped architecture is a built-in
+one, so its config needs no ``auto_map``: it is removed when the config becomes a wrapper's ``text_config``.
+
+A saved model carries two Python files, ``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, generated from
+this package by ``utils/generate_remote_code.py`` (in ``hf_tiednorm/remote_code/``): ``two_file_remote_code`` puts
+them in the folder and points ``auto_map`` (and the translation pipeline's ``custom_pipelines`` entry) into them,
+where transformers' ``custom_object_save`` would copy the class's module and every module it imports. A class that
+is not the package's (a saved copy's, loaded with ``trust_remote_code=True``; a family registered from outside) is
+left to transformers. Folders saved before (``LEGACY_MODULES``: one file per package module) still name their own
+copies, which they carry.
+
+Whose code runs. transformers builds a model type registered in the process (``import hf_tiednorm`` registers ours)
+instead of the folder's code, ``trust_remote_code=True`` or not. So a folder saved by another version, or whose
+``modeling_tiednorm.py`` was edited, loads with the installed package's classes. A save records the version whose
+code it wrote (``config.json``'s ``hf_tiednorm_version``); a load with the package's classes compares the folder's
+code files with those the installed package writes for it (``saved_code_files``: the one rule of which files a save
+writes) and, where they differ, logs once per folder which code runs and how to run the folder's own
+(``report_whose_code_runs``, issue 58).
+
+Ours are the only remote code a saved or published model may name.
+``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
+config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
+``save_pretrained`` keeps the config's entries it does not overwrite, so they would survive fine-tuning and be
+uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of
+its copies of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for
+the training layer to drop and for staging to refuse.
+"""
+
+
+logger = logging.get_logger(__name__)
+
+REMOTE_CODE_MODULES = ("configuration_tiednorm", "modeling_tiednorm")
+# The config.json key of the package version whose code a save wrote into the folder.
+VERSION_FIELD = "hf_tiednorm_version"
+# The package modules a folder saved before the two generated files names in its auto_map (the flat
+# hf_tiednorm/*.py of 7bdafef, copied one file each): such a folder carries them and still loads.
+LEGACY_MODULES = frozenset({
+    "accumulated_loss", "adaptive", "causal_lm_names", "chunked_loss", "configuration_tiednorm",
+    "configuration_tiednorm_wrapped", "embeddings", "folded_weight", "fused_loss", "head_host", "head_mode_checks",
+    "head_modes", "head_options", "load_checks", "loss", "lossless_start", "modeling_common",
+    "modeling_tiednorm_bart", "modeling_tiednorm_causal", "modeling_tiednorm_seq2seq", "modeling_tiednorm_wrapped",
+    "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
+    "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
+})  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
+# The model layer's folder (hf_tiednorm/modeling/) and the generated files beside it in the package (absent where
+# this module is itself generated code).
+_MODEL_LAYER = Path(__file__).resolve().parent
+GENERATED_DIR = _MODEL_LAYER.parent / "remote_code"
+
+
+def drop_source_auto_map(text_config) -> "None":
+    """Remove ``auto_map`` from ``text_config`` (a ``PreTrainedConfig`` about to become a wrapper's ``text_config``)
+    in place; a dict (converted later) or None is left alone."""
+    if isinstance(text_config, PreTrainedConfig):
+        text_config.__dict__.pop("auto_map", None)
+
+
+def _is_ours(reference: "Any") -> "bool":
+    if reference is None:
+        return True
+    if isinstance(reference, (list, tuple)):  # a tokenizer's [slow, fast] pair
+        return all(_is_ours(item) for item in reference)
+    if not isinstance(reference, str) or "--" in reference or "." not in reference:
+        return False
+    return reference.rsplit(".", 1)[0] in LEGACY_MODULES.union(REMOTE_CODE_MODULES)
+
+
+def foreign_auto_map(auto_map: "dict[str, Any] | None") -> "dict[str, Any]":
+    """The entries of ``auto_map`` (a config's) that do not name our remote code: another repository's
+    (``owner/repo--module.Class``) or a module that is not ours. {} when every entry is ours."""
+    return {key: value for key, value in (auto_map or {}).items() if not _is_ours(value)}
+
+
+def _package_class(cls: "type") -> "bool":
+    """Whether ``cls`` is defined by one of this package's model-layer modules (not by a generated file, a saved copy
+    or a test) while the generated files are at hand."""
+    module = sys.modules.get(cls.__module__)
+    path = Path(getattr(module, "__file__", "") or "").resolve()
+    return GENERATED_DIR.is_dir() and _MODEL_LAYER in path.parents
+
+
+def remote_code_reference(cls: "type") -> "str":
+    """``"modeling_tiednorm.Name"`` / ``"configuration_tiednorm.Name"``: where a saved model's code defines ``cls``,
+    a class of this package. ``RuntimeError`` when the generated file lacks it (stale: regenerate)."""
+    module = REMOTE_CODE_MODULES[0] if issubclass(cls, PreTrainedConfig) else REMOTE_CODE_MODULES[1]
+    if f"\nclass {cls.__name__}(" not in (GENERATED_DIR / f"{module}.py").read_text():
+        raise RuntimeError(
+            f"{GENERATED_DIR / module}.py does not define {cls.__name__}: the generated remote code is stale; run "
+            "`python utils/generate_remote_code.py`"
+        )
+    return f"{module}.{cls.__name__}"
+
+
+def _renamed(reference: "Any") -> "Any":
+    """A ``"module.Name"`` entry naming one of the package's modules, renamed into the generated files."""
+    if not isinstance(reference, str) or "--" in reference or "." not in reference:
+        return reference
+    module, name = reference.rsplit(".", 1)
+    if module not in LEGACY_MODULES:
+        return reference
+    for target in REMOTE_CODE_MODULES:
+        if f"\nclass {name}(" in (GENERATED_DIR / f"{target}.py").read_text():
+            return f"{target}.{name}"
+    return reference
+
+
+def code_reference(cls: "type") -> "str":
+    """The ``auto_map`` entry of ``cls``: in the generated files for a class of this package, else
+    ``"<its module's file name>.Name"`` as transformers writes it (a saved copy's class names its own file)."""
+    if _package_class(cls):
+        return remote_code_reference(cls)
+    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+
+@contextmanager
+def no_module_copies(model) -> "Iterator[None]":
+    """While ``model.save_pretrained`` runs, for a model class of this package: transformers' ``custom_object_save``
+    copies nothing (it would copy the class's module and the modules it imports, and it follows single-dot imports
+    only), the config's ``auto_map`` names the class in the generated modeling file, and the config's own save writes
+    the two files (``two_file_remote_code``). transformers asks the class (``is_remote_code`` is a classmethod), so
+    the class's ``_auto_class`` is cleared for the save and restored after it."""
+    cls = type(model)
+    auto_class = cls._auto_class
+    if auto_class is None or not _package_class(cls):
+        yield
+        return
+    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), auto_class: code_reference(cls)}
+    own = "_auto_class" in vars(cls)
+    cls._auto_class = None
+    try:
+        yield
+    finally:
+        if own:
+            cls._auto_class = auto_class
+        else:
+            del cls._auto_class
+
+
+def installed_version() -> "str | None":
+    """The installed hf_tiednorm's version; None where the package is not installed (this file as remote code)."""
+    try:
+        return importlib.metadata.version("hf_tiednorm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def saved_code_files(config: "PreTrainedConfig", *, with_model: "bool" = True) -> "dict[str, Path]":
+    """The code files a save of ``config`` writes into its folder (file name -> the package's generated file it is a
+    copy of): what the installed package generates for the config's family. ``with_model``: the modeling file too
+    (a config saved alone names no model). The one rule ``two_file_remote_code`` writes by and a load compares a
+    folder's code against (``code_differences``)."""
+    modules = REMOTE_CODE_MODULES if with_model else REMOTE_CODE_MODULES[:1]
+    return {f"{module}.py": GENERATED_DIR / f"{module}.py" for module in modules}
+
+
+def folder_code_files(config: "PreTrainedConfig") -> "list[str]":
+    """The code files a loaded ``config``'s folder names as its own: the modules of its ``auto_map`` entries and of
+    its pipelines' implementations (``module.Name``, no other repository's), as file names."""
+    pipelines = getattr(config, "custom_pipelines", None) or {}
+    named = [*(getattr(config, "auto_map", None) or {}).values(),
+             *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]  # fmt: skip
+    named = [item for value in named for item in (value if isinstance(value, (list, tuple)) else [value])]
+    modules = {name.rsplit(".", 1)[0] for name in named if isinstance(name, str) and "." in name and "--" not in name}
+    return sorted(f"{module}.py" for module in modules)
+
+
+def code_differences(folder: "Path", config: "PreTrainedConfig") -> "list[str]":
+    """How the code files that ``folder`` (loaded as ``config``) names differ from those the installed package writes
+    for it (``saved_code_files``); [] where they are the same bytes, or the folder names no code of its own."""
+    expected = saved_code_files(config)
+    differences = []
+    for name in folder_code_files(config):
+        if name not in expected:
+            differences.append(f"{name} is not a file this version writes (it writes {', '.join(expected)})")
+        elif not (folder / name).is_file():
+            differences.append(f"{name} is missing")
+        elif (folder / name).read_bytes() != expected[name].read_bytes():
+            differences.append(f"{name} differs from the installed package's")
+    return differences
+
+
+_REPORTED: "set[str]" = set()  # the folders whose code was reported (once each)
+
+
+def report_whose_code_runs(model, source: "str | os.PathLike") -> "None":
+    """Log once per folder, where ``model`` (a class of the installed package, loaded from ``source``) was loaded from
+    a folder whose own code differs from what the installed package writes for it: which code runs, and how to run
+    the folder's own. Nothing for a class that is not the package's (the folder's own code already runs)."""
+    if not _package_class(type(model)) or not Path(source).is_dir():
+        return
+    folder = Path(source)
+    key = str(folder.resolve())
+    differences = [] if key in _REPORTED else code_differences(folder, model.config)
+    if not differences:
+        return
+    _REPORTED.add(key)
+    saved, installed = getattr(model.config, VERSION_FIELD, None), installed_version()
+    saved_by = f"saved by hf_tiednorm {saved}" if saved else "saved with no hf_tiednorm version recorded (before 0.1)"
+    entries = (getattr(model.config, "auto_map", None) or {}).values()
+    own = next((e for e in entries if isinstance(e, str) and e.endswith(f".{type(model).__name__}")), None)
+    own = own or f"{REMOTE_CODE_MODULES[1]}.{type(model).__name__}"
+    logger.warning(
+        "%s carries its own code (%s%s: %s), but the installed hf_tiednorm %s runs it: transformers builds a model "
+        "type registered in this process (import hf_tiednorm registers ours) instead of a folder's code, "
+        "trust_remote_code=True or not. To run the folder's own code: transformers.dynamic_module_utils."
+        "get_class_from_dynamic_module(%r, %r).from_pretrained(%r), or load it in a process that does not import "
+        "hf_tiednorm; to give the folder the installed code, save the loaded model again",
+        folder, saved_by, "; edited since, or another build" if saved == installed else "", "; ".join(differences),
+        installed, own, str(folder), str(folder),
+    )
+
+
+@contextmanager
+def two_file_remote_code(config: "PreTrainedConfig", save_directory: "str | os.PathLike") -> "Iterator[None]":
+    """While ``config.save_pretrained(save_directory)`` runs (itself, or inside a model's ``save_pretrained``):
+    the folder holds the two generated files instead of transformers' copies of the package's modules, and the
+    config's ``auto_map`` and ``custom_pipelines`` entries name them. Nothing changes for a config class that is not
+    the package's (see the module docstring)."""
+    if type(config)._auto_class is None or not _package_class(type(config)):
+        yield
+        return
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    left = []
+    for module in LEGACY_MODULES - set(REMOTE_CODE_MODULES):
+        if (folder / f"{module}.py").is_file():
+            left.append(f"{module}.py")
+    if left:  # not ours to delete: an earlier save's code, or the user's
+        logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
+                       "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
+    auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
+    config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
+    pipelines = getattr(config, "custom_pipelines", None) or {}
+    for entry in pipelines.values():
+        if isinstance(entry, dict) and "impl" in entry:
+            entry["impl"] = _renamed(entry["impl"])
+    named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
+    # the modeling file where a model (or its pipeline) is named: not a config's
+    with_model = any(str(name).startswith(f"{REMOTE_CODE_MODULES[1]}.") for name in named)
+    for name, generated in saved_code_files(config, with_model=with_model).items():
+        shutil.copyfile(generated, folder / name)
+    setattr(config, VERSION_FIELD, installed_version())  # whose code the folder now carries
+    config._auto_class = None  # an instance attribute, over the class's: transformers then copies nothing
+    try:
+        yield
+    finally:
+        del config._auto_class
+
+
+class TwoFileModelCodeMixin:
+    """Put before ``PreTrainedModel`` in a model class's bases (every family's pretrained base, so a bare body too):
+    its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``),
+    and its ``from_pretrained`` says where the folder's own code is not the code that runs
+    (``report_whose_code_runs``)."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        report_whose_code_runs(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path)
+        return loaded
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        check_model_saveable(self, save_directory)  # a refused save writes nothing (modeling/save_checks.py)
+        with no_module_copies(self):
+            super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class TwoFileRemoteCodeMixin:
+    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
+    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> "None":
+        check_config_saveable(self, save_directory)  # before the code files are written (modeling/save_checks.py)
+        with two_file_remote_code(self, save_directory):
+            super().save_pretrained(save_directory, *args, **kwargs)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/settings.py -------------------------------------------

@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import inspect
 import math
+import operator
 import os
 import sys
 import types
@@ -25,10 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.nn.modules.module import (
-    register_module_module_registration_hook,
-    register_module_parameter_registration_hook,
-)
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
@@ -69,6 +67,7 @@ from .configuration_tiednorm import (
     fold_scale,
     get_head_mode,
     head_terms,
+    hold_head_mode,
     learned_terms,
     projection_penalty,
     start_resized_tokens,
@@ -207,6 +206,7 @@ class NormalizedScoresMixin:
         self.settings = settings
         self.head_mode = settings.head_mode
         self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
+        hold_head_mode(self)  # its name keeps this definition while the head lives (head/modes.py)
         self.norm_eps = settings.norm_eps
         # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
         # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
@@ -221,6 +221,11 @@ class NormalizedScoresMixin:
                 setattr(self, term.name, None)
         self._frozen_depth = 0
         self._frozen_terms = None
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "mode" in state:  # a copy (copy.deepcopy, pickle) of a head holds its mode as the head does
+            hold_head_mode(self)
 
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
@@ -393,66 +398,51 @@ class TiedNormEmbedding(nn.Embedding):
 
 
 # ------------------------------ hf_tiednorm/modeling/head/scoring_guard.py --------------------------------------
-"""Who scores with the normalized head: a caller that replaces a model's forward is served exactly or refused by name.
+"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper) is served,
+TRL's fused LM head is served the head exactly, and a forward that ran the backbone itself is refused by name.
 
-TRL's trainers (``SFTTrainer``, ``DPOTrainer``, ``GRPOTrainer``, ...) call ``trl.trainer.utils.add_fused_lm_head``
-on the model: it sets ``model.forward`` to a function that, called with ``fused_lm_head=True``, runs
-``model.base_model`` and scores its last hidden state itself, through a chunked log-prob kernel, with
-``get_output_embeddings().weight`` and ``.bias`` (z = h·Wᵀ + b, times ``config.logit_scale``, soft-capped by
-``final_logit_softcapping``). On a normalized tied head that weight is the raw tied matrix: TRL would train on the raw
-scores w_i·h, which are not what the model computes (on tiny models the log-probs differ by 2.4).
+TRL's trainers call ``trl.trainer.utils.add_fused_lm_head``: the forward it sets runs ``model.base_model`` and, with
+``fused_lm_head=True``, scores the last hidden state itself with ``get_output_embeddings().weight`` / ``.bias`` (on
+a normalized tied head: the raw tied matrix, log-probs off by 2.4 on tiny models). But at given weights every head
+mode is a plain linear layer, s = (W·h) ⊙ scale + bias, the terms g, b, registered ones and Press & Wolf's P folded
+in: ``FoldedLinear`` (W_s = diag(scale)·W (·P), autograd reaching W, g, b and P). While a TRL fused call runs, and
+only then, ``get_output_embeddings()`` returns it (``serving_folded_head``), so TRL's own kernel computes the head's
+log-probabilities and metrics exactly; everywhere else it stays the ``TiedNormHead`` that tying, resizing and PEFT
+need. (A permanently folded view breaks those; a copy of TRL's forward drifts with its releases; a subclass of TRL's
+trainers is never called by stock TRL.)
 
-The head *is* a plain linear layer at any given weights, though. Every head mode scores s = (W·h) ⊙ scale + bias
-(head/modes.py), with the logit scale g, the logit bias b and registered head terms folded into scale and bias;
-Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
-layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
-TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
-``get_output_embeddings()`` returns it (``serving_folded_head``): TRL's own kernel computes exactly the normalized
-head's log-probabilities, its metrics (entropy, token accuracy) included, with nothing of TRL reimplemented here.
-Everywhere else ``get_output_embeddings()`` stays the ``TiedNormHead`` that HF's tying and resizing, PEFT and this
-package rely on.
+Every other forward is judged by what ran, not by who wrapped it. The model's own forward (``own_scoring``) and the
+served TRL call count, on the backbone (``model.base_model``, which every way of scoring runs), how many of them are
+running over it. A forward pre-hook on the backbone reads that count: when it is not zero the call scores with the
+head, whatever wraps the forward — accelerate's device and offload hooks (a ``functools.partial`` set on the
+instance), ``torch.compile``, autocast, PEFT (which calls ``model.forward`` past the model's own ``__call__``), a
+user's logging wrapper. When it is zero, something else ran the backbone: the pre-hook looks for the functions of the
+model's forward in effect (the one set on the instance and the class's, unwrapped) among the Python frames that
+called it. Found, that function ran the backbone instead of the model's own forward, and so scores the hidden states
+itself, with the raw tied matrix (liger-kernel's class-level patches, a monkey-patch, a subclass whose forward
+multiplies by ``get_output_embeddings().weight``): it is refused, named by its real module and qualified name (its
+code's, never the ``__module__`` / ``__qualname__`` that ``functools.wraps`` copies). Not found, the backbone was
+called directly (hidden states for an embedding, a value head): nothing is scored, nothing is refused. A forward
+compiled with ``torch.compile`` and set on the instance runs in a graph no hook can look into: it is judged when it is
+set, by whether what it compiles reaches the model's own forward.
 
-Why this design: the alternatives were (a) a ``get_output_embeddings()`` that always returns a folded view, which
-breaks tying, resizing and PEFT, which need the module that holds the shared matrix; (b) re-implementing TRL's fused
-forward here, which copies TRL's private kernel plumbing and drifts with every TRL release; (c) subclassing TRL's
-trainers, which users of stock TRL never call. Serving the one read that TRL makes keeps both libraries as they are.
-
-Every other replacement of the forward — at instance level (a user's monkey-patch, liger-kernel's instance patch)
-or class level (``TiedNormForCausalLM.forward = ...``) — would score with the raw matrix or skip the head's loss, and
-is refused by name: when it is set on the model (``model.forward = ...``), or, set behind the model's back or on the
-class, at the first call of the model's backbone (``check_scoring``), which every forward (TRL's, liger-kernel's,
-ours) runs: under PEFT, too, where the model's own ``__call__`` hooks never run. accelerate's and
-torch's wrappers (``convert_outputs_to_fp32``, ``autocast``, ``torch.compile``) are looked through. The check is cached
-on the identity of the installed forward: a training step costs two attribute reads (docs/benchmarks.md, "Scoring
-guard").
-
-The functions are recognized by their code object's module (``__globals__``) and name, never by ``__qualname__`` or
-``__module__``: ``functools.wraps`` (which TRL applies to keep the signature) copies those from our own forward.
+What the guard keeps is per model (the count and a weak reference to the model in the backbone's ``__dict__``, TRL's
+forward and the one it replaced in the model's): a deep copy, ``copy.copy`` and a pickle carry it, pointing at the
+copy. No torch global hook. A forward costs a counter increment and one dictionary read (docs/benchmarks.md).
 This module imports neither trl nor accelerate.
 """
 
 
-# The forwards of our own models (``own_scoring``) and the TRL forwards this module serves, by identity.
+# The forwards that score with the model's own head (own_scoring's wrappers), by identity.
 _OWN_FORWARDS: weakref.WeakSet = weakref.WeakSet()
-_SERVED_FORWARDS: weakref.WeakSet = weakref.WeakSet()
-_SERVING_FOLDED = "_tiednorm_serving_folded_head"  # __dict__ entries, not module attributes: no state-dict entry
-_SCORING_CHECKED = "_tiednorm_scoring_checked"
-_SCORING_GUARDED = "_tiednorm_scoring_guard"
-
-# Wrappers that call the forward they wrap and change only the dtype of its inputs/outputs: (module, code name) ->
-# the wrapped callable.
-_TRANSPARENT: dict[tuple[str, str], Callable] = {
-    ("accelerate.utils.operations", "forward"): lambda f: f.__wrapped__,  # convert_outputs_to_fp32
-    ("torch.amp.autocast_mode", "decorate_autocast"): lambda f: f.__wrapped__,
-    ("torch._dynamo.eval_frame", "compile_wrapper"): lambda f: f.__wrapped__,  # model.forward = torch.compile(...)
-}
+# __dict__ entries, not module attributes: no registration, no state-dict entry.
+_SCORING = "_tiednorm_scoring"  # backbone: how many own or served forwards are running over it now
+_HOST = "_tiednorm_scoring_host"  # backbone: _HostRef to the model that scores its hidden states
+_BACKBONE = "_tiednorm_guarded_backbone"  # model: the backbone the hook is on (base_model is a slow property)
+_SERVING_FOLDED = "_tiednorm_serving_folded_head"  # model: inside a served TRL call
+_TRL_FORWARD = "_tiednorm_trl_forward"  # model: (TRL's function, the instance forward it replaced or None)
 _TRL_FUSED = ("trl.trainer.utils", "_fused_forward")
-
-
-def own_scoring(forward: Callable) -> Callable:
-    """Mark ``forward`` as a model forward that scores with the model's own head (our families' and the wrapper's)."""
-    _OWN_FORWARDS.add(forward)
-    return forward
+_COMPILED = ("torch._dynamo.eval_frame", "compile_wrapper")
 
 
 def _code_origin(function) -> tuple[str, str]:
@@ -462,23 +452,55 @@ def _code_origin(function) -> tuple[str, str]:
     return module, code.co_name if code is not None else type(function).__name__
 
 
-def _describe_code(function) -> str:
-    code = getattr(function, "__code__", None)
-    name = getattr(code, "co_qualname", None) or _code_origin(function)[1]
-    return f"{_code_origin(function)[0]}.{name}"
-
-
-def _wrapped_callable(function):
-    """The callable a transparent wrapper calls, or None when ``function`` is not one."""
-    if type(function).__name__ == "ConvertOutputsToFp32" and hasattr(function, "model_forward"):
-        return function.model_forward
-    unwrap = _TRANSPARENT.get(_code_origin(function))
-    return None if unwrap is None else unwrap(function)
+def _describe_code(module: str, code: types.CodeType) -> str:
+    return f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
 
 
 def is_trl_fused_forward(function) -> bool:
     """Whether ``function`` (or the bound method) is the forward TRL's ``add_fused_lm_head`` installs."""
     return _code_origin(getattr(function, "__func__", function)) == _TRL_FUSED
+
+
+# --- counting the scoring forwards on the backbone -----------------------------------------------------------------
+
+
+def _guarded_backbone(model: nn.Module) -> nn.Module:
+    backbone = model.__dict__.get(_BACKBONE)
+    return model.base_model if backbone is None else backbone
+
+
+def _enter_scoring(backbone: nn.Module) -> None:
+    backbone.__dict__[_SCORING] = backbone.__dict__.get(_SCORING, 0) + 1
+
+
+def _exit_scoring(backbone: nn.Module) -> None:
+    backbone.__dict__[_SCORING] -= 1
+
+
+def own_scoring(forward: Callable) -> Callable:
+    """Mark ``forward`` as a model forward that scores with the model's own head (our families' and the wrapper's,
+    or a forward of your own that calls it): while it runs, the backbone it runs is served.
+
+    Returns the forward wrapped (``functools.wraps``: same signature); under ``torch.compile`` the wrapper adds
+    nothing to the graph.
+    """
+
+    @functools.wraps(forward)
+    def scoring(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return forward(self, *args, **kwargs)
+        backbone = _guarded_backbone(self)
+        _enter_scoring(backbone)
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            _exit_scoring(backbone)
+
+    _OWN_FORWARDS.add(scoring)
+    return scoring
+
+
+# --- TRL's fused LM head, served -----------------------------------------------------------------------------------
 
 
 def unservable_reasons(model: nn.Module) -> list[str]:
@@ -497,16 +519,16 @@ def unservable_reasons(model: nn.Module) -> list[str]:
 
 
 def serve_replaced_forward(model: nn.Module, forward):
-    """What ``model.forward = forward`` installs: TRL's fused forward wrapped so that its fused calls score with
-    ``FoldedLinear`` (module docstring); any other ``forward`` that scores with the model's head as it is.
+    """What ``model.forward = forward`` installs: TRL's fused forward served (its fused calls score with
+    ``FoldedLinear``, module docstring); any other ``forward`` as it is, judged by what it runs.
 
     Raises:
-        ValueError: a forward that does not score with the model's head, named (``check_scoring`` catches those set
-            behind the model's back, and class-level ones, at the first call); TRL's fused forward on a model whose
-            training objective it cannot compute (``unservable_reasons``).
+        ValueError: TRL's fused forward on a model whose training objective it cannot compute
+            (``unservable_reasons``); a ``torch.compile``d forward that does not compile the model's own forward
+            (no hook can see what runs inside its graph), named.
     """
     if not is_trl_fused_forward(forward):
-        _refuse_scoring(_scoring_verdict(model, forward))
+        _refuse_compiled_foreign(model, forward)
         return forward
     reasons = unservable_reasons(model)
     if reasons:
@@ -515,25 +537,55 @@ def serve_replaced_forward(model: nn.Module, forward):
             f"train this {type(model).__name__}: {'; '.join(reasons)}. Train it with transformers' Trainer "
             "(scripts/run_clm.py), or build the model without these options"
         )
+    # Kept in the model's __dict__, not in a closure: a deep copy of the model takes them along, bound to the copy
+    # (TRL's own function keeps the original model's forward for its unfused calls; it is not called here).
+    model.__dict__[_TRL_FORWARD] = _TrlPatch((getattr(forward, "__func__", forward), model.__dict__.get("forward")))
+    return types.MethodType(_served_trl_forward(type(model).forward), model)
 
-    @functools.wraps(forward)  # the signature generate() validates its model kwargs against
+
+class _TrlPatch(tuple):
+    """(TRL's fused function, the instance forward it replaced or None). A deep copy copies it for the copy; a pickle
+    leaves it out, as it leaves out TRL's patch of any transformers model (a bound method pickles as the attribute of
+    its name, ``forward``: the unpickled model has its own forward; ``add_fused_lm_head`` patches it again)."""
+
+    def __deepcopy__(self, memo: dict) -> _TrlPatch:
+        return _TrlPatch(copy.deepcopy(tuple(self), memo))
+
+    def __reduce__(self):
+        return type(None), ()
+
+
+def _served_trl_forward(own_forward: Callable) -> Callable:
+    """The function a TRL-patched model's forward is bound to: it reads what it serves from the model it is called
+    on, so that a copy serves its own head. Its signature is the model's (generate() and the Trainer read it)."""
+
+    @functools.wraps(own_forward)
     def served(self, *args, fused_lm_head: bool = False, **kwargs):
-        if not fused_lm_head:
+        patch = self.__dict__.get(_TRL_FORWARD)
+        if patch is None:  # unpickled: TRL's patch is not carried (_TrlPatch); the model's own forward
+            return type(self).forward(self, *args, **kwargs)
+        trl_forward, replaced = patch
+        if not fused_lm_head:  # the forward TRL replaced, on this model
+            forward = replaced if replaced is not None else types.MethodType(type(self).forward, self)
             return forward(*args, **kwargs)
         with serving_folded_head(self):
-            return forward(*args, fused_lm_head=True, **kwargs)
+            return trl_forward(self, *args, fused_lm_head=True, **kwargs)
 
-    _SERVED_FORWARDS.add(served)
-    return types.MethodType(served, model)
+    served.__tiednorm_served__ = True
+    return served
 
 
 @contextmanager
 def serving_folded_head(model: nn.Module) -> Iterator[None]:
-    """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``."""
+    """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``, and the backbone
+    is served (TRL's fused call runs it itself)."""
+    backbone = _guarded_backbone(model)
     model.__dict__[_SERVING_FOLDED] = model.__dict__.get(_SERVING_FOLDED, 0) + 1
+    _enter_scoring(backbone)
     try:
         yield
     finally:
+        _exit_scoring(backbone)
         model.__dict__[_SERVING_FOLDED] -= 1
 
 
@@ -567,84 +619,156 @@ class FoldedLinear(nn.Module):
         return logits if self.bias is None else logits + self.bias
 
 
-def _defined_in_its_class(cls: type, function) -> bool:
-    """Whether ``function``, ``cls.forward``, is written in the body of the class that holds it (a family registered
-    from outside the package, with a forward of its own), possibly under transformers' decorators (can_return_tuple),
-    rather than set on a class afterwards (liger-kernel's ``LlamaForCausalLM.forward = lce_forward``)."""
-    owner = next((klass for klass in cls.__mro__ if "forward" in vars(klass)), None)
-    if owner is None:
-        return False
-    while _code_origin(function)[0].startswith("transformers.") and hasattr(function, "__wrapped__"):
-        function = function.__wrapped__
-    code = getattr(function, "__code__", None)
-    return (code is not None and getattr(code, "co_qualname", None) == f"{owner.__qualname__}.forward"
-            and _code_origin(function)[0] == owner.__module__)
+# --- the model's forward in effect, as the functions that run when it is called -----------------------------------
 
 
-def _scoring_verdict(model: nn.Module, forward=None) -> str | None:
-    """Why ``model``'s forward (``forward`` when given: one about to be installed on the instance) does not score with
-    its own head (a sentence naming it), or None."""
-    forward = model.__dict__.get("forward") if forward is None else forward
-    if forward is None:
-        function = type(model).forward
-        if function in _OWN_FORWARDS or _defined_in_its_class(type(model), function):
-            return None
-        return f"{type(model).__name__}.forward was replaced at class level by {_describe_code(function)}"
-    for _ in range(32):  # a chain of wrappers; deeper is no wrapper we know
-        function = getattr(forward, "__func__", forward)
-        if function in _OWN_FORWARDS or function in _SERVED_FORWARDS:
-            return None
-        if is_trl_fused_forward(function):
-            return (f"model.forward is TRL's add_fused_lm_head forward ({_describe_code(function)}), installed without "
-                    "going through the model (object.__setattr__?), so it would score with the raw tied matrix")
-        inner = _wrapped_callable(function)
-        if inner is None:
-            return f"model.forward was replaced on the instance by {_describe_code(function)}"
-        forward = inner
-    return f"model.forward is a chain of more than 32 wrappers ending in {_describe_code(function)}"
+def _is_own(function) -> bool:
+    return function in _OWN_FORWARDS or getattr(function, "__tiednorm_served__", False)
 
 
-def check_scoring(model: nn.Module) -> None:
-    """Raise ``ValueError`` naming the replacement when ``model``'s forward (instance or class level) no longer
-    scores with its normalized head and is not one this module serves; cached on the forward's identity."""
-    key = (model.__dict__.get("forward"), type(model).forward)
-    checked = model.__dict__.get(_SCORING_CHECKED)
-    if checked is not None and checked[0] is key[0] and checked[1] is key[1]:
+def _forward_functions(forward, bound) -> tuple[list[tuple[types.CodeType, str, object, tuple]], bool]:
+    """The functions that run when ``forward`` is called, down to the model's own forward (excluded), each as
+    (code, module, the object it is called on or None, its closure's (name, value) pairs): through bound methods,
+    ``functools.partial`` (accelerate's hooks), ``__wrapped__`` (``functools.wraps``, accelerate's autocast and fp32
+    wrappers, ``torch.compile``) and callable objects; and whether they reach the model's own forward."""
+    found, pending, seen, reaches_own = [], [(forward, bound)], set(), False
+    while pending and len(seen) < 64:
+        function, on = pending.pop()
+        reaches_own = reaches_own or _is_own(function)
+        if function is None or id(function) in seen or _is_own(function):
+            continue
+        seen.add(id(function))
+        if isinstance(function, types.MethodType):
+            pending.append((function.__func__, function.__self__))
+            continue
+        if isinstance(function, functools.partial):
+            pending.append((function.func, function.args[0] if function.args else on))
+        elif isinstance(function, types.FunctionType):
+            cells = tuple(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ()),
+                              strict=False))
+            found.append((function.__code__, _code_origin(function)[0], on, cells))
+        elif callable(function):  # a callable object: its __call__ runs with the object first
+            call = next((vars(k)["__call__"] for k in type(function).__mro__ if "__call__" in vars(k)), None)
+            if isinstance(call, types.FunctionType):
+                found.append((call.__code__, _code_origin(call)[0], function, ()))
+        pending.append((getattr(function, "__wrapped__", None), on))
+    return found, reaches_own
+
+
+def _first_argument(frame) -> object:
+    code = frame.f_code
+    return frame.f_locals.get(code.co_varnames[0]) if code.co_argcount or code.co_flags & 0x04 else None
+
+
+def _runs_as(frame, on, cells) -> bool:
+    """Whether ``frame`` is a call of the function found with (``on``, ``cells``), not of another function made from
+    the same code (the same decorator on another model)."""
+    if on is not None:
+        first = _first_argument(frame)
+        if first is not on and not (isinstance(first, tuple) and first and first[0] is on):
+            return False
+    return all(frame.f_locals.get(name, value) is value for name, value in cells)
+
+
+def _foreign_caller(model: nn.Module, frame) -> tuple[str, str, types.CodeType] | None:
+    """(where it is set, module, code) of the function of the model's forward in effect, other than the model's own
+    forward, that is among the callers (``frame`` and up), or None."""
+    instance = model.__dict__.get("forward")
+    candidates = {}
+    for where, functions in (
+        ("set on the instance", _forward_functions(instance, model)[0] if instance is not None else []),
+        ("its class's", _forward_functions(type(model).forward, model)[0]),
+    ):
+        for code, module, on, cells in functions:
+            candidates.setdefault(code, []).append((where, module, on, cells))
+    if not candidates:
+        return None
+    while frame is not None:
+        for where, module, on, cells in candidates.get(frame.f_code, ()):
+            if _runs_as(frame, on, cells):
+                return where, module, frame.f_code
+        frame = frame.f_back
+    return None
+
+
+def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
+    """Refuse a ``torch.compile``d forward set on the instance unless it compiles the model's own forward: inside its
+    graph no hook runs, so what it scores with cannot be seen when it runs."""
+    functions, reaches_own = _forward_functions(forward, model)
+    if not any((module, code.co_name) == _COMPILED for code, module, _, _ in functions):
         return
-    _refuse_scoring(_scoring_verdict(model))
-    model.__dict__[_SCORING_CHECKED] = key
+    foreign = [(module, code) for code, module, _, _ in functions if (module, code.co_name) != _COMPILED]
+    if not reaches_own:
+        name = _describe_code(*foreign[-1]) if foreign else "a function"
+        _refuse_scoring(f"{type(model).__name__}'s forward (set on the instance) is torch.compile of {name}, not of "
+                        "the model's own forward (a compiled graph runs no hook, so it is judged by what it compiles)")
 
 
-def _refuse_scoring(why: str | None) -> None:
-    if why is not None:
-        raise ValueError(
-            f"{why}: a replaced forward scores with get_output_embeddings().weight (the raw tied matrix) or skips the "
-            "normalized head, so training would not train this model's head. Served exactly: our own forward, "
-            "TRL's add_fused_lm_head (every TRL trainer), accelerate's and torch's autocast and torch.compile "
-            "wrappers. For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
-            "liger-kernel's forward patches; a forward of your own that scores through the model's head can be "
-            "marked with hf_tiednorm.modeling.head.scoring_guard.own_scoring"
-        )
+def _refuse_scoring(why: str) -> None:
+    raise ValueError(
+        f"{why}: a forward that runs the backbone itself scores the hidden states without the normalized head (with "
+        "get_output_embeddings().weight, the raw tied matrix, or not at all), so training and evaluation would not "
+        "use this model's head. Served exactly: anything that calls the model's own forward (accelerate's device "
+        "and offload hooks, torch.compile, autocast, PEFT, a wrapper of your own) and TRL's add_fused_lm_head (every "
+        "TRL trainer). For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
+        "liger-kernel's forward patches; a forward of your own that scores through the model's head can be marked "
+        "with hf_tiednorm.modeling.head.scoring_guard.own_scoring"
+    )
+
+
+# --- the hook on the backbone --------------------------------------------------------------------------------------
+
+
+class _HostRef:
+    """A weak reference from a backbone to the model that scores its hidden states; a deep copy of the model points
+    its backbone's at the copy, a pickle takes the model along."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, host: nn.Module | None) -> None:
+        self._ref = weakref.ref(host) if host is not None else None
+
+    def __call__(self) -> nn.Module | None:
+        return None if self._ref is None else self._ref()
+
+    def __deepcopy__(self, memo: dict) -> _HostRef:
+        host = self()
+        return _HostRef(memo.get(id(host), host))
+
+    def __reduce__(self):
+        return _HostRef, (self(),)
+
+
+def _judge_backbone_call(backbone: nn.Module, _args) -> None:
+    """Forward pre-hook of a model's backbone: refuse a call that the model's forward in effect makes without the
+    model's own forward (module docstring)."""
+    if backbone.__dict__.get(_SCORING) or torch.compiler.is_compiling():
+        return
+    reference = backbone.__dict__.get(_HOST)
+    host = reference() if reference is not None else None
+    if host is None or host.base_model is not backbone:  # a backbone used on its own (or copied alone)
+        return
+    caller = _foreign_caller(host, sys._getframe(1))
+    if caller is None:
+        return  # called directly (hidden states for an embedding, a value head): nothing is scored
+    where, module, code = caller
+    why = f"{type(host).__name__}'s forward ({where}) ran its backbone in {_describe_code(module, code)}"
+    if (module, code.co_name) == _TRL_FUSED:
+        why += (", TRL's add_fused_lm_head forward installed without going through the model (object.__setattr__?), "
+                "so it scores with the raw tied matrix")
+    _refuse_scoring(f"{why}, not through the model's own forward")
 
 
 def install_scoring_guard(model: nn.Module) -> None:
-    """Run ``check_scoring(model)`` before every call of its backbone (``model.base_model``), once per model."""
+    """Judge every call of ``model``'s backbone (``model.base_model``) by what runs it (module docstring); once per
+    backbone, a later call only points it at ``model``."""
     backbone = model.base_model
-    if backbone is model or model.__dict__.get(_SCORING_GUARDED):
+    if backbone is model:
         return
-    owner = weakref.ref(model)
-
-    def guard(_module, _args):
-        # Not inside a compiled graph: the check reads Python objects, which dynamo cannot trace. A compiled forward
-        # set on the model (model.forward = torch.compile(...)) was judged when it was set (serve_replaced_forward).
-        if torch.compiler.is_compiling():
-            return
-        lm = owner()
-        if lm is not None:
-            check_scoring(lm)
-
-    backbone.register_forward_pre_hook(guard)
-    model.__dict__[_SCORING_GUARDED] = True
+    if _HOST not in backbone.__dict__:
+        backbone.register_forward_pre_hook(_judge_backbone_call)
+    backbone.__dict__[_HOST] = _HostRef(model)
+    model.__dict__[_BACKBONE] = backbone  # not registered: no second name, no state-dict entry
 
 
 # ------------------------------ hf_tiednorm/modeling/head/adaptive.py -------------------------------------------
@@ -921,7 +1045,10 @@ each of these into an error naming the tensor, the config field where one is inv
 itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
 ``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
 from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``WeightChecksMixin``, below), so transformers' report table is still printed first.
+``WeightChecksMixin``, below), so transformers' report table is still printed first. A parameter that
+``from_pretrained(device_map=..., offload_folder=...)`` offloads to disk stays on the meta device there too (accelerate
+reads it from the folder at each call): the device map the load was given (kept by ``DeviceMapAtLoadMixin``: the
+model's ``hf_device_map`` is set only after the check) tells it from a tensor the file lacks.
 
 This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
 """
@@ -978,15 +1105,28 @@ def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
         "incomplete; restore it"
         for found in names.values()
     ]
-    offloaded = "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
-    if not offloaded:
-        for name, parameter in model.named_parameters():
-            if parameter.is_meta:
-                errors.append(
-                    f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
-                    "weights file is incomplete; restore it"
-                )
+    for name, parameter in model.named_parameters():
+        if parameter.is_meta and not offloaded_to_disk(model, name):
+            errors.append(
+                f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
+                "weights file is incomplete; restore it"
+            )
     return errors
+
+
+_DEVICE_MAP_AT_LOAD = "_tiednorm_device_map_at_load"  # model.__dict__: no registration, no state-dict entry
+
+
+def offloaded_to_disk(model: nn.Module, name: str) -> bool:
+    """Whether parameter ``name`` is offloaded to disk by the device map ``model`` is loaded (or dispatched) with:
+    the longest module prefix of ``name`` the map names maps to ``"disk"``."""
+    device_map = model.__dict__.get(_DEVICE_MAP_AT_LOAD) or getattr(model, "hf_device_map", None) or {}
+    parts = name.split(".")
+    for end in range(len(parts), -1, -1):
+        device = device_map.get(".".join(parts[:end]))
+        if device is not None:
+            return device == "disk"
+    return False
 
 
 def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
@@ -997,7 +1137,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
     named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        if name in keys and (id(parameter) in shared or parameter.is_meta):
+        if name in keys and (id(parameter) in shared or parameter.is_meta and not offloaded_to_disk(model, name)):
             named.add(name)
     return named
 
@@ -1062,7 +1202,17 @@ def _refuse(model: nn.Module, errors: list[str]) -> None:
         raise ValueError(f"{type(model).__name__} cannot load {folder} as it was trained:\n{listed}")
 
 
-class WeightChecksMixin:
+class DeviceMapAtLoadMixin:
+    """Keeps the device map ``from_pretrained`` loads with where the load checks read it (``offloaded_to_disk``):
+    transformers sets ``hf_device_map`` only after loading, when it dispatches the model."""
+
+    @classmethod
+    def _finalize_model_loading(cls, model, load_config, loading_info):
+        model.__dict__[_DEVICE_MAP_AT_LOAD] = getattr(load_config, "device_map", None)
+        return super()._finalize_model_loading(model, load_config, loading_info)
+
+
+class WeightChecksMixin(DeviceMapAtLoadMixin):
     """``from_pretrained`` checks that the loaded weights are finite and the head's tensors all loaded
     (modeling/load_checks.py).
     First among a model class's bases."""
@@ -1097,11 +1247,15 @@ Measured with peft 0.21 on a normalized tied head (cosine, l2):
 Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
 The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
 pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
-bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
-its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
-anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
-(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
-save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
+bypass is a structural change of the few objects the check reads: the head or an embedding holding the shared matrix
+replaced under one of its names (PEFT wraps a module by setting the wrapper where it was), or the shared matrix
+replaced in one of them. After a walk that passed, ``check_head_once`` keeps those names and objects in the model's
+own ``__dict__`` (no torch hook, nothing process-wide) and, at the next call, only reads the objects found under the
+kept names again: a decoding step costs a few dictionary reads, whatever the size of the model, instead of a walk
+over every module (docs/benchmarks.md, "PEFT guard"). A parameter on the meta device is one accelerate offloaded
+(``cpu_offload``, ``disk_offload``, ``device_map`` with offload): its values are put in place, and tied again, by
+accelerate's hook at each call, so the tie is not judged by its (placeholder) identity. The exact way to also train
+the shared embedding under PEFT: unfreeze it and save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
 
 This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
 """
@@ -1113,6 +1267,8 @@ PEFT_EMBEDDING_ADVICE = (
     "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
     "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
 )
+# Where a checked model keeps the head terms an adapter save would drop (unsaved_head_terms), checked at every call.
+_WATCHED = "_tiednorm_guard_unsaved_terms"
 # (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
 _WHY = (
     (
@@ -1156,7 +1312,8 @@ def check_head_not_bypassed(model: nn.Module) -> None:
     heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
     if not heads:
         return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
-    shared = heads[0].weight
+    head = heads[0]
+    shared = head.weight
     for name, module in modules.items():
         why = _peft_reason(module)
         if why is None:
@@ -1164,12 +1321,49 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         base = _wrapped(module)
         if isinstance(base, TiedNormHead) or isinstance(base, nn.Embedding) and base.weight is shared:
             raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
-    tied = any(isinstance(m, nn.Embedding) and m.weight is shared for m in modules.values())
+    tied = any(isinstance(m, nn.Embedding) and _same_matrix(m.weight, shared) for m in modules.values())
     if getattr(model.config, "tie_word_embeddings", True) and not tied:
         raise ValueError(
             "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
             f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
         )
+    model.__dict__[_WATCHED] = unsaved = unsaved_head_terms(modules)  # not a module attribute: no state dict entry
+    refuse_unsaved_head_terms(unsaved)
+
+
+def unsaved_head_terms(modules: dict[str, nn.Module]) -> list[tuple[str, nn.Parameter]]:
+    """The head's learned terms (every parameter of a ``TiedNormHead`` but the shared matrix) that an adapter save
+    would drop, by qualified name: all of them in a model PEFT put adapters into, unless the head trains them with an
+    adapter (``hf_tiednorm.training.peft_terms.train_head_terms``, which makes it a PEFT auxiliary module); none in a
+    model without PEFT (whose save keeps them)."""
+    names = {name: {cls.__name__ for cls in type(module).__mro__} for name, module in modules.items()}
+    if not any("BaseTunerLayer" in classes for classes in names.values()):
+        return []
+    return [
+        (f"{name}.{term}" if name else term, parameter)
+        for name, module in modules.items()
+        if isinstance(module, TiedNormHead) and "AuxiliaryTrainingWrapper" not in names[name]
+        for term, parameter in module.named_parameters(recurse=False)
+        if term != "weight"
+    ]
+
+
+def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
+    """Raise ``ValueError`` naming the first of ``terms`` (``unsaved_head_terms``) that requires grad: it would
+    train, then be lost at ``save_pretrained`` (PEFT saves only its adapters), and a reload would score with the
+    base model's value, with no warning. ``check_head_not_bypassed`` keeps ``terms`` on the model, and
+    ``check_head_once`` checks them at every call (an attribute read a term): a ``requires_grad_`` set later is
+    refused at the next call."""
+    for name, parameter in terms:
+        if parameter.requires_grad:
+            raise ValueError(
+                f"{name} requires grad in a model PEFT put adapters into, but PEFT's save_pretrained saves only what "
+                f"its adapters own: the trained {name} would be lost at save, and PeftModel.from_pretrained would "
+                "score with the base model's value. Train the head's learned terms with the adapter instead: after "
+                "get_peft_model, `from hf_tiednorm.training.peft_terms import train_head_terms; "
+                "train_head_terms(model)` (saved with the adapter, restored by PeftModel.from_pretrained); or freeze "
+                f"it again with `.requires_grad_(False)`"
+            )
 
 
 def refuse_peft_before_normalizing(model: nn.Module) -> None:
@@ -1198,36 +1392,69 @@ def refuse_peft_before_normalizing(model: nn.Module) -> None:
         )
 
 
-# Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
-# add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
-# shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
-# at every forward) replaces nothing that a checked model reaches its head through.
-_structure = {"version": 0}
+def _same_matrix(weight: torch.Tensor, shared: torch.Tensor) -> bool:
+    """Whether an embedding's ``weight`` is the head's matrix ``shared``: the same parameter, or offloaded by
+    accelerate (a placeholder on the meta device between calls: accelerate puts the values in place, and ties them,
+    from its weights map at each call)."""
+    return weight is shared or (weight.is_meta or shared.is_meta) and weight.shape == shared.shape
 
 
-def _replaced_module(module: nn.Module, name: str, _value) -> None:
-    if name in module._modules:
-        _structure["version"] += 1
+_HEAD_CHECKED = "_tiednorm_head_checked"  # model.__dict__: (watched names, the objects found under them) after a pass
+_OFFLOADED = object()  # what a meta parameter counts as: accelerate replaces it by another placeholder at each call
 
 
-def _replaced_parameter(module: nn.Module, name: str, _value) -> None:
-    if name in module._parameters:
-        _structure["version"] += 1
+def _watched_paths(model: nn.Module) -> tuple[tuple[str, ...], ...]:
+    """Every name (as a path of attribute names) under which ``model`` holds its normalized head or an embedding
+    holding the head's matrix: the objects a PEFT bypass or an untie replaces."""
+    heads = [m for m in model.modules() if isinstance(m, TiedNormHead)]
+    if not heads:
+        return ()
+    shared = heads[0].weight
+    return tuple(
+        tuple(name.split(".")) if name else ()
+        for name, module in model.named_modules(remove_duplicate=False)
+        if module is heads[0] or isinstance(module, nn.Embedding) and _same_matrix(module.weight, shared)
+    )
 
 
-register_module_module_registration_hook(_replaced_module)
-register_module_parameter_registration_hook(_replaced_parameter)
-_CHECKED_AT = "_tiednorm_guard_checked_at"
+def _fingerprint(model: nn.Module, paths: tuple[tuple[str, ...], ...]) -> tuple:
+    """The objects found under ``paths`` (each module and its ``weight``), read through the modules' own
+    dictionaries: a few reads per path, whatever the size of the model."""
+    found = []
+    for path in paths:
+        module = model
+        for part in path:
+            module = module._modules.get(part)
+            if module is None:
+                return (None,)
+        weight = module._parameters.get("weight")
+        found += [module, _OFFLOADED if weight is not None and weight.is_meta else weight]
+    return tuple(found)
 
 
 def check_head_once(model: nn.Module) -> None:
-    """``check_head_not_bypassed(model)``, unless it passed already and no module or parameter has been registered
-    anywhere in the process since (O(1) then)."""
-    version = _structure["version"]
-    if model.__dict__.get(_CHECKED_AT) == version:
-        return
+    """``check_head_not_bypassed(model)``, unless it passed already and the head, the embeddings holding its matrix
+    and that matrix are still the objects found under the same names (O(1) then: no walk over the modules); the head
+    terms an adapter save would drop are checked at every call (``refuse_unsaved_head_terms``)."""
+    checked = model.__dict__.get(_HEAD_CHECKED)
+    if checked is not None:
+        paths, objects = checked
+        now = _fingerprint(model, paths)
+        if len(now) == len(objects) and all(map(operator.is_, now, objects)):
+            refuse_unsaved_head_terms(model.__dict__.get(_WATCHED, ()))  # a requires_grad_ set since
+            return
     check_head_not_bypassed(model)
-    model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
+    paths = _watched_paths(model)
+    # Not a module attribute: no registration, no state-dict entry; a deep copy maps the objects to its own.
+    model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
+
+
+def check_again(model: nn.Module) -> None:
+    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
+    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
+    for module in model.modules():
+        module.__dict__.pop(_HEAD_CHECKED, None)
+        module.__dict__.pop(_WATCHED, None)
 
 
 def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
@@ -2551,7 +2778,7 @@ Attention, layers, positions, KV cache and generation are the parent's.
 """
 
 
-class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
+class TiedNormSeq2SeqModelMixin(DeviceMapAtLoadMixin, TiedEmbeddingsMixin):
     """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
     ``config.tie_topology`` (``families/tie_topology.py``), with Marian's embedding accessors so that one set of resize
     rules serves both."""

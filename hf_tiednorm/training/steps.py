@@ -29,6 +29,7 @@ from transformers.utils import CONFIG_NAME
 
 from ..conversion.path_identity import file_id
 from ..modeling.auto_map import foreign_auto_map
+from ..modeling.families.table import family_of_config
 from ..publishing.model_card import write_model_card
 from .arguments import (
     DataArgumentsBase,
@@ -399,8 +400,8 @@ def load_token_counts(path: Path) -> torch.Tensor | None:
 
 def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[str, Any] | None) -> None:
     """On the main process: the embedding-norm plots (with token_counts.pt when the run saved it; not under FSDP,
-    whose sharded weights would need a gather) and, unless ``card`` is None, the model card rendered from
-    ``write_model_card(output_dir, **card)``."""
+    whose sharded weights would need a gather) and, unless ``card`` is None or the model is a stock one (a plain
+    baseline), the model card rendered from ``write_model_card(output_dir, **card)``."""
     if not trainer.is_world_process_zero():
         return
     output_dir = Path(trainer.args.output_dir)
@@ -410,10 +411,10 @@ def write_plots_and_card(trainer: Trainer, model: PreTrainedModel, card: dict[st
     if not trainer.is_fsdp_enabled:
         plot_embedding_norms(model, output_dir, load_token_counts(output_dir / "token_counts.pt"),
                              title=output_dir.name)
-    if card is not None and not (output_dir / CONFIG_NAME).is_file():
-        # An evaluation-only run (--do_eval without --do_train) saves no model in output_dir: a card would describe
-        # nothing there.
-        logger.info("no model saved in %s (evaluation only): no model card written", output_dir)
+    if card is not None and (not (output_dir / CONFIG_NAME).is_file() or family_of_config(model.config) is None):
+        # An evaluation-only run (--do_eval without --do_train) saves no model in output_dir, and a stock model (a
+        # plain baseline, tiednorm-convert --plain) has no normalized head: an hf_tiednorm card would describe neither.
+        logger.info("no hf_tiednorm model saved in %s (evaluation only, or a stock model): no card written", output_dir)
     elif card is not None:
         write_model_card(output_dir, **card)
     logger.info("model, tokenizer, metrics and card are in %s", output_dir.resolve())

@@ -242,3 +242,39 @@ for name, case in expected.items():
         cwd=tmp_path,
     )
     assert out.split() == [word for name in SOURCES for word in (name, "ok")]
+
+
+# --- the plain baseline (tiednorm-convert --plain, issue 60) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_the_plain_baseline_is_the_baseline_conversion_as_a_stock_fp32_model(name, tmp_path):
+    """Before, a practitioner rebuilt a stock parent model by hand to compare against (``--head-mode baseline``
+    gives a TiedNorm model; a GGUF-loaded one is refused by the Trainer): one command now gives it."""
+    source = tiny_source_model(name).to(torch.bfloat16)
+    source.save_pretrained(tmp_path / "source")
+    tiny_tokenizer().save_pretrained(tmp_path / "source")
+    main([str(tmp_path / "source"), str(tmp_path / "plain"), "--plain", "--license", "apache-2.0"])
+    main([str(tmp_path / "source"), str(tmp_path / "baseline"), "--head-mode", "baseline"])
+
+    saved = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert "auto_map" not in saved and "quantization_config" not in saved and saved["dtype"] == "float32"
+    assert saved["provenance"]["license"] == "apache-2.0"  # every card of its fine-tunes names it
+    assert not list((tmp_path / "plain").glob("*.py"))  # no remote code
+    plain = auto_class(source.config).from_pretrained(tmp_path / "plain").eval()  # stock, no trust_remote_code
+    assert type(plain) is type(source) and plain.dtype == torch.float32
+    assert plain.get_output_embeddings().weight is plain.get_input_embeddings().weight
+    baseline = auto_class(source.config).from_pretrained(tmp_path / "baseline", dtype=torch.float32).eval()
+    inputs = inputs_for(plain)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**inputs).logits, baseline(**inputs).logits, rtol=0, atol=0)
+    assert (tmp_path / "plain" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("flags", [["--head-mode", "cosine"], ["--lossless-start"], ["--generic"],
+                                   ["--logit-bias"]])  # fmt: skip
+def test_the_plain_baseline_takes_no_head_flags(flags, llama, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(llama[0]), str(tmp_path / "plain"), "--plain", *flags])
+    assert "--plain writes the source as it is" in capsys.readouterr().err
+    assert not (tmp_path / "plain").exists()

@@ -94,3 +94,29 @@ print("reloaded", type(model).__name__)
         timeout=600,
     )
     assert "reloaded TiedNormForCausalLM" in out
+
+
+# slow: three GGUF loads of a 135M-parameter model (1-7 min on 2 busy cores)
+@pytest.mark.slow
+def test_the_plain_baseline_of_the_gguf_is_a_stock_fp32_llama_the_trainer_takes(tmp_path):
+    """The GGUF-loaded LlamaForCausalLM keeps a quantization_config, and the Trainer refuses it ("purely quantized");
+    ``tiednorm-convert GGUF plain --plain`` gives the same weights as a stock fp32 Llama it takes, with the logits of
+    the baseline conversion."""
+    from transformers import LlamaForCausalLM, Trainer, TrainingArguments
+
+    from hf_tiednorm.convert import main
+
+    args = TrainingArguments(str(tmp_path / "run"), use_cpu=True, report_to="none")
+    loaded = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+    with pytest.raises(ValueError, match="purely quantized"):
+        Trainer(model=loaded, args=args)
+    del loaded
+    main([str(GGUF), str(tmp_path / "plain"), "--plain"])
+    baseline = convert_checkpoint(GGUF, head_mode="baseline")
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "plain").eval()
+    assert type(plain) is LlamaForCausalLM and plain.dtype == torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "plain")
+    ids = tokenizer(TEXT[0], return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, baseline(ids).logits, rtol=0, atol=0)
+    Trainer(model=plain, args=args)  # not refused

@@ -69,6 +69,26 @@ def test_run_clm_fine_tunes_a_converted_checkpoint(name, tmp_path, monkeypatch):
     check_fine_tuned(tmp_path / "out", name, before)
 
 
+def test_run_clm_fine_tunes_the_plain_baseline_beside_the_conversion(tmp_path, monkeypatch):
+    """The plain baseline (``tiednorm-convert --plain``, a stock Llama) trains through the same script and saves;
+    before, it could not be made, and a stock model's run failed at the end, writing hf_tiednorm's card."""
+    from transformers import LlamaForCausalLM
+
+    from hf_tiednorm.convert import main
+
+    source_model("llama").save_pretrained(tmp_path / "source")
+    tiny_tokenizer().save_pretrained(tmp_path / "source")
+    main([str(tmp_path / "source"), str(tmp_path / "converted"), "--plain"])
+    data = tmp_path / "data"
+    data.mkdir()
+    write_tiny_parallel(data)
+    run_script("run_clm", clm_args(tmp_path, data), monkeypatch)
+    trained = LlamaForCausalLM.from_pretrained(tmp_path / "out")
+    before = LlamaForCausalLM.from_pretrained(tmp_path / "converted")
+    assert not torch.equal(trained.get_input_embeddings().weight, before.get_input_embeddings().weight)
+    assert (tmp_path / "out" / "all_results.json").is_file() and not (tmp_path / "out" / "README.md").exists()
+
+
 # m2m_100: sinusoidal positions (max_position_embeddings); t5: relative positions, no such field.
 @pytest.mark.parametrize("name", ["m2m_100", "t5"])
 def test_run_translation_fine_tunes_a_converted_checkpoint(name, tmp_path, monkeypatch):

@@ -9,7 +9,10 @@ implementation are ``slow``; the exactness and the guards run by default.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import itertools
+import pickle
 import types
 
 import pytest
@@ -20,7 +23,7 @@ from tiny_architectures import source_model
 import hf_tiednorm
 from hf_tiednorm.convert import normalize_tied_head
 from hf_tiednorm.modeling.head.modes import HEAD_MODES
-from hf_tiednorm.modeling.head.scoring_guard import check_scoring, own_scoring
+from hf_tiednorm.modeling.head.scoring_guard import own_scoring
 from hf_tiednorm.modeling.head.settings import LOGIT_SCALES
 
 trl = pytest.importorskip("trl")
@@ -49,15 +52,17 @@ def randomize_head_terms(model) -> None:
             head.logit_bias.normal_()
 
 
-def own_and_trl_log_probs(model, seed=1):
-    """The model's own log-softmax at the next tokens, and TRL's fused LM head output, on the same batch."""
+def own_and_trl_log_probs(model, seed=1, patch=True):
+    """The model's own log-softmax at the next tokens, and TRL's fused LM head output (``patch``: added first), on
+    the same batch."""
     ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(seed))
     labels = ids.clone()
     labels[0, :3] = -100
     with torch.no_grad():
         logits = model(input_ids=ids).logits
         own = torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
-        add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
+        if patch:
+            add_fused_lm_head(model, outputs=("log_probs", "entropy", "is_top1"))
         fused = model(input_ids=ids, labels=labels, fused_lm_head=True)
     mask = labels[:, 1:] != -100
     return own[mask], fused.log_probs[mask].double(), logits.abs().max().item()
@@ -153,14 +158,20 @@ def scoring_with_raw_weight(self, input_ids=None, **kwargs):
 
 
 def test_a_monkey_patched_forward_is_refused_by_name():
+    """Judged by what ran: the patched forward ran the backbone itself (set through the model or behind its back)."""
     model = causal_model(torch.float32, head_mode="cosine")
-    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
-        model.forward = types.MethodType(scoring_with_raw_weight, model)
-    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
+    ids = torch.tensor([[3, 4, 5]])
+    model.forward = types.MethodType(scoring_with_raw_weight, model)  # accepted when set ...
+    with pytest.raises(ValueError, match=r"forward \(set on the instance\) ran its backbone in "
+                                         r"test_trl\.scoring_with_raw_weight, not through the model's own forward"):
+        model(input_ids=ids)  # ... refused when it runs
+    with pytest.raises(ValueError, match=r"torch.compile of test_trl\.scoring_with_raw_weight"):
         model.forward = torch.compile(types.MethodType(scoring_with_raw_weight, model), backend="eager")
     model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # behind the model's back
-    with pytest.raises(ValueError, match=r"replaced on the instance by test_trl\.scoring_with_raw_weight"):
-        model(input_ids=torch.tensor([[3, 4, 5]]))
+    with pytest.raises(ValueError, match=r"ran its backbone in test_trl\.scoring_with_raw_weight"):
+        model(input_ids=ids)
+    with torch.no_grad():  # the backbone called directly (hidden states) scores nothing: not refused
+        assert model.base_model(input_ids=ids).last_hidden_state.shape == (1, 3, TINY["hidden_size"])
 
 
 def test_a_forward_replaced_at_class_level_is_refused_by_name():
@@ -170,17 +181,41 @@ def test_a_forward_replaced_at_class_level_is_refused_by_name():
     Patched.forward = scoring_with_raw_weight  # as liger-kernel's apply_liger_kernel_to_* do on a class
     torch.manual_seed(0)
     model = Patched(hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine"))
-    with pytest.raises(ValueError, match=r"Patched\.forward was replaced at class level by "
+    with pytest.raises(ValueError, match=r"Patched's forward \(its class's\) ran its backbone in "
                                          r"test_trl\.scoring_with_raw_weight"):
         model(input_ids=torch.tensor([[3, 4, 5]]))
+
+
+def test_a_subclass_whose_own_forward_scores_with_the_raw_matrix_is_refused():
+    """Before: exempt because its forward is written in its class body (logits off by the normalization)."""
+
+    class RawScoring(hf_tiednorm.TiedNormForCausalLM):
+        def forward(self, input_ids=None, **kwargs):
+            hidden = self.model(input_ids=input_ids).last_hidden_state
+            return hidden @ self.get_output_embeddings().weight.T
+
+    class Logging(hf_tiednorm.TiedNormForCausalLM):  # a subclass that calls the model's own forward: served
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    torch.manual_seed(0)
+    config = hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine")
+    with pytest.raises(ValueError, match=r"RawScoring's forward \(its class's\) ran its backbone in "
+                                         r"test_trl\.test_a_subclass_whose_own_forward_scores_with_the_raw_matrix_is_"
+                                         r"refused\.<locals>\.RawScoring\.forward"):
+        RawScoring(config)(input_ids=torch.tensor([[3, 4, 5]]))
+    assert Logging(config)(input_ids=torch.tensor([[3, 4, 5]])).logits.shape == (1, 3, TINY["vocab_size"])
 
 
 def test_trls_forward_installed_behind_the_models_back_is_refused():
     model = causal_model(torch.float32, head_mode="cosine")
     add_fused_lm_head(model)
     served = model.__dict__["forward"]
-    object.__setattr__(model, "forward", types.MethodType(served.__func__.__wrapped__, model))  # TRL's own, unserved
-    with pytest.raises(ValueError, match="TRL's add_fused_lm_head forward"):
+    trl_forward = model.__dict__["_tiednorm_trl_forward"][0]
+    assert "input_ids" in inspect.signature(served).parameters  # the model's signature, which the Trainer reads
+    object.__setattr__(model, "forward", types.MethodType(trl_forward, model))  # TRL's own, unserved
+    with pytest.raises(ValueError, match=r"trl\.trainer\.utils\.add_fused_lm_head\.<locals>\._fused_forward, "
+                                         "TRL's add_fused_lm_head forward installed without going through"):
         model(input_ids=torch.tensor([[3, 4, 5]]), labels=torch.tensor([[3, 4, 5]]), fused_lm_head=True)
 
 
@@ -195,13 +230,46 @@ def test_the_guard_follows_accelerates_mixed_precision_wrappers_and_peft():
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)
     model.forward = types.MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)
     ids = torch.tensor([[3, 4, 5, 6]])
-    check_scoring(model)
+    own, fused, largest = own_and_trl_log_probs(model)  # served through both wrappers, exactly
+    torch.testing.assert_close(fused, own, rtol=0, atol=1e-5 * (1 + largest))
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     out = peft_model(input_ids=ids, labels=ids, fused_lm_head=True)
     assert torch.isfinite(out.log_probs).all()
     model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)  # a patch under PEFT is still found
     with pytest.raises(ValueError, match="scoring_with_raw_weight"):
         peft_model(input_ids=ids)
+
+
+COPIES = {"deepcopy": copy.deepcopy, "copy": copy.copy, "pickle": lambda model: pickle.loads(pickle.dumps(model))}
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+@pytest.mark.parametrize("name", ["own", "wrapped-gpt2", "wrapped-llama"])
+def test_a_copy_of_a_trl_patched_model_scores_with_its_own_head(name, how):
+    """A user's reference model: before, a deep copy's fused log-probs used the original model's raw tied matrix
+    (off by 3 and more, no warning). A pickle leaves TRL's patch out, as for transformers' own models (TRL's forward
+    pickles as the attribute ``forward``): it is patched again."""
+    if name == "own":
+        model = causal_model(head_mode="cosine", logit_scale_kind="vector", logit_bias=True)
+    else:
+        model = normalize_tied_head(source_model(name.split("-")[1]), "cosine", logit_scale_kind="vector",
+                                    logit_bias=True, generic=True).double().eval()
+        randomize_head_terms(model)
+    add_fused_lm_head(model)
+    copied = COPIES[how](model)
+    if how != "copy":  # a shallow copy shares the modules: the same head
+        randomize_head_terms(model)  # the original moves on (a policy trains); the copy keeps its own terms
+        assert not torch.equal(model.get_output_embeddings().logit_bias, copied.get_output_embeddings().logit_bias)
+    own, fused, largest = own_and_trl_log_probs(copied, patch=how == "pickle")  # the copy's patch, as it was copied
+    torch.testing.assert_close(fused, own, rtol=0, atol=1e-6 * (1 + largest))
+
+
+def test_the_pickled_model_keeps_the_guard():
+    model = causal_model(torch.float32, head_mode="cosine")
+    copied = pickle.loads(pickle.dumps(model))
+    copied.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, copied)
+    with pytest.raises(ValueError, match="ran its backbone in test_trl.scoring_with_raw_weight"):
+        copied(input_ids=torch.tensor([[3, 4, 5]]))
 
 
 def test_a_forward_marked_as_own_scoring_is_let_through():
@@ -312,3 +380,127 @@ def test_trl_trains_smollm2_converted_with_a_lossless_start(trl_data, tmp_path):
         trainer, flags = RUNS[run]
         history = run_trl(trainer, tmp_path / "smollm2", trl_data, tmp_path / run, *flags, "--lora")
         assert METRICS[trainer] <= {key for entry in history for key in entry}, run
+
+
+# --- TRL's reference model, ref_model=None (issue 60) ------------------------------------------------------------
+# DPO, KTO and GRPO with beta > 0 rebuild their reference from the policy's config._name_or_path, with their config's
+# trust_remote_code (default False). With the package imported a stock config works; a script that loads a folder as
+# remote code only must set trust_remote_code=True in the trainer's config; a model converted in memory names no
+# folder a reload would find it in.
+
+PAIRS = {"prompt": ["a dog", "a woman"] * 4, "chosen": [" runs .", " reads ."] * 4,
+         "rejected": [" book .", " grass ."] * 4}  # fmt: skip
+UNPAIRED = {"prompt": ["a dog", "a woman"] * 4, "completion": [" runs .", " book ."] * 4, "label": [True, False] * 4}
+TRAINERS = {  # trainer, config, data, the first step's logged value that is 0 exactly when the reference is the policy
+    "dpo": ("DPOTrainer", "DPOConfig", PAIRS, "rewards/margins", {}),
+    "kto": ("KTOTrainer", "KTOConfig", UNPAIRED, "kl", {}),
+    "grpo": ("GRPOTrainer", "GRPOConfig", {"prompt": ["a dog", "a woman"] * 4}, "kl",
+             {"beta": 0.1, "num_generations": 2, "max_completion_length": 4}),
+}
+REFERENCE_RUN = """
+import json
+import trl
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+trainer_name, config_name, data, logged, extra, trust = ARGS
+model = AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("model", trust_remote_code=True)
+config = getattr(trl, config_name)(output_dir="out", max_steps=1, per_device_train_batch_size=4, report_to="none",
+                                   save_strategy="no", use_cpu=True, learning_rate=0.0, logging_steps=1, **extra,
+                                   **({"trust_remote_code": True} if trust else {}))
+reward = {"reward_funcs": lambda completions, **_: [float(len(c)) for c in completions]}
+kwargs = reward if trainer_name == "GRPOTrainer" else {}
+try:
+    trainer = getattr(trl, trainer_name)(model=model, args=config, train_dataset=Dataset.from_dict(data),
+                                         processing_class=tokenizer, **kwargs)
+except ValueError as error:
+    import os
+    print(json.dumps({"refused": str(error), "wrote": os.listdir("out") if os.path.exists("out") else []}))
+else:
+    trainer.train()
+    print(json.dumps({"reference": type(trainer.ref_model).__module__, "logged": trainer.state.log_history[0][logged]}))
+"""
+
+
+def reference_run(kind: str, folder, trust: bool) -> dict:
+    import json
+
+    from testing_utils import run_without_package
+
+    trainer, config, data, logged, extra = TRAINERS[kind]
+    code = REFERENCE_RUN.replace("ARGS", repr([trainer, config, data, logged, extra, trust]))
+    return json.loads(run_without_package(code, folder).strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference")
+    saved_model("own-auto", folder / "model")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "kind", ["dpo", pytest.param("kto", marks=pytest.mark.slow), pytest.param("grpo", marks=pytest.mark.slow)]
+)  # KTO, GRPO: two more packageless trainer runs (~1 min)
+def test_a_folder_loaded_as_remote_code_needs_trust_remote_code_in_the_trainers_config(kind, tiny_folder):
+    """Without hf_tiednorm: a stock config stops at the trainer's construction (no file written) with transformers'
+    message naming trust_remote_code; with trust_remote_code=True in the config, TRL reloads the folder's own code and
+    the reference is the policy (the first step's margin / KL is 0)."""
+    refused = reference_run(kind, tiny_folder, trust=False)
+    assert "trust_remote_code=True" in refused["refused"] and not refused["wrote"]
+    run = reference_run(kind, tiny_folder, trust=True)
+    assert run["reference"].startswith("transformers_modules.") and run["logged"] == 0.0
+
+
+def test_a_stock_config_reloads_the_reference_where_the_package_is_imported(tiny_folder, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder / "model", trust_remote_code=True)
+    config = trl.DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none",
+                           save_strategy="no", use_cpu=True, learning_rate=0.0)  # fmt: skip
+    trainer = trl.DPOTrainer(model=model, args=config, train_dataset=Dataset.from_dict(PAIRS),
+                             processing_class=tiny_tokenizer())
+    assert type(trainer.ref_model) is hf_tiednorm.TiedNormForCausalLM
+    trainer.train()
+    assert trainer.state.log_history[0]["rewards/margins"] == 0.0
+
+
+@pytest.mark.parametrize("lossless", [False, True], ids=["cosine", "cosine-lossless"])
+def test_a_model_converted_in_memory_is_never_reloaded_as_its_source(lossless, tmp_path):
+    """Before: TRL rebuilt the reference from the source's folder, which the in-memory conversion still named: a plain
+    Qwen3 whose log-probs are not the cosine model's (a DPO margin of -0.49 at step 0, silently). Now a conversion that
+    changes the scores names no folder (the trainer stops at once); a lossless one still names its source, whose
+    logits it has, and the reference is right (margin 0)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    source_model("qwen3").save_pretrained(tmp_path / "source")
+    model = normalize_tied_head(AutoModelForCausalLM.from_pretrained(tmp_path / "source"), "cosine",
+                                lossless_start=lossless)  # fmt: skip
+    assert model.name_or_path == str(tmp_path / "source")  # what PEFT records as the adapter's base model
+    config = trl.DPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4,
+                           report_to="none", save_strategy="no", use_cpu=True, learning_rate=0.0)  # fmt: skip
+    make = lambda: trl.DPOTrainer(model=model, args=config, train_dataset=Dataset.from_dict(PAIRS),  # noqa: E731
+                                  processing_class=tiny_tokenizer())  # fmt: skip
+    if not lossless:
+        with pytest.raises(OSError):
+            make()
+        return
+    trainer = make()
+    trainer.train()
+    assert trainer.state.log_history[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.slow  # one TRL DPO run with LoRA and the head's terms, and a reload
+def test_run_trl_trains_the_heads_terms_beside_lora(trl_data, tmp_path):
+    from peft import PeftModel
+    from safetensors import safe_open
+
+    model = saved_model("own-auto", tmp_path / "model")
+    run_trl("dpo", tmp_path / "model", trl_data, tmp_path / "out", "--lora", "--lora_head_terms")
+    with safe_open(tmp_path / "out" / "adapter_model.safetensors", "pt") as saved:
+        g = saved.get_tensor("base_model.model.lm_head.logit_scale")
+    assert not torch.equal(g, model.get_output_embeddings().logit_scale)  # trained, and saved with the adapter
+    reloaded = PeftModel.from_pretrained(type(model).from_pretrained(tmp_path / "model"), tmp_path / "out")
+    assert torch.equal(reloaded.get_output_embeddings().logit_scale, g)

@@ -28,7 +28,7 @@ from ..auto_map import TwoFileModelCodeMixin
 from ..engine_checks import EngineChecksMixin
 from ..head.lossless_start import start_resized_tokens
 from ..head.scoring_guard import own_scoring
-from ..load_checks import WeightChecksMixin, check_loaded_body
+from ..load_checks import DeviceMapAtLoadMixin, WeightChecksMixin, check_loaded_body
 from ..weight_checks import check_resize_keeps_special_tokens
 from .common import TiedNormLMMixin, build_head, build_output_projection
 from .configuration import TiedNormSeq2SeqConfig, TieTopologyConfigMixin
@@ -37,7 +37,7 @@ from .outputs import CACHE_FIELD, TiedNormSeq2SeqLMOutput
 from .tie_topology import TiedEmbeddingsMixin, alias_tied_modules
 
 
-class TiedNormSeq2SeqModelMixin(TiedEmbeddingsMixin):
+class TiedNormSeq2SeqModelMixin(DeviceMapAtLoadMixin, TiedEmbeddingsMixin):
     """The encoder-decoder body of both families: token embeddings from ``build_embedding``, tied per
     ``config.tie_topology`` (``families/tie_topology.py``), with Marian's embedding accessors so that one set of resize
     rules serves both."""

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .folded_weight import fold_scale
-from .modes import HeadMode, unit_rows
+from .modes import HeadMode, hold_head_mode, unit_rows
 from .settings import HEAD_NAME_SOURCES, HeadSettings, head_terms
 
 
@@ -64,6 +64,7 @@ class NormalizedScoresMixin:
         self.settings = settings
         self.head_mode = settings.head_mode
         self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
+        hold_head_mode(self)  # its name keeps this definition while the head lives (head/modes.py)
         self.norm_eps = settings.norm_eps
         # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
         # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
@@ -78,6 +79,11 @@ class NormalizedScoresMixin:
                 setattr(self, term.name, None)
         self._frozen_depth = 0
         self._frozen_terms = None
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "mode" in state:  # a copy (copy.deepcopy, pickle) of a head holds its mode as the head does
+            hold_head_mode(self)
 
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,

@@ -28,6 +28,12 @@ with a saved model as remote code: a folder whose config names a mode that its c
 by name when it is loaded (``get_head_mode``). A saved config records the mode's *name* only, so a name must mean one
 mode everywhere: the built-in names (``BUILTIN_HEAD_MODES``) can be neither redefined nor unregistered (a model
 trained with a redefined ``cosine`` reloaded in a fresh process as the built-in one, its logits 7.9 off, no error).
+For the same reason a name that a live model scores with is not given another definition in its process: every head
+is recorded, by weak reference, as it is built (``hold_head_mode``), and ``register_head_mode`` refuses a definition
+other than the one a live head holds (issue 58: ``replace=True`` while a model built with ``"m"`` lived left that
+model on the old definition while its saved folder reloaded in the same process with the new one, logits × 0.5, no
+warning). Once the model is gone (``del model``) the name may be redefined; a model keeps its mode through a
+``copy.deepcopy`` (TRL's reference model), since a mode copies as itself.
 
 What a mode returns is checked, not trusted, wherever it is called: ``HeadMode`` wraps every ``column_terms`` and
 ``lossless_terms`` a subclass defines with the checks of ``head/mode_checks.py`` (the terms' type, shape, dtype and
@@ -37,6 +43,8 @@ device; a declared lossless start verified on the weights), and ``register_head_
 from __future__ import annotations
 
 import functools
+import gc
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -145,6 +153,9 @@ class HeadMode:
     def __repr__(self) -> str:
         return f"<head mode {self.name!r}: {self.equation}>"
 
+    def __deepcopy__(self, memo) -> HeadMode:
+        return self  # a mode is its registered definition: a deep-copied model scores with the same one
+
 
 class Baseline(HeadMode):
     name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
@@ -215,6 +226,25 @@ class Cosine(HeadMode):
 _REGISTRY: dict[str, HeadMode] = {}
 # The package's own modes: what a config naming them means in every process, so never replaced (module docstring).
 BUILTIN_HEAD_MODES = ("baseline", "l2", "square", "distance", "cosine")
+# The heads built in this process, by the name of their mode, held weakly (a head is forgotten with its model).
+_LIVE_HEADS: dict[str, weakref.WeakSet] = {}
+
+
+def hold_head_mode(head) -> None:
+    """Record that ``head`` (a module whose ``mode`` attribute is the ``HeadMode`` it scores with) lives: while it
+    does, its mode's name cannot be given another definition (``register_head_mode``)."""
+    _LIVE_HEADS.setdefault(head.mode.name, weakref.WeakSet()).add(head)
+
+
+def live_heads_holding_another(mode: HeadMode) -> list:
+    """The live heads scoring with a definition of ``mode.name`` other than ``mode``. A model in a reference cycle
+    outlives its last name until the garbage collector runs, so it runs before a head is counted as live."""
+    def others() -> list:
+        return [head for head in list(_LIVE_HEADS.get(mode.name, ())) if head.mode is not mode]
+
+    if others():
+        gc.collect()
+    return others()
 
 
 def register_head_mode(mode: HeadMode, *, replace: bool = False) -> HeadMode:
@@ -238,6 +268,14 @@ def register_head_mode(mode: HeadMode, *, replace: bool = False) -> HeadMode:
         raise ValueError(f"head mode {mode.name!r}: lossless_start may name {names} only")
     if mode.name in _REGISTRY and not replace:
         raise ValueError(f"head mode {mode.name!r} is registered already; pass replace=True to redefine it")
+    live = live_heads_holding_another(mode)
+    if live:
+        raise ValueError(
+            f"head mode {mode.name!r} cannot be redefined while a model built with it lives ({len(live)} live "
+            f"head(s) of {type(live[0]).__name__} score with {live[0].mode!r}): that model would keep the old "
+            "definition while its saved folder reloaded in this process with the new one, other logits and no "
+            "error. Delete those models first (del model), or register the new definition under a name of its own"
+        )
     # Terms set on the instance itself (mode.column_terms = ...) are checked like a subclass's.
     for attribute, checked in (("column_terms", checked_column_terms), ("lossless_terms", checked_lossless_terms)):
         if attribute in vars(mode):
@@ -254,7 +292,9 @@ def _unbound(function: Callable) -> Callable:
 
 def unregister_head_mode(name: str) -> None:
     """Remove a mode that ``register_head_mode`` added (a test cleans up with it); a built-in mode is refused (it
-    could then be registered again as another mode under its name)."""
+    could then be registered again as another mode under its name). A live model of the mode keeps scoring with it,
+    its ``save_pretrained`` is refused until it is registered again, and no other definition can be registered under
+    the name while it lives."""
     if name in BUILTIN_HEAD_MODES:
         raise ValueError(f"head mode {name!r} is built in and cannot be unregistered")
     _REGISTRY.pop(name, None)
@@ -267,9 +307,14 @@ def get_head_mode(name: str) -> HeadMode:
     except (KeyError, TypeError):
         raise ValueError(
             f"head_mode must be one of {tuple(_REGISTRY)}, the modes this code ({__name__}) defines; got {name!r}. "
-            "A model saved with a mode registered at runtime (register_head_mode) loads only where that mode is "
-            "registered"
+            "A model with a mode registered at runtime (register_head_mode) loads and saves only where that mode is "
+            "registered: register it first"
         ) from None
+
+
+def registered_head_mode(name: str) -> HeadMode | None:
+    """The mode registered as ``name``, or None (``get_head_mode`` raises instead)."""
+    return _REGISTRY.get(name)
 
 
 class _RegisteredNames(Sequence):
@@ -318,8 +363,11 @@ __all__ = [
     "HeadMode",
     "get_head_mode",
     "head_mode_summaries",
+    "hold_head_mode",
     "inverse_row_norms",
+    "live_heads_holding_another",
     "register_head_mode",
+    "registered_head_mode",
     "unit_rows",
     "unregister_head_mode",
 ]

@@ -13,22 +13,25 @@ Measured with peft 0.21 on a normalized tied head (cosine, l2):
 Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
 The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
 pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
-bypass is a structural change (a module or a parameter replaced under its name), and torch reports every one through
-its global module/parameter registration hooks: ``check_head_once`` walks the modules again only after one happened
-anywhere in the process, so a decoding step costs a counter comparison instead of a walk over every module
-(docs/benchmarks.md, "PEFT guard"). The exact way to also train the shared embedding under PEFT: unfreeze it and
-save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
+bypass is a structural change of the few objects the check reads: the head or an embedding holding the shared matrix
+replaced under one of its names (PEFT wraps a module by setting the wrapper where it was), or the shared matrix
+replaced in one of them. After a walk that passed, ``check_head_once`` keeps those names and objects in the model's
+own ``__dict__`` (no torch hook, nothing process-wide) and, at the next call, only reads the objects found under the
+kept names again: a decoding step costs a few dictionary reads, whatever the size of the model, instead of a walk
+over every module (docs/benchmarks.md, "PEFT guard"). A parameter on the meta device is one accelerate offloaded
+(``cpu_offload``, ``disk_offload``, ``device_map`` with offload): its values are put in place, and tied again, by
+accelerate's hook at each call, so the tie is not judged by its (placeholder) identity. The exact way to also train
+the shared embedding under PEFT: unfreeze it and save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
 
 This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
 """
 
 from __future__ import annotations
 
+import operator
+
+import torch
 from torch import nn
-from torch.nn.modules.module import (
-    register_module_module_registration_hook,
-    register_module_parameter_registration_hook,
-)
 
 from .layer import TiedNormHead
 
@@ -38,6 +41,8 @@ PEFT_EMBEDDING_ADVICE = (
     "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
     "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
 )
+# Where a checked model keeps the head terms an adapter save would drop (unsaved_head_terms), checked at every call.
+_WATCHED = "_tiednorm_guard_unsaved_terms"
 # (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
 _WHY = (
     (
@@ -81,7 +86,8 @@ def check_head_not_bypassed(model: nn.Module) -> None:
     heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
     if not heads:
         return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
-    shared = heads[0].weight
+    head = heads[0]
+    shared = head.weight
     for name, module in modules.items():
         why = _peft_reason(module)
         if why is None:
@@ -89,12 +95,49 @@ def check_head_not_bypassed(model: nn.Module) -> None:
         base = _wrapped(module)
         if isinstance(base, TiedNormHead) or isinstance(base, nn.Embedding) and base.weight is shared:
             raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
-    tied = any(isinstance(m, nn.Embedding) and m.weight is shared for m in modules.values())
+    tied = any(isinstance(m, nn.Embedding) and _same_matrix(m.weight, shared) for m in modules.values())
     if getattr(model.config, "tie_word_embeddings", True) and not tied:
         raise ValueError(
             "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
             f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
         )
+    model.__dict__[_WATCHED] = unsaved = unsaved_head_terms(modules)  # not a module attribute: no state dict entry
+    refuse_unsaved_head_terms(unsaved)
+
+
+def unsaved_head_terms(modules: dict[str, nn.Module]) -> list[tuple[str, nn.Parameter]]:
+    """The head's learned terms (every parameter of a ``TiedNormHead`` but the shared matrix) that an adapter save
+    would drop, by qualified name: all of them in a model PEFT put adapters into, unless the head trains them with an
+    adapter (``hf_tiednorm.training.peft_terms.train_head_terms``, which makes it a PEFT auxiliary module); none in a
+    model without PEFT (whose save keeps them)."""
+    names = {name: {cls.__name__ for cls in type(module).__mro__} for name, module in modules.items()}
+    if not any("BaseTunerLayer" in classes for classes in names.values()):
+        return []
+    return [
+        (f"{name}.{term}" if name else term, parameter)
+        for name, module in modules.items()
+        if isinstance(module, TiedNormHead) and "AuxiliaryTrainingWrapper" not in names[name]
+        for term, parameter in module.named_parameters(recurse=False)
+        if term != "weight"
+    ]
+
+
+def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
+    """Raise ``ValueError`` naming the first of ``terms`` (``unsaved_head_terms``) that requires grad: it would
+    train, then be lost at ``save_pretrained`` (PEFT saves only its adapters), and a reload would score with the
+    base model's value, with no warning. ``check_head_not_bypassed`` keeps ``terms`` on the model, and
+    ``check_head_once`` checks them at every call (an attribute read a term): a ``requires_grad_`` set later is
+    refused at the next call."""
+    for name, parameter in terms:
+        if parameter.requires_grad:
+            raise ValueError(
+                f"{name} requires grad in a model PEFT put adapters into, but PEFT's save_pretrained saves only what "
+                f"its adapters own: the trained {name} would be lost at save, and PeftModel.from_pretrained would "
+                "score with the base model's value. Train the head's learned terms with the adapter instead: after "
+                "get_peft_model, `from hf_tiednorm.training.peft_terms import train_head_terms; "
+                "train_head_terms(model)` (saved with the adapter, restored by PeftModel.from_pretrained); or freeze "
+                f"it again with `.requires_grad_(False)`"
+            )
 
 
 def refuse_peft_before_normalizing(model: nn.Module) -> None:
@@ -123,36 +166,69 @@ def refuse_peft_before_normalizing(model: nn.Module) -> None:
         )
 
 
-# Bumped whenever any module *replaces* a submodule or a parameter it holds under a name (nn.Module.__setattr__,
-# add_module, register_parameter over an existing entry): every way PEFT or a user swaps the head, an embedding or the
-# shared matrix for another object. A new name in a fresh container (transformers slices its ModuleList of layers
-# at every forward) replaces nothing that a checked model reaches its head through.
-_structure = {"version": 0}
+def _same_matrix(weight: torch.Tensor, shared: torch.Tensor) -> bool:
+    """Whether an embedding's ``weight`` is the head's matrix ``shared``: the same parameter, or offloaded by
+    accelerate (a placeholder on the meta device between calls: accelerate puts the values in place, and ties them,
+    from its weights map at each call)."""
+    return weight is shared or (weight.is_meta or shared.is_meta) and weight.shape == shared.shape
 
 
-def _replaced_module(module: nn.Module, name: str, _value) -> None:
-    if name in module._modules:
-        _structure["version"] += 1
+_HEAD_CHECKED = "_tiednorm_head_checked"  # model.__dict__: (watched names, the objects found under them) after a pass
+_OFFLOADED = object()  # what a meta parameter counts as: accelerate replaces it by another placeholder at each call
 
 
-def _replaced_parameter(module: nn.Module, name: str, _value) -> None:
-    if name in module._parameters:
-        _structure["version"] += 1
+def _watched_paths(model: nn.Module) -> tuple[tuple[str, ...], ...]:
+    """Every name (as a path of attribute names) under which ``model`` holds its normalized head or an embedding
+    holding the head's matrix: the objects a PEFT bypass or an untie replaces."""
+    heads = [m for m in model.modules() if isinstance(m, TiedNormHead)]
+    if not heads:
+        return ()
+    shared = heads[0].weight
+    return tuple(
+        tuple(name.split(".")) if name else ()
+        for name, module in model.named_modules(remove_duplicate=False)
+        if module is heads[0] or isinstance(module, nn.Embedding) and _same_matrix(module.weight, shared)
+    )
 
 
-register_module_module_registration_hook(_replaced_module)
-register_module_parameter_registration_hook(_replaced_parameter)
-_CHECKED_AT = "_tiednorm_guard_checked_at"
+def _fingerprint(model: nn.Module, paths: tuple[tuple[str, ...], ...]) -> tuple:
+    """The objects found under ``paths`` (each module and its ``weight``), read through the modules' own
+    dictionaries: a few reads per path, whatever the size of the model."""
+    found = []
+    for path in paths:
+        module = model
+        for part in path:
+            module = module._modules.get(part)
+            if module is None:
+                return (None,)
+        weight = module._parameters.get("weight")
+        found += [module, _OFFLOADED if weight is not None and weight.is_meta else weight]
+    return tuple(found)
 
 
 def check_head_once(model: nn.Module) -> None:
-    """``check_head_not_bypassed(model)``, unless it passed already and no module or parameter has been registered
-    anywhere in the process since (O(1) then)."""
-    version = _structure["version"]
-    if model.__dict__.get(_CHECKED_AT) == version:
-        return
+    """``check_head_not_bypassed(model)``, unless it passed already and the head, the embeddings holding its matrix
+    and that matrix are still the objects found under the same names (O(1) then: no walk over the modules); the head
+    terms an adapter save would drop are checked at every call (``refuse_unsaved_head_terms``)."""
+    checked = model.__dict__.get(_HEAD_CHECKED)
+    if checked is not None:
+        paths, objects = checked
+        now = _fingerprint(model, paths)
+        if len(now) == len(objects) and all(map(operator.is_, now, objects)):
+            refuse_unsaved_head_terms(model.__dict__.get(_WATCHED, ()))  # a requires_grad_ set since
+            return
     check_head_not_bypassed(model)
-    model.__dict__[_CHECKED_AT] = version  # not a module attribute: no registration, no state dict entry
+    paths = _watched_paths(model)
+    # Not a module attribute: no registration, no state-dict entry; a deep copy maps the objects to its own.
+    model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
+
+
+def check_again(model: nn.Module) -> None:
+    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
+    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
+    for module in model.modules():
+        module.__dict__.pop(_HEAD_CHECKED, None)
+        module.__dict__.pop(_WATCHED, None)
 
 
 def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
@@ -162,8 +238,10 @@ def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
 
 __all__ = [
     "PEFT_EMBEDDING_ADVICE",
+    "check_again",
     "check_head_not_bypassed",
     "check_head_once",
     "refuse_bypassed_head",
+    "refuse_unsaved_head_terms",
     "refuse_peft_before_normalizing",
 ]

@@ -1,44 +1,42 @@
-"""Who scores with the normalized head: a caller that replaces a model's forward is served exactly or refused by name.
+"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper) is served,
+TRL's fused LM head is served the head exactly, and a forward that ran the backbone itself is refused by name.
 
-TRL's trainers (``SFTTrainer``, ``DPOTrainer``, ``GRPOTrainer``, ...) call ``trl.trainer.utils.add_fused_lm_head``
-on the model: it sets ``model.forward`` to a function that, called with ``fused_lm_head=True``, runs
-``model.base_model`` and scores its last hidden state itself, through a chunked log-prob kernel, with
-``get_output_embeddings().weight`` and ``.bias`` (z = h·Wᵀ + b, times ``config.logit_scale``, soft-capped by
-``final_logit_softcapping``). On a normalized tied head that weight is the raw tied matrix: TRL would train on the raw
-scores w_i·h, which are not what the model computes (on tiny models the log-probs differ by 2.4).
+TRL's trainers call ``trl.trainer.utils.add_fused_lm_head``: the forward it sets runs ``model.base_model`` and, with
+``fused_lm_head=True``, scores the last hidden state itself with ``get_output_embeddings().weight`` / ``.bias`` (on
+a normalized tied head: the raw tied matrix, log-probs off by 2.4 on tiny models). But at given weights every head
+mode is a plain linear layer, s = (W·h) ⊙ scale + bias, the terms g, b, registered ones and Press & Wolf's P folded
+in: ``FoldedLinear`` (W_s = diag(scale)·W (·P), autograd reaching W, g, b and P). While a TRL fused call runs, and
+only then, ``get_output_embeddings()`` returns it (``serving_folded_head``), so TRL's own kernel computes the head's
+log-probabilities and metrics exactly; everywhere else it stays the ``TiedNormHead`` that tying, resizing and PEFT
+need. (A permanently folded view breaks those; a copy of TRL's forward drifts with its releases; a subclass of TRL's
+trainers is never called by stock TRL.)
 
-The head *is* a plain linear layer at any given weights, though. Every head mode scores s = (W·h) ⊙ scale + bias
-(head/modes.py), with the logit scale g, the logit bias b and registered head terms folded into scale and bias;
-Press & Wolf's projection P of the own families folds in too (W_s·(P·h) = (W_s·P)·h). ``FoldedLinear`` is that
-layer: weight W_s = diag(scale)·W (·P) and the bias, computed from the parameters when it is made, so autograd carries
-TRL's gradients back to W, g, b and P (``folded_weight.FoldScale``). While a TRL fused call runs, and only then,
-``get_output_embeddings()`` returns it (``serving_folded_head``): TRL's own kernel computes exactly the normalized
-head's log-probabilities, its metrics (entropy, token accuracy) included, with nothing of TRL reimplemented here.
-Everywhere else ``get_output_embeddings()`` stays the ``TiedNormHead`` that HF's tying and resizing, PEFT and this
-package rely on.
+Every other forward is judged by what ran, not by who wrapped it. The model's own forward (``own_scoring``) and the
+served TRL call count, on the backbone (``model.base_model``, which every way of scoring runs), how many of them are
+running over it. A forward pre-hook on the backbone reads that count: when it is not zero the call scores with the
+head, whatever wraps the forward — accelerate's device and offload hooks (a ``functools.partial`` set on the
+instance), ``torch.compile``, autocast, PEFT (which calls ``model.forward`` past the model's own ``__call__``), a
+user's logging wrapper. When it is zero, something else ran the backbone: the pre-hook looks for the functions of the
+model's forward in effect (the one set on the instance and the class's, unwrapped) among the Python frames that
+called it. Found, that function ran the backbone instead of the model's own forward, and so scores the hidden states
+itself, with the raw tied matrix (liger-kernel's class-level patches, a monkey-patch, a subclass whose forward
+multiplies by ``get_output_embeddings().weight``): it is refused, named by its real module and qualified name (its
+code's, never the ``__module__`` / ``__qualname__`` that ``functools.wraps`` copies). Not found, the backbone was
+called directly (hidden states for an embedding, a value head): nothing is scored, nothing is refused. A forward
+compiled with ``torch.compile`` and set on the instance runs in a graph no hook can look into: it is judged when it is
+set, by whether what it compiles reaches the model's own forward.
 
-Why this design: the alternatives were (a) a ``get_output_embeddings()`` that always returns a folded view, which
-breaks tying, resizing and PEFT, which need the module that holds the shared matrix; (b) re-implementing TRL's fused
-forward here, which copies TRL's private kernel plumbing and drifts with every TRL release; (c) subclassing TRL's
-trainers, which users of stock TRL never call. Serving the one read that TRL makes keeps both libraries as they are.
-
-Every other replacement of the forward — at instance level (a user's monkey-patch, liger-kernel's instance patch)
-or class level (``TiedNormForCausalLM.forward = ...``) — would score with the raw matrix or skip the head's loss, and
-is refused by name: when it is set on the model (``model.forward = ...``), or, set behind the model's back or on the
-class, at the first call of the model's backbone (``check_scoring``), which every forward (TRL's, liger-kernel's,
-ours) runs: under PEFT, too, where the model's own ``__call__`` hooks never run. accelerate's and
-torch's wrappers (``convert_outputs_to_fp32``, ``autocast``, ``torch.compile``) are looked through. The check is cached
-on the identity of the installed forward: a training step costs two attribute reads (docs/benchmarks.md, "Scoring
-guard").
-
-The functions are recognized by their code object's module (``__globals__``) and name, never by ``__qualname__`` or
-``__module__``: ``functools.wraps`` (which TRL applies to keep the signature) copies those from our own forward.
+What the guard keeps is per model (the count and a weak reference to the model in the backbone's ``__dict__``, TRL's
+forward and the one it replaced in the model's): a deep copy, ``copy.copy`` and a pickle carry it, pointing at the
+copy. No torch global hook. A forward costs a counter increment and one dictionary read (docs/benchmarks.md).
 This module imports neither trl nor accelerate.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -50,27 +48,16 @@ from torch import nn
 from .folded_weight import fold_scale
 from .layer import TiedNormHead
 
-# The forwards of our own models (``own_scoring``) and the TRL forwards this module serves, by identity.
+# The forwards that score with the model's own head (own_scoring's wrappers), by identity.
 _OWN_FORWARDS: weakref.WeakSet = weakref.WeakSet()
-_SERVED_FORWARDS: weakref.WeakSet = weakref.WeakSet()
-_SERVING_FOLDED = "_tiednorm_serving_folded_head"  # __dict__ entries, not module attributes: no state-dict entry
-_SCORING_CHECKED = "_tiednorm_scoring_checked"
-_SCORING_GUARDED = "_tiednorm_scoring_guard"
-
-# Wrappers that call the forward they wrap and change only the dtype of its inputs/outputs: (module, code name) ->
-# the wrapped callable.
-_TRANSPARENT: dict[tuple[str, str], Callable] = {
-    ("accelerate.utils.operations", "forward"): lambda f: f.__wrapped__,  # convert_outputs_to_fp32
-    ("torch.amp.autocast_mode", "decorate_autocast"): lambda f: f.__wrapped__,
-    ("torch._dynamo.eval_frame", "compile_wrapper"): lambda f: f.__wrapped__,  # model.forward = torch.compile(...)
-}
+# __dict__ entries, not module attributes: no registration, no state-dict entry.
+_SCORING = "_tiednorm_scoring"  # backbone: how many own or served forwards are running over it now
+_HOST = "_tiednorm_scoring_host"  # backbone: _HostRef to the model that scores its hidden states
+_BACKBONE = "_tiednorm_guarded_backbone"  # model: the backbone the hook is on (base_model is a slow property)
+_SERVING_FOLDED = "_tiednorm_serving_folded_head"  # model: inside a served TRL call
+_TRL_FORWARD = "_tiednorm_trl_forward"  # model: (TRL's function, the instance forward it replaced or None)
 _TRL_FUSED = ("trl.trainer.utils", "_fused_forward")
-
-
-def own_scoring(forward: Callable) -> Callable:
-    """Mark ``forward`` as a model forward that scores with the model's own head (our families' and the wrapper's)."""
-    _OWN_FORWARDS.add(forward)
-    return forward
+_COMPILED = ("torch._dynamo.eval_frame", "compile_wrapper")
 
 
 def _code_origin(function) -> tuple[str, str]:
@@ -80,23 +67,55 @@ def _code_origin(function) -> tuple[str, str]:
     return module, code.co_name if code is not None else type(function).__name__
 
 
-def _describe_code(function) -> str:
-    code = getattr(function, "__code__", None)
-    name = getattr(code, "co_qualname", None) or _code_origin(function)[1]
-    return f"{_code_origin(function)[0]}.{name}"
-
-
-def _wrapped_callable(function):
-    """The callable a transparent wrapper calls, or None when ``function`` is not one."""
-    if type(function).__name__ == "ConvertOutputsToFp32" and hasattr(function, "model_forward"):
-        return function.model_forward
-    unwrap = _TRANSPARENT.get(_code_origin(function))
-    return None if unwrap is None else unwrap(function)
+def _describe_code(module: str, code: types.CodeType) -> str:
+    return f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
 
 
 def is_trl_fused_forward(function) -> bool:
     """Whether ``function`` (or the bound method) is the forward TRL's ``add_fused_lm_head`` installs."""
     return _code_origin(getattr(function, "__func__", function)) == _TRL_FUSED
+
+
+# --- counting the scoring forwards on the backbone -----------------------------------------------------------------
+
+
+def _guarded_backbone(model: nn.Module) -> nn.Module:
+    backbone = model.__dict__.get(_BACKBONE)
+    return model.base_model if backbone is None else backbone
+
+
+def _enter_scoring(backbone: nn.Module) -> None:
+    backbone.__dict__[_SCORING] = backbone.__dict__.get(_SCORING, 0) + 1
+
+
+def _exit_scoring(backbone: nn.Module) -> None:
+    backbone.__dict__[_SCORING] -= 1
+
+
+def own_scoring(forward: Callable) -> Callable:
+    """Mark ``forward`` as a model forward that scores with the model's own head (our families' and the wrapper's,
+    or a forward of your own that calls it): while it runs, the backbone it runs is served.
+
+    Returns the forward wrapped (``functools.wraps``: same signature); under ``torch.compile`` the wrapper adds
+    nothing to the graph.
+    """
+
+    @functools.wraps(forward)
+    def scoring(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return forward(self, *args, **kwargs)
+        backbone = _guarded_backbone(self)
+        _enter_scoring(backbone)
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            _exit_scoring(backbone)
+
+    _OWN_FORWARDS.add(scoring)
+    return scoring
+
+
+# --- TRL's fused LM head, served -----------------------------------------------------------------------------------
 
 
 def unservable_reasons(model: nn.Module) -> list[str]:
@@ -115,16 +134,16 @@ def unservable_reasons(model: nn.Module) -> list[str]:
 
 
 def serve_replaced_forward(model: nn.Module, forward):
-    """What ``model.forward = forward`` installs: TRL's fused forward wrapped so that its fused calls score with
-    ``FoldedLinear`` (module docstring); any other ``forward`` that scores with the model's head as it is.
+    """What ``model.forward = forward`` installs: TRL's fused forward served (its fused calls score with
+    ``FoldedLinear``, module docstring); any other ``forward`` as it is, judged by what it runs.
 
     Raises:
-        ValueError: a forward that does not score with the model's head, named (``check_scoring`` catches those set
-            behind the model's back, and class-level ones, at the first call); TRL's fused forward on a model whose
-            training objective it cannot compute (``unservable_reasons``).
+        ValueError: TRL's fused forward on a model whose training objective it cannot compute
+            (``unservable_reasons``); a ``torch.compile``d forward that does not compile the model's own forward
+            (no hook can see what runs inside its graph), named.
     """
     if not is_trl_fused_forward(forward):
-        _refuse_scoring(_scoring_verdict(model, forward))
+        _refuse_compiled_foreign(model, forward)
         return forward
     reasons = unservable_reasons(model)
     if reasons:
@@ -133,25 +152,55 @@ def serve_replaced_forward(model: nn.Module, forward):
             f"train this {type(model).__name__}: {'; '.join(reasons)}. Train it with transformers' Trainer "
             "(scripts/run_clm.py), or build the model without these options"
         )
+    # Kept in the model's __dict__, not in a closure: a deep copy of the model takes them along, bound to the copy
+    # (TRL's own function keeps the original model's forward for its unfused calls; it is not called here).
+    model.__dict__[_TRL_FORWARD] = _TrlPatch((getattr(forward, "__func__", forward), model.__dict__.get("forward")))
+    return types.MethodType(_served_trl_forward(type(model).forward), model)
 
-    @functools.wraps(forward)  # the signature generate() validates its model kwargs against
+
+class _TrlPatch(tuple):
+    """(TRL's fused function, the instance forward it replaced or None). A deep copy copies it for the copy; a pickle
+    leaves it out, as it leaves out TRL's patch of any transformers model (a bound method pickles as the attribute of
+    its name, ``forward``: the unpickled model has its own forward; ``add_fused_lm_head`` patches it again)."""
+
+    def __deepcopy__(self, memo: dict) -> _TrlPatch:
+        return _TrlPatch(copy.deepcopy(tuple(self), memo))
+
+    def __reduce__(self):
+        return type(None), ()
+
+
+def _served_trl_forward(own_forward: Callable) -> Callable:
+    """The function a TRL-patched model's forward is bound to: it reads what it serves from the model it is called
+    on, so that a copy serves its own head. Its signature is the model's (generate() and the Trainer read it)."""
+
+    @functools.wraps(own_forward)
     def served(self, *args, fused_lm_head: bool = False, **kwargs):
-        if not fused_lm_head:
+        patch = self.__dict__.get(_TRL_FORWARD)
+        if patch is None:  # unpickled: TRL's patch is not carried (_TrlPatch); the model's own forward
+            return type(self).forward(self, *args, **kwargs)
+        trl_forward, replaced = patch
+        if not fused_lm_head:  # the forward TRL replaced, on this model
+            forward = replaced if replaced is not None else types.MethodType(type(self).forward, self)
             return forward(*args, **kwargs)
         with serving_folded_head(self):
-            return forward(*args, fused_lm_head=True, **kwargs)
+            return trl_forward(self, *args, fused_lm_head=True, **kwargs)
 
-    _SERVED_FORWARDS.add(served)
-    return types.MethodType(served, model)
+    served.__tiednorm_served__ = True
+    return served
 
 
 @contextmanager
 def serving_folded_head(model: nn.Module) -> Iterator[None]:
-    """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``."""
+    """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``, and the backbone
+    is served (TRL's fused call runs it itself)."""
+    backbone = _guarded_backbone(model)
     model.__dict__[_SERVING_FOLDED] = model.__dict__.get(_SERVING_FOLDED, 0) + 1
+    _enter_scoring(backbone)
     try:
         yield
     finally:
+        _exit_scoring(backbone)
         model.__dict__[_SERVING_FOLDED] -= 1
 
 
@@ -185,89 +234,160 @@ class FoldedLinear(nn.Module):
         return logits if self.bias is None else logits + self.bias
 
 
-def _defined_in_its_class(cls: type, function) -> bool:
-    """Whether ``function``, ``cls.forward``, is written in the body of the class that holds it (a family registered
-    from outside the package, with a forward of its own), possibly under transformers' decorators (can_return_tuple),
-    rather than set on a class afterwards (liger-kernel's ``LlamaForCausalLM.forward = lce_forward``)."""
-    owner = next((klass for klass in cls.__mro__ if "forward" in vars(klass)), None)
-    if owner is None:
-        return False
-    while _code_origin(function)[0].startswith("transformers.") and hasattr(function, "__wrapped__"):
-        function = function.__wrapped__
-    code = getattr(function, "__code__", None)
-    return (code is not None and getattr(code, "co_qualname", None) == f"{owner.__qualname__}.forward"
-            and _code_origin(function)[0] == owner.__module__)
+# --- the model's forward in effect, as the functions that run when it is called -----------------------------------
 
 
-def _scoring_verdict(model: nn.Module, forward=None) -> str | None:
-    """Why ``model``'s forward (``forward`` when given: one about to be installed on the instance) does not score with
-    its own head (a sentence naming it), or None."""
-    forward = model.__dict__.get("forward") if forward is None else forward
-    if forward is None:
-        function = type(model).forward
-        if function in _OWN_FORWARDS or _defined_in_its_class(type(model), function):
-            return None
-        return f"{type(model).__name__}.forward was replaced at class level by {_describe_code(function)}"
-    for _ in range(32):  # a chain of wrappers; deeper is no wrapper we know
-        function = getattr(forward, "__func__", forward)
-        if function in _OWN_FORWARDS or function in _SERVED_FORWARDS:
-            return None
-        if is_trl_fused_forward(function):
-            return (f"model.forward is TRL's add_fused_lm_head forward ({_describe_code(function)}), installed without "
-                    "going through the model (object.__setattr__?), so it would score with the raw tied matrix")
-        inner = _wrapped_callable(function)
-        if inner is None:
-            return f"model.forward was replaced on the instance by {_describe_code(function)}"
-        forward = inner
-    return f"model.forward is a chain of more than 32 wrappers ending in {_describe_code(function)}"
+def _is_own(function) -> bool:
+    return function in _OWN_FORWARDS or getattr(function, "__tiednorm_served__", False)
 
 
-def check_scoring(model: nn.Module) -> None:
-    """Raise ``ValueError`` naming the replacement when ``model``'s forward (instance or class level) no longer
-    scores with its normalized head and is not one this module serves; cached on the forward's identity."""
-    key = (model.__dict__.get("forward"), type(model).forward)
-    checked = model.__dict__.get(_SCORING_CHECKED)
-    if checked is not None and checked[0] is key[0] and checked[1] is key[1]:
+def _forward_functions(forward, bound) -> tuple[list[tuple[types.CodeType, str, object, tuple]], bool]:
+    """The functions that run when ``forward`` is called, down to the model's own forward (excluded), each as
+    (code, module, the object it is called on or None, its closure's (name, value) pairs): through bound methods,
+    ``functools.partial`` (accelerate's hooks), ``__wrapped__`` (``functools.wraps``, accelerate's autocast and fp32
+    wrappers, ``torch.compile``) and callable objects; and whether they reach the model's own forward."""
+    found, pending, seen, reaches_own = [], [(forward, bound)], set(), False
+    while pending and len(seen) < 64:
+        function, on = pending.pop()
+        reaches_own = reaches_own or _is_own(function)
+        if function is None or id(function) in seen or _is_own(function):
+            continue
+        seen.add(id(function))
+        if isinstance(function, types.MethodType):
+            pending.append((function.__func__, function.__self__))
+            continue
+        if isinstance(function, functools.partial):
+            pending.append((function.func, function.args[0] if function.args else on))
+        elif isinstance(function, types.FunctionType):
+            cells = tuple(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ()),
+                              strict=False))
+            found.append((function.__code__, _code_origin(function)[0], on, cells))
+        elif callable(function):  # a callable object: its __call__ runs with the object first
+            call = next((vars(k)["__call__"] for k in type(function).__mro__ if "__call__" in vars(k)), None)
+            if isinstance(call, types.FunctionType):
+                found.append((call.__code__, _code_origin(call)[0], function, ()))
+        pending.append((getattr(function, "__wrapped__", None), on))
+    return found, reaches_own
+
+
+def _first_argument(frame) -> object:
+    code = frame.f_code
+    return frame.f_locals.get(code.co_varnames[0]) if code.co_argcount or code.co_flags & 0x04 else None
+
+
+def _runs_as(frame, on, cells) -> bool:
+    """Whether ``frame`` is a call of the function found with (``on``, ``cells``), not of another function made from
+    the same code (the same decorator on another model)."""
+    if on is not None:
+        first = _first_argument(frame)
+        if first is not on and not (isinstance(first, tuple) and first and first[0] is on):
+            return False
+    return all(frame.f_locals.get(name, value) is value for name, value in cells)
+
+
+def _foreign_caller(model: nn.Module, frame) -> tuple[str, str, types.CodeType] | None:
+    """(where it is set, module, code) of the function of the model's forward in effect, other than the model's own
+    forward, that is among the callers (``frame`` and up), or None."""
+    instance = model.__dict__.get("forward")
+    candidates = {}
+    for where, functions in (
+        ("set on the instance", _forward_functions(instance, model)[0] if instance is not None else []),
+        ("its class's", _forward_functions(type(model).forward, model)[0]),
+    ):
+        for code, module, on, cells in functions:
+            candidates.setdefault(code, []).append((where, module, on, cells))
+    if not candidates:
+        return None
+    while frame is not None:
+        for where, module, on, cells in candidates.get(frame.f_code, ()):
+            if _runs_as(frame, on, cells):
+                return where, module, frame.f_code
+        frame = frame.f_back
+    return None
+
+
+def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
+    """Refuse a ``torch.compile``d forward set on the instance unless it compiles the model's own forward: inside its
+    graph no hook runs, so what it scores with cannot be seen when it runs."""
+    functions, reaches_own = _forward_functions(forward, model)
+    if not any((module, code.co_name) == _COMPILED for code, module, _, _ in functions):
         return
-    _refuse_scoring(_scoring_verdict(model))
-    model.__dict__[_SCORING_CHECKED] = key
+    foreign = [(module, code) for code, module, _, _ in functions if (module, code.co_name) != _COMPILED]
+    if not reaches_own:
+        name = _describe_code(*foreign[-1]) if foreign else "a function"
+        _refuse_scoring(f"{type(model).__name__}'s forward (set on the instance) is torch.compile of {name}, not of "
+                        "the model's own forward (a compiled graph runs no hook, so it is judged by what it compiles)")
 
 
-def _refuse_scoring(why: str | None) -> None:
-    if why is not None:
-        raise ValueError(
-            f"{why}: a replaced forward scores with get_output_embeddings().weight (the raw tied matrix) or skips the "
-            "normalized head, so training would not train this model's head. Served exactly: our own forward, "
-            "TRL's add_fused_lm_head (every TRL trainer), accelerate's and torch's autocast and torch.compile "
-            "wrappers. For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
-            "liger-kernel's forward patches; a forward of your own that scores through the model's head can be "
-            "marked with hf_tiednorm.modeling.head.scoring_guard.own_scoring"
-        )
+def _refuse_scoring(why: str) -> None:
+    raise ValueError(
+        f"{why}: a forward that runs the backbone itself scores the hidden states without the normalized head (with "
+        "get_output_embeddings().weight, the raw tied matrix, or not at all), so training and evaluation would not "
+        "use this model's head. Served exactly: anything that calls the model's own forward (accelerate's device "
+        "and offload hooks, torch.compile, autocast, PEFT, a wrapper of your own) and TRL's add_fused_lm_head (every "
+        "TRL trainer). For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
+        "liger-kernel's forward patches; a forward of your own that scores through the model's head can be marked "
+        "with hf_tiednorm.modeling.head.scoring_guard.own_scoring"
+    )
+
+
+# --- the hook on the backbone --------------------------------------------------------------------------------------
+
+
+class _HostRef:
+    """A weak reference from a backbone to the model that scores its hidden states; a deep copy of the model points
+    its backbone's at the copy, a pickle takes the model along."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, host: nn.Module | None) -> None:
+        self._ref = weakref.ref(host) if host is not None else None
+
+    def __call__(self) -> nn.Module | None:
+        return None if self._ref is None else self._ref()
+
+    def __deepcopy__(self, memo: dict) -> _HostRef:
+        host = self()
+        return _HostRef(memo.get(id(host), host))
+
+    def __reduce__(self):
+        return _HostRef, (self(),)
+
+
+def _judge_backbone_call(backbone: nn.Module, _args) -> None:
+    """Forward pre-hook of a model's backbone: refuse a call that the model's forward in effect makes without the
+    model's own forward (module docstring)."""
+    if backbone.__dict__.get(_SCORING) or torch.compiler.is_compiling():
+        return
+    reference = backbone.__dict__.get(_HOST)
+    host = reference() if reference is not None else None
+    if host is None or host.base_model is not backbone:  # a backbone used on its own (or copied alone)
+        return
+    caller = _foreign_caller(host, sys._getframe(1))
+    if caller is None:
+        return  # called directly (hidden states for an embedding, a value head): nothing is scored
+    where, module, code = caller
+    why = f"{type(host).__name__}'s forward ({where}) ran its backbone in {_describe_code(module, code)}"
+    if (module, code.co_name) == _TRL_FUSED:
+        why += (", TRL's add_fused_lm_head forward installed without going through the model (object.__setattr__?), "
+                "so it scores with the raw tied matrix")
+    _refuse_scoring(f"{why}, not through the model's own forward")
 
 
 def install_scoring_guard(model: nn.Module) -> None:
-    """Run ``check_scoring(model)`` before every call of its backbone (``model.base_model``), once per model."""
+    """Judge every call of ``model``'s backbone (``model.base_model``) by what runs it (module docstring); once per
+    backbone, a later call only points it at ``model``."""
     backbone = model.base_model
-    if backbone is model or model.__dict__.get(_SCORING_GUARDED):
+    if backbone is model:
         return
-    owner = weakref.ref(model)
-
-    def guard(_module, _args):
-        # Not inside a compiled graph: the check reads Python objects, which dynamo cannot trace. A compiled forward
-        # set on the model (model.forward = torch.compile(...)) was judged when it was set (serve_replaced_forward).
-        if torch.compiler.is_compiling():
-            return
-        lm = owner()
-        if lm is not None:
-            check_scoring(lm)
-
-    backbone.register_forward_pre_hook(guard)
-    model.__dict__[_SCORING_GUARDED] = True
+    if _HOST not in backbone.__dict__:
+        backbone.register_forward_pre_hook(_judge_backbone_call)
+    backbone.__dict__[_HOST] = _HostRef(model)
+    model.__dict__[_BACKBONE] = backbone  # not registered: no second name, no state-dict entry
 
 
 __all__ = [
     "FoldedLinear",
-    "check_scoring",
     "install_scoring_guard",
     "is_serving_folded_head",
     "is_trl_fused_forward",

@@ -324,3 +324,82 @@ def test_a_lossless_term_the_start_does_not_declare_is_refused():
             register_head_mode(ExtraBias())
     finally:
         unregister_head_mode("root_extra_bias")
+
+
+# --- issue 58, cases 1 and 2: a mode's name keeps its definition while a model lives; a refused save writes nothing --
+
+
+class Scaled(HeadMode):
+    """s_i = c·(w_i·h): two definitions under one name differ by their c (the issue's logits × 0.5)."""
+
+    def __init__(self, name: str, c: float) -> None:
+        self.name, self.c, self.equation = name, c, f"s_i = {c}·w_i·h"
+
+    def column_terms(self, weight, eps):
+        return torch.full((weight.shape[0],), self.c, device=weight.device), None
+
+
+LIVE = "scaled_live"
+REFUSED_REDEFINITION = rf"head mode '{LIVE}' cannot be redefined while a model built with it lives"
+
+
+def _family_model(family: str, head_mode: str):
+    """A tiny model of ``family`` (the wrapper through normalize_tied_head) scoring with ``head_mode``."""
+    if family == "wrapped":
+        return normalize_tied_head(source_model("gpt2"), head_mode).eval()
+    return tiny_model(family, head_mode=head_mode).eval()
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
+def test_a_mode_is_not_redefined_while_a_model_built_with_it_lives(family, tmp_path):
+    """bcb37a5: register_head_mode(Scaled(c=0.25), replace=True) was accepted while a c = 0.5 model lived; the live
+    model kept 0.5, its saved folder reloaded in the same process with 0.25 (logits × 0.5), no warning."""
+    original = register_head_mode(Scaled(LIVE, 0.5))
+    try:
+        model = _family_model(family, LIVE)
+        inputs = model_inputs(model) if family != "wrapped" else inputs_for(model)
+        with pytest.raises(ValueError, match=REFUSED_REDEFINITION + r" .*Delete those models first"):
+            register_head_mode(Scaled(LIVE, 0.25), replace=True)
+        unregister_head_mode(LIVE)  # the other way to a new definition: unregister, then register another
+        with pytest.raises(ValueError, match=REFUSED_REDEFINITION):
+            register_head_mode(Scaled(LIVE, 0.25))
+        assert register_head_mode(original) is original  # its own definition again: nothing changes
+        model.save_pretrained(tmp_path)  # live model, saved folder and reload agree
+        reloaded = type(model).from_pretrained(tmp_path).eval()
+        with torch.no_grad():
+            assert torch.equal(reloaded(**inputs).logits, model(**inputs).logits)
+        copied = copy.deepcopy(model)  # a deep copy (TRL's reference model) scores with the same definition, and lives
+        assert copied.get_output_embeddings().mode is original
+        del model, reloaded
+        with pytest.raises(ValueError, match=REFUSED_REDEFINITION):
+            register_head_mode(Scaled(LIVE, 0.25), replace=True)
+        del copied  # no model of the mode is left: it may be redefined
+        assert register_head_mode(Scaled(LIVE, 0.25), replace=True).c == 0.25
+    finally:
+        unregister_head_mode(LIVE)
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
+def test_a_refused_save_leaves_the_folder_as_it_was(family, tmp_path):
+    """bcb37a5: the save of a model whose mode was unregistered wrote configuration_tiednorm.py and
+    modeling_tiednorm.py, then refused; the folder held two .py files and no config.json, and failed later with
+    transformers' "Should have a `model_type` key"."""
+    register_head_mode(Scaled(LIVE, 0.5))
+    try:
+        model = _family_model(family, LIVE)
+        config = copy.deepcopy(model.config)
+    finally:
+        unregister_head_mode(LIVE)
+    refused = rf"is refused, and nothing was written: .*head mode <head mode '{LIVE}'.* is not registered"
+    with pytest.raises(ValueError, match=refused + r".*register_head_mode"):
+        model.save_pretrained(tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    # a folder holding an earlier save: every file as it was
+    earlier = tmp_path / "earlier"
+    tiny_model("causal").save_pretrained(earlier)
+    before = {path.name: path.read_bytes() for path in earlier.iterdir()}
+    with pytest.raises(ValueError, match=refused):
+        model.save_pretrained(earlier)
+    with pytest.raises(ValueError, match=r"(?s)is refused, and nothing was written: .*got 'scaled_live'.*register it"):
+        config.save_pretrained(earlier)  # the config alone (its validation) refuses before its code files too
+    assert {path.name: path.read_bytes() for path in earlier.iterdir()} == before
