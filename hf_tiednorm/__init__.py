@@ -3,7 +3,7 @@
 Importing the package registers every row of the family table (modeling/families/table.py: our families and the
 wrapper around any tied transformers LM; ``register_family`` does it for each row) with the Auto classes, and marks
 them for ``register_for_auto_class`` so ``save_pretrained`` writes ``auto_map`` and the two generated code files
-(modeling/auto_map.py): a saved folder then loads with ``trust_remote_code=True`` where this package is not
+(conversion/saved_code.py): a saved folder then loads with ``trust_remote_code=True`` where this package is not
 installed. The config and model classes are the package's public names, taken from the same table.
 """
 
@@ -12,18 +12,24 @@ import warnings
 from transformers import AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .conversion.saved_code import install_code_writer
 from .modeling.families.common import TiedNormCausalLMMixin, TiedNormLMMixin
-from .modeling.families.config_fields import TIE_TOPOLOGIES
-from .modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .modeling.families.configuration import TiedNormHeadConfigMixin
+from .modeling.families.configuration_encoder_decoder import TIE_TOPOLOGIES
+from .modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from .modeling.families.table import FAMILIES, ROWS, ModelFamily, public_classes, register_family, unregister_family
 from .modeling.head.layer import TiedNormEmbedding, TiedNormHead
-from .modeling.head.modes import HEAD_MODES, HeadMode, register_head_mode, unregister_head_mode
-from .modeling.head.settings import HEAD_TERMS, LOGIT_SCALES, ExtraHeadTerm, HeadSettings, HeadTerm, register_head_term
+from .modeling.head.modes import HeadMode
+from .modeling.head.settings import HEAD_TERMS, LOGIT_SCALES, HeadSettings
+from .modeling.head.terms import ExtraHeadTerm, HeadTerm
 from .modeling.translation_pipeline import TiedNormTranslationPipeline
+from .registration.head_modes import HEAD_MODES, register_head_mode, unregister_head_mode
+from .registration.head_terms import register_head_term
 from .training.liger import register_families_with_liger
 
 # use_liger_kernel=True with a plain transformers.Trainer reaches the head's fused loss (training/liger.py).
 register_families_with_liger()
+install_code_writer()  # save_pretrained writes the family's two generated code files (conversion/saved_code.py)
 globals().update(public_classes())  # TiedNormSeq2SeqConfig, TiedNormForCausalLM, TiedNormWrappedForCausalLM, ...
 
 PIPELINE_REGISTRY.register_pipeline(

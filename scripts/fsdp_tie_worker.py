@@ -4,7 +4,7 @@ family, train it and measure it against the same model trained unsharded in this
     python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/fsdp_tie_worker.py ROUTE OUT_JSON \
         [FAMILY ...] [--device {auto,cpu,cuda}]
 
-ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.modeling.families.tie_topology.fully_shard_tied``),
+ROUTE: "fsdp2" (torch ``fully_shard`` through ``hf_tiednorm.training.fsdp.fully_shard_tied``),
 "accelerate" (accelerate's own FSDP2 preparation, ``fsdp_version=2`` + transformer-based wrapping) or "zero3" (DeepSpeed
 ZeRO-3 through accelerate). Rank 0 writes {family: {measurement: value}} to OUT_JSON; the test asserts on the numbers.
 Every rank gets 2 examples of a global batch of 2 x world size, so the sharded run and the reference see the same
@@ -35,7 +35,8 @@ import torch.distributed as dist
 from safetensors import safe_open
 
 import hf_tiednorm
-from hf_tiednorm.modeling.families.tie_topology import embedding_tie, fully_shard_tied, untied_pairs
+from hf_tiednorm.modeling.families.tie_topology import embedding_tie
+from hf_tiednorm.training.fsdp import fully_shard_tied, untied_pairs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the models are built in code
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

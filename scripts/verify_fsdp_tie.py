@@ -6,7 +6,7 @@
     python scripts/verify_fsdp_tie.py --device cpu           # CPU processes (gloo) even where there are GPUs
 
 Launches scripts/fsdp_tie_worker.py with torch.distributed.run once per route — "fsdp2" (torch fully_shard
-through hf_tiednorm.modeling.families.tie_topology.fully_shard_tied), "accelerate" (accelerate's FSDP2 preparation, as
+through hf_tiednorm.training.fsdp.fully_shard_tied), "accelerate" (accelerate's FSDP2 preparation, as
 scripts/accelerate/fsdp2.yaml) and "zero3" (DeepSpeed ZeRO-3, scripts/accelerate/deepspeed_zero3.json) — and, for
 the Marian-based, BART-based and causal families, prints PASS/FAIL for: the tie after prepare and after training;
 losses, every gradient and the regularizers' terms equal to one process trained on the same global batch;

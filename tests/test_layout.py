@@ -34,16 +34,18 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("publishing",),
     ("conversion", "convert", "export"),
+    ("registration",),
     ("modeling.families",),
-    ("modeling.load_checks", "modeling.weight_checks", "modeling.auto_map", "modeling.translation_pipeline",
-     "modeling.engine_checks", "modeling.save_checks"),
+    ("modeling.load_checks", "modeling.weight_checks", "modeling.code_writer", "modeling.translation_pipeline",
+     "modeling.engine_checks"),
     ("modeling.loss",),
     ("modeling.head",),
     ("metrics", "remote_code"),
 )
 # The package's own __init__ is its front door, above every layer: it registers the family table with the Auto
-# classes and liger-kernel's table, so it may import these and nothing else of the higher layers.
-FRONT_DOOR_IMPORTS = {"hf_tiednorm.training.liger"}
+# classes and liger-kernel's table and installs the writer of a saved folder's code, so it may import these and
+# nothing else of the higher layers.
+FRONT_DOOR_IMPORTS = {"hf_tiednorm.training.liger", "hf_tiednorm.conversion.saved_code"}
 # Sub-packages that hold only their own concern and import no sibling of their layer (import-linter's
 # "independence"): conversion's public names import conversion, not each other.
 INDEPENDENT = (("hf_tiednorm.convert", "hf_tiednorm.export"),)
@@ -137,15 +139,17 @@ def test_conversions_public_names_are_independent():
 
 
 def test_importing_the_package_loads_the_model_layer_and_the_liger_registration_only():
-    """``import hf_tiednorm`` (what remote code and users do) loads the model layer and the liger-kernel
-    registration (training/liger.py), and no conversion, publishing or other training module, so none of their side
+    """``import hf_tiednorm`` (what users do) loads the model layer, the registration API it exports (registration/),
+    the liger-kernel registration (training/liger.py) and the writer of a saved folder's code
+    (conversion/saved_code.py), and no other conversion, publishing or training module, so none of their side
     effects."""
     code = "import sys, hf_tiednorm; print(sorted(m for m in sys.modules if m.startswith('hf_tiednorm')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
     loaded = set(eval(out.stdout.strip().splitlines()[-1]))
     assert "hf_tiednorm.modeling.families.common" in loaded
-    others = {m for m in loaded if not m.startswith(MODEL_LAYER) and m != "hf_tiednorm"}
-    assert others == {"hf_tiednorm.training", *FRONT_DOOR_IMPORTS}, sorted(others)
+    others = {m for m in loaded if not m.startswith((MODEL_LAYER, "hf_tiednorm.registration")) and m != "hf_tiednorm"}
+    saving = {"hf_tiednorm.conversion", "hf_tiednorm.conversion.save_checks"}  # what the code writer runs
+    assert others == {"hf_tiednorm.training", *saving, *FRONT_DOOR_IMPORTS}, sorted(others)
 
 
 def test_importing_precision_registers_no_attention_until_a_run_chooses_it():
@@ -164,7 +168,7 @@ def test_importing_precision_registers_no_attention_until_a_run_chooses_it():
 
 
 # config.json's auto_map as a model saved before the two generated files (main at 7bdafef) wrote it: those folders
-# carry their own copies of these modules, and their entries stay ours (remote_code_map.LEGACY_MODULES).
+# carry their own copies of these modules, and their entries stay ours (conversion/saved_code.LEGACY_MODULES).
 LEGACY_AUTO_MAPS = {
     "seq2seq": {"AutoConfig": "configuration_tiednorm.TiedNormSeq2SeqConfig",
                 "AutoModel": "modeling_tiednorm_seq2seq.TiedNormSeq2SeqModel",
@@ -182,7 +186,7 @@ LEGACY_AUTO_MAPS = {
 
 @pytest.mark.parametrize("family", [*FAMILIES, "wrapped"])
 def test_a_saved_model_carries_the_two_generated_files_and_auto_map_names_them(family, tmp_path):
-    from hf_tiednorm.modeling.auto_map import foreign_auto_map
+    from hf_tiednorm.conversion.saved_code import foreign_auto_map
 
     model = normalize_tied_head(source_model("gpt2"), "cosine") if family == "wrapped" else tiny_model(family)
     model.save_pretrained(tmp_path)
@@ -217,9 +221,10 @@ def defined_functions(name: str, delegating: bool = True) -> list[str]:
 
 
 def test_one_host_for_the_head_in_our_families_and_the_wrapper():
-    """Hosting a normalized head (a new output layer, generation with frozen column terms, resizing, saving, the
-    output embedding's matrices) is written once, in head_host.py, for the families and the wrapper alike (the
-    encoder-decoder family's generate only wraps it to keep an FSDP2 root gathered)."""
+    """Hosting a normalized head (a new output layer, generation with frozen column terms, resizing, the output
+    embedding's matrices) is written once, in head_host.py, for the families and the wrapper alike (the
+    encoder-decoder family's generate only wraps it to keep an FSDP2 root gathered); saving a folder's code once, in
+    code_writer.py, for every config and model."""
     import hf_tiednorm
     from hf_tiednorm.modeling.families.head_host import TiedNormHeadHostMixin
 
@@ -228,14 +233,15 @@ def test_one_host_for_the_head_in_our_families_and_the_wrapper():
         hf_tiednorm.TiedNormForCausalLM, hf_tiednorm.TiedNormWrappedForCausalLM,
         hf_tiednorm.TiedNormWrappedForSeq2SeqLM,
     )
-    for method in ("set_output_embeddings", "generate", "resize_token_embeddings", "save_pretrained",
-                   "output_embedding_weights"):
+    for method in ("set_output_embeddings", "generate", "resize_token_embeddings", "output_embedding_weights"):
         line = getattr(TiedNormHeadHostMixin, method).__code__.co_firstlineno
         host = f"hf_tiednorm/modeling/families/head_host.py:{line}"
         assert host in defined_functions(method), method
         assert set(defined_functions(method, delegating=False)) <= {host}, method  # others only add to it
         for model in models:
             assert issubclass(model, TiedNormHeadHostMixin), model
+    saves = [where for where in defined_functions("save_pretrained") if where.startswith("hf_tiednorm/modeling/")]
+    assert [where.split(":")[0] for where in saves] == ["hf_tiednorm/modeling/code_writer.py"], saves
 
 
 def test_one_loss_module_and_one_penalty_terms():
@@ -263,7 +269,9 @@ def test_no_module_of_the_package_is_much_longer_than_400_lines():
 
 # The family table and the families' own files: the only places a model_type or a family class is compared.
 FAMILY_FILES = tuple(PACKAGE / "modeling" / "families" / f"{name}.py" for name in (
-    "table", "configuration", "configuration_wrapped", "seq2seq", "bart", "causal", "wrapped"))  # fmt: skip
+    "table", "configuration", "configuration_wrapped", "configuration_encoder_decoder", "configuration_seq2seq",
+    "configuration_bart", "configuration_causal", "encoder_decoder", "seq2seq", "bart", "causal", "wrapped",
+))  # fmt: skip
 
 
 def family_comparisons(path: Path) -> list[str]:
@@ -333,9 +341,9 @@ def test_the_model_layer_is_exactly_what_a_saved_models_code_inlines():
     import generate_remote_code
 
     modules = generate_remote_code.read_modules()
-    config_roots, model_roots = generate_remote_code.family_roots()
-    inlined = {*generate_remote_code.closure(config_roots, modules),
-               *generate_remote_code.closure(model_roots, modules)}
+    inlined = {name for config_roots, model_roots in generate_remote_code.family_roots().values()
+               for name in (*generate_remote_code.closure(config_roots, modules),
+                            *generate_remote_code.closure(model_roots, modules))}  # fmt: skip
     assert set(modules) - NOT_INLINED == inlined
 
 

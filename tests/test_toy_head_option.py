@@ -20,9 +20,8 @@ from tiny_architectures import source_model
 from transformers import HfArgumentParser
 
 from hf_tiednorm import HEAD_TERMS, ExtraHeadTerm, HeadSettings, HeadTerm, register_head_term
-from hf_tiednorm.conversion.convert import build_parser, convert_checkpoint, normalize_tied_head
+from hf_tiednorm.conversion.convert import build_parser, convert_checkpoint, keep_head_terms_fp32, normalize_tied_head
 from hf_tiednorm.conversion.export import export_plain
-from hf_tiednorm.modeling.families.head_host import keep_head_terms_fp32
 from hf_tiednorm.publishing.model_card import render_model_card
 from hf_tiednorm.training.arguments import TiedNormModelArguments
 

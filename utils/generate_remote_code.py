@@ -1,5 +1,5 @@
-"""Generate the two Python files a saved hf_tiednorm model carries: ``configuration_tiednorm.py`` and
-``modeling_tiednorm.py`` (in ``hf_tiednorm/remote_code/``, copied beside the weights by ``save_pretrained``).
+"""Generate the two Python files a saved hf_tiednorm model carries, for each family: ``configuration_tiednorm.py`` and
+``modeling_tiednorm.py`` (in ``hf_tiednorm/remote_code/<family>/``, copied beside the weights by ``save_pretrained``).
 
 Why: ``from_pretrained(folder, trust_remote_code=True)`` runs the Python files a folder holds, and whoever loads a
 model that way is asked to review them first. transformers' own copy (``custom_object_save``) takes the module that
@@ -9,9 +9,9 @@ transformers' ``utils/modular_model_converter.py`` builds its single-file models
 
 How (nothing here knows a module by name, so the output follows the package as it changes):
 
-1. The roots are the modules of the classes in the family table (``hf_tiednorm.modeling.families.table.ROWS``):
-configuration
-   classes for the configuration file, model classes for the modeling file.
+1. Each row of the family table (``hf_tiednorm.modeling.families.table.ROWS``: a family, or the wrapper) gets its own
+   pair of files. Its roots are the modules of its classes: the configuration class for the configuration file; the
+   model classes and the pipeline an encoder-decoder's folder names for the modeling file.
 2. Each file holds the closure of its roots over the package's relative imports (utils/import_graph.py reads them
    with ``ast``: top-level, inside functions, under ``TYPE_CHECKING``), the configuration file's modules excepted
    from the modeling file (which imports them from ``.configuration_tiednorm``, the one relative import left).
@@ -23,7 +23,7 @@ configuration
    with it (its annotations are written as strings).
 
 Usage:
-    python utils/generate_remote_code.py           # (re)write hf_tiednorm/remote_code/*.py
+    python utils/generate_remote_code.py           # (re)write hf_tiednorm/remote_code/*/*.py
     python utils/generate_remote_code.py --check   # exit 1 naming the stale file (tests/modeling/test_remote_code.py)
 """
 
@@ -46,16 +46,16 @@ CONFIG_FILE, MODELING_FILE = "configuration_tiednorm", "modeling_tiednorm"
 FUTURE = "from __future__ import annotations"
 
 
-def family_roots() -> tuple[list[str], list[str]]:
-    """(configuration modules, modeling modules) of every row of the family table, in table order."""
+def family_roots() -> dict[str, tuple[list[str], list[str]]]:
+    """{row name: (configuration modules, modeling modules)} of every row of the family table, in table order."""
     sys.path.insert(0, str(REPO_ROOT))
     import hf_tiednorm.modeling.families.table as table
 
-    config_roots, model_roots = [], []
+    roots = {}
     for row in table.ROWS.values():
-        config_roots.append(row.config_class.__module__)
-        model_roots += [cls.__module__ for cls in (row.base_model_class, *(lm for lm, _ in row.lm_classes)) if cls]
-    return list(dict.fromkeys(config_roots)), list(dict.fromkeys(model_roots))
+        classes = (row.base_model_class, *(lm for lm, _ in row.lm_classes), row.pipeline_class)
+        roots[row.name] = [row.config_class.__module__], list(dict.fromkeys(c.__module__ for c in classes if c))
+    return roots
 
 
 @dataclass
@@ -341,7 +341,9 @@ def _import_sort_key(line: str) -> tuple[int, str]:
     return (0 if line.startswith("import ") else 1, line.split()[1].lower())
 
 
-def render(name: str, inlined: list[str], modules: dict[str, Module], imported_from_config: set[str]) -> str:
+def render(
+    name: str, inlined: list[str], modules: dict[str, Module], imported_from_config: set[str], family: str = ""
+) -> str:
     output = Output(name, inlined, imported_from_config)
     future = all(modules[module].has_future for module in inlined)
     sections = []
@@ -352,11 +354,11 @@ def render(name: str, inlined: list[str], modules: dict[str, Module], imported_f
         rule = f"# {'-' * 30} {module.label} {'-' * max(3, 80 - len(module.label))}"
         sections.append(f"{rule}\n{text}")
     header = [
-        f"# {name}.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.",
-        "# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).",
-        "#",
-        "# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):",
-        f"# {len(inlined)} package modules, in dependency order, each under a rule naming its file.",
+        f"# {name}.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py"
+        " (--check: is it current?). Do not edit it.",
+        "# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs)"
+        + (f" of the family {family!r}" if family else "")
+        + f": {len(inlined)} package modules, in dependency order, each under a rule naming its file.",
         "# ruff: noqa: E402, E501, I001",
     ]
     parts = ["\n".join(header)]
@@ -367,15 +369,16 @@ def render(name: str, inlined: list[str], modules: dict[str, Module], imported_f
 
 
 def generate() -> dict[str, str]:
-    """``{file name: text}`` of the two generated files."""
+    """``{"<family>/<file name>": text}`` of every family's two generated files."""
     modules = read_modules()
-    config_roots, model_roots = family_roots()
-    config_modules = closure(config_roots, modules)
-    model_modules = [name for name in closure(model_roots, modules) if name not in config_modules]
-    return {
-        f"{CONFIG_FILE}.py": render(CONFIG_FILE, config_modules, modules, set()),
-        f"{MODELING_FILE}.py": render(MODELING_FILE, model_modules, modules, set(config_modules)),
-    }
+    files = {}
+    for family, (config_roots, model_roots) in family_roots().items():
+        config_modules = closure(config_roots, modules)
+        model_modules = [name for name in closure(model_roots, modules) if name not in config_modules]
+        files[f"{family}/{CONFIG_FILE}.py"] = render(CONFIG_FILE, config_modules, modules, set(), family)
+        modeling = render(MODELING_FILE, model_modules, modules, set(config_modules), family)
+        files[f"{family}/{MODELING_FILE}.py"] = modeling
+    return files
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,9 +394,17 @@ def main(argv: list[str] | None = None) -> int:
         if options.check:
             stale.append(str(path))
         else:
-            OUTPUT.mkdir(exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path} ({len(text.splitlines())} lines)")
+    expected = {OUTPUT / name for name in generate()} if not stale else set()
+    for path in sorted(OUTPUT.rglob("*.py")) if OUTPUT.is_dir() else []:
+        if path not in expected and not stale:  # a file no row generates any more (a family removed or renamed)
+            if options.check:
+                stale.append(f"{path} (no family generates it)")
+            else:
+                path.unlink()
+                print(f"removed {path}")
     if stale:
         print(f"stale: {', '.join(stale)}; run `python utils/generate_remote_code.py`", file=sys.stderr)
         return 1

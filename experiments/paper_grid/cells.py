@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from hf_tiednorm.modeling.head.modes import HEAD_MODES
+from hf_tiednorm.registration.head_modes import HEAD_MODES
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: scripts/, results/
 MODES = HEAD_MODES  # the translation grid runs every head mode (hf_tiednorm.modeling.head.layer, the one list)

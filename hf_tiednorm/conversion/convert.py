@@ -7,7 +7,7 @@ is wrapped as it is (families/wrapped.py). ``normalize_tied_head`` (a model in m
 ``convert_checkpoint`` (a folder or GGUF file; CLI ``tiednorm-convert``) give the same model by default: same class,
 weight names, ``name_or_path`` and logits. With ``head_mode="baseline"`` the logits are exactly the source's; other
 modes change how the output layer scores tokens (and, in l2 mode, the lookups) and need fine-tuning unless the model
-starts lossless (``lossless_start=True``; head/lossless_start.py). A converted model carries no quantization state; the
+starts lossless (``lossless_start=True``; lossless_start.py). A converted model carries no quantization state; the
 source's Hub id and license are recorded in its config (``provenance``, source_provenance.py) for every later card.
 Untied sources are refused (the head scores with the input embedding: a separate output matrix would be dropped), as
 is a config claiming a tie its checkpoint does not hold. The source folder is only read.
@@ -29,30 +29,33 @@ import os
 import warnings
 from pathlib import Path
 
+import torch
+from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
-from ..modeling.families.head_host import keep_head_terms_fp32
+from ..modeling.families.head_host import fp32_term_names
 from ..modeling.families.table import WRAPPED, family_of_source
 from ..modeling.families.wrapped import (
     TiedNormWrappedPreTrainedModel,
 )
-from ..modeling.head.lossless_start import start_lossless, take_row_scales
-from ..modeling.head.modes import DEFAULT_HEAD_MODE
-from ..modeling.head.peft_guard import refuse_peft_before_normalizing
-from ..modeling.head.settings import HeadSettings, learned_terms, takes_row_scales
-from ..modeling.load_checks import check_source_loaded
+from ..modeling.head.modes import get_head_mode
+from ..modeling.head.settings import DEFAULT_HEAD_MODE, RENAMED_FIELDS, HeadSettings, renamed_value
+from ..modeling.head.terms import learned_terms
 from .convert_checks import (
     SUPPORTED_TEXT,
     check_convertible,
     check_output_dir,
+    check_source_loaded,
     check_tied,
     check_unit_lookups,
+    refuse_peft_before_normalizing,
     resolve_source,
     tie_parallel_output_rows,
     tied_copy,
 )
 from .field_flags import add_extra_term_flags, add_head_setting_flags, head_settings_from_flags
 from .gguf_checks import drop_quantization_state
+from .lossless_start import start_lossless, take_row_scales, takes_row_scales, with_lossless_start
 from .plain_baseline import plain_baseline
 from .source_provenance import (
     check_base_model_id,
@@ -76,6 +79,15 @@ def _target_only_keys() -> set[str]:
     return {f"lm_head.{term}" for term in learned_terms()}
 
 
+def keep_head_terms_fp32(model: nn.Module) -> None:
+    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
+    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
+    kept = fp32_term_names()
+    for name, param in model.named_parameters():
+        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
 def head_settings_of(
     settings: HeadSettings | None, head_mode: str | None, fields: dict, lossless: bool
 ) -> HeadSettings:
@@ -89,12 +101,16 @@ def head_settings_of(
         if settings is not None:
             raise ValueError("pass the head's settings as settings= only (options= is its old name)")
         settings = fields.pop("options")
+    for old, new in RENAMED_FIELDS.items():  # logit_scale=: warned at the caller of normalize_tied_head / ...
+        if old in fields:
+            fields = dict(fields)
+            fields[new] = renamed_value(old, fields.pop(old), fields.get(new, "none"), "keyword argument", 3)
     if settings is None:
         settings = HeadSettings(head_mode=head_mode or DEFAULT_HEAD_MODE, **fields)  # an unknown keyword: TypeError
     elif head_mode is not None or fields:
         given = ", ".join(f"{name}=..." for name in ([] if head_mode is None else ["head_mode"]) + list(fields))
         raise ValueError(f"pass the head's settings either as settings or as {given}, not both")
-    return settings.with_lossless_start() if lossless else settings
+    return with_lossless_start(settings) if lossless else settings
 
 
 def normalize_tied_head(
@@ -183,7 +199,7 @@ def check_source_model(model: PreTrainedModel, settings: HeadSettings) -> type:
     normalizes the input lookups, lookups that can be made unit rows. Returns the Auto class of its architecture."""
     auto = check_convertible(model.config)
     check_tied(model)
-    if settings.mode.normalizes_input_lookups:
+    if get_head_mode(settings.head_mode).normalizes_input_lookups:
         check_unit_lookups(model, settings.norm_eps)
     return auto
 
@@ -284,7 +300,7 @@ def convert_checkpoint(
     # An untied source whose output rows are positive multiples c_i of its input rows (a plain export with a trained
     # logit scale) converts with a lossless start that sets a logit scale: c_i goes into g_i. Others are refused.
     parallel = (
-        lossless_start and takes_row_scales(settings.mode)
+        lossless_start and takes_row_scales(get_head_mode(settings.head_mode))
         and not getattr(source_config, "tie_word_embeddings", False)
     )  # fmt: skip
     auto = check_convertible(tied_copy(source_config) if parallel else source_config)  # before loading any weight
@@ -299,7 +315,7 @@ def convert_checkpoint(
         if lossless_start:
             start_lossless(model)
     else:
-        if settings.mode.normalizes_input_lookups:
+        if get_head_mode(settings.head_mode).normalizes_input_lookups:
             check_unit_lookups(source_model, settings.norm_eps)
         model = _wrap(source_model, settings, lossless_start)
     if row_scales is not None:

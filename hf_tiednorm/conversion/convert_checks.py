@@ -18,6 +18,8 @@ from ..modeling.families.table import family_of_config
 from ..modeling.families.wrapped import shared_embedding_modules, unit_lookups
 from ..modeling.head.layer import TiedNormHead
 from ..modeling.head.modes import unit_rows
+from ..modeling.head.peft_guard import PEFT_EMBEDDING_ADVICE
+from ..modeling.load_checks import other_tensor_errors, refuse_load_errors
 from .gguf_checks import check_gguf_file
 from .path_identity import is_same_or_inside
 
@@ -168,6 +170,40 @@ def check_unit_lookups(model: PreTrainedModel, norm_eps: float) -> None:
             )
 
 
+def refuse_peft_before_normalizing(model: nn.Module) -> None:
+    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
+    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
+
+    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
+    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
+    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
+    """
+    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
+    found = next(
+        (
+            (name or "the model itself", type(module).__name__)
+            for name, module in model.named_modules()
+            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
+        ),
+        None,
+    )
+    if found is not None:
+        raise ValueError(
+            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
+            f"{found[1]}): normalize first, then add adapters, i.e. "
+            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
+            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
+        )
+
+
+
+def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
+    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
+    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
+    instead of converting a randomly initialized layer "lossless"."""
+    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
+    refuse_load_errors(model, other_tensor_errors(model, missing, unexpected))
+
 
 def resolve_source(source: str | os.PathLike, gguf_file: str | None) -> tuple[Path, str | None]:
     """(folder, GGUF file name or None) of a source given as a folder, a folder and ``gguf_file``, or a ``.gguf``
@@ -201,7 +237,7 @@ def check_output_dir(output_dir: str | os.PathLike, source: Path) -> Path:
 
 
 __all__ = [
-    "check_output_dir", "resolve_source",
-    "SUPPORTED_TEXT", "check_convertible", "check_tied", "check_unit_lookups", "parallel_row_scales",
+    "SUPPORTED_TEXT", "check_convertible", "check_output_dir", "check_source_loaded", "check_tied",
+    "check_unit_lookups", "parallel_row_scales", "refuse_peft_before_normalizing", "resolve_source",
     "tie_parallel_output_rows", "tied_copy",
 ]  # fmt: skip

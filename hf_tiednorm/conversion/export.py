@@ -55,13 +55,17 @@ from transformers import (
     PreTrainedModel,
 )
 
-from ..modeling.auto_map import VERSION_FIELD
-from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from ..modeling.families.configuration import TiedNormHeadConfigMixin
+from ..modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from ..modeling.families.table import family_of_config
 from ..modeling.head.layer import TiedNormEmbedding, TiedNormHead
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.settings import HeadSettings, learned_terms
+from ..modeling.head.settings import HeadSettings
+from ..modeling.head.terms import active_terms, learned_terms
 from .export_checks import check_logits, differing_tensors, refuse_non_finite, rows_are_lookups
+from .lossless_start import term_switches
+from .plain_head import plain_input_weight, plain_output_layer
+from .saved_code import VERSION_FIELD
 from .staging_checks import (
     check_new_folder,
     check_tokenizer_files,
@@ -87,7 +91,7 @@ _DROPPED = _OWN_FIELDS | {
 
 def normalizes_lookups(config) -> bool:
     """Whether the model's head mode looks up unit rows ŵ_i at the input (``HeadMode.normalizes_input_lookups``),
-    which the export writes into the embedding (``HeadMode.plain_input_weight``)."""
+    which the export writes into the embedding (``plain_head.plain_input_weight``)."""
     return get_head_mode(config.head_mode).normalizes_input_lookups
 
 
@@ -136,18 +140,18 @@ def _refuse_unexportable(model: PreTrainedModel) -> None:
 
 
 def _bias_reason(model: PreTrainedModel) -> str:
-    """Which mode/option of ``model`` puts a per-token bias on the scores: its mode's own bias term (asked of the
-    mode, ``HeadMode.column_terms``) and/or the learned logit bias b."""
+    """Which mode/term of ``model`` puts a per-token bias on the scores: the mode's own bias, a learned term's."""
     head = model.get_output_embeddings()
     reasons = []
     _, mode_bias = head.mode.column_terms(head.weight, head.norm_eps)
     if mode_bias is not None and mode_bias.count_nonzero():
         reasons.append(f"head_mode {head.mode.name!r} (its score {head.mode.equation}, times g)")
     rows = slice(0, head.weight.shape[0])
-    for term in head.settings.active_terms():  # a learned term that shifts the scores (b, or a registered one)
+    for term in active_terms(head.settings):  # a learned term that shifts the scores (b, or a registered one)
         _, shift = term.fold_into(head, None, None, rows, head.weight.device)
         if shift is not None and shift.count_nonzero():
-            reasons.append(term.bias_text())
+            reasons.append("logit_bias=True (the learned per-token b)" if term.name == "logit_bias" else
+                           f"the registered head term {term.name!r}")  # fmt: skip
     return " and ".join(reasons) or "the model's final_logits_bias"
 
 
@@ -162,7 +166,7 @@ def _parent_config(model: PreTrainedModel, tie: bool):
 def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tuple[dict, torch.Tensor]:
     """The parent's state dict (output rows, l2 lookups baked) and the effective per-token bias (V,) fp32."""
     head = body.get_submodule(head_path)
-    rows, bias = head.plain_output_layer()  # (V, d): row i scores w_i·h·scale_i (mode, g and b folded in by the head)
+    rows, bias = plain_output_layer(head)  # (V, d): row i scores w_i·h·scale_i (mode, g and b folded in by the head)
     if bias is None:
         bias = torch.zeros(rows.shape[0], dtype=torch.float32, device=rows.device)
     if projection is not None:  # logits = W'·(P·h) = (W'·P)·h
@@ -182,8 +186,8 @@ def _baked_state(model: PreTrainedModel, body, head_path: str, projection) -> tu
                 f"embedding {name} has normalize={module.normalize}, but head_mode={model.config.head_mode!r}: the "
                 "model's lookups disagree with its head mode; reload it from its folder"
             )
-        state[f"{name}.weight"] = head.mode.plain_input_weight(module.weight.detach(), module.norm_eps)
-        exact_lookups = head.mode.plain_input_weight(module.weight.detach().float(), module.norm_eps)
+        state[f"{name}.weight"] = plain_input_weight(head.mode, module.weight.detach(), module.norm_eps)
+        exact_lookups = plain_input_weight(head.mode, module.weight.detach().float(), module.norm_eps)
         if module.weight is head.weight and rows_are_lookups(rows, exact_lookups):
             # The effective rows are the lookups (baseline, plain l2, an untrained lossless start: ‖w_i‖·w_i/‖w_i‖):
             # write the lookups themselves, so that the export keeps the tie and its size.
@@ -359,7 +363,7 @@ def export_plain(
         model=target,
         parent=parent_class.__name__,
         source_type=model.config.model_type,
-        head={"head_mode": settings.head_mode, **settings.term_switches(), "extra_terms": settings.extra_terms},
+        head={"head_mode": settings.head_mode, **term_switches(settings), "extra_terms": settings.extra_terms},
         tied=tied,
         bias_slot=slot if slot is not None and state[slot].count_nonzero() else None,
         added_values=_stored_values(target) - _stored_values(model),

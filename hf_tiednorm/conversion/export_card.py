@@ -15,8 +15,9 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..modeling.families.table import family_of_source
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.settings import head_terms, takes_row_scales
+from ..modeling.head.terms import head_terms
 from .convert_checks import parallel_row_scales
+from .lossless_start import takes_row_scales
 from .source_provenance import PROVENANCE, folder_provenance, source_text
 from .staging_checks import unshipped_head_mode
 from .training_record import data_text, origin_text, read_training_record, record_metadata, trained
@@ -32,7 +33,7 @@ def baked_rows(head_mode: str) -> str:
     mode = get_head_mode(head_mode)
     text = f"row i = g_i·σ_i·w_i, bias g_i·β_i + b_i, where {mode.equation} = σ_i·(w_i·h) + β_i"
     if mode.normalizes_input_lookups:
-        text += "; the input embedding holds the lookups the mode makes (HeadMode.plain_input_weight)"
+        text += "; the input embedding holds the lookups the mode makes (plain_head.plain_input_weight)"
     return text
 
 

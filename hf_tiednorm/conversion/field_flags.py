@@ -1,7 +1,6 @@
-"""The command-line flags of config fields, read from the fields' ``script_flag`` metadata
-(configuration_tiednorm.py): the training scripts' model flags (``hf_tiednorm.training.arguments``) and the
-converter's head flags (``tiednorm-convert``: ``add_head_setting_flags``) come from the same metadata, so a head term
-described once in its config field is a flag of both with nothing else to edit.
+"""The command-line flags of config fields, made from their descriptions (``field_help.py``): the training scripts'
+model flags (``hf_tiednorm.training.arguments``) and the converter's head flags (``tiednorm-convert``:
+``add_head_setting_flags``), so a head term described once is a flag of both with nothing else to edit.
 """
 
 from __future__ import annotations
@@ -13,11 +12,13 @@ from types import UnionType
 from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..modeling.families.configuration import TiedNormHeadConfigMixin
-from ..modeling.head.settings import HEAD_TERMS, HeadSettings, renamed_config_fields, switched_terms
+from ..modeling.head.settings import HEAD_TERMS, RENAMED_FIELDS, HeadSettings
+from ..registration.head_terms import switched_terms
+from .field_help import flag_of
 
 # A renamed field's flag keeps its old name as an alias, so command lines written before the rename still run,
 # with a FutureWarning naming the new flag (RenamedFlagAction).
-_OLD_NAMES = {new: old for old, (new, _) in renamed_config_fields().items()}
+_OLD_NAMES = {new: old for old, new in RENAMED_FIELDS.items()}
 
 
 def old_flags(name: str) -> list[str]:
@@ -60,26 +61,26 @@ def flag_type(annotation: Any) -> Any:
 
 
 def flag_help(config_field: dataclasses.Field, annotation: Any, default: str | None = None) -> str:
-    """The help of a config-field flag: the field's ``script_flag`` help, its choices (a ``Literal`` type) and the
-    config's default (the flag's own default, None, keeps it)."""
+    """The help of a config-field flag: the field's help (``field_help.flag_of``), its choices (a ``Literal`` type)
+    and the config's default (the flag's own default, None, keeps it)."""
     kinds = [arg for arg in get_args(annotation) if get_origin(arg) is Literal] or [annotation]
     choices = get_args(kinds[0]) if get_origin(kinds[0]) is Literal else ()
     listed = f"; one of {', '.join(choices)}" if choices else ""
-    if "choices" in config_field.metadata:  # a registry read at parse time (the head modes): argparse lists it
+    if "choices" in flag_of(config_field):  # a registry read at parse time (the head modes): argparse lists it
         listed = "; one of %(choices)s"
     default = f"{config_field.default}, the config's" if default is None else default
     renamed = old_flags(config_field.name)
     if renamed:  # argparse formats the help with %: a literal % would not survive
         listed += f"; {' / '.join(renamed)}: its old name, deprecated (FutureWarning)"
-    return f"{config_field.metadata['help']}{listed} (default: {default})"
+    return f"{flag_of(config_field)['help']}{listed} (default: {default})"
 
 
 def flag_metadata(config_field: dataclasses.Field, annotation: Any) -> dict[str, Any]:
     """The HfArgumentParser metadata of a config-field flag: its help, its ``choices`` when the field names them, and
     the flag of its old name (``--logit_scale`` for ``--logit_scale_kind``) as an alias."""
     metadata = {"help": flag_help(config_field, annotation)}
-    if "choices" in config_field.metadata:
-        metadata["choices"] = config_field.metadata["choices"]
+    if "choices" in flag_of(config_field):
+        metadata["choices"] = flag_of(config_field)["choices"]
     if config_field.name in _OLD_NAMES:
         metadata["aliases"] = old_flags(config_field.name)
         metadata["action"] = RenamedFlagAction
@@ -111,7 +112,7 @@ def add_head_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_extra_term_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--dashed-name`` switch per registered head term (head/settings.register_head_term), added after
+    """One ``--dashed-name`` switch per registered head term (hf_tiednorm.register_head_term), added after
     every other flag of ``parser``: a name whose flag or destination ``parser`` has already (``--generic``, the
     ``output_dir`` argument) is refused naming the term, since the switch would be shadowed or read the other
     argument's value."""

@@ -15,8 +15,7 @@ import os
 import torch
 from transformers import AutoConfig, PreTrainedModel
 
-from ..modeling.load_checks import check_source_loaded
-from .convert_checks import check_convertible, check_output_dir, check_tied, resolve_source
+from .convert_checks import check_convertible, check_output_dir, check_source_loaded, check_tied, resolve_source
 from .gguf_checks import drop_quantization_state
 from .source_provenance import check_base_model_id, name_like_source, record_provenance, stated_provenance
 from .staging_checks import TOKENIZER_FILES, check_tokenizer_files, save_staged

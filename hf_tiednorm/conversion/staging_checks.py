@@ -201,7 +201,7 @@ def unshipped_head_mode(name: str) -> str | None:
         return None
     return (
         f"head_mode {name!r} was registered at runtime (register_head_mode: {cls.__module__}.{cls.__qualname__}); "
-        "the remote code saved with the model (configuration_tiednorm.py, generated from "
+        "the remote code saved with the model (modeling_tiednorm.py, generated from "
         "hf_tiednorm/modeling/head/modes.py) "
         "does not define it, so from_pretrained(..., trust_remote_code=True) would refuse the model"
     )

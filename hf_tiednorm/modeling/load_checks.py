@@ -1,25 +1,7 @@
-"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
-tensor of the file must find its place, checked when ``from_pretrained`` finishes.
-
-transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
-"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
-loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
-edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
-meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
-fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
-any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
-each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
-itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
-``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
-from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``WeightChecksMixin``, below), so transformers' report table is still printed first. A parameter that
-``from_pretrained(device_map=..., offload_folder=...)`` offloads to disk stays on the meta device there too (accelerate
-reads it from the folder at each call): the device map the load was given (kept by ``DeviceMapAtLoadMixin``: the
-model's ``hf_device_map`` is set only after the check) tells it from a tensor the file lacks.
-
-This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
-"""
+"""A model folder loads as trained or not at all: every tensor the model holds must come from the file (a learned head
+term, the shared embedding, any layer) and every tensor of the file must find its place; transformers only logs both.
+``check_loaded_head`` runs from transformers' own hook on the loading report and names each tensor, config field and
+the folder. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -153,7 +135,7 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
-    _refuse(model, errors)
+    refuse_load_errors(model, errors)
 
 
 def check_loaded_body(model: nn.Module, loading_info) -> None:
@@ -161,18 +143,10 @@ def check_loaded_body(model: nn.Module, loading_info) -> None:
     (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
     a body loaded from its LM's folder drops the head, as transformers' bodies do."""
     missing = set(loading_info.missing_keys)
-    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
-def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
-    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
-    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
-    instead of converting a randomly initialized layer "lossless"."""
-    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
-    _refuse(model, other_tensor_errors(model, missing, unexpected))
-
-
-def _refuse(model: nn.Module, errors: list[str]) -> None:
+def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
@@ -213,9 +187,9 @@ __all__ = [
     "WeightChecksMixin",
     "check_loaded_body",
     "check_loaded_head",
-    "check_source_loaded",
     "embedding_errors",
     "head_term_errors",
     "offloaded_to_disk",
     "other_tensor_errors",
+    "refuse_load_errors",
 ]

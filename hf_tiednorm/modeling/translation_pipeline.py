@@ -1,42 +1,19 @@
-"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
-
-Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
-the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
-``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
-``add_translation_pipeline`` on its config (families/head_host.py).
-
-The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
-``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
-longer than the model's positions (with a warning) instead of failing inside the encoder.
-"""
+"""The ``tiednorm-translation`` pipeline for encoder-decoders (transformers 5 removed its own): it serves a saved
+folder alone (``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``), refuses bad arguments by
+name, translates ``[]`` to ``[]`` and truncates inputs longer than the model's positions, with a warning."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from transformers import Pipeline, PretrainedConfig
+from transformers import Pipeline
 from transformers.utils import logging
-
-from .auto_map import code_reference
 
 logger = logging.get_logger(__name__)
 
 TASK = "tiednorm-translation"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def add_translation_pipeline(config: PretrainedConfig) -> None:
-    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
-    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
-    entry = {
-        "impl": code_reference(TiedNormTranslationPipeline),  # in the generated modeling file (auto_map.py)
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
-    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
 
 
 def position_limit(model, tokenizer) -> int | None:
@@ -70,35 +47,22 @@ def missing_tokenizer_message(model) -> str:
 
 
 class TokenizerLoadFailure:
-    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
-    error of a failed load so that the pipeline can say why it has no tokenizer.
-
-    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
-    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
-    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
-    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
-    """
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, and keeps a failed
+    load's error (transformers' ``pipeline()`` tests the flag again in the handler of a failed load, where
+    ``sys.exc_info()`` holds it), so that the pipeline says why it has no tokenizer."""
 
     failure: BaseException | None = None
-    source: object = None
 
     def __bool__(self) -> bool:
-        error = sys.exc_info()[1]
-        if error is None:  # the test before loading: load, and forget an earlier call's failure
-            self.failure = None
-            return True
-        self.failure = error
-        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
-        self.source = sys._getframe(1).f_locals.get("component")
-        return False
+        self.failure = sys.exc_info()[1]  # None before loading: load (and forget an earlier call's failure)
+        return self.failure is None
 
-    def take(self) -> tuple[BaseException | None, object]:
-        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
-        (the ``tokenizer=`` argument, or None); cleared."""
-        failure, source, self.failure, self.source = self.failure, self.source, None, None
+    def take(self) -> BaseException | None:
+        """The recorded load error, if the tokenizer was given or guessed and failed to load; cleared."""
+        failure, self.failure = self.failure, None
         if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
-            return None, None  # nothing was given to load (a model object without tokenizer=)
-        return failure, source
+            return None  # nothing was given to load (a model object without tokenizer=)
+        return failure
 
 
 # Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
@@ -124,12 +88,15 @@ class TiedNormTranslationPipeline(Pipeline):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.tokenizer is None:
-            failure, source = type(self)._load_tokenizer.take()
-            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
-                folder = getattr(self.model, "name_or_path", None) or ""
-                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
-                source = folder if has_files else None
-            if failure is not None and source is not None:
+            failure = type(self)._load_tokenizer.take()
+            # Guessed from the model's folder where it has tokenizer files (else given as pipeline(tokenizer=...)).
+            folder = getattr(self.model, "name_or_path", None) or ""
+            has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+            source = f"in {folder}" if has_files else "given as pipeline(tokenizer=...)"
+            if failure is not None and not has_files and folder and os.path.isdir(folder):
+                # transformers guessed the tokenizer from the model's folder, which has none
+                raise ValueError(missing_tokenizer_message(self.model)) from failure
+            if failure is not None:
                 raise ValueError(
                     f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
                     f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "

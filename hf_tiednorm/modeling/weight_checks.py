@@ -1,15 +1,6 @@
-"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
-
-* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
-  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
-  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
-* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
-  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
-  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
-``load_checks.WeightChecksMixin`` runs the finite-weights check where a model family loads.
-
-This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
-"""
+"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use: weights that load as
+NaN/inf are named (``check_finite_weights``), and a resize that would drop a special token's row is refused
+(``check_resize_keeps_special_tokens``)."""
 
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from ..conversion.export import export_plain
 from ..conversion.export_card import write_export_card
+from ..conversion.saved_code import foreign_auto_map
 from ..conversion.staging_checks import (
     check_new_folder,
     check_no_token,
@@ -49,7 +50,6 @@ from ..conversion.staging_checks import (
     staged_folder,
     unshipped_head_mode,
 )
-from ..modeling.auto_map import foreign_auto_map
 from .model_card import (
     EMBEDDING_NORM_PLOT,
     NORM_VS_FREQUENCY_PLOT,

@@ -31,14 +31,15 @@ from safetensors import safe_open
 from transformers import AutoConfig, PreTrainedConfig
 
 from ..conversion import training_record
+from ..conversion.saved_code import VERSION_FIELD
 from ..conversion.source_provenance import PROVENANCE
 from ..conversion.staging_checks import has_chat_template
-from ..modeling.auto_map import VERSION_FIELD
-from ..modeling.families.configuration import TiedNormHeadConfigMixin, TieTopologyConfigMixin
+from ..modeling.families.configuration import TiedNormHeadConfigMixin
+from ..modeling.families.configuration_encoder_decoder import TieTopologyConfigMixin
 from ..modeling.families.table import ROWS, family_of_config
 from ..modeling.head.modes import get_head_mode
-from ..modeling.head.settings import HeadSettings, head_terms
 from .card_metrics import eval_results, metric_subsets, parse_metrics, training_settings
+from .card_terms import term_rows
 from .provenance import (
     add_provenance_arguments,
     card_provenance,
@@ -129,32 +130,6 @@ def _regularizer_fields(config: TiedNormConfig) -> dict[str, Any]:
     # "_"-prefixed entries are bookkeeping, not settings (a GGUF source's config carries "_model_name_or_path").
     shown = [n for n in sorted(values) if n not in known and not n.startswith("_") and describes_model(n)]
     return {name: values[name] for name in shown}
-
-
-def _stored_range(folder: Path, suffix: str) -> tuple[float, float] | None:
-    """(min, max) of the saved tensor whose name ends with ``suffix`` (e.g. the learned logit scale), or None."""
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(file, framework="pt") as weights:
-            for name in weights.keys():  # noqa: SIM118 (safe_open is no dict)
-                if name.endswith(suffix):
-                    tensor = weights.get_tensor(name).float()
-                    return tensor.min().item(), tensor.max().item()
-    return None
-
-
-def _term_rows(config: TiedNormConfig, folder: Path | None = None) -> tuple[dict, list]:
-    """The card's rows of the head's learned terms (``HeadTerm.card_row``): the built-ins' by name (the template's
-    own rows), and (name, text) of each registered term the config switches on. A learned term is described by its
-    saved values where ``folder`` holds them."""
-    hidden_size = family_of_config(config).head_hidden_size(config)
-
-    def stored(name: str) -> tuple[float, float] | None:
-        return _stored_range(folder, f".{name}") if folder is not None else None
-
-    settings = HeadSettings.from_config(config)
-    built_in = {t.name: t.card_row(config, stored, hidden_size) for t in head_terms() if t.config_fields}
-    added = [(t.name, t.card_row(config, stored, hidden_size)) for t in settings.active_terms() if not t.config_fields]
-    return built_in, added
 
 
 def _num_parameters(folder: Path) -> str:
@@ -293,7 +268,7 @@ def render_model_card(
         eval_results=eval_results(results, signature, dataset, is_encoder_decoder) or None,
         **training_record.record_metadata(record),
     )
-    built_in_terms, added_terms = _term_rows(config, folder)
+    built_in_terms, added_terms = term_rows(config, folder)
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path()),

@@ -3,8 +3,8 @@
 * ``parse_arguments``: flags, or a .json/.yaml config file followed by flags that override it.
 * ``TiedNormModelArguments``: the model flags (checkpoint, tokenizer, the tied output layer and the technique flags of
   its loss) with their checks and the fine-tuning rules; each script subclasses it with the architecture flags of its
-  model family. Its config-field flags are derived from the config mixins' field metadata (``model_arguments_class``):
-  the help text and the fine-tuning rule of a field are written once, in ``configuration_tiednorm.py``.
+  model family. Its config-field flags are derived from the fields' descriptions (``model_arguments_class``): the
+  help text and the fine-tuning rule of a field are written once, in ``conversion/field_help.py``.
 * ``DataArgumentsBase``: the data flags both scripts share; each script adds its files and lengths (and names the
   folder of its default files in ``default_data_dir``: the library assumes no checkout).
 * ``OutputDirArguments``: --overwrite_output_dir (see ``run_directory.prepare_output_dir``).
@@ -28,7 +28,9 @@ import yaml
 from transformers import AutoConfig, AutoTokenizer, HfArgumentParser, PretrainedConfig
 
 from ..conversion.field_flags import flag_metadata, flag_type
-from ..modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from ..conversion.field_help import flag_of
+from ..modeling.families.configuration import TiedNormHeadConfigMixin
+from ..modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from .tokenization import TOKENIZER_MODELS
 
 # --dtype's values: HF's run_clm.py's (transformers' from_pretrained dtype names).
@@ -212,13 +214,13 @@ EXTRA_TERMS = "extra_terms"  # the config's list of registered head terms (head/
 
 def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArguments") -> type:
     """The model flags of both training scripts: ``ModelSourceArguments`` plus one flag per field of
-    ``config_mixins`` that carries ``script_flag`` metadata (``configuration_tiednorm.py``), with its help text, its
-    choices (a ``Literal`` type) and the config's default named in the help; the flag's own default None keeps the
-    config's value. ``config_fields``, ``finetune_fields`` and ``new_model_fields`` follow from the metadata, so a new
-    config field with a ``script_flag`` becomes a flag of both scripts with nothing else to edit."""
+    ``config_mixins`` described as a flag (``field_help.flag_of``: the package's ``FIELD_FLAGS``, or a field's own
+    ``script_flag`` metadata), with its help text, its choices (a ``Literal`` type) and the config's default named in
+    the help; the flag's own default None keeps the config's value. ``config_fields``, ``finetune_fields`` and
+    ``new_model_fields`` follow from the descriptions, so a described field becomes a flag of both scripts."""
     flags = [
         config_field for mixin in config_mixins for config_field in dataclasses.fields(mixin)
-        if "help" in config_field.metadata
+        if flag_of(config_field) is not None
     ]
     types = {name: kind for mixin in config_mixins for name, kind in get_type_hints(mixin).items()}
     fields = [
@@ -234,12 +236,12 @@ def model_arguments_class(*config_mixins: type, name: str = "TiedNormModelArgume
     fields.append((EXTRA_TERMS, list[str] | None, field(default=None, metadata={
         "help": "head terms registered with hf_tiednorm.register_head_term that a new model's head learns "
                 "(per-token terms folded into the scores), by name"})))  # fmt: skip
-    new_model = tuple(f.name for f in flags if f.metadata.get("new_model_only"))
+    new_model = tuple(f.name for f in flags if flag_of(f).get("new_model_only"))
     namespace = {
         "__module__": __name__,
         "__doc__": ModelSourceArguments.__doc__,
         "config_fields": (*(f.name for f in flags if f.name not in new_model), EXTRA_TERMS),
-        "finetune_fields": tuple(f.name for f in flags if f.metadata.get("finetune")),
+        "finetune_fields": tuple(f.name for f in flags if flag_of(f).get("finetune")),
         "new_model_fields": new_model,
     }
     return dataclasses.make_dataclass(name, fields, bases=(ModelSourceArguments,), namespace=namespace)

@@ -22,7 +22,14 @@ import torch
 from ..modeling.families.table import family_of_config, on_family_registered
 from ..modeling.families.wrapped_loss import FUSED_CAUSAL_BODIES
 from ..modeling.head.layer import TiedNormHead
-from ..modeling.loss.policy import LIGER_NEEDS_CUDA, liger_installed
+from ..modeling.loss.policy import liger_installed
+
+# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
+LIGER_NEEDS_CUDA = (
+    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
+    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
+    "(loss_implementation='fused': the chunked loop)"
+)
 
 logger = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..conversion.path_identity import ancestor_ids, file_id
-from ..modeling.auto_map import LEGACY_MODULES, REMOTE_CODE_MODULES
+from ..conversion.saved_code import LEGACY_MODULES, REMOTE_CODE_MODULES
 from .arguments import config_file_argument
 
 logger = logging.getLogger(__name__)
 
 # A saved model's remote code: the two generated files, or (a folder saved by an earlier version) one copy of each
-# model-layer module (modeling/auto_map.py).
+# model-layer module (conversion/saved_code.py).
 REMOTE_CODE_FILES = tuple(sorted(f"{module}.py" for module in {*REMOTE_CODE_MODULES, *LEGACY_MODULES}))
 
 # The names a run of the training scripts writes into --output_dir (transformers' Trainer and save_pretrained

@@ -28,7 +28,7 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import CONFIG_NAME
 
 from ..conversion.path_identity import file_id
-from ..modeling.auto_map import foreign_auto_map
+from ..conversion.saved_code import foreign_auto_map
 from ..modeling.families.table import family_of_config
 from ..publishing.model_card import write_model_card
 from .arguments import (

@@ -9,7 +9,8 @@ import torch
 from testing_utils import model_inputs, tiny_model
 
 from hf_tiednorm.conversion.export import export_plain
-from hf_tiednorm.modeling.head.modes import HeadMode, inverse_row_norms, register_head_mode, unregister_head_mode
+from hf_tiednorm.modeling.head.modes import HeadMode, inverse_row_norms
+from hf_tiednorm.registration.head_modes import register_head_mode, unregister_head_mode
 
 TOY = "root_shift"
 TOY_EQUATION = "s_i = ŵ_i·h·‖w_i‖^½ − ‖w_i‖/10 (toy), with unit-row input lookups"

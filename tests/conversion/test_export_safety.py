@@ -26,8 +26,9 @@ from hf_tiednorm.conversion.export_card import THIS_FOLDER
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
 from hf_tiednorm.convert import main as convert_main
 from hf_tiednorm.modeling.head import modes as head_modes
-from hf_tiednorm.modeling.head.modes import Cosine, HeadMode, register_head_mode, unregister_head_mode
+from hf_tiednorm.modeling.head.modes import Cosine, HeadMode
 from hf_tiednorm.publishing.hub import push_to_hub
+from hf_tiednorm.registration.head_modes import register_head_mode, unregister_head_mode
 
 TOLERANCE = 1e-4
 
@@ -180,7 +181,7 @@ def test_a_builtin_mode_redefined_at_runtime_is_not_published_as_remote_code(tmp
     redefined.equation = "s_i = something else"  # the staged head_modes.py would score with the original
     with pytest.raises(ValueError, match="'cosine' is built in"):  # refused where it is registered (issue 48)
         register_head_mode(redefined, replace=True)
-    monkeypatch.setitem(head_modes._REGISTRY, "cosine", redefined)  # past the registry: push still refuses it
+    monkeypatch.setitem(head_modes.HEAD_MODE_REGISTRY, "cosine", redefined)  # past the registry: push still refuses it
     with pytest.raises(ValueError, match="head_mode 'cosine' was registered at runtime"):
         push_to_hub(tmp_path / "model", "tester/x", dry_run_dir=tmp_path / "up")
 

@@ -1,7 +1,7 @@
 """Sharded training on 2 CPU processes (gloo) keeps the tie and equals one process, for every model family.
 
 Each route runs once (scripts/fsdp_tie_worker.py under torch.distributed.run; the numbers it measures are
-asserted here): FSDP2 through torch's ``fully_shard`` (``hf_tiednorm.modeling.families.tie_topology.fully_shard_tied``)
+asserted here): FSDP2 through torch's ``fully_shard`` (``hf_tiednorm.training.fsdp.fully_shard_tied``)
 and through accelerate's own FSDP2 preparation (transformer-based wrapping, as scripts/accelerate/fsdp2.yaml), about 20
 s each; DeepSpeed ZeRO-3 is in the slow set. The reference is the same model trained by one process on the whole global
 batch with the same SGD steps.

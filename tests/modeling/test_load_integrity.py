@@ -14,7 +14,8 @@ from testing_utils import FAMILIES, run_without_package, tiny_model
 from tiny_architectures import source_model
 
 from hf_tiednorm.convert import convert_checkpoint, normalize_tied_head
-from hf_tiednorm.modeling.head.settings import HEAD_TERMS, HeadSettings, head_terms
+from hf_tiednorm.modeling.head.settings import HEAD_TERMS, HeadSettings
+from hf_tiednorm.modeling.head.terms import head_terms
 
 WRAPPED = ("gpt2", "t5")
 # Every model of the package: its name, and a builder taking the head's learned-term options.

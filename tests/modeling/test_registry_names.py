@@ -14,14 +14,11 @@ from tiny_architectures import source_model
 from hf_tiednorm.conversion.convert import build_parser
 from hf_tiednorm.conversion.field_flags import head_settings_from_flags
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.modeling.head.modes import (
-    Cosine,
-    get_head_mode,
-    inverse_row_norms,
-    register_head_mode,
-    unregister_head_mode,
-)
-from hf_tiednorm.modeling.head.settings import HEAD_TERMS, ExtraHeadTerm, HeadSettings, register_head_term
+from hf_tiednorm.modeling.head.modes import Cosine, get_head_mode, inverse_row_norms
+from hf_tiednorm.modeling.head.settings import HEAD_TERMS, HeadSettings
+from hf_tiednorm.modeling.head.terms import ExtraHeadTerm
+from hf_tiednorm.registration.head_modes import register_head_mode, unregister_head_mode
+from hf_tiednorm.registration.head_terms import register_head_term
 
 
 class SharpCosine(Cosine):

@@ -21,7 +21,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from hf_tiednorm.convert import normalize_tied_head
 
-LOGGER = "hf_tiednorm.modeling.auto_map"
+LOGGER = "hf_tiednorm.conversion.saved_code"
 VERSION_FIELD = "hf_tiednorm_version"  # config.json's record of the version whose code the folder carries
 OWN_CLASS = "modeling_tiednorm.TiedNormForCausalLM"
 

@@ -12,8 +12,8 @@ import torch
 from huggingface_hub import ModelCard
 from script_helpers import load_script, run_script, tiny_translation_flags
 
+from hf_tiednorm.conversion.saved_code import foreign_auto_map
 from hf_tiednorm.conversion.staging_checks import training_args_token
-from hf_tiednorm.modeling.auto_map import foreign_auto_map
 from hf_tiednorm.publishing import hub
 from hf_tiednorm.publishing.model_card import render_model_card
 from hf_tiednorm.publishing.provenance import base_model_provenance

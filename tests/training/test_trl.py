@@ -22,9 +22,9 @@ from tiny_architectures import source_model
 
 import hf_tiednorm
 from hf_tiednorm.convert import normalize_tied_head
-from hf_tiednorm.modeling.head.modes import HEAD_MODES
 from hf_tiednorm.modeling.head.scoring_guard import own_scoring
 from hf_tiednorm.modeling.head.settings import LOGIT_SCALES
+from hf_tiednorm.registration.head_modes import HEAD_MODES
 
 trl = pytest.importorskip("trl")
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402

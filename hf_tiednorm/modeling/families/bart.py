@@ -1,12 +1,6 @@
-"""A BART-style encoder-decoder whose output layer is the normalized tied head: the family BART checkpoints
-convert to 1:1 (``hf_tiednorm.convert``).
-
-Everything of the Marian-based family (``families/seq2seq.py``) applies; only the body differs. What differs
-from ``transformers``' BART: token embeddings are ``TiedNormEmbedding`` that keep BART's in-module scaling
-(``BartScaledWordEmbedding``: lookup × sqrt(d) when ``scale_embedding``, the unit rows in l2 mode); ``lm_head`` is
-``TiedNormHead`` without BART's ``final_logits_bias``; the tie topology comes from ``config.tie_topology``.
-Learned positions, ``layernorm_embedding``, attention, KV cache and generation are BART's.
-"""
+"""The BART-style encoder-decoder family (the one BART checkpoints convert to): BART's body (learned positions,
+``layernorm_embedding``, in-module scaled embeddings) with what both encoder-decoder families share
+(families/encoder_decoder.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +9,13 @@ import math
 from transformers import GenerationMixin
 from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
 
-from ..auto_map import TwoFileModelCodeMixin
+from ..code_writer import SavesItsCode
 from ..engine_checks import EngineChecksMixin
-from .configuration import TiedNormBartConfig
-from .seq2seq import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
+from .configuration_bart import TiedNormBartConfig
+from .encoder_decoder import TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqModelMixin
 
 
-class TiedNormBartPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, BartPreTrainedModel):
+class TiedNormBartPreTrainedModel(EngineChecksMixin, SavesItsCode, BartPreTrainedModel):
     config_class = TiedNormBartConfig
     config: TiedNormBartConfig
 

@@ -1,8 +1,5 @@
-"""A Llama-style decoder-only LM whose output layer is the normalized tied head.
-
-What differs from ``transformers``' Llama: token embeddings are ``TiedNormEmbedding`` (unit rows are looked up
-in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and the loss applies
-``config.label_smoothing``. Attention (SDPA), RoPE, KV cache and generation are Llama's.
+"""The Llama-style causal family: Llama's body with ``TiedNormEmbedding`` lookups (unit rows in l2 mode) and the
+normalized tied head as ``lm_head`` (``TiedNormCausalLMMixin``); attention, RoPE, KV cache and generation are Llama's.
 """
 
 from __future__ import annotations
@@ -10,15 +7,14 @@ from __future__ import annotations
 from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 
-from ..auto_map import TwoFileModelCodeMixin
+from ..code_writer import SavesItsCode
 from ..engine_checks import EngineChecksMixin
-from .causal_lm_names import recognise_as_causal_lm
 from .common import TiedNormCausalLMMixin
-from .configuration import TiedNormCausalConfig
+from .configuration_causal import TiedNormCausalConfig
 from .embeddings import build_embedding
 
 
-class TiedNormCausalPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, LlamaPreTrainedModel):
+class TiedNormCausalPreTrainedModel(EngineChecksMixin, SavesItsCode, LlamaPreTrainedModel):
     config_class = TiedNormCausalConfig
     config: TiedNormCausalConfig
 
@@ -49,10 +45,6 @@ class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, 
         self.vocab_size = config.vocab_size
         self.add_tied_norm_head(config.hidden_size)  # lm_head, and Press & Wolf's P where the config asks for it
         self.post_init()
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormCausalConfig.model_type, TiedNormForCausalLM.__name__)
 
 
 __all__ = ["TiedNormCausalModel", "TiedNormCausalPreTrainedModel", "TiedNormForCausalLM"]

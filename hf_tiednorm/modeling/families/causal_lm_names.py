@@ -1,17 +1,6 @@
-"""Let transformers' ``Trainer`` recognise this package's causal LMs as causal LMs, for its label smoothing.
-
-With ``TrainingArguments(label_smoothing_factor=...)`` the Trainer takes the labels away from the model and scores
-the logits itself (``LabelSmoother``); it shifts the labels (position t predicts token t+1) only when the model's
-class name is one of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()``. That table lists transformers' own classes
-only, and ``AutoModelForCausalLM.register`` does not add to it, so a causal LM of this package was scored against
-unshifted labels: a smoothed loss of ~1 where the real one is ~6, and training towards copying the input. Adding the
-class name to the table is the one way transformers offers a model class outside it to be shifted; the key is the
-model's own ``model_type``, which is not in transformers' config table, so no Auto lookup ever resolves through it
-(``_LazyAutoMapping`` reads only keys present in both tables).
-
-This file imports transformers only: it travels with the modeling code as remote code, where the same class names
-are registered on import.
-"""
+"""The Trainer's label smoother shifts the labels only of causal LMs named in transformers'
+``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; a causal LM of the package adds its own model type there when it is built (never
+on import), the one entry this code adds to transformers' tables. (docs/code_notes.md)"""
 
 from __future__ import annotations
 

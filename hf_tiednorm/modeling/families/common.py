@@ -1,8 +1,6 @@
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
-Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and
-the tie (``families/tie_topology.py``); and ``TiedNormCausalLMMixin``, the public base of a causal family's LM (the
-package's own causal family is one). The head math itself lives in ``head/layer.py``, the embeddings in
-``families/embeddings.py``, the outputs in ``families/outputs.py``."""
+Wolf's projection P) on top of the head's host, the loss and the tie; ``TiedNormCausalLMMixin`` is the public base of
+a causal family's LM."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ from transformers import initialization as init
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
-from ..auto_map import code_reference
 from ..head.adaptive import AdaptiveInput, AdaptiveSoftmaxHead
 from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.peft_guard import refuse_bypassed_head
@@ -22,6 +19,7 @@ from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection
+from .causal_lm_names import recognise_as_causal_lm
 from .embeddings import build_embedding
 from .head_host import TiedNormHeadHostMixin
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
@@ -87,16 +85,6 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
                 if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
                     init.zeros_(embedding.weight[embedding.padding_idx])
 
-    def _extra_auto_map(self) -> dict[str, str]:
-        # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. Only a body whose
-        # class is defined beside the LM's is in the code the folder carries (the generated file, or the module
-        # transformers copies for a family from outside the package); another (GPT2Model, say) gets no entry.
-        body = self.base_model
-        if body is self or type(body).__module__ != type(self).__module__:
-            return {}
-        return {"AutoModel": code_reference(type(body))}
-
     def add_tied_norm_head(self, hidden_size: int) -> None:
         """Give the model the normalized tied head (``lm_head``), Press & Wolf's projection P where the config asks
         for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
@@ -110,15 +98,14 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
 
 class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """The public base of a causal family's LM: list it before the HF parent's ``PreTrainedModel`` and
-    ``GenerationMixin``. It brings the normalized tied head, the label shift, the loss (every loss path, the
-    regularizers), the tie, loading checks, saving, resizing and generation; no hidden hook to override.
+    """The public base of a causal family's LM, listed before the HF parent's ``PreTrainedModel``: the head, the label
+    shift, the loss, the tie, the loading checks, resizing and generation. The family supplies ``config_class`` (with
+    ``input_embedding_path``) and an ``__init__`` that builds the HF body under ``base_model_prefix``, then calls
+    ``self.add_tied_norm_head(d)`` and ``self.post_init()``."""
 
-    What the family supplies: ``config_class`` (a config listing ``TiedNormHeadConfigMixin`` and
-    ``TiedNormTechniquesConfigMixin`` before its HF parent config, with the class attribute ``input_embedding_path``,
-    the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
-    ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
-    ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        recognise_as_causal_lm(self.config.model_type, type(self).__name__)  # the Trainer's label smoother shifts
 
     @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
@@ -135,11 +122,9 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
         skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
         **kwargs: Unpack[TransformersKwargs],
     ) -> TiedNormCausalLMOutput:
-        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
-        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
-        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
-        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
-        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        """``labels`` (batch, length) are the input ids (shifted here); ``shift_labels`` in ``kwargs`` (aligned already,
+        as HF's ``ForCausalLMLoss`` reads them) replace them (a named argument would be taken for a second label
+        column)."""
         shift_labels = kwargs.pop("shift_labels", None)
         outputs = body_of(self)(
             input_ids=input_ids,

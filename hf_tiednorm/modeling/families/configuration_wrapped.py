@@ -1,13 +1,7 @@
-"""Configuration of a normalized tied head around any transformers causal LM or encoder-decoder.
+"""The wrapper's configuration: the wrapped model's own config as ``text_config`` (gpt2, qwen3, t5, ...) beside the
+normalized head's fields; every other attribute is read from ``text_config``, so the wrapped architecture's code reads
+the wrapper's config unchanged."""
 
-``TiedNormWrappedConfig`` holds the wrapped model's own config as ``text_config`` (a config of a native
-``transformers`` model: gpt2, qwen3, gemma2, t5, m2m_100, ...) next to the fields of the normalized tied head. Every
-attribute the wrapper config does not define itself (``vocab_size``, ``hidden_size``, ``max_position_embeddings``,
-``decoder_start_token_id``, ``tie_word_embeddings``, ...) is read from ``text_config``, so code written for the
-wrapped architecture reads the wrapper's config unchanged.
-"""
-
-from dataclasses import fields
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
@@ -18,17 +12,28 @@ try:  # transformers >= 5.20 declares a composite config's parts with SubConfigS
 except ImportError:  # 5.17-5.19 (the lowest setup.cfg declares): a plain {name: config class} dict, `sub_configs`
     SubConfigSpec = None
 
-from ..auto_map import drop_source_auto_map
-from .configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
+from .configuration import TiedNormHeadConfigMixin
 
 # Fields of hf_tiednorm's own families that a wrapped model has no code for: it trains with the wrapped model's own
 # loss and head, so accepting them would silently ignore them. Refused by name however they arrive: in config.json,
 # as from_pretrained keyword arguments, or set as attributes.
-OWN_FAMILY_FIELDS = (*(field.name for field in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
+OWN_FAMILY_FIELDS = (
+    "label_smoothing", "loss_chunk_size", "projection_regularization", "weight_norm_regularization",
+    "weight_norm_target", "embedding_init_std", "weight_norm_init_sigma", "adaptive_cutoffs", "adaptive_div_value",
+    "adaptive_tie_projections", "tie_topology",
+)  # fmt: skip  (TiedNormTechniquesConfigMixin's and tie_topology: test_config_validation.py)
 
 # The settings of what a forward returns, defined by every PreTrainedConfig: set on the wrapper, they are set on the
 # wrapped model's config too, whose forward reads them.
 OUTPUT_SETTINGS = ("output_hidden_states", "output_attentions", "return_dict")
+
+
+def drop_source_auto_map(text_config) -> None:
+    """Remove ``auto_map`` from ``text_config`` (a config about to become the wrapper's ``text_config``) in place: a
+    Hub config's entries (remote code of its own, or stale ones) would take the wrapper's own (the wrapper config
+    delegates attributes to ``text_config``) and name someone else's code; the wrapped architecture is built in."""
+    if isinstance(text_config, PreTrainedConfig):
+        text_config.__dict__.pop("auto_map", None)
 
 
 def refuse_own_family_fields(names, how: str) -> None:
@@ -46,14 +51,10 @@ def refuse_own_family_fields(names, how: str) -> None:
 
 @strict
 class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
-    r"""
-    text_config (`dict` or `PreTrainedConfig`):
-        The config of the wrapped model (its ``model_type`` selects the architecture); it must tie its output layer to
-        its input embedding (``tie_word_embeddings=True``).
-
-    The head fields (``head_mode``, ``logit_scale_kind``, ``logit_scale_init``, ``logit_bias``, ``norm_eps``) are
-    ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes exactly the wrapped model's logits.
-    """
+    """text_config (`dict` or `PreTrainedConfig`):
+    The config of the wrapped model (its ``model_type`` selects the architecture), which ties its output layer to its
+    input embedding. The head's fields are ``TiedNormHeadConfigMixin``'s; ``head_mode="baseline"`` computes the
+    wrapped model's logits exactly."""
 
     model_type = "tiednorm_wrapped"
     # The wrapped model's config is a sub-config, as in HF's composite models: get_text_config() returns it, and the
@@ -114,7 +115,7 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
     def __setattr__(self, name: str, value: Any) -> None:
         refuse_own_family_fields([name], "set as an attribute")
         if name == "text_config":
-            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own (modeling/auto_map.py)
+            drop_source_auto_map(value)  # the folder's auto_map is the wrapper's own
         # An attribute of the wrapped architecture (use_cache, vocab_size, ...) is set where its model reads it; an
         # output setting both here and there (the wrapped model's forward reads its own config).
         text_config = self.__dict__.get("text_config")

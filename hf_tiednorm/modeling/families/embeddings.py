@@ -1,7 +1,5 @@
-"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
-rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
-constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
-FSDP2 (see its docstring)."""
+"""The token embeddings the families build (``build_embedding``): a ``TiedNormEmbedding`` (unit rows in l2 mode) or an
+adaptive input, optionally scaling its lookups in the module (BART's scaled embedding)."""
 
 from __future__ import annotations
 
@@ -45,10 +43,8 @@ class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
 def build_embedding(
     config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
 ) -> TiedNormEmbedding | AdaptiveInput:
-    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
-    and plain rows otherwise;
-    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
-    module multiplies its lookups by it (``ScaledLookupMixin``)."""
+    """The token embedding of ``config``: unit rows in a mode that normalizes the input lookups, an adaptive input with
+    ``adaptive_cutoffs``, lookups times ``embed_scale`` when given."""
     common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
     if embed_scale is not None:
         common["embed_scale"] = embed_scale

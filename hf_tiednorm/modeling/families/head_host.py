@@ -1,16 +1,7 @@
-"""Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
-and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
-
-A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) needs five things that transformers'
-``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
-with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
-vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
-naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
-on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
-model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
-(head/scoring_guard.py).
-"""
+"""Hosting a normalized tied head, written once for the package's families and the wrapper: a new output layer keeps the
+scoring mode, ``generate`` computes the head's column terms once (the weights do not change while it runs), a resize
+resizes the head's per-token terms too, and ``output_embedding_weights`` names the output embedding's matrices. A caller
+that replaces the model's forward (TRL's fused LM head) is served or refused (head/scoring_guard.py)."""
 
 from __future__ import annotations
 
@@ -23,20 +14,18 @@ from torch.distributed.fsdp import FSDPModule
 
 from ..head.adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from ..head.layer import TiedNormHead
-from ..head.lossless_start import start_resized_tokens
+from ..head.modes import get_head_mode
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import FoldedLinear, install_scoring_guard, is_serving_folded_head, serve_replaced_forward
-from ..head.settings import head_terms, learned_terms
-from ..translation_pipeline import add_translation_pipeline
+from ..head.settings import HEAD_TERMS, HeadSettings
+from ..head.terms import head_terms, learned_terms, start_lossless_rows
 from ..weight_checks import check_resize_keeps_special_tokens
 
 
 @contextmanager
 def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
-    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: FSDP2 gathers a group's
-    parameters in its module's forward hooks, but generation runs the encoder (and its root-group parameters:
-    positions, layer norms) outside the root's forward. (The Seq2SeqTrainer passes synced_gpus, so ranks generating
-    different lengths stay in step.)"""
+    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: generation runs the encoder
+    outside the root's forward, where FSDP2 would gather them."""
     if not (isinstance(model, FSDPModule) and model.config.is_encoder_decoder):
         yield
         return
@@ -48,17 +37,40 @@ def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
 
 
 def fp32_term_names() -> list[str]:
-    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``), as parameter names."""
+    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``)."""
     return [term.name for term in head_terms() if term.keep_fp32]
 
 
-def keep_head_terms_fp32(model: nn.Module) -> None:
-    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
-    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
-    kept = fp32_term_names()
-    for name, param in model.named_parameters():
-        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
-            param.data = param.data.float()
+@torch.no_grad()
+def start_resized_tokens(model: nn.Module, first_new: int) -> None:
+    """After a resize of a lossless-started ``model``, start the new tokens' terms (ids ``first_new`` and up) by their
+    mode's lossless map, so they take the probability mass they take in the source's same resize."""
+    head = model.get_output_embeddings()
+    if getattr(model.config, "lossless_start", False) and head.weight.shape[0] > first_new:
+        start_lossless_rows(head, first_new)
+
+
+def check_mode_settings(config) -> None:
+    """``ValueError`` for settings the head mode's math rules out (the configuration checks names and ranges only): a
+    weight-norm technique where the mode removes the row norms, a recorded lossless start the mode has not or whose
+    terms are off."""
+    mode = get_head_mode(config.head_mode)
+    row_norms = getattr(config, "weight_norm_regularization", 0) or getattr(config, "weight_norm_init_sigma", None)
+    if row_norms and not mode.keeps_row_norms:
+        raise ValueError(
+            "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+            f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use another "
+            "head_mode or leave them unset"
+        )
+    if getattr(config, "lossless_start", False):
+        settings = HeadSettings.from_config(config)
+        off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
+        if mode.lossless_start is None or off:
+            raise ValueError(
+                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
+                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
+                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
+            )
 
 
 class TiedNormHeadHostMixin:
@@ -77,8 +89,8 @@ class TiedNormHeadHostMixin:
         super().__setattr__(name, value)
 
     def finish_head_hosting(self) -> None:
-        """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
-        ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
+        """The end of ``post_init`` for a model hosting the head (``TiedEmbeddingsMixin``'s, or the wrapper's own)."""
+        check_mode_settings(self.config)
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
         terms = learned_terms()
@@ -97,8 +109,8 @@ class TiedNormHeadHostMixin:
         self.lm_head = head
 
     def get_output_embeddings(self) -> nn.Module:
-        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it
-        computes (``FoldedLinear``: W_s = diag(scale)·W (·P) and the bias), which TRL's kernel scores exactly."""
+        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it computes
+        (``FoldedLinear``), which TRL's kernel scores exactly."""
         head = self._output_head()
         if is_serving_folded_head(self):
             return FoldedLinear(head, getattr(self, "output_projection", None))
@@ -118,13 +130,9 @@ class TiedNormHeadHostMixin:
         head.match_vocab_size()
 
     def output_embedding_weights(self) -> list[torch.Tensor]:
-        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
-        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
+        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or one
+        (n_i, d_i) per adaptive band."""
         return embedding_matrices(self.get_output_embeddings())
-
-    def _extra_auto_map(self) -> dict[str, str]:
-        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
-        return {}
 
     def generate(self, *args, **kwargs):
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
@@ -132,11 +140,10 @@ class TiedNormHeadHostMixin:
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
             return super().generate(*args, **kwargs)
 
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        """transformers' resize, refusing a size that drops a special token (modeling/weight_checks.py), with the head's
-        per-token terms following the new vocabulary (new tokens of a lossless start by its map)."""
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
+        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
+        """
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError(
@@ -146,19 +153,8 @@ class TiedNormHeadHostMixin:
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
-        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (head/lossless_start.py)
+        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens
         return embeddings
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
-        # defines (modeling/auto_map.py).
-        if self.config.is_encoder_decoder:
-            add_translation_pipeline(self.config)
-        extra = self._extra_auto_map()
-        if extra:
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
-        super().save_pretrained(save_directory, *args, **kwargs)  # the folder's code: TwoFileModelCodeMixin
 
-
-__all__ = ["TiedNormHeadHostMixin", "fp32_term_names", "keep_head_terms_fp32"]
+__all__ = ["TiedNormHeadHostMixin", "check_mode_settings", "fp32_term_names", "start_resized_tokens"]

@@ -31,6 +31,7 @@ from transformers import (
     MarianMTModel,
 )
 
+from ..translation_pipeline import TiedNormTranslationPipeline
 from .bart import TiedNormBartForConditionalGeneration, TiedNormBartModel
 from .causal import TiedNormCausalModel, TiedNormForCausalLM
 from .causal_lm_names import recognise_as_causal_lm
@@ -79,6 +80,8 @@ class ModelFamily:
     extra_lm_classes: tuple[tuple[type, type], ...] = field(default=())
     # Whether the training scripts build it from a config (the wrapper is made by conversion only).
     from_scratch: bool = True
+    # The pipeline an encoder-decoder's saved folder names in custom_pipelines, and whose code it carries.
+    pipeline_class: type | None = None
 
     def __post_init__(self) -> None:
         config_class = self.config_class or getattr(self.lm_class, "config_class", None)
@@ -271,7 +274,7 @@ def on_family_registered(listener: Callable[[ModelFamily], None]) -> None:
 
 def register_with_auto_classes(family: ModelFamily) -> None:
     """Register ``family``'s classes with transformers' Auto classes and mark them for ``register_for_auto_class``
-    (``save_pretrained`` then writes ``auto_map`` and the two generated code files: modeling/auto_map.py)."""
+    (``save_pretrained`` then writes ``auto_map`` and the two generated code files: conversion/saved_code.py)."""
     from transformers import AutoConfig, AutoModel
 
     AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
@@ -288,6 +291,7 @@ for _row in (
     ModelFamily(
         lm_class=TiedNormForConditionalGeneration, base_model_class=TiedNormSeq2SeqModel, source_class=MarianMTModel,
         card_name="Marian-style encoder-decoder", bias_slot=FINAL_LOGITS_BIAS, aliases=("tiednorm",),
+        pipeline_class=TiedNormTranslationPipeline,
     ),
     ModelFamily(
         lm_class=TiedNormBartForConditionalGeneration, base_model_class=TiedNormBartModel,
@@ -295,6 +299,7 @@ for _row in (
         export_refusal=_bart_export_refusal,
         export_dropped_fields=("decoder_vocab_size", "share_encoder_decoder_embeddings"),
         parent_shared_key=("model.shared.weight", "model.encoder.embed_tokens.weight"),
+        pipeline_class=TiedNormTranslationPipeline,
     ),
     ModelFamily(
         lm_class=TiedNormForCausalLM, base_model_class=TiedNormCausalModel, source_class=LlamaForCausalLM,
@@ -304,6 +309,7 @@ for _row in (
         lm_class=TiedNormWrappedForCausalLM, config_class=TiedNormWrappedConfig, auto_class=AutoModelForCausalLM,
         card_name="any tied transformers LM (transformers' own code)", cpu_bf16_eager_attention=False,
         from_scratch=False, extra_lm_classes=((TiedNormWrappedForSeq2SeqLM, AutoModelForSeq2SeqLM),),
+        pipeline_class=TiedNormTranslationPipeline,
     ),
 ):
     register_family(_row)

@@ -1,17 +1,6 @@
-"""Which modules hold the tied embedding matrix: declared once here, used by every model family.
-
-A tie is one *owner* module (the input embedding), *aliases* (other attribute paths under which the very same
-owner module is registered: the encoder's and decoder's ``embed_tokens`` of a three-way tied encoder-decoder) and
-the output layer (*head*), which shares the owner's parameters (its ``weight``, or the band rows and projections of
-an adaptive softmax). Registering the owner itself under the aliases, rather than three embedding modules sharing
-one ``Parameter``, matters for every tool that groups "the input embedding with the output embedding":
-accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_embeddings()`` in one
-``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
-("Parameter ... is shared with a parameter already managed by another FSDP group").
-
-From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read), the
-module aliases, the holders to shard together (``fully_shard_tied``) and the check that the tie is intact.
-"""
+"""Which modules hold the tied embedding matrix, declared once and used by every family: one owner module (the input
+embedding), the paths where that same module is registered again (aliases, so FSDP2 groups it once), and the output
+layer sharing its parameters; ``_tied_weights_keys`` follow from it. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -52,15 +41,9 @@ class EmbeddingTie:
 
 
 def embedding_tie(config) -> EmbeddingTie | None:
-    """The tie of a model with this config, None when nothing is tied.
-
-    The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
-    ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
-    (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
-    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
-    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
-    projections when ``adaptive_tie_projections``.
-    """
+    """The tie of a model with this config, None when nothing is tied. The module paths are the config class's
+    (``input_embedding_path``; ``shared_embedding_path``, ``stack_embedding_paths``); an encoder-decoder ties per
+    ``tie_topology``; adaptive embeddings tie every band row and, with ``adaptive_tie_projections``, projection."""
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
         owner = getattr(type(config), "input_embedding_path", None)
@@ -128,54 +111,9 @@ def alias_tied_modules(body: nn.Module) -> None:
         body.set_submodule(alias.removeprefix(prefix), owner)
 
 
-def tied_holders(model: nn.Module) -> list[nn.Module]:
-    """The distinct modules of an LM holding its tied parameters (owner, head); empty when untied."""
-    tie = embedding_tie(model.config)
-    return [] if tie is None else [model.get_submodule(path) for path in tie.holders()]
-
-
-def untied_pairs(model: nn.Module) -> list[tuple[str, str]]:
-    """(target, source) entries of the LM's tie whose parameters are not one object: empty when the tie is intact.
-
-    Works on the plain, FSDP2-sharded (DTensor parameters) and DeepSpeed-partitioned model alike."""
-    tie = embedding_tie(model.config)
-    if tie is None:
-        return []
-    return [
-        (target, source)
-        for target, source in tie.tied_weights_keys().items()
-        if model.get_parameter(target) is not model.get_parameter(source)
-    ]
-
-
-def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``) for an hf_tiednorm LM: one group per transformer layer
-    (``_no_split_modules``), one group for every holder of the tied parameters, the rest in the root group.
-
-    ``fsdp_kwargs`` go to every ``fully_shard`` call (``mesh``, ``reshard_after_forward``, ...). The holders form
-    one group whatever the topology or adaptive embedding, which accelerate's wrapping cannot do for the "decoder"
-    topology or adaptive embeddings (it groups only the input and output embedding modules, and only when they
-    share a ``weight``)."""
-    from torch.distributed.fsdp import fully_shard
-
-    layer_classes = set(model._no_split_modules or ())
-    for module in model.modules():
-        if type(module).__name__ in layer_classes:
-            fully_shard(module, **fsdp_kwargs)
-    holders = tied_holders(model)
-    if holders:
-        # Gathered from the first lookup to the head, and kept so after the forward: the weight-norm penalty reads
-        # the head's weight after the head ran (accelerate keeps this group gathered for the same reason).
-        fully_shard(holders, **{**fsdp_kwargs, "reshard_after_forward": False})
-    return fully_shard(model, **fsdp_kwargs)
-
-
 __all__ = [
     "EmbeddingTie",
     "TiedEmbeddingsMixin",
     "alias_tied_modules",
     "embedding_tie",
-    "fully_shard_tied",
-    "tied_holders",
-    "untied_pairs",
 ]

@@ -1,23 +1,9 @@
-"""The normalized tied head around any transformers causal LM or encoder-decoder, with transformers' own code.
-
-``TiedNormWrappedForCausalLM`` / ``TiedNormWrappedForSeq2SeqLM`` hold, as ``self.model``, the model that
-``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM`` builds from ``config.text_config`` (GPT-2, Llama, Qwen2/3,
-Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exactly two things in it:
-
-* its output layer becomes a ``TiedNormHead`` sharing the input embedding matrix; the architecture's forward still
-  calls it where it called its ``nn.Linear``, so what it does around the head is kept as it is: final norm before it,
-  T5's d^-1/2 rescale of the decoder output (tied T5), Gemma 2/3's final-logit soft-capping after it (the cap bounds
-  the normalized score, g included), BART/mBART/Marian's ``final_logits_bias`` added after it;
-* in a mode that normalizes the input lookups (``l2``), every embedding module holding the shared matrix looks up
-  unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
-  scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
-
-``head_mode="baseline"`` computes the wrapped model's logits exactly. The KV cache, the input preparation and the loss
-are the wrapped model's: ``forward`` calls it. ``generate`` is transformers' own, run on the wrapper as on any HF
-model, so that what generation keeps on the model (the compiled call of a static cache, the cache itself,
-``logits_to_keep``) is the wrapper's, the model the user holds; the wrapped model prepares each step's inputs and
-checks ``generate``'s arguments against its own forward.
-"""
+"""The normalized tied head around any transformers causal LM or encoder-decoder, on its own code: the model
+``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM`` builds from ``config.text_config`` is held as ``self.model`` with
+two changes, its output layer a ``TiedNormHead`` sharing the input embedding matrix (what the architecture does around
+the head is kept: final norm, T5's rescale, soft-capping, ``final_logits_bias``) and, in l2 mode, unit-row lookups.
+``head_mode="baseline"`` computes the wrapped model's logits exactly; ``generate`` runs on the wrapper.
+(docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -31,7 +17,7 @@ from transformers.models.auto.auto_factory import _get_model_class
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 
-from ..auto_map import TwoFileModelCodeMixin
+from ..code_writer import SavesItsCode
 from ..engine_checks import EngineChecksMixin
 from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.peft_guard import check_head_once
@@ -141,7 +127,7 @@ def _forward_names(cls: type) -> frozenset[str]:
 
 
 class TiedNormWrappedPreTrainedModel(
-    EngineChecksMixin, WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel
+    EngineChecksMixin, WeightChecksMixin, TiedNormHeadHostMixin, SavesItsCode, PreTrainedModel
 ):
     """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
     hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
@@ -366,6 +352,10 @@ class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin
 
     body_auto_class = AutoModelForCausalLM
 
+    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
+        super().__init__(config, body)
+        recognise_as_causal_lm(config.model_type, type(self).__name__)  # the Trainer's label smoother shifts its labels
+
 
 class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
     """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
@@ -377,10 +367,6 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
         # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
         # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
         return self.model.prepare_decoder_input_ids_from_labels
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)
 
 
 __all__ = [

@@ -1,19 +1,8 @@
-"""The fused training loss of a wrapped causal LM, and the guard that no patched ``forward`` bypasses its head.
-
-A wrapped causal LM (``modeling_tiednorm_wrapped``) runs its architecture's own forward, which computes the
-(tokens × V) logits with the head and then transformers' ``ForCausalLMLoss``. For the architectures whose forward is
-exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``, read from transformers'
-code: no logit soft-capping, scaling or bias around the head), the wrapper computes the same loss from the body's
-base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``loss/policy.py``),
-never materializing the logits. Other architectures keep their own forward (``loss_implementation="auto"``) or are
-refused by name (``"fused"`` / ``"chunked"``).
-
-liger-kernel's class-level patches (``apply_liger_kernel_to_llama()``, ``AutoLigerKernelForCausalLM``) replace
-``LlamaForCausalLM.forward`` by one that computes the training loss from ``lm_head.weight`` directly: with the
-normalized head installed, training would skip the normalization and the logit scale g, while evaluation and
-generation still use them. ``refuse_patched_forward`` finds such a forward (a ``forward`` defined outside the module
-of the class that holds it, or set on the instance) at the first training step and refuses it by name.
-"""
+"""A wrapped causal LM's fused training loss, and the guard that no patched ``forward`` bypasses its head: for an
+architecture whose forward is exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``) the
+wrapper computes that loss from the last hidden state on the head's folded weight, never holding the logits;
+liger-kernel's class-level forward patches (which would score with the raw tied matrix) are refused by name.
+(docs/code_notes.md)"""
 
 from __future__ import annotations
 

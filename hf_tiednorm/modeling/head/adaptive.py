@@ -1,28 +1,7 @@
-"""Adaptive input representations tied with an adaptive softmax (Baevski & Auli, 2019, "Adaptive Input
-Representations for Neural Language Modeling"), combined with the normalized scores of Liu, Zhai & Chen.
-
-The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/training/vocab_order.py``), is split by ``cutoffs``
-into bands [0, c_1), [c_1, c_2), …, [c_{n-1}, V) (the convention of ``torch.nn.AdaptiveLogSoftmaxWithLoss``).
-Band i embeds its tokens in dimension d_i = d // k^i (k = ``div_value``, 4 by default) and projects them to d:
-
-    input:   e_j = P_i · w_j                    w_j ∈ R^{d_i} (row of band i), P_i ∈ R^{d×d_i}
-
-The output is an adaptive softmax (Grave et al., 2017): a head softmax over band 0's tokens plus one logit per
-other band ("cluster"), and one softmax per band inside it, so log p(j) = log p_head(band i) + log p_i(j).
-Band i scores its tokens with the same rows w_j, after projecting h down to d_i:
-
-    output:  s_j = w_j · (Q_i^T h)              Q_i ∈ R^{d×d_i}; Q_i = P_i when projections are tied,
-
-so with tied projections s_j = (P_i w_j)·h = e_j·h: the adaptive model scores a token exactly like plain weight
-tying scores it against its input embedding. The normalized modes then apply per band, as in
-``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode.column_terms`` of the band's rows (and the
-optional logit scale g on top). The cluster logits are free parameters, never normalized.
-
-The head returns the exact log-probabilities log p(j) of all V tokens as its "logits": they already sum to one,
-so generation's softmax and the cross-entropy's log-softmax leave them unchanged, and perplexity is exact.
-(Computing every band for every position gives up the adaptive softmax's speed-up at training time, which is
-immaterial at the vocabulary sizes of this project.)
-"""
+"""Adaptive input tied with an adaptive softmax (Baevski & Auli 2019), scored in a head mode: the frequency-ordered
+vocabulary is split by ``cutoffs`` into bands of width d // k^i; with tied projections a band scores a token exactly
+as plain tying scores it against its input embedding, and the mode normalizes each band's rows. The head returns the
+exact log-probabilities of all V tokens as its logits. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -35,6 +14,7 @@ from torch import nn
 from .layer import NormalizedScoresMixin, out_of_vocabulary_message
 from .modes import unit_rows
 from .settings import HeadSettings
+from .terms import term_settings
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -48,10 +28,7 @@ def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
 
 
 class AdaptiveInput(nn.Module):
-    """Adaptive input embedding: band i looks its rows up in R^{d_i} and projects them to R^d with P_i.
-
-    In l2 mode (Liu et al. eq. 19) the looked-up rows are unit-normalized before the projection.
-    """
+    """Adaptive input embedding: band i looks its rows up in R^{d_i} (unit rows in l2 mode) and projects them to R^d."""
 
     def __init__(
         self,
@@ -124,11 +101,8 @@ def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
 
 
 class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
-    """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
-
-    ``bands[i].weight`` (n_i, d_i) and ``projections[i].weight`` (d, d_i) have the shapes of the input's band
-    embedding and projection, so the model ties them by parameter name. ``forward`` returns log-probabilities.
-    """
+    """Adaptive softmax whose band rows (and projections) are tied to an ``AdaptiveInput``'s by parameter name;
+    ``forward`` returns log-probabilities."""
 
     def __init__(
         self,
@@ -153,7 +127,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:

@@ -1,41 +1,7 @@
-"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head/modes.py``.
-
-With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
-its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
-cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
-learned terms every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
-O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
-the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
-
-What the head guarantees where real training puts it:
-
-* **Dead rows.** A row with ‖w_i‖ ≤ ``norm_eps`` (HF initialization zeroes the padding row; released checkpoints
-  keep it zero) counts as the zero vector in the normalized modes: it scores 0 (as ``baseline`` and ``distance``
-  score w_i = 0), l2 lookups return 0, and the normalization passes it **no gradient**. The direction
-  w/‖w‖ of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm (1/eps ≈ 1e6) made the
-  padding row's gradient dominate the whole model's (max/median row gradient 5e4–4e9 at step 0, i.e. gradient
-  clipping shrank every other update ~1000×). A dead row stays dead: the padding token is never a target.
-* **Dtypes.** Norms, scales and biases are computed in fp32; the scale is folded into W in fp32 and only the unit
-  rows are cast back, so fp16/bf16 weights never overflow (1/eps would). Logits are fp32 (fp64 for fp64 weights)
-  in every mode, also under autocast.
-* **No stale norms.** The (scale, bias) vectors are recomputed at every forward (O(V·d), small beside the
-  (tokens × V × d) matmul), except inside ``frozen_column_terms()`` — which ``generate()`` enters — where the
-  weights cannot change and the first step's vectors are reused. Nothing is keyed on storage pointers or version
-  counters, which ``.data`` writes, PEFT merges and FSDP/ZeRO-3 refills do not bump; and the forward has no
-  data-dependent Python branch, so ``torch.compile(fullgraph=True)`` traces it.
-
-An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
-``fixed`` (FixNorm's r²), ``scalar`` (one learned g, as in Transformers without Tears) or ``vector``
-(one learned g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise: these heads normalize the
-rows of W but keep the norm of h, so their scores already have the scale of plain ones; a start at √d (the g a
-score with *both* sides unit-norm needs) makes a new model's step-0 logits √d× too sharp (docs/evidence.md).
-
-An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
-``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
-2023), which a normalized head deletes, and b is where a model can keep it (HF Marian's ``final_logits_bias`` is a
-buffer, not a parameter). Being one more (V,) bias of the affine map, it costs O(V) and reaches the chunked loss
-through ``column_terms()`` like the mode's own bias.
-"""
+"""The normalized tied output layer: ``TiedNormHead`` scores ``s = (W·h) * scale + bias`` with its mode's (scale,
+bias) (head/modes.py) and the learned terms folded in (head/terms.py): one matmul plus O(V) work at decoding, the
+scale folded into W's rows in training (O(V·d) instead of O(tokens·V)), no normalized copy of W. What it guarantees
+(dead rows, fp32 logits, no stale norms, ``torch.compile``) is in docs/head.md, "What the head guarantees"."""
 
 from __future__ import annotations
 
@@ -48,26 +14,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from .folded_weight import fold_scale
-from .modes import HeadMode, hold_head_mode, unit_rows
-from .settings import HEAD_NAME_SOURCES, HeadSettings, head_terms
+from .modes import HeadMode, get_head_mode, unit_rows
+from .settings import HeadSettings
+from .terms import active_terms, head_terms, term_settings
 
 
 class NormalizedScoresMixin:
-    """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
-    learned logit-scale parameter, and column terms that are held fixed during one generation.
-
-    A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
-    """
+    """What both tied heads (``TiedNormHead``, the adaptive softmax) share: the mode, the learned terms, and column
+    terms held fixed during one generation. A head calls ``init_normalized_scores`` and implements
+    ``_compute_column_terms``."""
 
     def init_normalized_scores(self, settings: HeadSettings, hidden_size: int, vocab_size: int, device=None) -> None:
-        """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
+        """Take the head's settings (checked when made) and create its learned terms."""
         self.settings = settings
         self.head_mode = settings.head_mode
-        self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
-        hold_head_mode(self)  # its name keeps this definition while the head lives (head/modes.py)
+        self.mode: HeadMode = get_head_mode(settings.head_mode)  # everything the mode is (head/modes.py)
         self.norm_eps = settings.norm_eps
-        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
-        # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
+        # Each learned term is a parameter named as the term, or None where it is off (or a constant).
         self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
             shape = term.shape(settings, vocab_size)
@@ -80,24 +43,16 @@ class NormalizedScoresMixin:
         self._frozen_depth = 0
         self._frozen_terms = None
 
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        if "mode" in state:  # a copy (copy.deepcopy, pickle) of a head holds its mode as the head does
-            hold_head_mode(self)
-
     def fold_terms(self, scale, bias, rows: slice, device):
-        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
-        then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
-        for term in self.settings.active_terms():
+        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in (g, b, then added ones)."""
+        for term in active_terms(self.settings):
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
     @contextmanager
     def frozen_column_terms(self) -> Iterator[None]:
-        """Inside this block (and without gradients) the column terms are computed once and reused.
-
-        For decoding, where the weights cannot change between steps; leaving the outermost block drops them.
-        """
+        """Inside this block, without gradients, the column terms are computed once (decoding: the weights do not
+        change); leaving the outermost block drops them."""
         self._frozen_depth += 1
         try:
             yield
@@ -107,8 +62,8 @@ class NormalizedScoresMixin:
                 self._frozen_terms = None
 
     def column_terms(self):
-        """The mode's fp32 (scale, bias) vectors — for ``TiedNormHead`` (V,) each, with logits = (W·h) * scale + bias
-        — recomputed at every call except inside ``frozen_column_terms`` without gradients."""
+        """The fp32 (scale, bias), (V,) each for ``TiedNormHead``: recomputed at every call but in
+        ``frozen_column_terms``."""
         if self._frozen_depth == 0 or torch.is_grad_enabled():
             return self._compute_column_terms()
         if self._frozen_terms is None:
@@ -117,24 +72,13 @@ class NormalizedScoresMixin:
 
 
 class TiedNormHead(NormalizedScoresMixin, nn.Linear):
-    """Output layer scoring hidden states against a (tied) embedding matrix in one of ``HEAD_MODES``.
+    """The output layer scoring hidden states against the (tied) embedding matrix in a head mode: an ``nn.Linear``
+    without bias whose ``weight`` (V, d) is the shared matrix, so HF's tying, resizing and
+    ``get_output_embeddings()`` treat it as any LM head. ``settings``: a ``HeadSettings`` (None: the defaults);
+    ``options``: its name in 0.1 (a FutureWarning)."""
 
-    It is an ``nn.Linear`` without bias whose ``weight`` (V, d) is the shared embedding matrix when the model
-    ties it, so HF's tying, resizing and ``get_output_embeddings()`` treat it like any LM head.
-    """
-
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        *,
-        settings: HeadSettings | None = None,
-        device=None,
-        dtype=None,
-        options: HeadSettings | None = None,
-    ) -> None:
-        """``settings``: the head's settings as one value (a config's ``HeadSettings.from_config``); None: the
-        defaults (``HeadSettings()``). ``options``: its name in 0.1, taken with a FutureWarning for one release."""
+    def __init__(self, hidden_size: int, vocab_size: int, *, settings: HeadSettings | None = None, device=None,
+                 dtype=None, options: HeadSettings | None = None) -> None:  # fmt: skip
         if options is not None:
             warnings.warn("TiedNormHead(options=...) is renamed settings=...", FutureWarning, stacklevel=2)
             settings = options
@@ -142,11 +86,10 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     def match_vocab_size(self) -> None:
-        """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
-        zero logit bias."""
+        """After a resize of the (tied) weight, the per-token terms follow: new tokens at the terms' start values."""
         vocab_size = self.weight.shape[0]
         self.out_features = vocab_size
         for term in head_terms():  # a per-token term's new tokens start at the term's start value
@@ -158,15 +101,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
         return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
-
-    @torch.no_grad()
-    def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
-        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
-        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
-        scale, bias = self._compute_column_terms()
-        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
-        return weight, bias
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
@@ -189,16 +123,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         return logits
 
 
-def head_attribute_names() -> frozenset[str]:
-    """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/settings.register_head_term), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, settings=HeadSettings(), device="meta")  # a built-in term's name is held when off too
-    return frozenset({*dir(head), *vars(head)})
-
-
-HEAD_NAME_SOURCES.append(head_attribute_names)
-
-
 def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
     """``values`` (V,) cut or extended to (size,), new entries set to ``fill``."""
     new = torch.full((size,), fill, dtype=values.dtype, device=values.device)
@@ -208,8 +132,7 @@ def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
 
 
 def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
-    """What is wrong when a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside
-    [0, vocab_size), where it is, and how many there are."""
+    """Why a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside, where, how many."""
     bad = (input_ids < 0) | (input_ids >= vocab_size)
     where = bad.nonzero()[0].tolist() if bad.any() else []
     first = int(input_ids[tuple(where)]) if where else None
@@ -221,18 +144,10 @@ def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
 
 
 class TiedNormEmbedding(nn.Embedding):
-    """Token embedding that, with ``normalize`` (a mode whose ``normalizes_input_lookups``: l2, Liu et al. eq. 19),
-    looks up unit-normalized rows ŵ_i; otherwise a plain ``nn.Embedding``."""
+    """A token embedding that looks up unit rows ŵ_i with ``normalize`` (the l2 mode, Liu et al. eq. 19)."""
 
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        padding_idx: int | None = None,
-        normalize: bool = False,
-        norm_eps: float = 1e-6,
-        **kwargs,
-    ) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, normalize: bool = False,
+                 norm_eps: float = 1e-6, **kwargs) -> None:  # fmt: skip
         super().__init__(num_embeddings, embedding_dim, padding_idx, **kwargs)
         self.normalize = normalize
         self.norm_eps = norm_eps
@@ -259,6 +174,5 @@ __all__ = [
     "NormalizedScoresMixin",
     "TiedNormEmbedding",
     "TiedNormHead",
-    "head_attribute_names",
     "out_of_vocabulary_message",
 ]

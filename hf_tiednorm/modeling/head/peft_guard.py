@@ -1,30 +1,7 @@
-"""PEFT must never bypass the normalized tied head: refuse the adapters that would, saying what to do instead.
-
-Measured with peft 0.21 on a normalized tied head (cosine, l2):
-
-* LoRA (or any adapter) on attention / MLP layers leaves the head and the embedding alone: exact (tie kept, adapter
-  round trip exact, merged = unmerged up to float rounding). Allowed.
-* ``trainable_token_indices`` replaces the lookup and the output layer by ``F.embedding`` / ``F.linear`` on the raw
-  matrix: the model would silently score with plain tied logits (and look up unnormalized rows in l2 mode).
-* LoRA on ``lm_head`` / the embedding adds an unnormalized low-rank term beside the normalized score, and merging it
-  changes the shared matrix the head normalizes: merged ≠ unmerged.
-* ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
-
-Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
-The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
-pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
-bypass is a structural change of the few objects the check reads: the head or an embedding holding the shared matrix
-replaced under one of its names (PEFT wraps a module by setting the wrapper where it was), or the shared matrix
-replaced in one of them. After a walk that passed, ``check_head_once`` keeps those names and objects in the model's
-own ``__dict__`` (no torch hook, nothing process-wide) and, at the next call, only reads the objects found under the
-kept names again: a decoding step costs a few dictionary reads, whatever the size of the model, instead of a walk
-over every module (docs/benchmarks.md, "PEFT guard"). A parameter on the meta device is one accelerate offloaded
-(``cpu_offload``, ``disk_offload``, ``device_map`` with offload): its values are put in place, and tied again, by
-accelerate's hook at each call, so the tie is not judged by its (placeholder) identity. The exact way to also train
-the shared embedding under PEFT: unfreeze it and save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
-
-This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
-"""
+"""PEFT must never bypass the normalized tied head: adapters on attention and MLP layers are allowed; trainable tokens,
+LoRA on the head or the shared embedding, ``modules_to_save`` on them and an untied output layer are refused naming what
+to do instead, and so is a head term trained outside an adapter, which PEFT's save would drop. The check runs at every
+call of the model and every ``generate``, O(1) while nothing it watches was replaced. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -140,32 +117,6 @@ def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
             )
 
 
-def refuse_peft_before_normalizing(model: nn.Module) -> None:
-    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
-    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
-
-    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
-    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
-    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
-    """
-    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
-    found = next(
-        (
-            (name or "the model itself", type(module).__name__)
-            for name, module in model.named_modules()
-            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
-        ),
-        None,
-    )
-    if found is not None:
-        raise ValueError(
-            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
-            f"{found[1]}): normalize first, then add adapters, i.e. "
-            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
-            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
-        )
-
-
 def _same_matrix(weight: torch.Tensor, shared: torch.Tensor) -> bool:
     """Whether an embedding's ``weight`` is the head's matrix ``shared``: the same parameter, or offloaded by
     accelerate (a placeholder on the meta device between calls: accelerate puts the values in place, and ties them,
@@ -243,5 +194,4 @@ __all__ = [
     "check_head_once",
     "refuse_bypassed_head",
     "refuse_unsaved_head_terms",
-    "refuse_peft_before_normalizing",
 ]

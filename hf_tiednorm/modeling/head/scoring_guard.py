@@ -1,36 +1,8 @@
-"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper) is served,
-TRL's fused LM head is served the head exactly, and a forward that ran the backbone itself is refused by name.
-
-TRL's trainers call ``trl.trainer.utils.add_fused_lm_head``: the forward it sets runs ``model.base_model`` and, with
-``fused_lm_head=True``, scores the last hidden state itself with ``get_output_embeddings().weight`` / ``.bias`` (on
-a normalized tied head: the raw tied matrix, log-probs off by 2.4 on tiny models). But at given weights every head
-mode is a plain linear layer, s = (W·h) ⊙ scale + bias, the terms g, b, registered ones and Press & Wolf's P folded
-in: ``FoldedLinear`` (W_s = diag(scale)·W (·P), autograd reaching W, g, b and P). While a TRL fused call runs, and
-only then, ``get_output_embeddings()`` returns it (``serving_folded_head``), so TRL's own kernel computes the head's
-log-probabilities and metrics exactly; everywhere else it stays the ``TiedNormHead`` that tying, resizing and PEFT
-need. (A permanently folded view breaks those; a copy of TRL's forward drifts with its releases; a subclass of TRL's
-trainers is never called by stock TRL.)
-
-Every other forward is judged by what ran, not by who wrapped it. The model's own forward (``own_scoring``) and the
-served TRL call count, on the backbone (``model.base_model``, which every way of scoring runs), how many of them are
-running over it. A forward pre-hook on the backbone reads that count: when it is not zero the call scores with the
-head, whatever wraps the forward — accelerate's device and offload hooks (a ``functools.partial`` set on the
-instance), ``torch.compile``, autocast, PEFT (which calls ``model.forward`` past the model's own ``__call__``), a
-user's logging wrapper. When it is zero, something else ran the backbone: the pre-hook looks for the functions of the
-model's forward in effect (the one set on the instance and the class's, unwrapped) among the Python frames that
-called it. Found, that function ran the backbone instead of the model's own forward, and so scores the hidden states
-itself, with the raw tied matrix (liger-kernel's class-level patches, a monkey-patch, a subclass whose forward
-multiplies by ``get_output_embeddings().weight``): it is refused, named by its real module and qualified name (its
-code's, never the ``__module__`` / ``__qualname__`` that ``functools.wraps`` copies). Not found, the backbone was
-called directly (hidden states for an embedding, a value head): nothing is scored, nothing is refused. A forward
-compiled with ``torch.compile`` and set on the instance runs in a graph no hook can look into: it is judged when it is
-set, by whether what it compiles reaches the model's own forward.
-
-What the guard keeps is per model (the count and a weak reference to the model in the backbone's ``__dict__``, TRL's
-forward and the one it replaced in the model's): a deep copy, ``copy.copy`` and a pickle carry it, pointing at the
-copy. No torch global hook. A forward costs a counter increment and one dictionary read (docs/benchmarks.md).
-This module imports neither trl nor accelerate.
-"""
+"""Who scores with the normalized head: a caller that replaces the model's forward is served exactly or refused by
+name. TRL's trainers install a fused LM head that scores the backbone's hidden states with
+``get_output_embeddings().weight``; while such a call runs the head is served as the plain linear layer it computes
+(``FoldedLinear``: W_s = diag(scale)·W and the bias), and any other forward that would score with the raw tied matrix
+is refused where it is set or at its first call. (docs/code_notes.md)"""
 
 from __future__ import annotations
 

@@ -1,94 +1,123 @@
-"""The head's two built-in learned terms, ``HeadTerm`` objects registered at import as an outside term is
-(settings.py): the logit scale g and the logit bias b of ``s_i = g·score_i + b_i``.
-
-* ``logit_scale`` (config fields ``logit_scale_kind``, ``logit_scale_init``): ``none``; ``fixed`` (a constant g,
-  FixNorm's r², no parameter); ``scalar`` (one learned g, as in Transformers without Tears); ``vector`` (a learned
-  g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise, ``fixed`` at √d (layer.py).
-* ``logit_bias`` (config field ``logit_bias``): a learned b_i per token, zero at first, added after the scale: where
-  a model can keep the unigram prior that a normalized head deletes.
-
-Everything the package does with them (the head's parameters and fold, a resize's new tokens, fp32, a lossless
-start, the load checks, the flags, the export and the card) asks these objects, through the ``HeadTerm`` hooks.
-Their config fields and state-dict keys (``lm_head.logit_scale``, ``lm_head.logit_bias``) are those of every saved
-model.
+"""The head's learned terms, folded into a mode's (scale, bias): the protocol every term follows (``HeadTerm``), the
+built-in logit scale g and logit bias b of ``s_i = g·score_i + b_i``, and ``ExtraHeadTerm``, a term added from outside
+(``hf_tiednorm.register_head_term``). The head, a resize and fp32 handling ask a term only these hooks, never its
+name, so an added term is a parameter, a fold and a resize as g and b are.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from .settings import LOGIT_SCALES, HeadTerm, add_head_term
+from .settings import HEAD_TERMS
+
+# The terms a mode's lossless start sets (``HeadMode.lossless_start``), in the order of its ``lossless_terms``.
+MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+
+
+class HeadTerm:
+    """A learned term of the head; the defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+
+    Attributes:
+        name: the head's parameter (``lm_head.<name>``, a state-dict key).
+        help: what it is (its flag's help).
+        config_fields: the config fields that set it; () for a term named in ``extra_terms``.
+        keep_fp32: kept fp32 under a bf16/fp16 load (a small learning rate's step rounds away in bf16).
+        row_scaled: it multiplies or shifts the whole logit (g, b), so a source's output row scale c_i scales it.
+        takes_row_scales: a lossless start that sets it absorbs those c_i.
+    """
+
+    name: str
+    help: str
+    config_fields: tuple[str, ...] = ()
+    keep_fp32: bool = True
+    row_scaled: bool = False
+    takes_row_scales: bool = False
+
+    def is_on(self, settings) -> bool:
+        """Whether a head with these ``HeadSettings`` holds or applies the term."""
+        return self.name in settings.extra_terms
+
+    def setting(self, settings) -> str:
+        """The config setting that switches it, as config.json states it."""
+        return f"extra_terms={list(settings.extra_terms)!r}"
+
+    def start_value(self, settings, hidden_size: int) -> float:
+        """The parameter's first value (and a resized vocabulary's new tokens')."""
+        return float(self.init)
+
+    def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
+        """The parameter's shape; None: the head holds no parameter for it."""
+        return (vocab_size,) if self.is_on(settings) else None
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        """(scale, bias) of the tokens ``rows`` (fp32 (n,) or None) with this term folded in."""
+        return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
+
+    def lossless_value(self, head, rows: torch.Tensor, mode_terms: dict):
+        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
+        value = getattr(self, "lossless", None)
+        return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
+
+
+@dataclass(frozen=True)
+class ExtraHeadTerm(HeadTerm):
+    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
+    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
+    start (None: ``init``)."""
+
+    name: str
+    help: str
+    init: float
+    fold: Callable
+    card: str
+    keep_fp32: bool = True
+    lossless: float | None = None
+
+
+def head_terms() -> tuple[HeadTerm, ...]:
+    """Every registered head term, in folding order."""
+    return tuple(HEAD_TERMS.values())
+
+
+def learned_terms() -> tuple[str, ...]:
+    """The parameter name of every term a head may hold ('lm_head.<name>')."""
+    return tuple(HEAD_TERMS)
+
+
+def active_terms(settings) -> tuple[HeadTerm, ...]:
+    """The terms ``settings`` switch on, in folding order: the built-ins', then ``extra_terms``."""
+    built_in = (term for term in head_terms() if term.config_fields and term.is_on(settings))
+    return (*built_in, *map(HEAD_TERMS.get, settings.extra_terms))
+
+
+def term_settings(settings) -> str:
+    """The terms' settings as config.json states them (a head's repr)."""
+    found = (term.setting(settings) for term in head_terms() if term.config_fields or term.is_on(settings))
+    return ", ".join(dict.fromkeys(found))
 
 
 def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
-    """g when ``logit_scale_init`` is unset: 1 for a learned scale (``scalar``, ``vector``: the head starts as the
-    scale-free one and learns the sharpness it needs); √d for ``fixed``, the constant it has always had (a saved
-    ``fixed`` model's function depends on it, so it keeps its meaning)."""
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (the head starts scale-free), √d for ``fixed``."""
     return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
 
 
 class LogitScaleTerm(HeadTerm):
-    """g: multiplies the mode's (scale, bias); a parameter for ``scalar`` (0-dim) and ``vector`` (V,)."""
+    """g: ``fixed`` (a constant, FixNorm's r²), a learned ``scalar`` (0-dim) or ``vector`` (V,) (nGPT)."""
 
     name = "logit_scale"
     help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
     config_fields = ("logit_scale_kind", "logit_scale_init")
-    # Its switch was called logit_scale: TRL, vLLM and transformers' Cohere read config.logit_scale as a float.
-    renamed_fields = {"logit_scale": "logit_scale_kind"}  # noqa: RUF012
     row_scaled = takes_row_scales = True
-
-    def renamed_value(self, old: str, new: str, value, current, given_as: str = "config field"):
-        """``value`` given under the old name with a FutureWarning naming the new one; ``ValueError`` for a value the
-        old field never took (``logit_scale=2.0``: the float multiplier of other architectures, which this head's
-        settings do not read) or one contradicting ``new`` given too. ``given_as``: ``"config field"`` (config.json,
-        a config's keywords) or ``"keyword argument"`` (``HeadSettings``, ``normalize_tied_head``,
-        ``convert_checkpoint``), which the warning's advice follows."""
-        if not (isinstance(value, str) and value in LOGIT_SCALES):
-            raise ValueError(
-                f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} "
-                f"as a float multiplier of the logits, which this head would not apply); the head's scale is {new}, "
-                f"one of {LOGIT_SCALES}, with logit_scale_init for its value"
-            )
-        if current not in ("none", value):
-            raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
-        # Attributed to the first caller outside this package (from_pretrained's, or the user's own line).
-        frame, stacklevel = sys._getframe(0), 1
-        while frame is not None and frame.f_globals.get("__name__", "").startswith("hf_tiednorm"):
-            frame, stacklevel = frame.f_back, stacklevel + 1
-        advice = {
-            "config field": "Save the config again to store the new name; the old one will stop loading",
-            "keyword argument": f"Write {new}={value!r}; the old keyword will stop working",
-        }[given_as]
-        warnings.warn(
-            f"the {given_as} {old!r} is renamed {new!r} (TRL, vLLM and transformers read config.{old} as a float "
-            f"multiplier of the logits); reading {old}={value!r} as {new}={value!r}. {advice} in a future release",
-            FutureWarning,
-            stacklevel=stacklevel,
-        )
-        return value
 
     def is_on(self, settings) -> bool:
         return settings.logit_scale_kind != "none"
 
     def setting(self, settings) -> str:
         return f"logit_scale_kind={settings.logit_scale_kind!r}"
-
-    def check(self, settings) -> None:
-        if settings.logit_scale_kind not in LOGIT_SCALES:
-            raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {settings.logit_scale_kind!r}")
-        if settings.logit_scale_init is not None:
-            if not 0 < settings.logit_scale_init < math.inf:
-                raise ValueError(f"logit_scale_init must be > 0 and finite, got {settings.logit_scale_init}")
-            if settings.logit_scale_kind == "none":
-                raise ValueError(
-                    f"logit_scale_init={settings.logit_scale_init} is set but logit_scale_kind='none'; choose a "
-                    "logit_scale_kind "
-                    "among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-                )
 
     def start_value(self, settings, hidden_size: int) -> float:
         init = settings.logit_scale_init
@@ -106,63 +135,13 @@ class LogitScaleTerm(HeadTerm):
         g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
         return (g if scale is None else scale * g), (None if bias is None else bias * g)
 
-    def lossless_settings(self, settings, mode) -> dict:
-        kind = settings.logit_scale_kind
-        if "logit_scale" in mode.lossless_start:
-            if kind not in ("none", "vector"):
-                raise ValueError(
-                    f"lossless_start for head_mode {settings.head_mode!r} sets a per-token logit scale "
-                    f"(logit_scale_kind='vector'); logit_scale_kind={kind!r} cannot give back the source's "
-                    "logits: leave logit_scale_kind unset or 'vector'"
-                )
-            if settings.logit_scale_init is not None:
-                # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
-                # dropped while config.json recorded it.
-                raise ValueError(
-                    f"logit_scale_init={settings.logit_scale_init} (--logit-scale-init) cannot be combined with "
-                    f"lossless_start (--lossless-start): for head_mode {settings.head_mode!r} the lossless start sets "
-                    "every per-token logit scale g_i itself, to the value that gives back the source's logits "
-                    f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
-                    "lossless_start"
-                )
-            return {"logit_scale_kind": "vector"}
-        if kind != "none":
-            raise ValueError(
-                f"lossless_start for head_mode {settings.head_mode!r} needs no logit scale ({mode.equation}; its start "
-                f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={kind!r} would "
-                "multiply the scores: leave logit_scale_kind='none'"
-            )
-        return {}
-
     def lossless_value(self, head, rows, mode_terms: dict):
         return mode_terms.get(self.name)
 
-    def card_row(self, config, stored, hidden_size: int) -> str:
-        """The logit scale as the weights hold it: a learned scale is described by its saved values (``stored(name)``:
-        their (min, max); a lossless start sets g_i = ‖w_i‖, not the configured initial value), the initial value
-        only when no weights are saved."""
-        kind = config.logit_scale_kind
-        if kind == "none":
-            return "none"
-        saved = stored(self.name) if kind != "fixed" else None
-        if saved is not None:
-            low, high = saved
-            if kind == "scalar":
-                return f"one learned g (g = {low:.4g} in these weights)"
-            return (
-                f"a learned g_i per token (g_i in {low:.4g}–{high:.4g} in these weights; a lossless start sets "
-                "g_i = ‖w_i‖ of the source)"
-            )
-        g = self.start_value(config, hidden_size)
-        return {
-            "fixed": f"fixed g = {g:.4g}",
-            "scalar": f"one learned g (initialized to {g:.4g})",
-            "vector": f"a learned g_i per token (initialized to {g:.4g})",
-        }[kind]
-
 
 class LogitBiasTerm(HeadTerm):
-    """b: a learned (V,) bias added to the scores after the scale, zero at first."""
+    """b: a learned (V,) bias added after the scale, zero at first: where a model keeps the unigram prior that a
+    normalized head deletes."""
 
     name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
     config_fields = ("logit_bias",)
@@ -174,31 +153,32 @@ class LogitBiasTerm(HeadTerm):
     def setting(self, settings) -> str:
         return f"logit_bias={settings.logit_bias!r}"
 
-    def check(self, settings) -> None:
-        if not isinstance(settings.logit_bias, bool):
-            raise ValueError(f"logit_bias must be True or False, got {settings.logit_bias!r}")
-
     def fold_into(self, head, scale, bias, rows: slice, device):
         if head.logit_bias is None:
             return scale, bias
         learned = head.logit_bias[rows].float()
         return scale, (learned if bias is None else bias + learned)
 
-    def lossless_settings(self, settings, mode) -> dict:
-        return {"logit_bias": settings.logit_bias or "logit_bias" in mode.lossless_start}
-
     def lossless_value(self, head, rows, mode_terms: dict):
         return mode_terms.get(self.name)
 
-    def card_row(self, config, stored, hidden_size: int) -> str:
-        if getattr(config, "logit_bias", False):
-            return "a learned b_i per token, added to the scores (zero at initialization)"
-        return "none"
 
-    def bias_text(self) -> str:
-        return "logit_bias=True (the learned per-token b)"
+for _term in (LogitScaleTerm(), LogitBiasTerm()):  # first in the registry: they fold first
+    HEAD_TERMS.setdefault(_term.name, _term)
 
 
-BUILTIN_TERMS: tuple[HeadTerm, ...] = (add_head_term(LogitScaleTerm()), add_head_term(LogitBiasTerm()))
+@torch.no_grad()
+def start_lossless_rows(head, first: int) -> None:
+    """Set every term of ``head`` a lossless start sets (``HeadTerm.lossless_value``) for tokens ``first`` and up."""
+    rows = head.weight[first:]
+    mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
+    for term in active_terms(head.settings):
+        value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
+        if value is not None:
+            getattr(head, term.name)[first:].copy_(value)  # copy_: from any device, as a load does
 
-__all__ = ["BUILTIN_TERMS", "LogitBiasTerm", "LogitScaleTerm", "default_logit_scale"]
+
+__all__ = [
+    "MODE_LOSSLESS_TERMS", "ExtraHeadTerm", "HeadTerm", "LogitBiasTerm", "LogitScaleTerm", "active_terms",
+    "default_logit_scale", "head_terms", "learned_terms", "start_lossless_rows", "term_settings",
+]  # fmt: skip

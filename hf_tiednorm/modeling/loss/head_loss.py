@@ -1,13 +1,6 @@
-"""The one entry point of the head's fused training loss: ``head_linear_cross_entropy`` (what the families'
-loss, the wrapper's fused loss and liger-kernel's dispatch through the Trainer call) and its token-mean form
-``chunked_head_cross_entropy``.
-
-Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (head/folded_weight.py),
-so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
-(tokens × V) logits computes it: liger-kernel's, torch's ``F.linear_cross_entropy``, or the chunked loop
-(``chunked.py``). Which one runs is the policy's choice (``policy.choose_loss_path``); this module folds the head's
-terms once and calls it.
-"""
+"""The one entry point of the head's fused training loss, ``head_linear_cross_entropy`` (the families' loss, the
+wrapper's and liger-kernel's dispatch through the Trainer call it): every mode scores ``s = W_s·h + bias`` with the
+folded weight ``W_s = diag(scale)·W``, so it folds the head's terms once and calls the fused kernel the policy chose."""
 
 from __future__ import annotations
 
@@ -51,15 +44,8 @@ def _torch_loss(hidden, weight, bias, labels, ignore_index):
     )
 
 
-def head_linear_cross_entropy(
-    head,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    path: str,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
+def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, path: str, label_smoothing: float = 0.0,
+                              chunk_size: int | None = None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
     """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
     fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
     the learned logit scale g and bias b through the head's column terms and the fold."""
@@ -79,15 +65,9 @@ def head_linear_cross_entropy(
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
 
 
-def chunked_head_cross_entropy(
-    head,
-    hidden_states: torch.Tensor,
-    labels: torch.Tensor,
-    chunk_size: int | None = None,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
+def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
+                               label_smoothing: float = 0.0, num_items_in_batch=None,
+                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
     """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
     holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)

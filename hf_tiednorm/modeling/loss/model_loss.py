@@ -1,13 +1,7 @@
-"""The loss of hf_tiednorm's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
-Wolf's projection P, the normalized head, the token cross-entropy (the plain path, or the chunked one with
-``config.loss_chunk_size``: ``head_cross_entropy``), the enabled penalties (``penalty_terms``) and their sum
-(``compose_loss``). The target tokens are counted once per step: the cross-entropy divides by that count, and under
-gradient accumulation the penalties take this micro-batch's share of it.
-
-The pieces it assembles: ``token_loss`` (the token cross-entropy and the count), ``chunked_loss`` (the kernel of the
-chunked path), ``regularizers`` (the penalties' formulas, the projection P and the loss-term fields). A wrapped model
-(``modeling_tiednorm_wrapped``) trains with its architecture's own loss and has none of this.
-"""
+"""The loss of the package's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
+Wolf's projection P, the normalized head's token cross-entropy (on the path ``config.loss_implementation`` picks), the
+enabled penalties and their sum. The target tokens are counted once per step: the cross-entropy divides by that
+count, and under gradient accumulation the penalties take this micro-batch's share of it."""
 
 from __future__ import annotations
 
@@ -19,28 +13,19 @@ from .regularizers import projection_penalty, weight_norm_penalty
 from .token import token_count, token_cross_entropy
 
 
-def head_cross_entropy(
-    head: torch.nn.Module,
-    hidden_states: torch.Tensor,
-    targets: torch.Tensor,
-    count: torch.Tensor,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-    implementation: str | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+def head_cross_entropy(head: torch.nn.Module, hidden_states: torch.Tensor, targets: torch.Tensor, count: torch.Tensor,
+                       label_smoothing: float = 0.0, chunk_size: int | None = None,
+                       implementation: str | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
     """The head's token cross-entropy, divided by ``count`` (``token_count``).
 
     Args:
         head: the output layer (a ``TiedNormHead``; an adaptive softmax on the plain path only).
-        hidden_states: (batch, length, d), what the head scores (after P).
-        targets: (batch, length) token ids, -100 = no target.
-        count: the divisor, ``token_count(targets, num_items_in_batch)``.
-        chunk_size: tokens per chunk of the chunked path (None: its default; with ``implementation`` None, a
-            chunk size picks the chunked path and None the plain one).
-        implementation: ``config.loss_implementation`` (``fused_loss.LOSS_IMPLEMENTATIONS``).
+        hidden_states: (batch, length, d), what the head scores (after P); targets: (batch, length), -100 = none.
+        chunk_size: tokens per chunk of the chunked path; implementation: ``config.loss_implementation`` (None: the
+            chunked path if a chunk size is given, else the plain one).
 
     Returns:
-        logits (batch, length, V), None on a fused path (which never materializes them), and the loss.
+        logits (batch, length, V) (None on a fused path) and the loss.
     """
     if implementation is None:
         implementation = "plain" if chunk_size is None else "chunked"
@@ -56,31 +41,21 @@ def head_cross_entropy(
 
 
 class TiedNormLossMixin:
-    """The loss methods of hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``). The model has
-    ``config`` (the techniques' fields), ``lm_head``, ``output_projection`` (P or None) and
-    ``output_embedding_weights()``."""
+    """The loss methods of the package's families: the model has ``config``, ``lm_head``, ``output_projection`` (P or
+    None) and ``output_embedding_weights()``."""
 
-    def score_and_loss(
-        self,
-        hidden_states: torch.Tensor,
-        targets: torch.Tensor | None,
-        num_items_in_batch=None,
-        skip_logits: bool | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
-        """The one loss path of every family: Press & Wolf's projection P, the normalized head, the token
-        cross-entropy and the regularizer terms.
+    def score_and_loss(self, hidden_states: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None,
+                       skip_logits: bool | None = None):  # fmt: skip
+        """The one loss path of every family: P, the normalized head, the token cross-entropy, the penalties.
 
         Args:
             hidden_states: (batch, length, d), the decoder's last hidden states.
-            targets: (batch, length) token ids aligned with ``hidden_states`` (already shifted), -100 = no target;
-                None for inference.
-            num_items_in_batch: target tokens of the whole accumulated batch (passed by the Trainer).
-            skip_logits: the Trainer's request (``use_liger_kernel`` with ``prediction_loss_only``): True lets a
-                fused path compute an evaluation loss too; None: fused paths serve training only.
+            targets: (batch, length) token ids aligned with them (shifted already), -100 = no target; None: inference.
+            num_items_in_batch: the target tokens of the whole accumulated batch (the Trainer's).
+            skip_logits: the Trainer's; True lets a fused path compute an evaluation loss too.
 
         Returns:
-            logits (batch, length, V) — None when a fused path (``config.loss_implementation``, training with
-            targets) never materializes them —, the loss (None without targets) and its terms by name.
+            logits (batch, length, V) (None on a fused path), the loss (None without targets), its terms by name.
         """
         if self.output_projection is not None:
             hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
@@ -93,31 +68,16 @@ class TiedNormLossMixin:
         fused_allowed = self.training if skip_logits is None else bool(skip_logits)
         if not fused_allowed:
             implementation = "plain"
-        logits, cross_entropy = head_cross_entropy(
-            self.lm_head,
-            hidden_states,
-            targets,
-            count,
-            self.config.label_smoothing,
-            self.config.loss_chunk_size,
-            implementation,
-        )
+        config = self.config
+        logits, cross_entropy = head_cross_entropy(self.lm_head, hidden_states, targets, count, config.label_smoothing,
+                                                   config.loss_chunk_size, implementation)  # fmt: skip
         loss, terms = self.compose_loss(cross_entropy, targets, num_items_in_batch, count)
         return logits, loss, terms
 
-    def compose_loss(
-        self,
-        cross_entropy: torch.Tensor,
-        targets: torch.Tensor,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        count: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The training loss (cross-entropy + enabled regularizers) and its terms, keyed by ``LOSS_TERMS`` names.
-
-        Under gradient accumulation (``num_items_in_batch``: target tokens of the accumulated batch) each micro-batch
-        adds its token share of the penalties, so they count once per optimizer step, as the cross-entropy does.
-        ``count``: ``token_count(targets, num_items_in_batch)`` when the caller has it already.
-        """
+    def compose_loss(self, cross_entropy: torch.Tensor, targets: torch.Tensor, num_items_in_batch=None,
+                     count: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        """The loss (cross-entropy + penalties) and its terms (``LOSS_TERMS``); under gradient accumulation each
+        micro-batch adds its token share of the penalties, so they count once per optimizer step."""
         share = 1.0
         if num_items_in_batch is not None:
             count = token_count(targets, num_items_in_batch) if count is None else count
@@ -126,17 +86,12 @@ class TiedNormLossMixin:
         return sum(terms.values()), terms
 
     def refuse_loss_scored_outside(self) -> None:
-        """Raise ``ValueError`` when a training step's loss is scored from the logits outside the model while a
-        regularizer is configured. The Trainer's label smoother (``TrainingArguments(label_smoothing_factor=...)``)
-        and a ``compute_loss_func`` take the labels away and pass only ``num_items_in_batch``: the penalties, which
-        only the model's own loss adds, would be dropped without a word."""
+        """``ValueError`` when the Trainer scores a training step's logits itself (its label smoother, a
+        ``compute_loss_func``) while a penalty, which only the model's own loss adds, is configured."""
         config = self.config
         refuse_fused_loss_scored_outside(config)
-        penalties = [
-            f"{name}={getattr(config, name)}"
-            for name in ("projection_regularization", "weight_norm_regularization")
-            if getattr(config, name, None)
-        ]
+        names = ("projection_regularization", "weight_norm_regularization")
+        penalties = [f"{name}={getattr(config, name)}" for name in names if getattr(config, name, None)]
         if penalties:
             raise ValueError(
                 "the Trainer scores this training step's logits itself (TrainingArguments(label_smoothing_factor=...)"
@@ -146,9 +101,7 @@ class TiedNormLossMixin:
             )
 
     def penalty_terms(self, share: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
-        """The enabled regularizers at the current weights (``projection_penalty``, ``weight_norm_penalty``; they
-        depend on the weights only), each times ``share``: a micro-batch's token share of the accumulated batch, 1
-        for a whole batch (an evaluation loss)."""
+        """The enabled penalties at the current weights, each times ``share`` (a micro-batch's token share)."""
         config = self.config
         terms = {}
         if config.projection_regularization:

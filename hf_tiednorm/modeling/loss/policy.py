@@ -1,36 +1,7 @@
-"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
-
-Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``head/folded_weight.py``),
-so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
-(tokens × V) logits computes it:
-
-* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
-  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
-  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
-  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
-  (``liger_drops_head_gradients``).
-* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
-  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
-  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
-  without label smoothing.
-* ``"chunked"``: the chunked loop of ``loss/chunked.py``: every device, dtype and option.
-* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
-
-``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
-
-* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
-  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
-  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
-  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
-* ``"fused"``: always a fused path (the same order), whatever the size.
-* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
-* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
-  (the config's ``validate_loss_chunk_size``), as with the adaptive softmax, whose loss never chunks either.
-
-A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
-training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
-``prediction_loss_only``).
-"""
+"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``): every mode scores
+``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W``, so liger-kernel's fused loss (CUDA), torch's
+``F.linear_cross_entropy`` (where exact: fp32/fp64 without label smoothing), the chunked loop (every device and
+dtype) or the plain materialized logits compute it. A fused path returns no logits. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
@@ -46,14 +17,6 @@ LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 # their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
 # model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
 AUTO_MIN_LOGITS = 1 << 26
-
-
-# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
-LIGER_NEEDS_CUDA = (
-    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
-    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
-    "(loss_implementation='fused': the chunked loop)"
-)
 
 
 def liger_installed() -> bool:
@@ -129,7 +92,6 @@ def refuse_fused_loss_scored_outside(config) -> None:
 
 __all__ = [
     "AUTO_MIN_LOGITS",
-    "LIGER_NEEDS_CUDA",
     "LOSS_IMPLEMENTATIONS",
     "choose_loss_path",
     "fused_kernel",

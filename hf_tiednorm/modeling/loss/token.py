@@ -6,34 +6,23 @@ import torch
 import torch.nn.functional as F
 
 
-def token_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
-    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
-
-    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
-    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
-    """
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
+                        num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
+    """Mean token cross-entropy in fp32 (fp64 for fp64 logits), over ``num_items_in_batch`` where the Trainer gives
+    it; all labels ignored gives 0 with zero gradients (not 0/0 = nan, which one step would spread everywhere)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
     labels = labels.reshape(-1).to(logits.device)  # (tokens,)
     try:
-        total = F.cross_entropy(
-            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
-        )
+        total = F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                reduction="sum")  # fmt: skip
     except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
         raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
     return total / token_count(labels, num_items_in_batch, ignore_index)
 
 
 def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
-    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
-    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
+    """Why a loss over ``vocab_size`` classes rejected ``labels``: the first one outside, and how many."""
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
     first = int(labels[bad][0]) if bool(bad.any()) else None
     return (
@@ -42,11 +31,8 @@ def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index
     )
 
 
-def token_count(
-    labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None, ignore_index: int = -100
-) -> torch.Tensor:
-    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
-    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
+def token_count(labels: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:
+    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1."""
     if num_items_in_batch is None:
         count = (labels != ignore_index).sum()
     else:

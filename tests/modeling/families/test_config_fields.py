@@ -11,14 +11,15 @@ import dataclasses
 import pytest
 from script_helpers import load_script
 
-from hf_tiednorm.modeling.families.config_fields import script_flag
-from hf_tiednorm.modeling.families.configuration import TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin
-from hf_tiednorm.modeling.head.modes import HEAD_MODES
+from hf_tiednorm.conversion.field_help import flag_of, script_flag
+from hf_tiednorm.modeling.families.configuration import TiedNormHeadConfigMixin
+from hf_tiednorm.modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
 from hf_tiednorm.modeling.head.settings import HeadSettings
+from hf_tiednorm.registration.head_modes import HEAD_MODES
 from hf_tiednorm.training.arguments import TiedNormModelArguments, argument_parser, model_arguments_class
 from hf_tiednorm.training.precision import TiedNormSeq2SeqTrainingArguments, TiedNormTrainingArguments
 
-TECHNIQUE_FIELDS = [field for field in dataclasses.fields(TiedNormTechniquesConfigMixin) if "help" in field.metadata]
+TECHNIQUE_FIELDS = [field for field in dataclasses.fields(TiedNormTechniquesConfigMixin) if flag_of(field)]
 
 
 @dataclasses.dataclass(init=False, repr=False, eq=False, kw_only=True)
@@ -52,7 +53,7 @@ def test_a_new_config_field_becomes_a_script_flag_with_its_help_and_fine_tuning_
 def test_the_flags_are_the_config_fields_with_their_metadata():
     config_fields = {
         field.name: field for mixin in (TiedNormHeadConfigMixin, TiedNormTechniquesConfigMixin)
-        for field in dataclasses.fields(mixin) if "help" in field.metadata
+        for field in dataclasses.fields(mixin) if flag_of(field)
     }
     flags = {field.name: field for field in dataclasses.fields(TiedNormModelArguments) if field.name in config_fields}
     assert flags.keys() == config_fields.keys()
@@ -60,7 +61,7 @@ def test_the_flags_are_the_config_fields_with_their_metadata():
     assert "norm_eps" in flags  # the convert CLI derives --norm-eps from the same metadata (issue 41)
     for name, flag in flags.items():
         assert flag.default is None
-        assert flag.metadata["help"].startswith(config_fields[name].metadata["help"])
+        assert flag.metadata["help"].startswith(flag_of(config_fields[name])["help"])
     assert set(TiedNormModelArguments.finetune_fields) == {
         "label_smoothing", "projection_regularization", "weight_norm_regularization", "weight_norm_target",
         "loss_chunk_size", "loss_implementation",

@@ -11,6 +11,7 @@ from huggingface_hub.errors import (
 )
 from testing_utils import FAMILIES, tiny_config, tiny_seq2seq_config
 
+import hf_tiednorm
 from hf_tiednorm import TiedNormWrappedConfig
 
 # Before these checks: inf scales and eps were accepted (nan or uniform losses), negative layer counts and zero sizes
@@ -51,7 +52,6 @@ FAMILY_CASES["bart"] = FAMILY_CASES["seq2seq"]
 # Values each valid on its own that contradict one another: the validator names the fields.
 COMBINATION_CASES = [
     ({"logit_scale_init": 4.0}, "validate_head_settings", "logit_scale_init=4.0 is set but logit_scale_kind='none'"),
-    ({"head_mode": "l2", "weight_norm_regularization": 1e-3}, "validate_row_norm_techniques", "head_mode='l2'"),
     ({"adaptive_cutoffs": [10, 10]}, "validate_adaptive_cutoffs", "adaptive_cutoffs must be strictly increasing"),
     ({"adaptive_cutoffs": [10, 64]}, "validate_adaptive_cutoffs", r"\[1, vocab_size - 1\]"),
     ({"adaptive_cutoffs": [10], "loss_chunk_size": 8}, "validate_loss_chunk_size", "the adaptive softmax .*ignored"),
@@ -87,6 +87,27 @@ def test_contradicting_values_name_the_fields(family, fields, validator, message
         tiny_config(family, **fields)
 
 
+# What the head mode's math rules out is checked where the model is built (the configuration imports no torch and
+# checks names and ranges only, issue 56): the config is accepted, the model refused, naming the fields.
+MODE_CASES = [
+    ({"head_mode": "l2", "weight_norm_regularization": 1e-3}, "weight_norm_regularization .*head_mode='l2' removes"),
+    ({"head_mode": "l2", "weight_norm_init_sigma": 0.5}, "weight_norm_init_sigma act on row norms"),
+    ({"head_mode": "l2", "lossless_start": True}, "lossless_start=True, but head_mode='l2' has no lossless start"),
+    ({"head_mode": "cosine", "lossless_start": True}, r"'cosine' with these settings lacks \['logit_scale'\]"),
+    ({"head_mode": "cosine", "logit_scale_kind": "scalar", "lossless_start": True}, r"lacks \['logit_scale'\]"),
+]
+
+
+@pytest.mark.parametrize(("family", "fields", "message"), [(f, *case) for f in FAMILIES for case in MODE_CASES])
+def test_what_the_modes_math_rules_out_is_refused_where_the_model_is_built(family, fields, message):
+    config = tiny_config(family, **fields)
+    row = hf_tiednorm.FAMILIES[family]
+    with pytest.raises(ValueError, match=message):
+        row.lm_class(config)
+    config.lossless_start, config.weight_norm_regularization, config.weight_norm_init_sigma = False, 0.0, None
+    row.lm_class(config)  # the same config without them builds
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_assignment_is_validated_too(family):
     config = tiny_config(family)
@@ -119,6 +140,17 @@ def test_decoder_vocab_size_is_kept():
     config = tiny_seq2seq_config(tie_topology="decoder", decoder_vocab_size=40)
     assert config.decoder_vocab_size == 40
     assert (config.tie_word_embeddings, config.share_encoder_decoder_embeddings) == (True, False)
+
+
+def test_the_wrapper_refuses_exactly_the_own_families_fields():
+    """The wrapper's configuration names the techniques' fields without importing them (its folder carries no
+    techniques' code): the list is theirs and the tie topology's, no more, no fewer."""
+    from dataclasses import fields
+
+    from hf_tiednorm.modeling.families.configuration_techniques import TiedNormTechniquesConfigMixin
+    from hf_tiednorm.modeling.families.configuration_wrapped import OWN_FAMILY_FIELDS
+
+    assert OWN_FAMILY_FIELDS == (*(f.name for f in fields(TiedNormTechniquesConfigMixin)), "tie_topology")
 
 
 def test_wrapped_config_validates_the_same_head_fields():

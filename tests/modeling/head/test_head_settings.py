@@ -10,9 +10,11 @@ from testing_utils import tiny_config
 from tiny_architectures import source_model
 
 import hf_tiednorm.conversion.convert as convert
+from hf_tiednorm.conversion.lossless_start import with_lossless_start
 from hf_tiednorm.modeling.head.layer import TiedNormHead
-from hf_tiednorm.modeling.head.modes import HEAD_MODES, get_head_mode
+from hf_tiednorm.modeling.head.modes import get_head_mode
 from hf_tiednorm.modeling.head.settings import HeadSettings
+from hf_tiednorm.registration.head_modes import HEAD_MODES
 
 
 @pytest.mark.parametrize(
@@ -45,14 +47,14 @@ def test_a_config_passes_its_settings_whole_to_the_head():
 
 def test_the_lossless_start_options_follow_the_mode():
     cosine = HeadSettings(head_mode="cosine", logit_scale_kind="vector")
-    assert HeadSettings(head_mode="cosine").with_lossless_start() == cosine
+    assert with_lossless_start(HeadSettings(head_mode="cosine")) == cosine
     distance = HeadSettings(head_mode="distance", logit_bias=True)
-    assert HeadSettings(head_mode="distance").with_lossless_start() == distance
-    assert HeadSettings(head_mode="baseline").with_lossless_start() == HeadSettings(head_mode="baseline")
+    assert with_lossless_start(HeadSettings(head_mode="distance")) == distance
+    assert with_lossless_start(HeadSettings(head_mode="baseline")) == HeadSettings(head_mode="baseline")
     with pytest.raises(ValueError, match="impossible for head_mode 'l2'"):
-        HeadSettings(head_mode="l2").with_lossless_start()
+        with_lossless_start(HeadSettings(head_mode="l2"))
     with pytest.raises(ValueError, match="logit_scale_kind='scalar' cannot give back"):
-        HeadSettings(head_mode="cosine", logit_scale_kind="scalar").with_lossless_start()
+        with_lossless_start(HeadSettings(head_mode="cosine", logit_scale_kind="scalar"))
 
 
 SCALE_STARTS = [name for name in HEAD_MODES if "logit_scale" in (get_head_mode(name).lossless_start or ())]
@@ -66,7 +68,7 @@ def test_an_explicit_logit_scale_init_is_refused_where_the_lossless_start_sets_g
         match=r"logit_scale_init=5.0 \(--logit-scale-init\) cannot be combined with "
         r"lossless_start \(--lossless-start\)",
     ):
-        HeadSettings(head_mode=head_mode, logit_scale_kind="vector", logit_scale_init=5.0).with_lossless_start()
+        with_lossless_start(HeadSettings(head_mode=head_mode, logit_scale_kind="vector", logit_scale_init=5.0))
     # Every other mode cannot even be given a logit_scale_init with a lossless start: its start needs
     # logit_scale_kind='none', and logit_scale_init without a logit_scale is refused when the options are made.
 
@@ -120,9 +122,6 @@ def test_the_old_keywords_still_work_with_a_future_warning():
     settings = HeadSettings(head_mode="cosine")
     with pytest.warns(FutureWarning, match=r"TiedNormHead\(options=...\) is renamed settings="):
         assert TiedNormHead(4, 5, options=settings).settings is settings
-    with pytest.warns(FutureWarning, match="config.head_options is renamed config.head_settings"):
-        assert tiny_config("causal", head_mode="cosine").head_options == settings.__class__.from_config(
-            tiny_config("causal", head_mode="cosine"))
     with pytest.warns(FutureWarning, match="the keyword options= is renamed settings="):
         model = convert.normalize_tied_head(source_model("gpt2"), options=settings)
     assert model.get_output_embeddings().head_mode == "cosine"

@@ -1,5 +1,6 @@
-"""What a head mode returns is checked, not trusted (head/modes.py wraps every mode's ``column_terms`` and
-``lossless_terms`` with these checks, and ``register_head_mode`` runs them on a probe):
+"""What a registered head mode returns is checked, not trusted (``register_head_mode`` wraps the mode's
+``column_terms`` and ``lossless_terms`` with these checks and runs them on a probe; the conversion's lossless start
+verifies a start on the weights it converts):
 
 * **the terms** (``check_terms``): each of scale, bias, g and b is None or a floating tensor on the weight's device,
   of shape (n,) for the n rows asked about or 0-dim (one value for every row, expanded to (n,)); they come back as
@@ -11,8 +12,6 @@
   the weight being converted, with a stated tolerance (``LOSSLESS_RTOL`` of the row's score scale, plus eps), and
   on a small random probe when the mode is registered: a start that cannot undo the mode's bias (or its scale) is
   refused by the mode's name instead of converting "lossless" with other logits.
-
-This file imports torch only: it travels with the modeling code as remote code (head/modes.py imports it).
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ from collections.abc import Callable
 
 import torch
 
+from ..modeling.head.terms import MODE_LOSSLESS_TERMS
+
 ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
 
 # A lossless start may be off by this fraction of a row's score scale (‖w_i‖ + |g_i·bias_i| + |b_i|), plus eps: fp32
 # rounding of g_i·scale_i is ~1e-7, a bias the start forgets is of the order of the bias itself.
 LOSSLESS_RTOL = 1e-5
 COLUMN_TERM_NAMES = ("scale", "bias")
-# The learned head terms a mode's lossless start sets, in the order of its ``lossless_terms`` (the scale g, then the
-# bias b): the built-in terms of head/terms.py, which take their lossless values from these.
-MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
 LOSSLESS_TERM_NAMES = tuple(f"{name} {symbol}" for name, symbol in zip(MODE_LOSSLESS_TERMS, "gb", strict=True))
 
 

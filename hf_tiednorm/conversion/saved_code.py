@@ -1,37 +1,27 @@
-"""Every ``auto_map`` rule in one place: a wrapped model's saved folder has the wrapper's own, never the source's
-(``drop_source_auto_map``); and which entries of a config are ours (``foreign_auto_map``).
+"""The code a saved folder carries, and every ``auto_map`` rule: which entries of a config are ours.
 
-A Hub config often carries an ``auto_map`` under a built-in ``model_type`` (remote code of its own, or stale
-entries). Kept inside the wrapper's ``text_config``, it (a) took the wrapper's own entries: ``register_for_auto_class``
-reads and writes ``config.auto_map``, which the wrapper config delegates to ``text_config``, so the saved folder had
-no top-level ``auto_map`` and did not load with ``trust_remote_code=True`` where hf_tiednorm is not installed; and
-(b) named someone else's code (``"AutoModelForCausalLM": "org/repo--modeling.Model"``) that transformers would run to
-build the wrapped model from ``text_config`` under ``trust_remote_code=True``. The wrapped architecture is a built-in
-one, so its config needs no ``auto_map``: it is removed when the config becomes a wrapper's ``text_config``.
-
-A saved model carries two Python files, ``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, generated from
-this package by ``utils/generate_remote_code.py`` (in ``hf_tiednorm/remote_code/``): ``two_file_remote_code`` puts
-them in the folder and points ``auto_map`` (and the translation pipeline's ``custom_pipelines`` entry) into them,
-where transformers' ``custom_object_save`` would copy the class's module and every module it imports. A class that
-is not the package's (a saved copy's, loaded with ``trust_remote_code=True``; a family registered from outside) is
-left to transformers. Folders saved before (``LEGACY_MODULES``: one file per package module) still name their own
-copies, which they carry.
+A saved model carries two Python files, ``configuration_tiednorm.py`` and ``modeling_tiednorm.py``, generated for its
+family by ``utils/generate_remote_code.py`` (``hf_tiednorm/remote_code/<family>/``): ``save_pretrained`` of a
+package class runs inside ``saved_with_code`` (the model layer's save hook, set when the package is imported),
+which puts the family's files in the folder and points ``auto_map`` (and an encoder-decoder's ``custom_pipelines``
+entry for the translation pipeline) into them, where transformers' ``custom_object_save`` would copy the class's
+module and every module it imports. A class that is not the package's (a saved copy's, loaded with
+``trust_remote_code=True``; a family registered from outside) is left to transformers. Folders saved before
+(``LEGACY_MODULES``: one file per package module) still name their own copies, which they carry.
 
 Whose code runs. transformers builds a model type registered in the process (``import hf_tiednorm`` registers ours)
-instead of the folder's code, ``trust_remote_code=True`` or not. So a folder saved by another version, or whose
-``modeling_tiednorm.py`` was edited, loads with the installed package's classes. A save records the version whose
-code it wrote (``config.json``'s ``hf_tiednorm_version``); a load with the package's classes compares the folder's
-code files with those the installed package writes for it (``saved_code_files``: the one rule of which files a save
-writes) and, where they differ, logs once per folder which code runs and how to run the folder's own
-(``report_whose_code_runs``, issue 58).
+instead of the folder's code, ``trust_remote_code=True`` or not. So a save records the version whose code it wrote
+(``config.json``'s ``hf_tiednorm_version``), and a load with the package's classes compares the folder's code files
+with those the installed package writes for it (``saved_code_files``) and, where they differ, logs once per folder
+which code runs and how to run the folder's own (``report_whose_code_runs``, issue 58). A refused save writes nothing
+(save_checks.py).
 
-Ours are the only remote code a saved or published model may name.
-``auto_map`` tells ``from_pretrained(..., trust_remote_code=True)`` which code to download and run. A base model's
-config can carry entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and
-``save_pretrained`` keeps the config's entries it does not overwrite, so they would survive fine-tuning and be
-uploaded. Our entries name one of the two generated files (or, in a folder saved by an earlier version, one of
-its copies of a package module) without a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for
-the training layer to drop and for staging to refuse.
+Ours are the only remote code a saved or published model may name. A base model's config can carry ``auto_map``
+entries pointing elsewhere (``"AutoModelForCausalLM": "attacker/repo--evil.EvilModel"``), and ``save_pretrained``
+keeps the entries it does not overwrite, so they would survive fine-tuning and be uploaded. Our entries name one of
+the two generated files (or, in a folder saved by an earlier version, one of its copies of a package module) without
+a ``repo--`` prefix; ``foreign_auto_map`` returns every other one, for the training layer to drop and for staging to
+refuse.
 """
 
 from __future__ import annotations
@@ -48,6 +38,9 @@ from typing import Any
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
+from ..modeling.code_writer import CODE_HOOKS
+from ..modeling.families.table import family_of_config
+from ..modeling.translation_pipeline import TASK as TRANSLATION_TASK
 from .save_checks import check_config_saveable, check_model_saveable
 
 logger = logging.get_logger(__name__)
@@ -65,17 +58,9 @@ LEGACY_MODULES = frozenset({
     "normalized_head", "outputs", "peft_guard", "pipeline_translation", "regularizers", "remote_code_map",
     "scoring_guard", "tie_topology", "token_loss", "weight_checks", "wrapped_fused_loss",
 })  # fmt: skip  (scoring_guard: issue 47, a model-layer module transformers copies like the others)
-# The model layer's folder (hf_tiednorm/modeling/) and the generated files beside it in the package (absent where
-# this module is itself generated code).
-_MODEL_LAYER = Path(__file__).resolve().parent
+# The model layer's folder and the generated files of each family (hf_tiednorm/remote_code/<row name>/).
+_MODEL_LAYER = Path(__file__).resolve().parent.parent / "modeling"
 GENERATED_DIR = _MODEL_LAYER.parent / "remote_code"
-
-
-def drop_source_auto_map(text_config) -> None:
-    """Remove ``auto_map`` from ``text_config`` (a ``PreTrainedConfig`` about to become a wrapper's ``text_config``)
-    in place; a dict (converted later) or None is left alone."""
-    if isinstance(text_config, PreTrainedConfig):
-        text_config.__dict__.pop("auto_map", None)
 
 
 def _is_ours(reference: Any) -> bool:
@@ -102,36 +87,42 @@ def _package_class(cls: type) -> bool:
     return GENERATED_DIR.is_dir() and _MODEL_LAYER in path.parents
 
 
-def remote_code_reference(cls: type) -> str:
-    """``"modeling_tiednorm.Name"`` / ``"configuration_tiednorm.Name"``: where a saved model's code defines ``cls``,
-    a class of this package. ``RuntimeError`` when the generated file lacks it (stale: regenerate)."""
+def family_code(row) -> Path:
+    """The folder of the two generated files of family table row ``row`` (``hf_tiednorm/remote_code/<name>/``)."""
+    return GENERATED_DIR / row.name
+
+
+def remote_code_reference(cls: type, row) -> str:
+    """``"modeling_tiednorm.Name"`` / ``"configuration_tiednorm.Name"``: where the saved code of ``row``'s family
+    defines ``cls``, a class of this package. ``RuntimeError`` when the generated file lacks it (stale: regenerate)."""
     module = REMOTE_CODE_MODULES[0] if issubclass(cls, PreTrainedConfig) else REMOTE_CODE_MODULES[1]
-    if f"\nclass {cls.__name__}(" not in (GENERATED_DIR / f"{module}.py").read_text():
+    path = family_code(row) / f"{module}.py"
+    if not path.is_file() or f"\nclass {cls.__name__}(" not in path.read_text():
         raise RuntimeError(
-            f"{GENERATED_DIR / module}.py does not define {cls.__name__}: the generated remote code is stale; run "
+            f"{path} does not define {cls.__name__}: the generated remote code is stale; run "
             "`python utils/generate_remote_code.py`"
         )
     return f"{module}.{cls.__name__}"
 
 
-def _renamed(reference: Any) -> Any:
-    """A ``"module.Name"`` entry naming one of the package's modules, renamed into the generated files."""
+def _renamed(reference: Any, row) -> Any:
+    """A ``"module.Name"`` entry naming one of the package's modules, renamed into ``row``'s generated files."""
     if not isinstance(reference, str) or "--" in reference or "." not in reference:
         return reference
     module, name = reference.rsplit(".", 1)
     if module not in LEGACY_MODULES:
         return reference
     for target in REMOTE_CODE_MODULES:
-        if f"\nclass {name}(" in (GENERATED_DIR / f"{target}.py").read_text():
+        if f"\nclass {name}(" in (family_code(row) / f"{target}.py").read_text():
             return f"{target}.{name}"
     return reference
 
 
-def code_reference(cls: type) -> str:
-    """The ``auto_map`` entry of ``cls``: in the generated files for a class of this package, else
+def code_reference(cls: type, row) -> str:
+    """The ``auto_map`` entry of ``cls``: in ``row``'s generated files for a class of this package, else
     ``"<its module's file name>.Name"`` as transformers writes it (a saved copy's class names its own file)."""
     if _package_class(cls):
-        return remote_code_reference(cls)
+        return remote_code_reference(cls, row)
     return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
 
 
@@ -147,7 +138,8 @@ def no_module_copies(model) -> Iterator[None]:
     if auto_class is None or not _package_class(cls):
         yield
         return
-    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), auto_class: code_reference(cls)}
+    row = family_of_config(model.config)
+    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), auto_class: code_reference(cls, row)}
     own = "_auto_class" in vars(cls)
     cls._auto_class = None
     try:
@@ -173,7 +165,7 @@ def saved_code_files(config: PreTrainedConfig, *, with_model: bool = True) -> di
     (a config saved alone names no model). The one rule ``two_file_remote_code`` writes by and a load compares a
     folder's code against (``code_differences``)."""
     modules = REMOTE_CODE_MODULES if with_model else REMOTE_CODE_MODULES[:1]
-    return {f"{module}.py": GENERATED_DIR / f"{module}.py" for module in modules}
+    return {f"{module}.py": family_code(family_of_config(config)) / f"{module}.py" for module in modules}
 
 
 def folder_code_files(config: PreTrainedConfig) -> list[str]:
@@ -209,8 +201,8 @@ def report_whose_code_runs(model, source: str | os.PathLike) -> None:
     """Log once per folder, where ``model`` (a class of the installed package, loaded from ``source``) was loaded from
     a folder whose own code differs from what the installed package writes for it: which code runs, and how to run
     the folder's own. Nothing for a class that is not the package's (the folder's own code already runs)."""
-    if not _package_class(type(model)) or not Path(source).is_dir():
-        return
+    if not hasattr(model, "config") or not _package_class(type(model)) or not Path(str(source)).is_dir():
+        return  # a config (its model reports), another class, or a Hub id
     folder = Path(source)
     key = str(folder.resolve())
     differences = [] if key in _REPORTED else code_differences(folder, model.config)
@@ -239,7 +231,8 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
     the folder holds the two generated files instead of transformers' copies of the package's modules, and the
     config's ``auto_map`` and ``custom_pipelines`` entries name them. Nothing changes for a config class that is not
     the package's (see the module docstring)."""
-    if type(config)._auto_class is None or not _package_class(type(config)):
+    row = family_of_config(config)
+    if type(config)._auto_class is None or not _package_class(type(config)) or row is None:
         yield
         return
     folder = Path(save_directory)
@@ -251,12 +244,12 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
     if left:  # not ours to delete: an earlier save's code, or the user's
         logger.warning("%s holds %s, which the saved model does not use (auto_map names configuration_tiednorm.py "
                        "and modeling_tiednorm.py); delete them if an earlier save left them", folder, sorted(left))
-    auto_map = {key: _renamed(value) for key, value in (getattr(config, "auto_map", None) or {}).items()}
-    config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config))}
+    auto_map = {key: _renamed(value, row) for key, value in (getattr(config, "auto_map", None) or {}).items()}
+    config.auto_map = {**auto_map, type(config)._auto_class: remote_code_reference(type(config), row)}
     pipelines = getattr(config, "custom_pipelines", None) or {}
     for entry in pipelines.values():
         if isinstance(entry, dict) and "impl" in entry:
-            entry["impl"] = _renamed(entry["impl"])
+            entry["impl"] = _renamed(entry["impl"], row)
     named = [*config.auto_map.values(), *(entry.get("impl") for entry in pipelines.values() if isinstance(entry, dict))]
     # the modeling file where a model (or its pipeline) is named: not a config's
     with_model = any(str(name).startswith(f"{REMOTE_CODE_MODULES[1]}.") for name in named)
@@ -270,37 +263,45 @@ def two_file_remote_code(config: PreTrainedConfig, save_directory: str | os.Path
         del config._auto_class
 
 
-class TwoFileModelCodeMixin:
-    """Put before ``PreTrainedModel`` in a model class's bases (every family's pretrained base, so a bare body too):
-    its ``save_pretrained`` names the generated modeling file instead of copying its module (``no_module_copies``),
-    and its ``from_pretrained`` says where the folder's own code is not the code that runs
-    (``report_whose_code_runs``)."""
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        report_whose_code_runs(loaded[0] if isinstance(loaded, tuple) else loaded, pretrained_model_name_or_path)
-        return loaded
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        check_model_saveable(self, save_directory)  # a refused save writes nothing (modeling/save_checks.py)
-        with no_module_copies(self):
-            super().save_pretrained(save_directory, *args, **kwargs)
+def add_model_entries(model) -> None:
+    """The ``auto_map`` and ``custom_pipelines`` entries a model's folder needs beside its own class's: the bare body
+    under ``AutoModel`` where its class is defined beside the LM's (in the same generated file, or the module
+    transformers copies for a family from outside the package), and an encoder-decoder's translation pipeline, so
+    that ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)`` serves the folder alone."""
+    row, config = family_of_config(model.config), model.config
+    body = model.base_model
+    if row is not None and body is not model and type(body).__module__ == type(model).__module__:
+        config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": code_reference(type(body), row)}
+    if row is not None and row.pipeline_class is not None and config.is_encoder_decoder:
+        entry = {"impl": code_reference(row.pipeline_class, row), "pt": ["AutoModelForSeq2SeqLM"], "tf": [],
+                 "type": "text"}  # fmt: skip  (the form Pipeline.save_pretrained writes)
+        config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), TRANSLATION_TASK: entry}
 
 
-class TwoFileRemoteCodeMixin:
-    """Put before ``PreTrainedConfig`` in a config class's bases: its ``save_pretrained`` (alone, or inside a
-    model's) writes the two generated files as the folder's code (``two_file_remote_code``)."""
+@contextmanager
+def saved_with_code(obj, save_directory: str | os.PathLike) -> Iterator[None]:
+    """The model layer's save hook (``CODE_HOOKS["save"]``): around ``save_pretrained`` of a config or model of the
+    package, the folder gets its family's two generated files and ``auto_map`` names them (module docstring)."""
+    if isinstance(obj, PreTrainedConfig):
+        check_config_saveable(obj, save_directory)  # before the code files are written (save_checks.py)
+        with two_file_remote_code(obj, save_directory):
+            yield
+        return
+    check_model_saveable(obj, save_directory)  # a refused save writes nothing (save_checks.py)
+    add_model_entries(obj)
+    with no_module_copies(obj):
+        yield
 
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        check_config_saveable(self, save_directory)  # before the code files are written (modeling/save_checks.py)
-        with two_file_remote_code(self, save_directory):
-            super().save_pretrained(save_directory, *args, **kwargs)
+
+def install_code_writer() -> None:
+    """Make ``save_pretrained`` of the package's classes write their family's generated code, and their
+    ``from_pretrained`` report where a folder's own code is not the code that runs (``import hf_tiednorm`` does it)."""
+    CODE_HOOKS["save"], CODE_HOOKS["load"] = saved_with_code, report_whose_code_runs
 
 
 __all__ = [
-    "GENERATED_DIR", "LEGACY_MODULES", "REMOTE_CODE_MODULES", "VERSION_FIELD", "code_differences", "code_reference",
-    "folder_code_files", "installed_version", "report_whose_code_runs", "saved_code_files", "drop_source_auto_map",
-    "foreign_auto_map", "no_module_copies", "TwoFileModelCodeMixin", "TwoFileRemoteCodeMixin", "remote_code_reference",
-    "two_file_remote_code",
+    "GENERATED_DIR", "LEGACY_MODULES", "REMOTE_CODE_MODULES", "VERSION_FIELD", "add_model_entries", "code_differences",
+    "code_reference", "family_code", "folder_code_files", "foreign_auto_map", "install_code_writer",
+    "installed_version", "no_module_copies", "remote_code_reference", "report_whose_code_runs", "saved_code_files",
+    "saved_with_code", "two_file_remote_code",
 ]  # fmt: skip

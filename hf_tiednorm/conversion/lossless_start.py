@@ -1,4 +1,4 @@
-"""The lossless start of a conversion, and the GGUF loader's stale quantization state (used by convert.py).
+"""The lossless start of a conversion (used by convert.py): the head's settings it needs, and its terms' values.
 
 A pretrained model's hidden states are calibrated to raw dot products w_i·h, whose row norms carry the token prior;
 a normalized head deletes them, so a plain conversion starts from a broken function (SmolLM2-135M on Multi30k: 8.7×
@@ -18,13 +18,13 @@ l2          refused                                                  the input l
                                                                      layer sees other inputs; no head term undoes it
 =========== ======================================================== =============================================
 
-Dead rows (‖w_i‖ ≤ ``norm_eps``, head/layer.py) score 0 in cosine/square: exact for an all-zero row (the
-source scores 0 too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters;
-a source in bf16/fp16 starts within that dtype's rounding rather than bit-exactly. The start is recorded in the config
+Dead rows (‖w_i‖ ≤ ``norm_eps``, head/layer.py) score 0 in cosine/square: exact for an all-zero row (the source scores 0
+too), within ``norm_eps``·‖h‖ for a row in (0, norm_eps]. The learned terms are fp32 parameters; a source in bf16/fp16
+starts within that dtype's rounding rather than bit-exactly. The start is recorded in the config
 (``lossless_start=True``), and tokens that ``resize_token_embeddings`` adds later start by the same map from their
-initial rows (``start_resized_tokens``), so they take the probability mass they take in the source's same resize
-(at g = 1, ten new tokens of a tiny Llama would take 33 % (cosine) or 72 % (square) of the probability mass
-where the source's same resize gives them 14 %).
+initial rows (the model's ``resize_token_embeddings``: head/terms.py, ``start_lossless_rows``), so they take the
+probability mass they take in the source's same resize (at g = 1, ten new tokens of a tiny Llama would take 33 %
+(cosine) or 72 % (square) of the probability mass where the source's same resize gives them 14 %).
 
 GGUF files load as transformers loads them (``gguf_file=``, dequantized by the ``gguf`` package: ``python -m pip
 install -e ".[gguf]"``); the converted model must carry no quantization state (the dequantized weights are plain
@@ -34,26 +34,76 @@ refused.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import PreTrainedModel
 
-from .mode_checks import LOSSLESS_RTOL, MODE_LOSSLESS_TERMS
-from .settings import HEAD_TERMS, HeadSettings, head_terms
+from ..modeling.head.modes import get_head_mode
+from ..modeling.head.settings import HEAD_TERMS, HeadSettings
+from ..modeling.head.terms import head_terms, start_lossless_rows
+from ..registration.mode_checks import LOSSLESS_RTOL, check_lossless
 
 
-def check_lossless_settings(config) -> None:
-    """``ValueError`` unless ``config``'s head terms are switched as a lossless start of its ``head_mode`` needs
-    (``HeadSettings.with_lossless_start``: its ``HeadMode.lossless_start``; see the module docstring's table), naming
-    the switches (each term's first config field) and their needed values."""
-    switches = tuple(HeadSettings().term_switches())
-    settings = HeadSettings(head_mode=config.head_mode, **{name: getattr(config, name) for name in switches})
-    needed = settings.with_lossless_start()  # raises for l2
-    want, have = (tuple(o.term_switches().values()) for o in (needed, settings))
-    if want != have:
+def _logit_scale_settings(settings: HeadSettings, mode) -> dict:
+    """The logit scale a lossless start of ``mode`` needs: per token (``vector``) where it sets g, else none."""
+    kind = settings.logit_scale_kind
+    if "logit_scale" in mode.lossless_start:
+        if kind not in ("none", "vector"):
+            raise ValueError(
+                f"lossless_start for head_mode {settings.head_mode!r} sets a per-token logit scale "
+                f"(logit_scale_kind='vector'); logit_scale_kind={kind!r} cannot give back the source's "
+                "logits: leave logit_scale_kind unset or 'vector'"
+            )
+        if settings.logit_scale_init is not None:
+            # The start sets every g_i (and a resize's new tokens) from the rows: an explicit initial g would be
+            # dropped while config.json recorded it.
+            raise ValueError(
+                f"logit_scale_init={settings.logit_scale_init} (--logit-scale-init) cannot be combined with "
+                f"lossless_start (--lossless-start): for head_mode {settings.head_mode!r} the lossless start sets "
+                "every per-token logit scale g_i itself, to the value that gives back the source's logits "
+                f"({mode.equation}), so logit_scale_init would be ignored; leave it unset, or convert without "
+                "lossless_start"
+            )
+        return {"logit_scale_kind": "vector"}
+    if kind != "none":
         raise ValueError(
-            f"lossless_start=True with head_mode={config.head_mode!r} needs ({', '.join(switches)}) = {want}, got "
-            f"{have}; set them so, or lossless_start=False"
+            f"lossless_start for head_mode {settings.head_mode!r} needs no logit scale ({mode.equation}; its start "
+            f"sets {' and '.join(mode.lossless_start) or 'nothing'}); logit_scale_kind={kind!r} would "
+            "multiply the scores: leave logit_scale_kind='none'"
         )
+    return {}
+
+
+# The settings each built-in term needs for a lossless start of a mode (an added term keeps its own: extra_terms).
+_LOSSLESS_SETTINGS = {
+    "logit_scale": _logit_scale_settings,
+    "logit_bias": lambda settings, mode: {"logit_bias": settings.logit_bias or "logit_bias" in mode.lossless_start},
+}
+
+
+def with_lossless_start(settings: HeadSettings) -> HeadSettings:
+    """The settings a lossless start of ``settings.head_mode`` needs (its ``HeadMode.lossless_start`` terms switched
+    on), or ``ValueError`` naming the setting that makes it impossible."""
+    mode = get_head_mode(settings.head_mode)
+    if mode.lossless_start is None:
+        raise ValueError(mode.lossless_refusal)
+    changes = {}
+    for needed in _LOSSLESS_SETTINGS.values():
+        changes.update(needed(settings, mode))
+    return dataclasses.replace(settings, **changes)
+
+
+def term_switches(settings: HeadSettings) -> dict:
+    """Each built-in term's switch (its first config field) and its value: {"logit_scale_kind": ..., ...}."""
+    return {term.config_fields[0]: getattr(settings, term.config_fields[0]) for term in head_terms()
+            if term.config_fields}  # fmt: skip
+
+
+def takes_row_scales(mode) -> bool:
+    """Whether ``mode``'s lossless start sets a term that can absorb a source's output row scales c_i (a per-token
+    scale of the logit, ``HeadTerm.takes_row_scales``): an untied source with rows c_i·w_i converts losslessly."""
+    return any(HEAD_TERMS[name].takes_row_scales for name in mode.lossless_start or () if name in HEAD_TERMS)
 
 
 @torch.no_grad()
@@ -61,11 +111,12 @@ def start_lossless(model: PreTrainedModel) -> None:
     """Set the converted ``model``'s per-token logit scale / bias so that it computes its source's logits (in place).
 
     ``model``'s head holds the source's embedding matrix W (V, d) unchanged and was built with the settings of
-    ``HeadSettings.with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
+    ``with_lossless_start``; the values are its mode's ``lossless_terms`` (cosine g_i = ‖w_i‖, square
     g_i = ‖w_i‖², distance b_i = ½‖w_i‖², fp32).
     """
     head = model.get_output_embeddings()
-    _set_lossless_terms(head, 0)
+    check_lossless(head.mode, head.weight, head.norm_eps, *head.mode.lossless_terms(head.weight, head.norm_eps))
+    start_lossless_rows(head, 0)
     check_extra_terms_neutral(head)
     model.config.lossless_start = True
 
@@ -74,7 +125,7 @@ def check_extra_terms_neutral(head) -> None:
     """``ValueError`` naming the registered head settings (``extra_terms``) when, at their ``init``, they change the
     scores of a lossless-started ``head``: its effective column terms (mode, g, b and every option folded in) must be
     the plain scores', scale_i = 1 and bias_i = 0 on every live row, within the tolerance of the mode's own check
-    (``head_mode_checks.check_lossless``). A lossless start sets g and b only; a term whose init is not neutral
+    (``registration/mode_checks.check_lossless``). A lossless start sets g and b only; a term whose init is not neutral
     (e.g. a temperature starting at 2) would leave the logits off the source's while the config said lossless."""
     names = head.settings.extra_terms
     if not names or head.weight.is_meta:
@@ -94,31 +145,9 @@ def check_extra_terms_neutral(head) -> None:
             f"lossless_start cannot give back the source's logits with the registered head term(s) {list(names)} "
             f"({inits}): folded in at their init they change the scores (at row {row}, scale {float(gain[row]):.6g} "
             f"and bias {float(offset[row]):.6g} where the plain score needs 1 and 0; a logit off by up to "
-            f"{float(error[row]):.4g}). A lossless start sets the logit scale and bias only: register the option "
+            f"{float(error[row]):.4g}). A lossless start sets the logit scale and bias only: register the term "
             "with an init at which its fold changes nothing, or convert without lossless_start"
         )
-
-
-def _set_lossless_terms(head, first: int) -> None:
-    """Set every learned term of ``head`` that a lossless start sets (``HeadTerm.lossless_value``: the built-ins
-    from their mode's ``lossless_terms``, a registered one to its ``lossless`` value) for tokens ``first`` and up."""
-    rows = head.weight[first:]
-    mode_terms = dict(zip(MODE_LOSSLESS_TERMS, head.mode.lossless_terms(rows, head.norm_eps), strict=True))
-    for term in head.settings.active_terms():
-        value = term.lossless_value(head, rows, mode_terms)  # (new,) or None: the term is left as it is
-        if value is not None:
-            getattr(head, term.name)[first:].copy_(value)  # copy_: from any device, as a load does
-
-
-@torch.no_grad()
-def start_resized_tokens(model: PreTrainedModel, first_new: int) -> None:
-    """After ``resize_token_embeddings`` of a lossless-started ``model`` (``config.lossless_start``), start the new
-    tokens' g_i / b_i (ids ``first_new`` and up) by their mode's lossless map from their initial rows, in place; a
-    model without a lossless start keeps the head's own rule (g = ``logit_scale_init``, b = 0)."""
-    head = model.get_output_embeddings()
-    if not getattr(model.config, "lossless_start", False) or head.weight.shape[0] <= first_new:
-        return
-    _set_lossless_terms(head, first_new)
 
 
 @torch.no_grad()
@@ -132,5 +161,5 @@ def take_row_scales(model: PreTrainedModel, row_scales: torch.Tensor) -> None:
             learned.mul_(row_scales.to(learned))
 
 
-__all__ = ["check_extra_terms_neutral", "check_lossless_settings", "start_lossless", "start_resized_tokens",
-           "take_row_scales"]
+__all__ = ["check_extra_terms_neutral", "start_lossless", "take_row_scales", "takes_row_scales", "term_switches",
+           "with_lossless_start"]
