@@ -10,9 +10,11 @@ implementation are ``slow``; the exactness and the guards run by default.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import itertools
 import pickle
+import sys
 import types
 
 import pytest
@@ -277,6 +279,92 @@ def test_a_forward_marked_as_own_scoring_is_let_through():
     own = own_scoring(lambda self, *args, **kwargs: type(self).forward(self, *args, **kwargs))
     model.forward = types.MethodType(own, model)
     assert model(input_ids=torch.tensor([[3, 4, 5]])).logits.shape == (1, 3, TINY["vocab_size"])
+
+
+def test_the_guard_reads_no_interpreter_frame(monkeypatch):
+    """Issue 56: what a saved folder runs reads no interpreter frame. Before, the backbone's pre-hook walked
+    ``sys._getframe(1)`` and read ``f_locals`` to find the forward in effect among the callers; now it decides from
+    counts (own forwards running, the model's calls in progress) and the forward's objects."""
+
+    def no_frame(*args):
+        raise AssertionError("the scoring guard read an interpreter frame")
+
+    model = causal_model(torch.float32, head_mode="cosine")
+    ids = torch.tensor([[3, 4, 5]])
+    monkeypatch.setattr(sys, "_getframe", no_frame)
+    monkeypatch.setattr(inspect, "currentframe", no_frame)
+    with torch.no_grad():
+        assert model(input_ids=ids).logits.shape == (1, 3, TINY["vocab_size"])  # served
+        model.base_model(input_ids=ids)  # a direct call
+        model.forward = types.MethodType(scoring_with_raw_weight, model)
+        with pytest.raises(ValueError, match=r"ran its backbone in test_trl\.scoring_with_raw_weight"):
+            model(input_ids=ids)  # refused, by name
+        model.base_model(input_ids=ids)  # the refused call left no count behind: a direct call is still direct
+
+
+def test_a_call_that_raises_leaves_no_count_behind():
+    """The model's calls are counted by a forward pre-hook and an ``always_call`` forward hook: a forward that raises
+    (here an out-of-range token id inside the model's own forward) does not leave the model counted as called, which
+    would make the next direct backbone call look like a foreign forward's."""
+    model = causal_model(torch.float32, head_mode="cosine")
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(IndexError):
+        model(input_ids=torch.tensor([[TINY["vocab_size"] + 5]]))
+    model.forward = types.MethodType(scoring_with_raw_weight, model)
+    with torch.no_grad():
+        assert model.base_model(input_ids=ids).last_hidden_state.shape == (1, 3, TINY["hidden_size"])
+
+
+def test_a_direct_backbone_call_is_let_through_under_any_forward_outside_peft():
+    """Hidden states for an embedding or a value head: the backbone called directly, whatever forward is in effect
+    (accelerate's hooks, a subclass's own forward), scores nothing and is not refused."""
+    from accelerate import dispatch_model
+
+    class Logging(hf_tiednorm.TiedNormForCausalLM):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[3, 4, 5]])
+    hooked = dispatch_model(causal_model(torch.float32, head_mode="cosine"), device_map={"": "cpu"}, force_hooks=True)
+    subclass = Logging(hf_tiednorm.TiedNormCausalConfig(**TINY, head_mode="cosine"))
+    with torch.no_grad():
+        for model in (hooked, subclass):
+            assert model.base_model(input_ids=ids).last_hidden_state.shape == (1, 3, TINY["hidden_size"])
+            assert model(input_ids=ids).logits.shape == (1, 3, TINY["vocab_size"])
+
+
+def test_what_the_frame_free_guard_cannot_see():
+    """scoring_guard.py and docs/training.md: a forward that runs the backbone itself, called past the model's
+    ``__call__``, is taken for a direct backbone call. Outside PEFT, by code of one's own (``model.forward(...)``):
+    not refused (the raw tied matrix's scores). Under PEFT's AdaLoRA (which calls ``model.forward`` past the
+    model's ``__call__``): refused, unless the forward's ``__wrapped__`` names the model's own forward. Through the
+    model's ``__call__`` (every other caller: LoRA, the Trainer, generate, accelerate) each is refused."""
+    from peft import AdaLoraConfig, get_peft_model
+
+    model = causal_model(torch.float32, head_mode="cosine")
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        head_logits = model(input_ids=ids).logits
+        model.forward = types.MethodType(scoring_with_raw_weight, model)
+        raw_logits = model.forward(input_ids=ids)  # not seen: the raw tied matrix's scores
+    assert (raw_logits - head_logits).abs().max() > 0.1
+    with pytest.raises(ValueError, match=r"ran its backbone in test_trl\.scoring_with_raw_weight"):
+        model(input_ids=ids)
+    del model.forward
+    adalora = AdaLoraConfig(task_type="CAUSAL_LM", target_modules=["q_proj"], total_step=10, init_r=2, target_r=1)
+    peft_model = get_peft_model(model, adalora)
+    assert peft_model(input_ids=ids).logits.shape == head_logits.shape  # the model's own forward: served
+    model.__dict__["forward"] = types.MethodType(scoring_with_raw_weight, model)
+    with pytest.raises(ValueError, match=r"is test_trl\.scoring_with_raw_weight, which does not reach the model's "
+                                         r"own forward, and the backbone ran .* while PEFT holds the model"):
+        peft_model(input_ids=ids)
+    claiming = functools.wraps(type(model).forward)(scoring_with_raw_weight)  # its __wrapped__: the own forward
+    model.__dict__["forward"] = types.MethodType(claiming, model)
+    with torch.no_grad():
+        assert torch.equal(peft_model(input_ids=ids), raw_logits)  # not seen under AdaLoRA
+    with pytest.raises(ValueError, match=r"ran its backbone in test_trl\.scoring_with_raw_weight"):
+        model(input_ids=ids)  # through the model's __call__: refused
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from ..loss.policy import refuse_fused_loss_scored_outside
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
-from .wrapped_loss import fused_causal_lm_loss, refuse_patched_forward
+from .wrapped_loss import fused_causal_lm_loss, judging_the_body
 
 _UNIT_LOOKUP_CLASSES: dict[type, type] = {}
 
@@ -317,9 +317,7 @@ class TiedNormWrappedPreTrainedModel(
         # The Trainer's num_items_in_batch is applied here, for every architecture (loss/accumulated.py).
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         skip_logits = kwargs.pop("skip_logits", None)  # the Trainer's: a fused loss may serve evaluation too
-        if self.training and labels is not None:
-            refuse_patched_forward(self, self.model)  # a patched forward would bypass the head (liger's patches)
-        elif self.training and num_items_in_batch is not None:
+        if self.training and labels is None and num_items_in_batch is not None:
             refuse_fused_loss_scored_outside(self.config)  # the Trainer scores the logits: no fused loss
         if labels is not None:  # a causal LM's fused loss (an encoder-decoder refuses a named one)
             fused = fused_causal_lm_loss(
@@ -327,7 +325,9 @@ class TiedNormWrappedPreTrainedModel(
             )
             if fused is not None:  # the loss by a fused path, no logits
                 return fused
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        # A patched forward that computes the loss without the head is refused (liger's patches: wrapped_loss.py).
+        with judging_the_body(self, self.model, computes_training_loss=self.training and labels is not None):
+            outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
         if sliced_here and outputs.logits is not None:
             outputs.logits = slice_logits_to_keep(outputs.logits, logits_to_keep)
         shifted = not self.config.is_encoder_decoder

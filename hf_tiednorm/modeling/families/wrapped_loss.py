@@ -1,18 +1,20 @@
 """A wrapped causal LM's fused training loss, and the guard that no patched ``forward`` bypasses its head: for an
 architecture whose forward is exactly ``lm_head(last hidden state)`` + ``ForCausalLMLoss`` (``FUSED_CAUSAL_BODIES``) the
-wrapper computes that loss from the last hidden state on the head's folded weight, never holding the logits;
-liger-kernel's class-level forward patches (which would score with the raw tied matrix) are refused by name.
-(docs/code_notes.md)"""
+wrapper computes that loss from the last hidden state on the head's folded weight, never holding the logits; a body
+forward that computed the training loss without running its output layer (liger-kernel's patches) is refused by name,
+judged by what ran. (docs/code_notes.md)"""
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..head.scoring_guard import forward_name
 from ..loss.head_loss import head_linear_cross_entropy
 from ..loss.policy import choose_loss_path
 from ..loss.token import token_count
@@ -24,44 +26,35 @@ FUSED_CAUSAL_BODIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2", "
 _CHECKED = "_tiednorm_forward_checked"
 
 
-def _defining_class(cls: type, name: str) -> type | None:
-    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
-
-
-def patched_forward(body: nn.Module) -> str | None:
-    """Where ``body``'s ``forward`` was replaced (a description naming the function), or None when it is the one its
-    class's own module defines."""
-    if "forward" in vars(body):
-        function = getattr(vars(body)["forward"], "__func__", vars(body)["forward"])
-        return f"the instance's forward was set to {getattr(function, '__module__', '?')}.{function.__qualname__}"
-    owner = _defining_class(type(body), "forward")
-    if owner is None:
-        return None
-    function = inspect.unwrap(vars(owner)["forward"])
-    module = getattr(function, "__module__", None)
-    if module != owner.__module__:
-        return f"{owner.__name__}.forward is {module}.{function.__qualname__}, not the one of {owner.__module__}"
-    return None
-
-
-def refuse_patched_forward(model: nn.Module, body: nn.Module) -> None:
-    """Raise ``ValueError`` when ``body``'s ``forward`` was patched (liger-kernel's class-level patches compute the
-    training loss from ``lm_head.weight`` directly, bypassing the normalized head); checked once per forward
-    function, so a training step costs an attribute comparison."""
-    current = vars(body).get("forward") or getattr(type(body), "forward", None)
-    if model.__dict__.get(_CHECKED) is current:
+@contextmanager
+def judging_the_body(model: nn.Module, body: nn.Module, computes_training_loss: bool) -> Iterator[None]:
+    """Around the call of the wrapped ``body``: raise ``ValueError`` when it computed the training loss without
+    calling its output layer, the normalized head (liger-kernel's patches compute it from ``lm_head.weight``).
+    Judged once per forward in effect (a training step then costs an identity comparison): a hook on the head counts
+    its calls during that one call, and is removed after it."""
+    forward = vars(body).get("forward") or type(body).forward
+    if not computes_training_loss or model.__dict__.get(_CHECKED) is forward or torch.compiler.is_compiling():
+        yield
         return
-    where = patched_forward(body)
-    if where is not None:
+    calls = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        yield
+    finally:
+        hook.remove()
+    if not calls:
+        owner = next((k for k in type(body).__mro__ if "forward" in vars(k)), type(body))
+        where = "set on the instance" if "forward" in vars(body) else f"{owner.__name__}.forward"
         raise ValueError(
-            f"the wrapped {type(body).__name__}'s forward was patched ({where}): a patched forward such as "
-            "liger-kernel's apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes the training loss from "
-            "lm_head.weight directly, bypassing the normalized head (its normalization and logit scale), while "
-            "evaluation and generation still use the head. Load the model without the patch (in a fresh process, "
-            "without apply_liger_kernel_to_* or AutoLigerKernelForCausalLM) and use the fused loss of hf_tiednorm "
-            "instead (config.loss_implementation='auto' or 'fused': liger-kernel's kernel on the normalized head)"
+            f"the wrapped {type(body).__name__}'s forward ({where}, {forward_name(forward)}) computed the training "
+            "loss without calling its output layer, the normalized head: a patched forward such as liger-kernel's "
+            "apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes it from lm_head.weight directly, "
+            "bypassing the head (its normalization and logit scale), while evaluation and generation still use the "
+            "head. Load the model without the patch (in a fresh process, without apply_liger_kernel_to_* or "
+            "AutoLigerKernelForCausalLM) and use the fused loss of hf_tiednorm instead (config.loss_implementation="
+            "'auto' or 'fused': liger-kernel's kernel on the normalized head)"
         )
-    model.__dict__[_CHECKED] = current  # not a module attribute: no registration, no state dict entry
+    model.__dict__[_CHECKED] = forward  # not a module attribute: no registration, no state dict entry
 
 
 def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_items_in_batch, skip_logits, kwargs):
@@ -103,4 +96,4 @@ def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_ite
     )
 
 
-__all__ = ["FUSED_CAUSAL_BODIES", "fused_causal_lm_loss", "patched_forward", "refuse_patched_forward"]
+__all__ = ["FUSED_CAUSAL_BODIES", "fused_causal_lm_loss", "judging_the_body"]

@@ -720,17 +720,18 @@ class TiedNormEmbedding(nn.Embedding):
 
 
 # ------------------------------ hf_tiednorm/modeling/head/scoring_guard.py --------------------------------------
-"""Who scores with the normalized head: a caller that replaces the model's forward is served exactly or refused by
-name. TRL's trainers install a fused LM head that scores the backbone's hidden states with
-``get_output_embeddings().weight``; while such a call runs the head is served as the plain linear layer it computes
-(``FoldedLinear``: W_s = diag(scale)·W and the bias), and any other forward that would score with the raw tied matrix
-is refused where it is set or at its first call. (docs/code_notes.md)"""
+"""Who scores with the normalized head, judged by what ran: the model's own forward (under any wrapper: accelerate's
+hooks and offload, torch.compile, PEFT) is served, TRL's fused LM head is served the head exactly (``FoldedLinear``:
+W_s = diag(scale)·W and the bias), and a forward that ran the backbone itself is refused by its real name. Decided
+from counts kept in the model (its own forwards running, its calls in progress), never from interpreter frames; no
+torch global hook. (docs/code_notes.md)"""
 
 
-# The forwards that score with the model's own head (own_scoring's wrappers), by identity.
+# The forwards that score with the model's own head (own_scoring's wrappers, TRL's served one), by identity.
 _OWN_FORWARDS: weakref.WeakSet = weakref.WeakSet()
 # __dict__ entries, not module attributes: no registration, no state-dict entry.
 _SCORING = "_tiednorm_scoring"  # backbone: how many own or served forwards are running over it now
+_CALLING = "_tiednorm_model_calls"  # backbone: how many calls of the model (its __call__) are in progress
 _HOST = "_tiednorm_scoring_host"  # backbone: _HostRef to the model that scores its hidden states
 _BACKBONE = "_tiednorm_guarded_backbone"  # model: the backbone the hook is on (base_model is a slow property)
 _SERVING_FOLDED = "_tiednorm_serving_folded_head"  # model: inside a served TRL call
@@ -739,20 +740,16 @@ _TRL_FUSED = ("trl.trainer.utils", "_fused_forward")
 _COMPILED = ("torch._dynamo.eval_frame", "compile_wrapper")
 
 
-def _code_origin(function) -> tuple[str, str]:
-    """(module, code name) where ``function`` was really defined, whatever ``functools.wraps`` copied onto it."""
-    code = getattr(function, "__code__", None)
-    module = getattr(function, "__globals__", {}).get("__name__", getattr(function, "__module__", "?"))
-    return module, code.co_name if code is not None else type(function).__name__
-
-
-def _describe_code(module: str, code: types.CodeType) -> str:
-    return f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
+def _origin(function) -> tuple[str, str]:
+    """(module, code name) where the plain function ``function`` was really defined, whatever ``functools.wraps``
+    copied onto it."""
+    return function.__globals__.get("__name__", "?"), function.__code__.co_name
 
 
 def is_trl_fused_forward(function) -> bool:
     """Whether ``function`` (or the bound method) is the forward TRL's ``add_fused_lm_head`` installs."""
-    return _code_origin(getattr(function, "__func__", function)) == _TRL_FUSED
+    function = getattr(function, "__func__", function)
+    return isinstance(function, types.FunctionType) and _origin(function) == _TRL_FUSED
 
 
 # --- counting the scoring forwards on the backbone -----------------------------------------------------------------
@@ -865,7 +862,7 @@ def _served_trl_forward(own_forward: Callable) -> Callable:
         with serving_folded_head(self):
             return trl_forward(self, *args, fused_lm_head=True, **kwargs)
 
-    served.__tiednorm_served__ = True
+    _OWN_FORWARDS.add(served)  # by identity: functools.wraps copies attributes onto any wrapper of it
     return served
 
 
@@ -913,89 +910,69 @@ class FoldedLinear(nn.Module):
         return logits if self.bias is None else logits + self.bias
 
 
-# --- the model's forward in effect, as the functions that run when it is called -----------------------------------
+# --- the model's forward in effect, unwrapped -----------------------------------------------------------------------
 
 
 def _is_own(function) -> bool:
-    return function in _OWN_FORWARDS or getattr(function, "__tiednorm_served__", False)
+    return isinstance(function, types.FunctionType) and function in _OWN_FORWARDS
 
 
-def _forward_functions(forward, bound) -> tuple[list[tuple[types.CodeType, str, object, tuple]], bool]:
-    """The functions that run when ``forward`` is called, down to the model's own forward (excluded), each as
-    (code, module, the object it is called on or None, its closure's (name, value) pairs): through bound methods,
-    ``functools.partial`` (accelerate's hooks), ``__wrapped__`` (``functools.wraps``, accelerate's autocast and fp32
-    wrappers, ``torch.compile``) and callable objects; and whether they reach the model's own forward."""
-    found, pending, seen, reaches_own = [], [(forward, bound)], set(), False
+def _unwrap(forward) -> tuple[list[Callable], bool]:
+    """The plain functions that run when ``forward`` is called, outermost first, down to the model's own forward
+    (excluded), through bound methods, ``functools.partial`` (accelerate's hooks), ``__wrapped__`` (``functools.wraps``:
+    accelerate's autocast and fp32 wrappers, ``torch.compile``) and callable objects' ``__call__``; and whether they
+    reach the model's own forward. Read from the objects, not from what runs: O(length of the chain)."""
+    found, pending, seen, reaches_own = [], [forward], set(), False
     while pending and len(seen) < 64:
-        function, on = pending.pop()
-        reaches_own = reaches_own or _is_own(function)
-        if function is None or id(function) in seen or _is_own(function):
+        function = pending.pop(0)
+        if function is None or id(function) in seen:
             continue
         seen.add(id(function))
+        if _is_own(function):
+            reaches_own = True
+            continue
         if isinstance(function, types.MethodType):
-            pending.append((function.__func__, function.__self__))
+            pending.append(function.__func__)
             continue
         if isinstance(function, functools.partial):
-            pending.append((function.func, function.args[0] if function.args else on))
+            pending.append(function.func)
         elif isinstance(function, types.FunctionType):
-            cells = tuple(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ()),
-                              strict=False))
-            found.append((function.__code__, _code_origin(function)[0], on, cells))
-        elif callable(function):  # a callable object: its __call__ runs with the object first
+            found.append(function)
+        elif callable(function):  # a callable object: its class's __call__ runs
             call = next((vars(k)["__call__"] for k in type(function).__mro__ if "__call__" in vars(k)), None)
             if isinstance(call, types.FunctionType):
-                found.append((call.__code__, _code_origin(call)[0], function, ()))
-        pending.append((getattr(function, "__wrapped__", None), on))
+                found.append(call)
+        pending.append(getattr(function, "__wrapped__", None))
     return found, reaches_own
 
 
-def _first_argument(frame) -> object:
-    code = frame.f_code
-    return frame.f_locals.get(code.co_varnames[0]) if code.co_argcount or code.co_flags & 0x04 else None
+def _name(function) -> str:
+    """A function by its real module and qualified name (its code's: ``functools.wraps`` copies the wrapped one's)."""
+    code = function.__code__
+    return f"{function.__globals__.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}"
 
 
-def _runs_as(frame, on, cells) -> bool:
-    """Whether ``frame`` is a call of the function found with (``on``, ``cells``), not of another function made from
-    the same code (the same decorator on another model)."""
-    if on is not None:
-        first = _first_argument(frame)
-        if first is not on and not (isinstance(first, tuple) and first and first[0] is on):
-            return False
-    return all(frame.f_locals.get(name, value) is value for name, value in cells)
+def _names(functions: list[Callable]) -> str:
+    return ", wrapping ".join(_name(function) for function in functions)
 
 
-def _foreign_caller(model: nn.Module, frame) -> tuple[str, str, types.CodeType] | None:
-    """(where it is set, module, code) of the function of the model's forward in effect, other than the model's own
-    forward, that is among the callers (``frame`` and up), or None."""
-    instance = model.__dict__.get("forward")
-    candidates = {}
-    for where, functions in (
-        ("set on the instance", _forward_functions(instance, model)[0] if instance is not None else []),
-        ("its class's", _forward_functions(type(model).forward, model)[0]),
-    ):
-        for code, module, on, cells in functions:
-            candidates.setdefault(code, []).append((where, module, on, cells))
-    if not candidates:
-        return None
-    while frame is not None:
-        for where, module, on, cells in candidates.get(frame.f_code, ()):
-            if _runs_as(frame, on, cells):
-                return where, module, frame.f_code
-        frame = frame.f_back
-    return None
+def forward_name(forward) -> str:
+    """What runs when ``forward`` is called: its functions by their real module and name, outermost first (which of
+    them scored is not known without running it: "accelerate's hook, wrapping a patch", "a patch, wrapping the
+    class's forward" as ``functools.wraps`` dresses one)."""
+    return _names(_unwrap(forward)[0]) or "the model's own forward"
 
 
 def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
     """Refuse a ``torch.compile``d forward set on the instance unless it compiles the model's own forward: inside its
     graph no hook runs, so what it scores with cannot be seen when it runs."""
-    functions, reaches_own = _forward_functions(forward, model)
-    if not any((module, code.co_name) == _COMPILED for code, module, _, _ in functions):
+    functions, reaches_own = _unwrap(forward)
+    if reaches_own or not any(_origin(function) == _COMPILED for function in functions):
         return
-    foreign = [(module, code) for code, module, _, _ in functions if (module, code.co_name) != _COMPILED]
-    if not reaches_own:
-        name = _describe_code(*foreign[-1]) if foreign else "a function"
-        _refuse_scoring(f"{type(model).__name__}'s forward (set on the instance) is torch.compile of {name}, not of "
-                        "the model's own forward (a compiled graph runs no hook, so it is judged by what it compiles)")
+    compiled = [function for function in functions if _origin(function) != _COMPILED]
+    name = _name(compiled[-1]) if compiled else "a function"
+    _refuse_scoring(f"{type(model).__name__}'s forward (set on the instance) is torch.compile of {name}, not of the "
+                    "model's own forward (a compiled graph runs no hook, so it is judged by what it compiles)")
 
 
 def _refuse_scoring(why: str) -> None:
@@ -1033,35 +1010,64 @@ class _HostRef:
         return _HostRef, (self(),)
 
 
+def _enter_model_call(model: nn.Module, _args) -> None:
+    """Forward pre-hook of the model: one more call of the model (its ``__call__``) in progress over its backbone."""
+    backbone = model.__dict__.get(_BACKBONE)
+    if backbone is not None and not torch.compiler.is_compiling():
+        backbone.__dict__[_CALLING] = backbone.__dict__.get(_CALLING, 0) + 1
+
+
+def _exit_model_call(model: nn.Module, _args, _output) -> None:
+    """Forward hook of the model, run also when the forward raised (``always_call``)."""
+    backbone = model.__dict__.get(_BACKBONE)
+    if backbone is not None and backbone.__dict__.get(_CALLING) and not torch.compiler.is_compiling():
+        backbone.__dict__[_CALLING] -= 1
+
+
 def _judge_backbone_call(backbone: nn.Module, _args) -> None:
     """Forward pre-hook of a model's backbone: refuse a call that the model's forward in effect makes without the
     model's own forward (module docstring)."""
-    if backbone.__dict__.get(_SCORING) or torch.compiler.is_compiling():
+    state = backbone.__dict__
+    if state.get(_SCORING) or torch.compiler.is_compiling():
         return
-    reference = backbone.__dict__.get(_HOST)
+    reference = state.get(_HOST)
     host = reference() if reference is not None else None
     if host is None or host.base_model is not backbone:  # a backbone used on its own (or copied alone)
         return
-    caller = _foreign_caller(host, sys._getframe(1))
-    if caller is None:
+    instance = host.__dict__.get("forward")
+    functions, reaches_own = _unwrap(instance if instance is not None else type(host).forward)
+    if not functions:  # the model's own forward is in effect, and not running: nothing of the model's scores
+        return
+    name = _names(functions)
+    where = "set on the instance" if instance is not None else "its class's"
+    if state.get(_CALLING):  # the model is being called, and its forward in effect ran the backbone itself
+        why = f"{type(host).__name__}'s forward ({where}) ran its backbone in {name}"
+        if any(_origin(function) == _TRL_FUSED for function in functions):
+            why += (", TRL's add_fused_lm_head forward installed without going through the model "
+                    "(object.__setattr__?), so it scores with the raw tied matrix")
+        why += ", not through the model's own forward"
+    elif reaches_own or "peft_config" not in host.__dict__:
         return  # called directly (hidden states for an embedding, a value head): nothing is scored
-    where, module, code = caller
-    why = f"{type(host).__name__}'s forward ({where}) ran its backbone in {_describe_code(module, code)}"
-    if (module, code.co_name) == _TRL_FUSED:
-        why += (", TRL's add_fused_lm_head forward installed without going through the model (object.__setattr__?), "
-                "so it scores with the raw tied matrix")
-    _refuse_scoring(f"{why}, not through the model's own forward")
+    else:  # PEFT (model.peft_config) holds the model, and its AdaLoRA / X-LoRA tuners call model.forward directly
+        why = (f"{type(host).__name__}'s forward ({where}) is {name}, which does not reach the model's own forward, "
+               "and the backbone ran outside the model's own forward while PEFT holds the model (its AdaLoRA and "
+               "X-LoRA tuners call model.forward past the model's __call__, where no hook sees the call)")
+    _refuse_scoring(why)
 
 
 def install_scoring_guard(model: nn.Module) -> None:
-    """Judge every call of ``model``'s backbone (``model.base_model``) by what runs it (module docstring); once per
-    backbone, a later call only points it at ``model``."""
+    """Judge every call of ``model``'s backbone (``model.base_model``) by what runs it (module docstring): a hook on
+    the backbone, once per backbone (a later call only points it at ``model``), and two counting the model's calls,
+    once per model."""
     backbone = model.base_model
     if backbone is model:
         return
     if _HOST not in backbone.__dict__:
         backbone.register_forward_pre_hook(_judge_backbone_call)
     backbone.__dict__[_HOST] = _HostRef(model)
+    if _BACKBONE not in model.__dict__:
+        model.register_forward_pre_hook(_enter_model_call, prepend=True)
+        model.register_forward_hook(_exit_model_call, always_call=True)
     model.__dict__[_BACKBONE] = backbone  # not registered: no second name, no state-dict entry
 
 

@@ -3,6 +3,7 @@ and ``use_liger_kernel=True`` served or refused by name (issues 39, 43.5)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 
@@ -77,18 +78,51 @@ def test_a_class_level_patched_forward_is_refused_at_the_first_training_step(mon
     model = _wrapped("llama", "auto", torch.float32)
     monkeypatch.setattr(LlamaForCausalLM, "forward", _liger_like_forward)  # as apply_liger_kernel_to_llama() does
     inputs = inputs_for(model)
-    with pytest.raises(ValueError, match=r"LlamaForCausalLM.forward is .*_liger_like_forward.*bypassing the"):
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM's forward \(LlamaForCausalLM\.forward, test_fused_wrapped"
+                                         r"\._liger_like_forward\) computed the training loss without calling its "
+                                         r"output layer, the normalized head.*bypassing the head"):
         model(**inputs, labels=inputs["input_ids"])
     monkeypatch.undo()
     assert model(**inputs, labels=inputs["input_ids"]).loss is not None  # the class's own forward again
+
+
+def test_a_patch_dressed_as_the_classs_own_forward_is_refused(monkeypatch):
+    """Judged by what ran, not by who installed it: before, a patch that ``functools.wraps`` the class's forward (its
+    ``__module__`` and ``__wrapped__`` then name transformers' own) passed, and trained without the head."""
+    model = _wrapped("llama", "auto", torch.float32)
+    patch = _liger_like_forward
+    copied = types.FunctionType(patch.__code__, patch.__globals__, patch.__name__, patch.__defaults__)
+    dressed = functools.wraps(LlamaForCausalLM.forward)(copied)  # (wraps sets its attributes on the function itself)
+    monkeypatch.setattr(LlamaForCausalLM, "forward", dressed)
+    inputs = inputs_for(model)
+    with pytest.raises(ValueError, match=r"\(LlamaForCausalLM\.forward, test_fused_wrapped\._liger_like_forward, "
+                                         r"wrapping "):
+        model(**inputs, labels=inputs["input_ids"])
 
 
 def test_an_instance_level_patched_forward_is_refused():
     model = _wrapped("llama", "auto", torch.float32)
     model.model.forward = types.MethodType(_liger_like_forward, model.model)
     inputs = inputs_for(model)
-    with pytest.raises(ValueError, match="the instance's forward was set to"):
+    with pytest.raises(ValueError, match=r"\(set on the instance, test_fused_wrapped\._liger_like_forward\) computed"):
         model(**inputs, labels=inputs["input_ids"])
+
+
+def test_a_wrapper_that_calls_the_wrapped_models_forward_trains():
+    """A forward set on the wrapped model that calls its architecture's forward (accelerate's hooks, a logging
+    wrapper) trains through the head: before, every forward set on the instance was refused."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    inputs = inputs_for(source_model("llama"))
+    expected = _wrapped("llama", "plain", torch.float32)(**inputs, labels=inputs["input_ids"]).loss
+    logged = _wrapped("llama", "plain", torch.float32)
+    forward = logged.model.forward
+    logged.model.forward = lambda *args, **kwargs: forward(*args, **kwargs)
+    hooked = _wrapped("llama", "plain", torch.float32)
+    add_hook_to_module(hooked.model, ModelHook())  # accelerate's functools.partial on the instance
+    for model in (logged, hooked):
+        assert "forward" in vars(model.model)
+        torch.testing.assert_close(model(**inputs, labels=inputs["input_ids"]).loss, expected, rtol=0, atol=0)
 
 
 def _args(tmp_path, **kwargs):
