@@ -15,7 +15,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
 from ..modeling.families.table import family_of_config
-from ..modeling.families.wrapped import shared_embedding_modules, unit_lookups
+from ..modeling.families.wrapped_head import shared_embedding_modules, unit_lookups
 from ..modeling.head.layer import TiedNormHead
 from ..modeling.head.modes import unit_rows
 from ..modeling.head.peft_guard import PEFT_EMBEDDING_ADVICE
