@@ -6,8 +6,10 @@ assisted decoding, the KV cache against a full forward, left padding, ``inputs_e
 (the compiled call kept on the model itself, a full graph, no recompile for a shorter generation:
 ``test_generate_compilation_all_outputs``, ``test_generate_compile_model_forward_fullgraph``,
 ``test_static_cache_no_recompile_with_smaller_length`` of HF's mixin); and what HF's mixin skips a model for when its
-forward does not name it (``logits_to_keep``, ``position_ids``) or its class does not declare it
-(``_supports_attention_backend``, read through ``is_backend_compatible()``).
+forward does not name it (``logits_to_keep``, ``position_ids``) or its class does not declare it, read on the class
+(``_supports_attention_backend``, also through ``is_backend_compatible()``; ``_is_stateful``): assisted decoding with
+an assistant whose proposals are rejected and with one whose proposals are all accepted, assisted sampling, and
+packed (padding-free) sequences with eager attention and SDPA.
 
 Every check compares ``generate`` with full forwards of the model itself (no cache), so a cache, a padding or a head
 that ``generate`` used differently from ``forward`` shows. ``min_new_tokens`` keeps every sequence to the same length
@@ -125,13 +127,86 @@ def check_beam_search(model) -> None:
     assert not torch.equal(generated[0::2], generated[1::2])
 
 
+@contextmanager
+def proposing(assistant, tokens: int = 2):
+    """``assistant`` proposes ``tokens`` tokens at each call (a constant schedule), so that the model checks several
+    proposals in one forward and runs more than one such forward (HF's assisted-decoding tests set the same)."""
+    own = assistant.generation_config
+    saved = own.num_assistant_tokens, own.num_assistant_tokens_schedule
+    own.num_assistant_tokens, own.num_assistant_tokens_schedule = tokens, "constant"
+    try:
+        yield assistant
+    finally:
+        own.num_assistant_tokens, own.num_assistant_tokens_schedule = saved
+
+
 def check_assisted_decoding(model, assistant) -> None:
-    """Greedy assisted decoding (an assistant proposing tokens, the model checking them) gives greedy's tokens."""
+    """Greedy assisted decoding (an assistant proposing tokens, the model checking them) gives greedy's tokens, scores
+    and raw logits, with ``assistant`` (whose proposals the model rejects) and with the model itself as its own
+    assistant (every proposal accepted): HF's ``test_assisted_decoding_matches_greedy_search``, "random" and "same".
+    A model that keeps a state assisted decoding cannot roll back (``_is_stateful``, read on the class as HF's test
+    reads it) would skip it there: ours do not."""
+    assert type(model)._is_stateful is False, f"{type(model).__name__}._is_stateful read on the class"
     inputs = prompt(model, batch=1)
-    config = generation_config(model, do_sample=False)
-    greedy = model.generate(**inputs, generation_config=config)
-    assisted = model.generate(**inputs, generation_config=config, assistant_model=assistant)
-    torch.testing.assert_close(assisted, greedy)
+    config = generation_config(model, do_sample=False, output_scores=True, output_logits=True,
+                               return_dict_in_generate=True)
+    with without_forced_tokens(model):
+        greedy = model.generate(**inputs, generation_config=config)
+        for helper in (assistant, model):
+            with proposing(helper):
+                assisted = model.generate(**inputs, generation_config=config, assistant_model=helper)
+            torch.testing.assert_close(assisted.sequences, greedy.sequences)
+            for field in ("scores", "logits"):
+                torch.testing.assert_close(torch.stack(getattr(assisted, field)), torch.stack(getattr(greedy, field)),
+                                           atol=1e-4, rtol=1e-4)
+
+
+def check_assisted_sampling(model, assistant) -> None:
+    """Assisted sampling (HF's ``test_assisted_decoding_sample``): every step's scores are the model's own, so
+    sampling with ``top_k=1`` gives greedy's tokens whoever assists, and a seeded run repeats itself."""
+    inputs = prompt(model, batch=1)
+    greedy = model.generate(**inputs, generation_config=generation_config(model, do_sample=False))
+    with proposing(assistant):
+        top1 = model.generate(**inputs, generation_config=generation_config(model, do_sample=True, top_k=1),
+                              assistant_model=assistant)
+        config = generation_config(model, do_sample=True, top_k=0, temperature=1.5)
+        runs = []
+        for _ in range(2):
+            torch.manual_seed(3)
+            runs.append(model.generate(**inputs, generation_config=config, assistant_model=assistant))
+    torch.testing.assert_close(top1, greedy)
+    torch.testing.assert_close(runs[0], runs[1])
+    assert new_tokens(model, runs[0], inputs).shape == (1, NEW)
+
+
+def check_padding_free(model) -> None:
+    """Sequences packed into one row, with positions restarting at each sequence and no mask (what
+    ``DataCollatorWithFlattening`` gives), get the logits the same sequences get left-padded in a batch, with eager
+    attention and with SDPA (HF's ``test_eager_padding_matches_padding_free_with_position_ids`` and its ``sdpa``
+    twin). HF's test runs it on a class whose ``_supports_attention_backend`` and ``_supports_sdpa`` say so, read on
+    the class; decoder-only models (an encoder-decoder's decoder counts its own positions)."""
+    if model.config.is_encoder_decoder:
+        return
+    if not (type(model)._supports_attention_backend and model._supports_attention_backend):
+        return  # HF's test skips a model without the attention backend (GPT-2's own attention here)
+    inputs = prompt(model, batch=3, length=6)
+    mask = inputs["attention_mask"]
+    mask[1, :2] = mask[2, :4] = 0
+    ids = inputs["input_ids"].masked_fill(mask == 0, generation_config(model).pad_token_id)
+    positions = (mask.cumsum(-1) - 1) * mask
+    packed_ids = ids[mask.bool()][None]
+    packed_positions = torch.cat([torch.arange(int(n)) for n in mask.sum(-1)])[None].to(ids.device)
+    saved = model.config._attn_implementation
+    try:
+        for attention in ("eager", "sdpa"):
+            assert type(model)._supports_sdpa or attention == "eager"
+            model.set_attn_implementation(attention)
+            with torch.no_grad():
+                padded = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+                packed = model(input_ids=packed_ids, position_ids=packed_positions, use_cache=False).logits
+            torch.testing.assert_close(packed[0], padded[mask.bool()], atol=1e-5, rtol=1e-5)
+    finally:
+        model.set_attn_implementation(saved)
 
 
 def check_left_padding(model) -> None:
@@ -307,13 +382,21 @@ def check_backend_flags(model, wrapped_class=None) -> None:
     for the wrapper, those of the class it wraps (``wrapped_class``)."""
     source = wrapped_class or type(model)
     assert model.is_backend_compatible() is bool(source._supports_attention_backend)
-    for flag in ("_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn", "_supports_flex_attn",
-                 "_can_compile_fullgraph", "_is_stateful"):
+    for flag in BACKEND_FLAGS:
         assert getattr(model, flag) == getattr(source, flag), flag
+        # Read on the class (HF's tests, vLLM's registry): a bool, never a property object (truthy whatever it says).
+        assert isinstance(getattr(type(model), flag), bool), f"{type(model).__name__}.{flag} read on the class"
+    assert type(model).is_backend_compatible() is type(model)._supports_attention_backend
+
+
+BACKEND_FLAGS = ("_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn", "_supports_flex_attn",
+                 "_can_compile_fullgraph", "_is_stateful")
 
 
 __all__ = [
+    "BACKEND_FLAGS",
     "check_assisted_decoding",
+    "check_assisted_sampling",
     "check_backend_flags",
     "check_beam_search",
     "check_compiled_forward_fullgraph",
@@ -322,6 +405,7 @@ __all__ = [
     "check_inputs_embeds",
     "check_left_padding",
     "check_logits_to_keep",
+    "check_padding_free",
     "check_position_ids",
     "check_sampling",
     "check_static_cache_no_recompile_when_shorter",

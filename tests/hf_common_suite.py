@@ -4,9 +4,13 @@ installed transformers, and the testers that feed them our tiny models (issue 46
 The transformers sdist ships ``tests/test_modeling_common.py`` and ``tests/test_configuration_common.py`` but not
 the three modules they import from sibling folders (``generation/test_utils.py``, ``exporters/test_export.py``,
 ``utils/test_configuration_utils.py``). Those are stood in for here: the generation mixin by an empty class (our own
-generation checks, tests/generation_checks.py, cover it for every family), the export mixin by an empty class (the
-export tests are ours, tests/test_export*.py), and ``config_common_kwargs`` by the common ``PreTrainedConfig``
-settings written below. Nothing of HF's test code is copied into this repository.
+generation checks, tests/generation_checks.py, cover it for every family), the export mixins by empty classes (the
+export tests are ours, tests/conversion/test_export*.py), and ``config_common_kwargs`` by the common
+``PreTrainedConfig`` settings written below. Nothing of HF's test code is copied into this repository.
+
+HF's real ``GenerationTesterMixin`` is used instead of the empty class where ``generation/test_utils.py`` stands beside
+``test_modeling_common.py`` (taken from transformers' repository by hand: the manual check of docs/deploy.md,
+"Generation"); its ``from tests.exporters.test_export import ExportGenerateTesterMixin`` gets the empty export mixin.
 
 Where the tests come from: ``HF_COMMON_TESTS`` (a folder holding ``test_modeling_common.py``), by default
 ``.hf_tests/tests`` in the repository (ignored by git), which ``.ci/run`` fills with::
@@ -65,6 +69,26 @@ def _stub(name: str, **attributes) -> None:
     setattr(sys.modules[parent], child, module)
 
 
+def has_generation_tests() -> bool:
+    """Whether HF's ``generation/test_utils.py`` stands at ``HF_TESTS`` (put there by hand; the sdist lacks it)."""
+    return (HF_TESTS / "generation" / "test_utils.py").is_file()
+
+
+def _import_generation_tests(export_mixins: dict[str, type]) -> None:
+    """Import HF's ``generation/test_utils.py`` as ``hf_sdist_tests.generation.test_utils``. It imports the export
+    mixin from ``tests.exporters.test_export`` (transformers' repository layout): an empty one, for that import only."""
+    absolute = ("tests", "tests.exporters", "tests.exporters.test_export")
+    added = [name for name in absolute if name not in sys.modules]
+    for name in added:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["tests.exporters.test_export"].__dict__.update(export_mixins)
+    try:
+        importlib.import_module(f"{PACKAGE}.generation.test_utils")
+    finally:
+        for name in added:
+            del sys.modules[name]
+
+
 def load() -> types.SimpleNamespace:
     """HF's ``ModelTesterMixin``, ``ConfigTester`` and ``ids_tensor``; skips the calling test module (fails it under
     ``HF_COMMON_TESTS_REQUIRED=1``) when the sdist's tests are not at ``HF_TESTS``."""
@@ -84,9 +108,14 @@ def load() -> types.SimpleNamespace:
         package = types.ModuleType(PACKAGE)
         package.__path__ = [str(HF_TESTS)]
         sys.modules[PACKAGE] = package
-        _stub("generation.test_utils", GenerationTesterMixin=type("GenerationTesterMixin", (), {}))
-        _stub("exporters.test_export", ExportTesterMixin=type("ExportTesterMixin", (), {}))
+        export_mixins = {"ExportTesterMixin": type("ExportTesterMixin", (), {}),
+                         "ExportGenerateTesterMixin": type("ExportGenerateTesterMixin", (), {})}
+        _stub("exporters.test_export", **export_mixins)
         _stub("utils.test_configuration_utils", config_common_kwargs=CONFIG_COMMON_KWARGS)
+        if has_generation_tests():
+            _import_generation_tests(export_mixins)
+        else:
+            _stub("generation.test_utils", GenerationTesterMixin=type("GenerationTesterMixin", (), {}))
     modeling = importlib.import_module(f"{PACKAGE}.test_modeling_common")
     # test_configuration_common imports "transformers" from its own folder (the repository's src/ layout, absent
     # from the sdist) into a name it never uses: the installed transformers stands in.
@@ -137,4 +166,4 @@ class TinyModelTester:
         return self.get_config(), inputs
 
 
-__all__ = ["CONFIG_COMMON_KWARGS", "FETCH", "HF_TESTS", "TinyModelTester", "load"]
+__all__ = ["CONFIG_COMMON_KWARGS", "FETCH", "HF_TESTS", "TinyModelTester", "has_generation_tests", "load"]

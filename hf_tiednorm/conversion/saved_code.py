@@ -269,9 +269,11 @@ def add_model_entries(model) -> None:
     transformers copies for a family from outside the package), and an encoder-decoder's translation pipeline, so
     that ``pipeline("tiednorm-translation", model=folder, trust_remote_code=True)`` serves the folder alone."""
     row, config = family_of_config(model.config), model.config
-    body = model.base_model
-    if row is not None and body is not model and type(body).__module__ == type(model).__module__:
-        config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": code_reference(type(body), row)}
+    # The row's base model (the wrapper's is TiedNormWrappedModel, not the wrapped backbone transformers' base_model
+    # gives: an engine that builds the AutoModel class, vLLM's Transformers backend, then meets its refusal).
+    body_class = getattr(row, "base_model_class", None) or type(model.base_model)
+    if row is not None and not isinstance(model, body_class) and body_class.__module__ == type(model).__module__:
+        config.auto_map = {**(getattr(config, "auto_map", None) or {}), "AutoModel": code_reference(body_class, row)}
     if row is not None and row.pipeline_class is not None and config.is_encoder_decoder:
         entry = {"impl": code_reference(row.pipeline_class, row), "pt": ["AutoModelForSeq2SeqLM"], "tf": [],
                  "type": "text"}  # fmt: skip  (the form Pipeline.save_pretrained writes)

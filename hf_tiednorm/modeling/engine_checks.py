@@ -20,6 +20,11 @@ def _head_description(config: Any) -> str:
     return ", ".join(settings) or "its normalized head"
 
 
+# The export's one limit a head setting can hit (conversion/export.py): a per-token bias needs a place in the parent.
+_BIAS_NOTE = (". A learned logit bias exports where the parent has a per-token bias after its output layer "
+              "(final_logits_bias: Marian, BART, mBART, ...) or while it is still zero; tiednorm-export says which")
+
+
 def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
     """Raise ``ValueError`` when ``config`` (or the text config inside it) carries the attention implementation of
     an engine that rebuilds the model without its head (``REBUILDING_ENGINES``).
@@ -41,6 +46,7 @@ def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
                 f"embedding, the raw scores w·h, so it would drop the normalized head ({_head_description(config)}) "
                 "and generate wrong tokens without an error. Serve the plain export instead, which the engine runs "
                 "natively with this model's logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)"
+                + (_BIAS_NOTE if getattr(config, "logit_bias", False) else "")
             )
 
 

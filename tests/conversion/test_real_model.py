@@ -120,3 +120,43 @@ def test_the_plain_baseline_of_the_gguf_is_a_stock_fp32_llama_the_trainer_takes(
     with torch.no_grad():
         torch.testing.assert_close(plain(ids).logits, baseline(ids).logits, rtol=0, atol=0)
     Trainer(model=plain, args=args)  # not refused
+
+
+# slow: a 135M-parameter model converted, a LoRA step with its logit scale, and two reloads (minutes on 2 busy cores)
+@pytest.mark.slow
+def test_smollm2_lora_trains_its_logit_scale_and_the_adapter_restores_it(tmp_path, capsys):
+    """Issue 60 on the real model: the lossless start's g, trained beside LoRA (train_head_terms), is saved with the
+    adapter and restored exactly; without it in the adapter file (what PEFT's save wrote before) the logits move."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file, save_file
+
+    from hf_tiednorm.training.peft_terms import train_head_terms
+
+    convert_checkpoint(GGUF, tmp_path / "cosine", head_mode="cosine", lossless_start=True)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "cosine")
+    ids = tokenizer(TEXT[1], return_tensors="pt").input_ids
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tmp_path / "cosine"),
+                           LoraConfig(target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))  # fmt: skip
+    assert train_head_terms(model) == ["base_model.model.lm_head.logit_scale"]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        expected = model(ids).logits
+    model.save_pretrained(tmp_path / "adapter")
+    del model
+    adapter = tmp_path / "adapter"
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "cosine"), adapter)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, expected, rtol=0, atol=0)
+    del reloaded
+    weights = load_file(adapter / "adapter_model.safetensors")
+    save_file({k: v for k, v in weights.items() if "lm_head" not in k}, adapter / "adapter_model.safetensors")
+    dropped = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "cosine"), adapter)
+    with torch.no_grad():
+        moved = (dropped(ids).logits - expected).abs().max().item()
+    with capsys.disabled():
+        print(f"\nSmolLM2, g trained one SGD step (lr 1.0) beside LoRA: max |logit difference| without g in the "
+              f"adapter (the old save) {moved:.3g}, with it 0")
+    assert moved > 1e-3

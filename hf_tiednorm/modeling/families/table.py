@@ -37,7 +37,7 @@ from .causal import TiedNormCausalModel, TiedNormForCausalLM
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_wrapped import TiedNormWrappedConfig
 from .seq2seq import TiedNormForConditionalGeneration, TiedNormSeq2SeqModel
-from .wrapped import TiedNormWrappedForCausalLM, TiedNormWrappedForSeq2SeqLM
+from .wrapped import TiedNormWrappedForCausalLM, TiedNormWrappedForSeq2SeqLM, TiedNormWrappedModel
 
 # The per-token bias slot a parent adds after its output layer (Marian, BART, mBART, Pegasus, Blenderbot, ...).
 FINAL_LOGITS_BIAS = "final_logits_bias"
@@ -307,6 +307,7 @@ for _row in (
     ),
     WrappedFamily(
         lm_class=TiedNormWrappedForCausalLM, config_class=TiedNormWrappedConfig, auto_class=AutoModelForCausalLM,
+        base_model_class=TiedNormWrappedModel,
         card_name="any tied transformers LM (transformers' own code)", cpu_bf16_eager_attention=False,
         from_scratch=False, extra_lm_classes=((TiedNormWrappedForSeq2SeqLM, AutoModelForSeq2SeqLM),),
         pipeline_class=TiedNormTranslationPipeline,

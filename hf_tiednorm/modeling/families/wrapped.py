@@ -19,83 +19,16 @@ from transformers.utils import TransformersKwargs, can_return_tuple
 
 from ..code_writer import SavesItsCode
 from ..engine_checks import EngineChecksMixin
-from ..head.layer import TiedNormEmbedding, TiedNormHead
 from ..head.peft_guard import check_head_once
 from ..head.scoring_guard import own_scoring
-from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside
 from .causal_lm_names import recognise_as_causal_lm
 from .configuration_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
+from .wrapped_head import install_normalized_head
 from .wrapped_loss import fused_causal_lm_loss, judging_the_body
-
-_UNIT_LOOKUP_CLASSES: dict[type, type] = {}
-
-
-def unit_lookups(embedding: nn.Embedding, norm_eps: float) -> None:
-    """Make ``embedding`` look up ŵ_i = w_i/‖w_i‖ (the l2 mode's input side, Liu et al. eq. 19), in place.
-
-    The module keeps its class's behaviour: its class is replaced by a subclass of it and of ``TiedNormEmbedding``,
-    whose lookup the class's own ``forward`` reaches through ``super().forward``, so a scale it applies (Gemma's
-    ``embed_scale``) multiplies ŵ_i. Weights and state-dict keys do not change.
-    """
-    cls = type(embedding)
-    if not issubclass(cls, TiedNormEmbedding):
-        if cls is nn.Embedding:
-            unit_class = TiedNormEmbedding
-        else:
-            if cls not in _UNIT_LOOKUP_CLASSES:
-                _UNIT_LOOKUP_CLASSES[cls] = type(f"TiedNormUnit{cls.__name__}", (cls, TiedNormEmbedding), {})
-            unit_class = _UNIT_LOOKUP_CLASSES[cls]
-        embedding.__class__ = unit_class
-    embedding.normalize = True
-    embedding.norm_eps = norm_eps
-
-
-def shared_embedding_modules(body: PreTrainedModel) -> list[nn.Embedding]:
-    """The embedding modules holding the matrix ``body``'s output layer is tied to, that one first.
-
-    The output layer ties to the source of its weight in ``body``'s tie mapping (the decoder embedding of a Marian
-    model with two vocabularies), else to the input embedding; the modules tied to that source (one per stack in T5,
-    M2M100) are found by the mapping, since under ``from_pretrained`` they are tied only after loading.
-    """
-    head = body.get_output_embeddings()
-    tied = body.get_expanded_tied_weights_keys(all_submodels=True)  # {target: source}, one source per group
-    head_name = next((f"{name}.weight" for name, module in body.named_modules() if module is head), None)
-    source = tied.get(head_name)
-    if source is None:
-        embedding = body.get_input_embeddings()
-        source = next(f"{name}.weight" for name, module in body.named_modules() if module is embedding)
-    names = [source] + sorted(target for target, tied_source in tied.items() if tied_source == source)
-    modules = [body.get_submodule(name.rpartition(".")[0]) for name in names]
-    return list({id(m): m for m in modules if isinstance(m, nn.Embedding)}.values())
-
-
-def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig) -> TiedNormHead:
-    """Replace ``body``'s output layer by a ``TiedNormHead`` sharing the embedding matrix it is tied to (and, in a
-    mode that normalizes the input lookups, make every embedding module holding that matrix look up unit rows).
-    Returns the new head."""
-    embeddings = shared_embedding_modules(body)
-    weight = embeddings[0].weight  # (V, d)
-    head = TiedNormHead(
-        weight.shape[1],
-        weight.shape[0],
-        settings=HeadSettings.from_config(config),
-        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
-        dtype=weight.dtype,
-    )
-    head.weight = weight  # Press & Wolf: the output embedding is the input embedding
-    for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
-        if getattr(head, name, None) is not None:
-            setattr(head, name, nn.Parameter(torch.full_like(getattr(head, name), start, device=weight.device)))
-    body.set_output_embeddings(head)
-    if head.mode.normalizes_input_lookups:
-        # Encoder-decoders keep one module per stack (T5, M2M100); all of them share the matrix.
-        for module in embeddings:
-            unit_lookups(module, config.norm_eps)
-    return head
 
 
 class _instance_or_class:
@@ -106,6 +39,30 @@ class _instance_or_class:
 
     def __get__(self, instance, owner):
         return self.function.__get__(owner if instance is None else instance)
+
+
+class _wrapped_class_flag:
+    """A class flag of transformers' (``_supports_sdpa``, ``_is_stateful``, ...) that the wrapper takes from the class
+    it wraps: read on a model, the wrapped model's class's value; read on the wrapper class, whose wrapped architecture
+    is not known until a config is given, ``on_class``.
+
+    transformers reads these flags on the model (the attention it may set, whether ``generate`` may compile or assist),
+    so the model's values decide what runs. HF's tests and serving engines read them on the class first, to decide
+    whether to try at all: there the wrapper says what it can do for an architecture that can (``True`` for a
+    support flag, ``False`` for ``_is_stateful``: a property read on the class would be the property object itself,
+    truthy, and a stateful-model skip would hide assisted decoding), and the model built from a config says the rest.
+    """
+
+    def __init__(self, on_class: bool):
+        self.on_class = on_class
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, instance, owner):
+        if instance is None:
+            return self.on_class
+        return getattr(instance._body_class(), self.name)
 
 
 def slice_logits_to_keep(logits: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
@@ -187,40 +144,22 @@ class TiedNormWrappedPreTrainedModel(
 
     # The attention implementations the wrapper supports are its wrapped model's: transformers checks them on the
     # wrapper when it is built or loaded (attn_implementation=...), and the choice reaches the wrapped model through
-    # config.text_config, a sub-config. Read on the instance, as transformers reads them.
-    @property
-    def _supports_sdpa(self) -> bool:
-        return self._body_class()._supports_sdpa
-
-    @property
-    def _supports_flash_attn(self) -> bool:
-        return self._body_class()._supports_flash_attn
-
-    @property
-    def _supports_flex_attn(self) -> bool:
-        return self._body_class()._supports_flex_attn
-
-    @property
-    def _can_compile_fullgraph(self) -> bool:
-        return self._body_class()._can_compile_fullgraph
-
-    @property
-    def _supports_attention_backend(self) -> bool:
-        # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention,
-        # logits sliced by a tensor): what HF's tests and serving engines read
-        return self._body_class()._supports_attention_backend
-
-    @property
-    def _is_stateful(self) -> bool:
-        return self._body_class()._is_stateful
+    # config.text_config, a sub-config. Whether generate may compile the forward as one graph, and whether the model
+    # keeps a state that assisted decoding cannot roll back, are the wrapped class's too. _supports_attention_backend is
+    # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention, logits
+    # sliced by a tensor): what HF's tests and serving engines read (is_backend_compatible()).
+    _supports_sdpa = _wrapped_class_flag(on_class=True)
+    _supports_flash_attn = _wrapped_class_flag(on_class=True)
+    _supports_flex_attn = _wrapped_class_flag(on_class=True)
+    _can_compile_fullgraph = _wrapped_class_flag(on_class=True)
+    _supports_attention_backend = _wrapped_class_flag(on_class=True)
+    _is_stateful = _wrapped_class_flag(on_class=False)
 
     @_instance_or_class
     def is_backend_compatible(self_or_class) -> bool:
-        """transformers' ``is_backend_compatible`` (a classmethod there): on a model, its wrapped model's class's;
-        on the class, whose wrapped architecture is not known yet, False."""
-        if isinstance(self_or_class, type):
-            return False
-        return bool(self_or_class._body_class()._supports_attention_backend)
+        """transformers' ``is_backend_compatible`` (a classmethod there, which on a model would read the wrapper class's
+        flag): on a model, its wrapped model's class's; on the class, the class's flag."""
+        return bool(self_or_class._supports_attention_backend)
 
     def _body_forward_names(self) -> frozenset[str]:
         """The argument names of the wrapped model's forward (read once per wrapped class)."""
@@ -333,8 +272,49 @@ class TiedNormWrappedPreTrainedModel(
         shifted = not self.config.is_encoder_decoder
         return share_of_accumulated_batch(outputs, labels, num_items_in_batch, shifted, kwargs.get("shift_labels"))
 
-    # transformers' generate runs on the wrapper (GenerationMixin); what depends on the architecture is asked of the
-    # wrapped model: each step's inputs (its cache layout, its masks), and which arguments generate accepts.
+
+class TiedNormWrappedModel(TiedNormWrappedPreTrainedModel):
+    """The wrapper's base model, what ``AutoModel`` builds from a wrapper's folder: the wrapped model's headless
+    backbone output (``last_hidden_state``, ...), as ``AutoModel`` gives the body of any HF checkpoint (feature
+    extraction, sentence embeddings). It holds the whole wrapped model, so that the folder's weights load into it as
+    they are (``model.*``) and an l2 head's unit input lookups stay, and runs it to ``backbone`` (``LlamaModel``,
+    ``BartModel``, ...; an architecture whose own ``base_model`` is itself, T5, runs whole).
+
+    A serving engine that rebuilds a model around its base model (vLLM's Transformers backend) builds this class: it
+    refuses to be built so (modeling/engine_checks.py), where without an ``AutoModel`` entry in ``auto_map`` the
+    engine stopped at transformers' "Unrecognized configuration class" instead of saying why and what to serve."""
+
+    def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
+        # a causal or an encoder-decoder body, as the config says (the LM classes fix theirs)
+        self.body_auto_class = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+        super().__init__(config, body)
+
+    # The model's own forward to the scoring guard (head/scoring_guard.py): it scores nothing, it returns the states the
+    # head scores, as calling the backbone directly does; unmarked, the guard took it for a foreign forward.
+    @own_scoring
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
+        """The backbone's forward (every argument it takes: ``position_ids``, ``decoder_input_ids``, the cache, ...)
+        and its output: ``last_hidden_state`` (batch, length, d), the states the normalized head scores.
+
+        Args:
+            input_ids: (batch, length) token ids, or ``inputs_embeds`` (batch, length, d) instead.
+            attention_mask: (batch, length), 1 for tokens to attend to.
+        """
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                             **kwargs)
+
+
+class TiedNormWrappedGenerationMixin(GenerationMixin):
+    """transformers' ``generate``, run on the wrapper's LM classes as on any HF model; what depends on the architecture
+    is asked of the wrapped model: each step's inputs (its cache layout, its masks), and which arguments ``generate``
+    accepts. (Not on the base model, which does not generate.)"""
+
     def prepare_inputs_for_generation(self, *args, **kwargs) -> dict[str, Any]:
         return self.model.prepare_inputs_for_generation(*args, **kwargs)
 
@@ -347,7 +327,7 @@ class TiedNormWrappedPreTrainedModel(
         self.model._validate_model_kwargs({k: v for k, v in model_kwargs.items() if k != "logits_to_keep"})
 
 
-class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, TiedNormWrappedGenerationMixin):
     """A causal LM of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
 
     body_auto_class = AutoModelForCausalLM
@@ -357,7 +337,7 @@ class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, GenerationMixin
         recognise_as_causal_lm(config.model_type, type(self).__name__)  # the Trainer's label smoother shifts its labels
 
 
-class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixin):
+class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, TiedNormWrappedGenerationMixin):
     """An encoder-decoder of any tied architecture (``config.text_config``) scoring with the normalized tied head."""
 
     body_auto_class = AutoModelForSeq2SeqLM
@@ -372,8 +352,6 @@ class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, GenerationMixi
 __all__ = [
     "TiedNormWrappedForCausalLM",
     "TiedNormWrappedForSeq2SeqLM",
+    "TiedNormWrappedModel",
     "TiedNormWrappedPreTrainedModel",
-    "install_normalized_head",
-    "shared_embedding_modules",
-    "unit_lookups",
 ]

@@ -1,7 +1,8 @@
 """``generate`` of every family (cosine and baseline) and of the wrapper (around a tied Llama, Qwen3, GPT-2 and
 BART) passes the generation checks of tests/generation_checks.py, our equivalent of HF's generation mixin (issue 46),
 the static cache with transformers' automatic compile and what HF's mixin reads of a model's forward and class
-included (issue 57: the wrapper generates on itself, not through the model it wraps).
+included (issue 57: the wrapper generates on itself, not through the model it wraps), and what HF's mixin skipped the
+wrapper for (its class flags read on the class: assisted decoding and sampling, packed sequences).
 
 Contrastive search is not checked: transformers 5 no longer implements it (``penalty_alpha`` dispatches to the Hub
 repository transformers-community/contrastive-search, remote code this offline suite does not fetch).
@@ -48,6 +49,7 @@ CHECKS = {
     "static_cache_shorter": checks.check_static_cache_no_recompile_when_shorter,
     "logits_to_keep": checks.check_logits_to_keep,
     "position_ids": checks.check_position_ids,
+    "padding_free": checks.check_padding_free,
 }
 
 
@@ -73,15 +75,16 @@ def test_backend_flags(name, models):
     checks.check_backend_flags(model, type(model.model) if name.startswith("wrapped_") else None)
 
 
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampling"])
 @pytest.mark.parametrize("name", PARAMS)
-def test_assisted_decoding(name, models):
-    """The assistant is a copy of the model whose scoring differs (another head mode), so that it proposes tokens
-    the model rejects: the output is still the model's greedy one (``logits_to_keep`` set to the candidates' length
-    at each check, as transformers sets it for a forward that names it)."""
+def test_assisted_decoding(name, sampling, models):
+    """The assistant is a copy of the model with noisy embeddings, so that it proposes tokens the model rejects: the
+    output is still the model's greedy one (``logits_to_keep`` set to the candidates' length at each check, as
+    transformers sets it for a forward that names it); so is it with the model as its own assistant."""
     if name not in models:
         models[name] = build(name)
     model = models[name]
     assistant = copy.deepcopy(model)
     head = assistant.get_output_embeddings()
     head.weight.data.add_(0.5 * head.weight.data.std() * __import__("torch").randn_like(head.weight))
-    checks.check_assisted_decoding(model, assistant)
+    (checks.check_assisted_sampling if sampling else checks.check_assisted_decoding)(model, assistant)

@@ -155,3 +155,36 @@ def test_each_deliberate_difference_quotes_the_docs_that_explain_it(reason):
     page, quoted = re.fullmatch(r"(docs/[\w.]+) «([^»]+)»: .*", reason, flags=re.S).groups()
     assert quoted in (ROOT / page).read_text(encoding="utf-8"), (page, quoted)
     assert len(DELIBERATE) <= 5
+
+
+def test_hf_generation_mixin_is_used_where_it_stands(tmp_path, monkeypatch):
+    """Where transformers' ``generation/test_utils.py`` stands beside the sdist's tests (put there by hand: the
+    manual check of docs/deploy.md, "Generation"), the suite imports HF's real mixin: its absolute import of the export
+    mixin (``tests.exporters.test_export``) gets the empty one, and no ``tests`` module is left behind. A stand-in file
+    with the real one's import, under a package name of its own (the suite's is imported already)."""
+    import sys
+    import types
+
+    folder = tmp_path / "tests"
+    (folder / "generation").mkdir(parents=True)
+    (folder / "generation" / "__init__.py").touch()
+    (folder / "generation" / "test_utils.py").write_text(
+        "from tests.exporters.test_export import ExportGenerateTesterMixin\n\n\n"
+        "class GenerationTesterMixin(ExportGenerateTesterMixin):\n"
+        "    def test_greedy_generate(self):\n        pass\n"
+    )
+    package = types.ModuleType("stand_in_sdist_tests")
+    package.__path__ = [str(folder)]
+    monkeypatch.setattr(hf_common_suite, "HF_TESTS", folder)
+    monkeypatch.setattr(hf_common_suite, "PACKAGE", package.__name__)
+    monkeypatch.setitem(sys.modules, package.__name__, package)
+    assert hf_common_suite.has_generation_tests()
+    empty = type("ExportGenerateTesterMixin", (), {})
+    try:
+        hf_common_suite._import_generation_tests({"ExportGenerateTesterMixin": empty})
+        mixin = sys.modules[f"{package.__name__}.generation.test_utils"].GenerationTesterMixin
+    finally:
+        for name in [name for name in sys.modules if name.startswith(f"{package.__name__}.")]:
+            del sys.modules[name]
+    assert "test_greedy_generate" in vars(mixin) and mixin.__bases__ == (empty,)
+    assert not [name for name in sys.modules if name == "tests" or name.startswith("tests.")]

@@ -124,3 +124,36 @@ def test_an_untied_config_is_refused_where_the_model_is_built():
     config.tie_word_embeddings = False
     with pytest.raises(ValueError, match="contradicts tie_topology"):
         hf_tiednorm.TiedNormForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize("name", ["llama", "bart"])
+def test_automodel_gives_the_wrapped_backbone_output(name, tmp_path):
+    """A wrapper's folder names its base model as ``AutoModel`` (as our families' folders name their bare body):
+    ``AutoModel.from_pretrained`` gives the states the normalized head scores (``last_hidden_state``), with the package
+    and from the folder's own code where it cannot be imported."""
+    from testing_utils import run_without_package
+    from transformers import AutoModel
+
+    model = wrapped(name)
+    model.save_pretrained(tmp_path)
+    inputs = inputs_for(model)
+    captured = {}
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, a, _o: captured.update(h=a[0]))
+    with torch.no_grad():
+        model(**inputs)
+    hook.remove()
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    assert type(base).__name__ == "TiedNormWrappedModel" and not base.can_generate()
+    with torch.no_grad():
+        torch.testing.assert_close(base(**inputs).last_hidden_state, captured["h"])
+    torch.save({"inputs": inputs, "hidden": captured["h"]}, tmp_path / "expected.pt")
+    out = run_without_package(f"""
+import torch
+from transformers import AutoModel
+expected = torch.load({str(tmp_path / "expected.pt")!r})
+base = AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
+with torch.no_grad():
+    torch.testing.assert_close(base(**expected["inputs"]).last_hidden_state, expected["hidden"])
+print("base", type(base).__name__, type(base).__module__)
+""", cwd=tmp_path)
+    assert "base TiedNormWrappedModel transformers_modules." in out
