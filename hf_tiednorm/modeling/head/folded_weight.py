@@ -1,8 +1,6 @@
-"""The head's O(V·d) work on its weight W in the four passes over W a training step needs (``FoldedHead``): the row
-norms ‖w_i‖² and the fold ``W_s = diag(scale)·W`` forward (the loss is then a linear cross-entropy of (h, W_s, bias)
-that any fused kernel computes); backward, from ``M = ∂L/∂W_s``, the row dots ``w_i·M_i`` (∂L/∂scale) and
-``diag(scale)·M + diag(2·∂L/∂‖w‖²)·W``, written over M. Every product in fp32, rounded once into W's dtype; a bf16 W
-gets no fp32 copy (on the CPU, a block of rows at a time through small fp32 buffers). Why: docs/code_notes.md."""
+"""The head's O(V·d) work on W in four passes per training step (``FoldedHead``): ‖w_i‖² and ``W_s = diag(scale)·W``
+forward; from ``M = ∂L/∂W_s``, ``w_i·M_i`` and ``diag(scale)·M + diag(2·∂L/∂‖w‖²)·W`` (over M) backward. Products in
+fp32, rounded once; no fp32 copy of a bf16 W (blocks of rows through small fp32 buffers). Why: docs/code_notes.md."""
 
 from __future__ import annotations
 
@@ -75,9 +73,6 @@ def _squared_norms(weight: torch.Tensor, blocks: _Blocks | None = None) -> torch
 
 def _scaled_rows(weight: torch.Tensor, scale: torch.Tensor, blocks: _Blocks | None = None) -> torch.Tensor:
     """Pass 2: diag(scale)·W in W's dtype, each product in fp32 and rounded once. ``scale``: (V,)."""
-    compute = _compute_dtype(weight)
-    if weight.dtype == compute:
-        return weight * scale.to(compute).unsqueeze(-1)
     if not _mixed_on_cpu(weight):  # one kernel: products in fp32 registers, stored in W's dtype
         return torch.mul(weight, scale.unsqueeze(-1), out=torch.empty_like(weight))
     out = torch.empty_like(weight)
@@ -92,11 +87,7 @@ def _row_dots(weight: torch.Tensor, other: torch.Tensor, blocks: _Blocks | None)
         return torch.einsum("vd,vd->v", weight, other)
     dots = torch.empty(weight.shape[0], dtype=blocks.compute, device=weight.device)
     for rows, (a, b) in blocks:
-        if weight.dtype == blocks.compute:
-            torch.mul(weight[rows], other[rows], out=a)
-        else:
-            a.copy_(weight[rows]).mul_(b.copy_(other[rows]))
-        torch.sum(a, dim=-1, out=dots[rows])
+        torch.sum(a.copy_(weight[rows]).mul_(b.copy_(other[rows])), dim=-1, out=dots[rows])
     return dots
 
 
@@ -110,23 +101,17 @@ def _combine_rows(grad, alpha: torch.Tensor | None, weight, beta: torch.Tensor |
             out.copy_(grad)
         return out if beta is None else out.addcmul_(weight, beta.unsqueeze(-1))
     for rows, (a, b) in blocks:
-        if weight.dtype == blocks.compute:
-            a = out[rows] if out is grad else out[rows].copy_(grad[rows])
-        else:
-            a.copy_(grad[rows])
+        a.copy_(grad[rows])
         if alpha is not None:
             a.mul_(alpha[rows].unsqueeze(-1))
         if beta is not None:
-            a.addcmul_(b.copy_(weight[rows]) if weight.dtype != blocks.compute else weight[rows],
-                       beta[rows].unsqueeze(-1))
-        if weight.dtype != blocks.compute:
-            out[rows].copy_(a)
+            a.addcmul_(b.copy_(weight[rows]), beta[rows].unsqueeze(-1))
+        out[rows].copy_(a)
     return out
 
 
 def _own_buffer(grad: torch.Tensor) -> bool:
-    """A gradient nobody else holds (a matmul's fresh output), which a backward may overwrite: torch's own test for
-    accumulating gradients in place (``InputBuffer``)."""
+    """A gradient nobody else holds (a matmul's fresh output), which we may overwrite: torch's ``InputBuffer`` test."""
     use_count = getattr(grad, "_use_count", None)
     return use_count is not None and use_count() == 1 and not grad._is_view() and grad.is_contiguous()
 
@@ -160,12 +145,9 @@ def squared_row_norms(weight: torch.Tensor) -> torch.Tensor:
 
 
 class FoldedHead(torch.autograd.Function):
-    """``(W_s, bias)`` of a head, ``W_s = diag(scale)·W`` and (scale, bias) = ``column_terms(weight)``.
-
-    Inputs: ``column_terms`` (a function of W returning the head's (scale, bias), each fp32 (V,) or None), W (V, d),
-    then every tensor ``column_terms`` reads that may need a gradient (the head's learned terms). Returns W_s (V, d) in
-    W's dtype (W itself when the scale is None) and the bias (V,) fp32 or None.
-    """
+    """``(W_s, bias)``, ``W_s = diag(scale)·W``, of ``column_terms`` (a function of W returning the head's fp32 (V,)
+    (scale, bias), each or None), W (V, d) and every tensor ``column_terms`` reads that may need a gradient (the head's
+    learned terms). W_s is in W's dtype (W itself when the scale is None), the bias (V,) fp32 or None."""
 
     @staticmethod
     def forward(ctx, column_terms, weight, *terms):
@@ -215,15 +197,13 @@ class FoldedHead(torch.autograd.Function):
                 grad_squared, grad_alias = got.get(id(squared)), got.get(id(alias))
                 beta = None if grad_squared is None else 2 * grad_squared
                 alpha = None if scale is None or grad_folded is None else scale.detach()
-                if alpha is None and beta is None:  # no scale, no norms (baseline): W_s is W
-                    grad_weight = grad_folded if grad_alias is None or grad_folded is None else grad_folded + grad_alias
-                    grad_weight = grad_alias if grad_weight is None else grad_weight
-                else:
+                grad_weight = grad_folded  # no scale, no norms (the baseline): W_s is W
+                if alpha is not None or beta is not None:
                     source = grad_folded if grad_folded is not None else torch.zeros_like(weight)
                     out = source if grad_folded is None or _own_buffer(grad_folded) else torch.empty_like(weight)
                     grad_weight = _combine_rows(source, alpha, weight, beta, out, blocks)
-                    if grad_alias is not None:
-                        grad_weight += grad_alias
+                if grad_alias is not None:  # a mode reading W otherwise than through its norms
+                    grad_weight = grad_alias if grad_weight is None else grad_weight + grad_alias
         term_grads = [got.get(id(t)) if t.requires_grad else None for t in terms]
         return None, grad_weight, *term_grads
 

@@ -105,9 +105,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         return self.fold_terms(scale, bias, slice(0, weight.shape[0]), weight.device)
 
     def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The plain linear layer this head computes at its current weights: W_s = diag(scale)·W (V, d) in W's dtype
-        and the bias (V,) fp32 or None, with the mode, g, b and registered terms folded in; differentiable, with two
-        passes over W forward and two backward (head/folded_weight.py). What a training batch's loss scores with."""
+        """The linear layer this head computes: W_s = diag(scale)·W (V, d) in W's dtype and the bias (V,) fp32 or None
+        (mode and terms folded in); differentiable (head/folded_weight.py). What a training batch's loss scores with."""
         if not torch.is_grad_enabled():  # evaluation, decoding: the (possibly frozen) terms, no autograd
             scale, bias = self.column_terms()
             return fold_scale(self.weight, scale), bias
