@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tiny", action="store_true", help="a smoke test: tiny sizes, built-in sentences")
+    parser.add_argument("--guard_only", action="store_true",
+                        help="time only the scoring guard's work per forward (--reps rounds of 100,000 calls), no "
+                             "training: run it with PYTHONPATH at a checkout of another commit to compare two guards")
     return parser.parse_args(argv)
 
 
@@ -105,16 +108,31 @@ def build_models(args, vocab_size: int) -> dict[str, torch.nn.Module]:
         for _ in range(2)
     )  # fmt: skip
     unguarded.base_model._forward_pre_hooks.clear()  # the scoring guard is the backbone's one pre-hook
+    for hooks in (unguarded._forward_pre_hooks, unguarded._forward_hooks):  # and two of the model's count its calls
+        for key in [key for key, hook in hooks.items() if "scoring_guard" in hook.__module__]:
+            del hooks[key]
     return {"plain_llama": plain, "normalized": normalized, "normalized_unguarded": unguarded}
 
 
 def guard_call_seconds(model, calls: int = 100_000) -> float:
-    """Seconds per forward of the scoring guard's work: the own forward's count on the backbone (``own_scoring``)
-    around the backbone's pre-hook (which then reads one dictionary entry)."""
+    """Seconds per forward of the scoring guard's work: the model's hooks counting its call (before and after), the
+    own forward's count on the backbone (``own_scoring``) around the backbone's pre-hook (which then reads one
+    dictionary entry)."""
     backbone = model.base_model
     hooks = list(backbone._forward_pre_hooks.values())
-    guarded = own_scoring(lambda _model: [hook(backbone, ()) for hook in hooks])
-    bare = lambda _model: [None for _ in hooks]  # noqa: E731  the same loop without the guard
+    before = [hook for hook in model._forward_pre_hooks.values() if "scoring_guard" in hook.__module__]
+    after = [hook for hook in model._forward_hooks.values() if "scoring_guard" in hook.__module__]
+
+    def work(_model):
+        for hook in before:
+            hook(model, ())
+        for hook in hooks:
+            hook(backbone, ())
+        for hook in after:
+            hook(model, (), None)
+
+    guarded = own_scoring(work)
+    bare = lambda _model: [None for _ in [*before, *hooks, *after]]  # noqa: E731  the same loop without the guard
     seconds = {}
     for name, call in (("bare", bare), ("guarded", guarded)):
         start = time.perf_counter()
@@ -124,8 +142,26 @@ def guard_call_seconds(model, calls: int = 100_000) -> float:
     return seconds["guarded"] - seconds["bare"]
 
 
+def guard_only(args) -> dict:
+    """The scoring guard's work per forward alone, ``--reps`` rounds, with the commit of the hf_tiednorm imported."""
+    from hf_tiednorm.training.precision import cpu_description
+
+    model = build_models(args, args.vocab_size)["normalized"]
+    rounds = [guard_call_seconds(model) for _ in range(args.reps)]
+    result = {"benchmark": "the scoring guard's work per forward (guard_call_seconds)", "cpu": cpu_description(),
+              "hf_tiednorm": str(Path(hf_tiednorm.__file__).parent), "seconds_per_call": rounds,
+              "median_seconds_per_call": statistics.median(rounds)}  # fmt: skip
+    print(f"scoring guard ({result['hf_tiednorm']}): {result['median_seconds_per_call'] * 1e6:.2f} us per call, "
+          f"median of {args.reps}")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.guard_only:
+        return guard_only(args)
     import trl
     from datasets import Dataset
 

@@ -48,6 +48,7 @@ from .convert_checks import (
     check_source_loaded,
     check_tied,
     check_unit_lookups,
+    drop_computed_tables,
     refuse_peft_before_normalizing,
     resolve_source,
     tie_parallel_output_rows,
@@ -240,6 +241,7 @@ def _to_own_family(source: Path, source_model: PreTrainedModel, settings: HeadSe
         )
     model = target_class(config).to(source_model.dtype)
     keep_head_terms_fp32(model)  # g and b stay fp32 in a bf16/fp16 source, as from_pretrained keeps them
+    drop_computed_tables(source, model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing) - _target_only_keys()
     unexpected = set(unexpected) - _SOURCE_ONLY_KEYS

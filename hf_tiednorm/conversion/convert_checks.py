@@ -222,6 +222,19 @@ def resolve_source(source: str | os.PathLike, gguf_file: str | None) -> tuple[Pa
     return source, gguf_file
 
 
+def drop_computed_tables(source: Path, model: PreTrainedModel, state: dict) -> None:
+    """Take out of ``state`` what the target computes instead of loading (Marian's sinusoidal position tables: a
+    frozen parameter of transformers' Marian, a buffer of ours), refusing by name a source whose table differs."""
+    saved = model.state_dict()
+    for name, table in model.named_buffers():
+        if name in state and name not in saved:
+            given = state.pop(name)
+            if given.shape != table.shape or not torch.allclose(
+                given.float(), table.float(), rtol=0, atol=max(1e-5, torch.finfo(table.dtype).eps)):
+                raise ValueError(f"{source}'s {name} is not the table {type(model).__name__} computes (sinusoidal "
+                                 f"positions): converting would change the logits")
+
+
 def check_output_dir(output_dir: str | os.PathLike, source: Path) -> Path:
     """``output_dir`` as a ``Path`` if it can take a conversion of ``source``: a new or empty folder, outside the
     source (by device and inode), not below a file."""
@@ -238,6 +251,6 @@ def check_output_dir(output_dir: str | os.PathLike, source: Path) -> Path:
 
 __all__ = [
     "SUPPORTED_TEXT", "check_convertible", "check_output_dir", "check_source_loaded", "check_tied",
-    "check_unit_lookups", "parallel_row_scales", "refuse_peft_before_normalizing", "resolve_source",
-    "tie_parallel_output_rows", "tied_copy",
+    "check_unit_lookups", "drop_computed_tables", "parallel_row_scales", "refuse_peft_before_normalizing",
+    "resolve_source", "tie_parallel_output_rows", "tied_copy",
 ]  # fmt: skip

@@ -24,7 +24,7 @@ from transformers import (
 )
 
 import hf_tiednorm
-from hf_tiednorm.convert import convert_checkpoint, main
+from hf_tiednorm.convert import convert_checkpoint, main, normalize_tied_head
 
 CAUSAL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **SPECIAL)
 
@@ -87,12 +87,25 @@ def test_baseline_conversion_reproduces_the_source_logits(source_name, request, 
         assert torch.equal(generated, source_model.generate(prompt, max_new_tokens=5, do_sample=False))
 
 
+def test_a_marian_whose_position_table_differs_is_refused_by_name(marian):
+    """Our Marian computes its sinusoidal position tables (buffers, issue 55), transformers' holds them as frozen
+    parameters: a source whose table is not the computed one is refused, not silently replaced."""
+    import copy
+
+    changed = copy.deepcopy(marian[1])
+    with torch.no_grad():
+        changed.model.encoder.embed_positions.weight[3] += 0.5
+    with pytest.raises(ValueError, match=r"model\.encoder\.embed_positions\.weight is not the table "
+                                         r"TiedNormForConditionalGeneration computes"):
+        normalize_tied_head(changed, "baseline")
+
+
 @pytest.mark.parametrize("head_mode", ["cosine", "distance"])
 def test_other_modes_keep_every_weight(marian, bart, llama, head_mode):
     for source, source_model in (marian, bart, llama):
         model = convert_checkpoint(source, head_mode=head_mode, logit_scale_kind="scalar")
         assert model.config.head_mode == head_mode and model.lm_head.head_mode == head_mode
-        converted = model.state_dict()
+        converted = dict(model.named_buffers()) | model.state_dict()  # Marian's position tables: computed buffers
         for name, weight in source_model.state_dict().items():
             if name != "final_logits_bias":
                 torch.testing.assert_close(converted[name], weight, rtol=0, atol=0, msg=name)

@@ -4,8 +4,14 @@ share (families/encoder_decoder.py): embeddings tied per ``config.tie_topology``
 
 from __future__ import annotations
 
+import numpy as np
+import torch
 from transformers import GenerationMixin
-from transformers.models.marian.modeling_marian import MarianModel, MarianPreTrainedModel
+from transformers.models.marian.modeling_marian import (
+    MarianModel,
+    MarianPreTrainedModel,
+    MarianSinusoidalPositionalEmbedding,
+)
 
 from ..code_writer import SavesItsCode
 from ..engine_checks import EngineChecksMixin
@@ -20,21 +26,58 @@ class TiedNormSeq2SeqPreTrainedModel(EngineChecksMixin, SavesItsCode, MarianPreT
     _no_split_modules = ["MarianEncoderLayer", "MarianDecoderLayer"]
 
 
-class TiedNormSeq2SeqModel(TiedNormSeq2SeqModelMixin, TiedNormSeq2SeqPreTrainedModel, MarianModel):
-    """Marian's encoder-decoder body with embeddings that can look up l2-normalized rows."""
+class SinusoidalPositions(MarianSinusoidalPositionalEmbedding):
+    """Marian's sinusoidal position table (positions, d) as a non-persistent buffer computed when the model is built,
+    not a frozen parameter: it is never saved, loaded or offloaded. transformers' Marian leaves its parameter out of
+    the folder, so accelerate's loaders that place every parameter from the files (``device_map`` with disk offload,
+    ``load_checkpoint_and_dispatch``) found no value for it. On the meta device (``from_pretrained``) transformers
+    computes it after loading, through Marian's ``_init_weights``.
 
-    # Marian's sinusoidal position tables are computed, not stored (the LM's list, without its "model." prefix).
-    _keys_to_ignore_on_load_missing = ["encoder.embed_positions.weight", "decoder.embed_positions.weight"]
-    _keys_to_ignore_on_save = ["encoder.embed_positions.weight", "decoder.embed_positions.weight"]
+    Args:
+        num_positions: the longest sequence (``config.max_position_embeddings``).
+        embedding_dim: d (``config.d_model``).
+    """
+
+    def __init__(self, num_positions: int, embedding_dim: int) -> None:
+        super().__init__(num_positions, embedding_dim)
+        del self.weight
+        self.register_buffer("weight", torch.empty(num_positions, embedding_dim), persistent=False)
+        if not self.weight.is_meta:
+            self.weight.copy_(self.create_weight())
+            self.weight._is_hf_initialized = True  # computed: Marian's _init_weights need not compute it again
+
+    def create_weight(self) -> torch.Tensor:
+        """Marian's table (sin features in the first half, cos in the second), computed as its ``create_weight``
+        does, in fp64, but with array operations: the same values, without its loop over every position and
+        feature (1.9 s for 512 x 512)."""
+        n_pos, dim = self.weight.shape
+        position_enc = np.arange(n_pos)[:, None] / np.power(10000, 2 * (np.arange(dim) // 2) / dim)  # (n_pos, dim)
+        out = torch.empty(n_pos, dim, dtype=self.weight.dtype)
+        sentinel = dim // 2 if dim % 2 == 0 else (dim // 2) + 1
+        out[:, 0:sentinel] = torch.FloatTensor(np.sin(position_enc[:, 0::2]))
+        out[:, sentinel:] = torch.FloatTensor(np.cos(position_enc[:, 1::2]))
+        return out
+
+
+class TiedNormSeq2SeqModel(TiedNormSeq2SeqModelMixin, TiedNormSeq2SeqPreTrainedModel, MarianModel):
+    """Marian's encoder-decoder body with embeddings that can look up l2-normalized rows, and its position tables
+    computed buffers (``SinusoidalPositions``)."""
+
+    def __init__(self, config: TiedNormSeq2SeqConfig):
+        super().__init__(config)
+        for stack in (self.encoder, self.decoder):
+            stack.embed_positions = SinusoidalPositions(*stack.embed_positions.weight.shape)
 
 
 class TiedNormForConditionalGeneration(TiedNormSeq2SeqLMMixin, TiedNormSeq2SeqPreTrainedModel, GenerationMixin):
     """Marian with the normalized tied head."""
 
     model_class = TiedNormSeq2SeqModel
-    # Marian's sinusoidal position tables are computed, not stored.
-    _keys_to_ignore_on_load_missing = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
-    _keys_to_ignore_on_save = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
 
 
-__all__ = ["TiedNormForConditionalGeneration", "TiedNormSeq2SeqModel", "TiedNormSeq2SeqPreTrainedModel"]
+__all__ = [
+    "SinusoidalPositions",
+    "TiedNormForConditionalGeneration",
+    "TiedNormSeq2SeqModel",
+    "TiedNormSeq2SeqPreTrainedModel",
+]
