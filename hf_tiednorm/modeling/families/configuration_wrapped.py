@@ -67,6 +67,10 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
         sub_configs = {"text_config": AutoConfig}
 
     text_config: dict | PreTrainedConfig | None = None
+    # No config without a text_config: transformers 5.17-5.19's to_diff_dict (what repr() and from_dict's log line
+    # run) builds the class with no arguments unless this says not to (so AutoConfig.from_pretrained failed there:
+    # vLLM's venv); later versions read the declared defaults instead.
+    has_no_defaults_at_init = True
 
     def __post_init__(self, **kwargs):
         refuse_own_family_fields(kwargs, "given to TiedNormWrappedConfig or read from its config.json")

@@ -163,3 +163,18 @@ def test_wrapped_config_validates_the_same_head_fields():
     for own_field in ("label_smoothing", "embedding_init_std", "tie_topology"):
         with pytest.raises(ValueError, match=own_field):
             TiedNormWrappedConfig(text_config=text_config, **{own_field: 0.1})
+
+
+def test_the_wrapper_config_says_it_has_no_defaults_for_older_transformers(tmp_path):
+    """transformers 5.17-5.19's ``to_diff_dict`` (run by ``repr()``, and by the log line of every ``from_dict``, so
+    by every ``AutoConfig.from_pretrained``) builds ``type(config)()`` unless the class sets
+    ``has_no_defaults_at_init``: the wrapper's config, which has no default ``text_config``, failed to load there with
+    "text_config is required" (vLLM's venv, transformers 5.19). Later versions read the declared defaults instead; the
+    older rule is applied here as 5.19 applies it."""
+    text_config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64}
+    config = TiedNormWrappedConfig(text_config=text_config, head_mode="cosine")
+    cls = type(config)
+    defaults = cls().to_dict() if not getattr(cls, "has_no_defaults_at_init", False) else {}  # 5.19's line
+    assert defaults == {}
+    config.save_pretrained(tmp_path)
+    assert "tiednorm_wrapped" in repr(cls.from_pretrained(tmp_path))

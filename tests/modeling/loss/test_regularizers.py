@@ -146,14 +146,22 @@ def test_penalties_are_shared_across_accumulated_micro_batches():
         ({"weight_norm_regularization": -1e-3}, "weight_norm_regularization"),
         ({"weight_norm_target": 0.0}, "weight_norm_target"),
         ({"weight_norm_init_sigma": -1.0}, "weight_norm_init_sigma"),
-        ({"head_mode": "l2", "weight_norm_regularization": 1e-3}, "head_mode='l2'"),
-        ({"head_mode": "l2", "weight_norm_init_sigma": 1.0}, "head_mode='l2'"),
     ],
 )
 @pytest.mark.parametrize("family", FAMILIES)
 def test_invalid_regularizer_fields_raise(family, overrides, message):
     with pytest.raises(StrictDataclassError, match=message.replace("(", r"\(")):
         tiny_config(family, **overrides)
+
+
+@pytest.mark.parametrize("overrides", [{"weight_norm_regularization": 1e-3}, {"weight_norm_init_sigma": 1.0}])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_weight_norm_technique_the_mode_rules_out_is_refused_where_the_model_is_built(family, overrides):
+    """The configuration checks names and ranges only (issue 56: no torch, no head math); the model refuses a row-norm
+    technique under a mode that removes the row norms, naming the mode."""
+    tiny_config(family, head_mode="l2", **overrides)  # a valid configuration
+    with pytest.raises(ValueError, match="head_mode='l2' removes"):
+        tiny_model(family, head_mode="l2", **overrides)
 
 
 class _LoggingTrainer(LossTermsLoggingMixin, Trainer):
