@@ -118,9 +118,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         logits_dtype = torch.promote_types(self.weight.dtype, torch.float32)
         tokens = hidden_states.numel() // hidden_states.shape[-1]
         if tokens > hidden_states.shape[-1]:
-            # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
-            # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
-            # (training batches, wide beam search) scale the rows: head/folded_weight.py, no fp32 copy of W.
+            # (W·h)·s = (diag(s)·W)·h: scaling W's rows costs O(V·d), the logits O(tokens·V) three times (product,
+            # backward, gradient of s), so once tokens > d (training, wide beams) scale the rows: head/folded_weight.py
             weight, bias = self.folded_weight_and_bias()
             logits = F.linear(hidden_states, weight).to(logits_dtype)
         else:

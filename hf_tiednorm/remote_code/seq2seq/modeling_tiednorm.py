@@ -115,13 +115,11 @@ forward; from ``M = ∂L/∂W_s``, ``w_i·M_i`` and ``diag(scale)·M + diag(2·�
 fp32, rounded once; no fp32 copy of a bf16 W (blocks of rows through small fp32 buffers). Why: docs/code_notes.md."""
 
 
-# Elements per block of the fp32 buffers: 2**20 (4 MiB, in the CPU's last-level cache), 2**24 on an accelerator, and
-# at most 1/8 of the rows, so that no fp32 buffer is ever as large as W itself.
+# Elements per fp32 block: 4 MiB (the CPU's cache), 64 MiB on an accelerator, at most 1/8 of the rows (never W's size).
 _BLOCK_ELEMENTS = 1 << 20
 _ACCELERATOR_BLOCK_ELEMENTS = 1 << 24
 _MIN_BLOCKS = 8
-# The attribute of FoldedHead's alias of W that hands its norms to squared_row_norms.
-_GIVEN_NORMS = "_tiednorm_squared_row_norms"
+_GIVEN_NORMS = "_tiednorm_squared_row_norms"  # on FoldedHead's alias of W: its norms, for squared_row_norms
 
 
 def _row_blocks(rows: int, width: int, block_elements: int = _BLOCK_ELEMENTS) -> tuple[range, int]:
@@ -136,8 +134,7 @@ class _Blocks:
     def __init__(self, weight: torch.Tensor, buffers: int):
         self.compute = _compute_dtype(weight)
         elements = _BLOCK_ELEMENTS if weight.device.type == "cpu" else _ACCELERATOR_BLOCK_ELEMENTS
-        self.starts, self.step = _row_blocks(*weight.shape, elements)
-        self.rows = weight.shape[0]
+        (self.starts, self.step), self.rows = _row_blocks(*weight.shape, elements), weight.shape[0]
         shape = (min(self.step, self.rows), weight.shape[1])
         self.buffers = [torch.empty(shape, dtype=self.compute, device=weight.device) for _ in range(buffers)]
 
@@ -263,12 +260,10 @@ class FoldedHead(torch.autograd.Function):
             blocks = _Blocks(weight, 1) if _mixed_on_cpu(weight) else None
             # The (V,) computation recorded on the norms of pass 1, from an alias of W that carries them.
             alias, norms = weight.detach().requires_grad_(weight.requires_grad), []
-
             def squared():  # pass 1, when a term first asks (the baseline never does): a leaf of the (V,) graph
                 if not norms:
                     norms.append(_squared_norms(weight.detach(), blocks).requires_grad_(weight.requires_grad))
                 return norms[0]
-
             setattr(alias, _GIVEN_NORMS, squared)
             with torch.enable_grad():
                 scale, bias = column_terms(alias)
@@ -316,8 +311,7 @@ class FoldedHead(torch.autograd.Function):
 
 
 def fold_scale(weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """``diag(scale)·weight`` (V, d) in weight's dtype, without gradients (an export, decoding); ``weight`` itself when
-    ``scale`` is None. ``scale``: (V,)."""
+    """``diag(scale)·weight`` (V, d) in its dtype, no gradients (export, decoding); ``weight`` if ``scale`` is None."""
     if scale is None:
         return weight
     if scale.shape != weight.shape[:1]:
@@ -774,9 +768,8 @@ class TiedNormHead(NormalizedScoresMixin, nn.Linear):
         logits_dtype = torch.promote_types(self.weight.dtype, torch.float32)
         tokens = hidden_states.numel() // hidden_states.shape[-1]
         if tokens > hidden_states.shape[-1]:
-            # (W·h)·s = (diag(s)·W)·h: scaling the V rows of W costs O(V·d) forward and backward, scaling the
-            # logits O(tokens·V) three times (the product, its backward, the gradient of s), so once tokens > d
-            # (training batches, wide beam search) scale the rows: head/folded_weight.py, no fp32 copy of W.
+            # (W·h)·s = (diag(s)·W)·h: scaling W's rows costs O(V·d), the logits O(tokens·V) three times (product,
+            # backward, gradient of s), so once tokens > d (training, wide beams) scale the rows: head/folded_weight.py
             weight, bias = self.folded_weight_and_bias()
             logits = F.linear(hidden_states, weight).to(logits_dtype)
         else:
