@@ -50,6 +50,7 @@ def translation_flags(multi30k: Path, output_dir: Path, batch_size: int) -> list
     ]
 
 
+@pytest.mark.slow  # two 2-process launches plus a one-process run (~25 s idle); test_clm_two_processes stays default
 def test_translation_two_processes_match_one(multi30k_dir, tmp_path, monkeypatch):
     two = tmp_path / "two_processes"
     output = launch_two_processes("run_translation", translation_flags(multi30k_dir, two, PER_DEVICE_BATCH))

@@ -116,7 +116,8 @@ def test_head_compiles_without_graph_breaks(head_mode):
                 torch.testing.assert_close(compiled(h), head(h))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# torch.compile of a whole model takes 5-7 s a family: the causal one by default, the others with -m slow.
+@pytest.mark.parametrize("family", [f if f == "causal" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
 def test_compiled_forward_generates_like_eager(family):
     torch._dynamo.reset()
     model = tiny_model(family, head_mode="cosine")

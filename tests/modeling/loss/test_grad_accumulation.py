@@ -115,7 +115,9 @@ def test_own_families_keep_the_accumulation_contract(family, tmp_path):
 DEFAULT = [name for name in ARCHITECTURES if CONFIGS[name].is_encoder_decoder or name == "gpt2"]
 
 
-@pytest.mark.parametrize("name", DEFAULT)
+# Each is a short Trainer run (3-5 s): a decoder-only and an encoder-decoder by default, the rest with -m slow.
+@pytest.mark.parametrize("name", [n if n in ("gpt2", "t5") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in DEFAULT])
 def test_wrapped_architectures_keep_the_accumulation_contract(name, tmp_path):
     check_contract(wrapped_model(name), tmp_path)
 
