@@ -198,7 +198,9 @@ def is_tied(model: torch.nn.Module) -> bool:
 
 
 def unique_parameter_count(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+    # The parameters a step trains; parameters() yields a tied tensor once. HF Marian keeps its sinusoidal position
+    # tables as frozen parameters, ours computes them as buffers: neither is trained.
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def make_train_batch(model: torch.nn.Module, args: Args, device: torch.device) -> dict[str, torch.Tensor]:

@@ -39,7 +39,7 @@ def test_quick_benchmark_report(tmp_path, monkeypatch):
 
     contenders = result["contenders"]
     assert all(c["tied"] for c in contenders.values())
-    # Same dims: our models have exactly the parameters of their HF parent (tied W counted once) ...
+    # Same dims: our models train exactly the parameters of their HF parent (tied W counted once) ...
     assert contenders["seq2seq:baseline"]["parameters"] == contenders["seq2seq:hf_marian"]["parameters"]
     assert contenders["causal:baseline"]["parameters"] == contenders["causal:hf_llama"]["parameters"]
     # ... and the same matmuls: the head modes only add O(V) and elementwise work, which is not a matmul FLOP.
