@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers (setup.cfg's addopts): each keeps its own copy of the folders' remote code (transformers'
+    # module cache, read when transformers is imported), so two workers never write one module file at once.
+    os.environ["HF_MODULES_CACHE"] = os.path.join(
+        tempfile.gettempdir(), f"hf_modules_{os.getpid()}_{os.environ['PYTEST_XDIST_WORKER']}"
+    )
 # The experiments (experiments/, outside the package): its scripts import paper_grid/ beside them, as
 # `python experiments/<script>.py` finds it; the tests import it the same way.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
