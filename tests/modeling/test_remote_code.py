@@ -395,7 +395,7 @@ def _lines(family: str, name: str) -> int:
 # 400 without torch. The configuration files meet theirs; the folders do not yet (docs/layout.md gives the measured
 # lines), so each is held at most at its ceiling here, a little above its lines at issue 56's end, until it does.
 ISSUE_BUDGETS = {"causal": 1800, "seq2seq": 2200, "bart": 2200, "wrapped": 2200}
-CEILINGS = {"causal": 3064, "seq2seq": 3412, "bart": 3368, "wrapped": 3287}
+CEILINGS = {"causal": 2970, "seq2seq": 3307, "bart": 3267, "wrapped": 3203}
 CONFIG_BUDGET = 400
 
 
