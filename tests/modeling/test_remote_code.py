@@ -140,6 +140,21 @@ def test_the_generator_inlines_a_closure_in_dependency_order(tmp_path):
     assert '"""Base: the scale."""' in text and "# a comment that stays" in text and "from .base" not in text
 
 
+def test_the_generator_leaves_out_what_no_root_reaches(tmp_path):
+    """Tree shaking: a helper nothing in the file reaches from the roots, and an import only it used, stay out."""
+    unused = "import os\n\n\ndef unused_helper():\n    return os.sep\n\n\ndef kept():\n    return scaled(1)\n"
+    modules = _synthetic_package(tmp_path, {"base.py": BASE, "model.py": MODEL + "\n\n" + unused})
+    order = generate_remote_code.closure(["pkg.model"], modules)
+    text = generate_remote_code.render("modeling_pkg", order, modules, set(), "", None)
+    assert "def unused_helper" in text and "import os" in text  # no roots given: nothing is shaken
+    shaken = generate_remote_code.unreached(order, modules, {"kept"})
+    text = generate_remote_code.render("modeling_pkg", order, modules, set(), "", shaken)
+    namespace = {}
+    exec(compile(text, "modeling_pkg.py", "exec"), namespace)
+    assert namespace["kept"]() == pytest.approx(3.141592653589793)
+    assert "unused_helper" not in text and "import os" not in text and "def scaled" in text
+
+
 @pytest.mark.parametrize(("files", "message"), [
     ({"base.py": "_helper = 1\n", "model.py": "from .base import _helper as h\n_helper = 2\n"},
      "pkg/model.py and pkg/base.py both define '_helper'"),
@@ -386,7 +401,7 @@ def _lines(family: str, name: str) -> int:
 # 400 without torch. The configuration files meet theirs; the folders do not yet (docs/layout.md gives the measured
 # lines), so each is held at most at its ceiling here, a little above its lines at issue 56's end, until it does.
 ISSUE_BUDGETS = {"causal": 1800, "seq2seq": 2200, "bart": 2200, "wrapped": 2200}
-CEILINGS = {"causal": 3150, "seq2seq": 3530, "bart": 3500, "wrapped": 3380}
+CEILINGS = {"causal": 3064, "seq2seq": 3412, "bart": 3368, "wrapped": 3300}
 CONFIG_BUDGET = 400
 
 

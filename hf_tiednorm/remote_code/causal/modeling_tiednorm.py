@@ -370,21 +370,6 @@ class HeadTerm:
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
 
 
-@dataclass(frozen=True)
-class ExtraHeadTerm(HeadTerm):
-    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
-    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
-    start (None: ``init``)."""
-
-    name: str
-    help: str
-    init: float
-    fold: Callable
-    card: str
-    keep_fp32: bool = True
-    lossless: float | None = None
-
-
 def head_terms() -> tuple[HeadTerm, ...]:
     """Every registered head term, in folding order."""
     return tuple(HEAD_TERMS.values())
@@ -1149,14 +1134,6 @@ def check_head_once(model: nn.Module) -> None:
     model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
 
 
-def check_again(model: nn.Module) -> None:
-    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
-    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
-    for module in model.modules():
-        module.__dict__.pop(_HEAD_CHECKED, None)
-        module.__dict__.pop(_WATCHED, None)
-
-
 def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
     """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
     check_head_once(model)
@@ -1396,13 +1373,6 @@ def _name(function) -> str:
 
 def _names(functions: list[Callable]) -> str:
     return ", wrapping ".join(_name(function) for function in functions)
-
-
-def forward_name(forward) -> str:
-    """What runs when ``forward`` is called: its functions by their real module and name, outermost first (which of
-    them scored is not known without running it: "accelerate's hook, wrapping a patch", "a patch, wrapping the
-    class's forward" as ``functools.wraps`` dresses one)."""
-    return _names(_unwrap(forward)[0]) or "the model's own forward"
 
 
 def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
@@ -1706,14 +1676,6 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
     refuse_load_errors(model, errors)
-
-
-def check_loaded_body(model: nn.Module, loading_info) -> None:
-    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
-    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
-    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
-    missing = set(loading_info.missing_keys)
-    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
 def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
@@ -2101,17 +2063,6 @@ def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, 
             raise ValueError("torch's F.linear_cross_entropy is exact only without label smoothing")
         return _torch_loss(hidden, weight, bias, labels, ignore_index)
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
-
-
-def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
-                               label_smoothing: float = 0.0, num_items_in_batch=None,
-                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
-    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
-    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
-    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
-    labels = labels.reshape(-1).to(hidden.device)  # (N,)
-    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
-    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
 
 
 # ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
@@ -2509,11 +2460,6 @@ class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
 
 
-@dataclass
-class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
 # The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
 # ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
 # and return it under the installed version's name, so either version's generate() finds it, without a warning.
@@ -2611,18 +2557,6 @@ class TiedEmbeddingsMixin:
 
     def finish_head_hosting(self) -> None:
         """Nothing for a bare body; ``TiedNormHeadHostMixin`` (before this class in an LM's bases) hosts the head."""
-
-
-def alias_tied_modules(body: nn.Module) -> None:
-    """Register the owner module of the tie under its aliases in the bare body (three-way: encoder and decoder
-    ``embed_tokens`` become ``shared`` itself)."""
-    tie = embedding_tie(body.config)
-    if tie is None:
-        return
-    prefix = f"{_prefix_of(body)}."
-    owner = body.get_submodule(tie.owner.removeprefix(prefix))
-    for alias in tie.aliases:
-        body.set_submodule(alias.removeprefix(prefix), owner)
 
 
 # ------------------------------ hf_tiednorm/modeling/families/common.py -----------------------------------------

@@ -378,21 +378,6 @@ class HeadTerm:
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
 
 
-@dataclass(frozen=True)
-class ExtraHeadTerm(HeadTerm):
-    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
-    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
-    start (None: ``init``)."""
-
-    name: str
-    help: str
-    init: float
-    fold: Callable
-    card: str
-    keep_fp32: bool = True
-    lossless: float | None = None
-
-
 def head_terms() -> tuple[HeadTerm, ...]:
     """Every registered head term, in folding order."""
     return tuple(HEAD_TERMS.values())
@@ -996,19 +981,6 @@ def check_head_once(model: nn.Module) -> None:
     paths = _watched_paths(model)
     # Not a module attribute: no registration, no state-dict entry; a deep copy maps the objects to its own.
     model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
-
-
-def check_again(model: nn.Module) -> None:
-    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
-    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
-    for module in model.modules():
-        module.__dict__.pop(_HEAD_CHECKED, None)
-        module.__dict__.pop(_WATCHED, None)
-
-
-def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
-    """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
-    check_head_once(model)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/scoring_guard.py --------------------------------------
@@ -1716,14 +1688,6 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     refuse_load_errors(model, errors)
 
 
-def check_loaded_body(model: nn.Module, loading_info) -> None:
-    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
-    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
-    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
-    missing = set(loading_info.missing_keys)
-    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
-
-
 def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
@@ -2133,21 +2097,6 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
 """The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
 
 
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
-                        num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
-    """Mean token cross-entropy in fp32 (fp64 for fp64 logits), over ``num_items_in_batch`` where the Trainer gives
-    it; all labels ignored gives 0 with zero gradients (not 0/0 = nan, which one step would spread everywhere)."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
-    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
-    try:
-        total = F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                reduction="sum")  # fmt: skip
-    except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
-        raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
-    return total / token_count(labels, num_items_in_batch, ignore_index)
-
-
 def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
     """Why a loss over ``vocab_size`` classes rejected ``labels``: the first one outside, and how many."""
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
@@ -2395,17 +2344,6 @@ def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, 
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
 
 
-def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
-                               label_smoothing: float = 0.0, num_items_in_batch=None,
-                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
-    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
-    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
-    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
-    labels = labels.reshape(-1).to(hidden.device)  # (N,)
-    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
-    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
-
-
 # ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
 """The two regularizers of the tied embedding, each its own term of the loss: Press & Wolf's projection P (λ·‖P‖_F,
 P = I at first) and Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)². (docs/code_notes.md)"""
@@ -2425,16 +2363,6 @@ class LossTerms:
 LOSS_TERMS: tuple[str, ...] = tuple(field.name for field in fields(LossTerms))
 
 
-class OutputProjection(nn.Linear):
-    """Press & Wolf's projection P (H×H, no bias) before the tied head, the identity at first."""
-
-    def __init__(self, hidden_size: int, device=None, dtype=None) -> None:
-        super().__init__(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)
-
-    def reset_parameters(self) -> None:
-        nn.init.eye_(self.weight)
-
-
 def projection_penalty(projection: torch.Tensor, strength: float) -> torch.Tensor:
     """λ·‖P‖_F in fp32: unsquared, so λ keeps its meaning at any width (docs/code_notes.md)."""
     return strength * torch.linalg.matrix_norm(projection.float(), ord="fro")
@@ -2448,17 +2376,6 @@ def weight_norm_penalty(weights: list[torch.Tensor], strength: float, target_nor
 # ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
 """The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
 KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
-
-
-# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
-@dataclass
-class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
-    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
-@dataclass
-class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
 
 
 # The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
