@@ -2154,9 +2154,10 @@ class TiedNormLossMixin:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""The Trainer's label smoother shifts the labels only of causal LMs named in transformers'
-``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; a causal LM of the package adds its own model type there when it is built (never
-on import), the one entry this code adds to transformers' tables. (docs/code_notes.md)"""
+"""A causal LM of this code adds its own model type to transformers' tables, nothing else. The Trainer's label smoother
+shifts the labels of causal LMs named in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; TRL's DPO, KTO and GRPO reload their
+reference from the policy's folder with ``trust_remote_code=False``, which runs the code the user already trusted once
+a folder's own code registered its type, as the package registers its own (docs/code_notes.md)."""
 
 
 # ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
