@@ -45,10 +45,9 @@ from .configuration_tiednorm import (
 
 
 # ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
-"""A serving engine that rebuilds the model around its backbone (vLLM's Transformers backend: it builds the base model
-and scores with its own lm_head tied to the input embedding) would drop the normalized head and generate wrong tokens
-silently; every model class refuses to be built with such an engine's attention, and answers the engines' question
-``is_backend_compatible()`` so, naming the plain export, which the engine serves natively. (docs/code_notes.md)"""
+"""A serving engine that rebuilds the model from its base model and its own tied lm_head (vLLM's Transformers backend)
+would drop the normalized head silently: every model class refuses such an engine, when built with its attention and
+when asked ``is_backend_compatible()``, naming the plain export, which the engine serves. (docs/code_notes.md)"""
 
 
 # The attention implementation an engine sets on the config before it builds our base model -> the engine.
@@ -69,12 +68,11 @@ _BIAS_NOTE = (". A learned logit bias exports where the parent has a per-token b
               "(final_logits_bias: Marian, BART, mBART, ...) or while it is still zero; tiednorm-export says which")
 
 
-def _why(head: str = "") -> str:
-    """Why the engine's model would be wrong (``head``: the settings it drops, in parentheses), and the way out."""
-    return ("the engine builds this base model and scores its hidden states with its own output layer tied to the "
-            f"input embedding, the raw scores w·h, so it would drop the normalized head{head} and generate wrong "
-            "tokens without an error. Serve the plain export instead, which the engine runs natively with this model's "
-            "logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)")
+# Why the engine's model would be wrong ({head}: the settings it drops, in parentheses), and the way out.
+_REASON = ("the engine builds this base model and scores its hidden states with its own output layer tied to the "
+           "input embedding, the raw scores w·h, so it would drop the normalized head{head} and generate wrong tokens "
+           "without an error. Serve the plain export instead, which the engine runs natively with this model's "
+           "logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)")
 
 
 def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
@@ -89,19 +87,18 @@ def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
         attention = getattr(candidate, "_attn_implementation", None)
         if isinstance(attention, str) and attention in REBUILDING_ENGINES:
             raise ValueError(f"{model_name} refuses to be built by {REBUILDING_ENGINES[attention]} (attention "
-                             f"implementation {attention!r}): " + _why(f" ({_head_description(config)})")
+                             f"implementation {attention!r}): " + _REASON.format(head=f" ({_head_description(config)})")
                              + (_BIAS_NOTE if getattr(config, "logit_bias", False) else ""))
 
 
 class EngineChecksMixin:
-    """Put first in the bases of a model class: its construction refuses an engine that would drop the head, and so
-    does ``is_backend_compatible()``, transformers' question that only such engines ask, before they read the config
-    further (vLLM's registry: a wrapper's nested config would next send it down its multimodal path)."""
+    """Put first in the bases of a model class: its construction refuses an engine that would drop the head, as does
+    ``is_backend_compatible()``, which only such engines ask, first (vLLM's registry; docs/code_notes.md)."""
 
     @classmethod
     def is_backend_compatible(cls) -> bool:
         raise ValueError(f"{cls.__name__} is not compatible with an inference engine's Transformers backend (vLLM's "
-                         "registry asks is_backend_compatible() first): " + _why())
+                         "registry asks is_backend_compatible() first): " + _REASON.format(head=""))
 
     def __init__(self, config, *args, **kwargs):
         refuse_rebuilding_engine(type(self).__name__, config)
