@@ -21,6 +21,9 @@ How (nothing here knows a module by name, so the output follows the package as i
    of a module no generated file holds (a sub-package's: conversion, training, publishing).
 4. A module written with ``from __future__ import annotations`` keeps that meaning in a file that cannot start
    with it (its annotations are written as strings).
+5. A top-level function or class that nothing in the file reaches from the family's classes (and the configuration
+   file's from the modeling file) is left out: package-only helpers (``check_again``, another family's output
+   class) are not code a reviewer reads for this model (``unreached``).
 
 Usage:
     python utils/generate_remote_code.py           # (re)write hf_tiednorm/remote_code/*/*.py
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,16 +50,22 @@ CONFIG_FILE, MODELING_FILE = "configuration_tiednorm", "modeling_tiednorm"
 FUTURE = "from __future__ import annotations"
 
 
-def family_roots() -> dict[str, tuple[list[str], list[str]]]:
-    """{row name: (configuration modules, modeling modules)} of every row of the family table, in table order."""
+def family_classes() -> dict[str, tuple[type, list[type]]]:
+    """{row name: (configuration class, model classes and pipeline)} of every row of the family table, in order."""
     sys.path.insert(0, str(REPO_ROOT))
     import hf_tiednorm.modeling.families.table as table
 
-    roots = {}
+    classes = {}
     for row in table.ROWS.values():
-        classes = (row.base_model_class, *(lm for lm, _ in row.lm_classes), row.pipeline_class)
-        roots[row.name] = [row.config_class.__module__], list(dict.fromkeys(c.__module__ for c in classes if c))
-    return roots
+        models = (row.base_model_class, *(lm for lm, _ in row.lm_classes), row.pipeline_class)
+        classes[row.name] = row.config_class, [model for model in models if model]
+    return classes
+
+
+def family_roots() -> dict[str, tuple[list[str], list[str]]]:
+    """{row name: (configuration modules, modeling modules)} of every row of the family table, in table order."""
+    return {name: ([config.__module__], list(dict.fromkeys(model.__module__ for model in models)))
+            for name, (config, models) in family_classes().items()}  # fmt: skip
 
 
 @dataclass
@@ -137,6 +147,45 @@ def closure(roots: list[str], modules: dict[str, Module]) -> list[str]:
     return order
 
 
+def _names_in(node: ast.AST) -> set[str]:
+    """Every name ``node`` may reach: its names, attributes, and the words of strings that read as code (a string
+    annotation, a ``getattr`` name); docstrings excepted."""
+    docstrings = {id(inner.value) for inner in ast.walk(node) if isinstance(inner, ast.Expr)}
+    names = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Name):
+            names.add(inner.id)
+        elif isinstance(inner, ast.Attribute):
+            names.add(inner.attr)
+        elif isinstance(inner, ast.Constant) and isinstance(inner.value, str) and id(inner) not in docstrings:
+            if re.fullmatch(r"[\w.\[\], |\"']*", inner.value):
+                names.update(re.findall(r"[A-Za-z_]\w*", inner.value))
+    return names
+
+
+def unreached(inlined: list[str], modules: dict[str, Module], roots: set[str]) -> tuple[set[int], set[str]]:
+    """Tree shaking: the top-level functions and classes of ``inlined`` that neither ``roots`` (names) nor any other
+    top-level statement reaches, as ``id``s of their nodes; and every name the kept code uses."""
+    defined: dict[str, list[ast.stmt]] = {}
+    used = set(roots)
+    for name in inlined:
+        for node in modules[name].tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, []).append(node)
+            elif not (isinstance(node, ast.Assign) and _bound_names(node) == ["__all__"]):
+                used |= _names_in(node)
+    pending, reached = list(used), set()
+    while pending:
+        name = pending.pop()
+        if name in defined and name not in reached:
+            reached.add(name)
+            for node in defined[name]:
+                found = _names_in(node)
+                used |= found
+                pending += found
+    return {id(node) for name, nodes in defined.items() if name not in reached for node in nodes}, used
+
+
 @dataclass
 class Output:
     """The generated file being assembled."""
@@ -147,6 +196,8 @@ class Output:
     absolute: dict[tuple[str, str], dict[str, str | None]] = field(default_factory=dict)  # (kind, module)
     defined: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (module label, statement source)
     from_config: dict[str, str | None] = field(default_factory=dict)
+    left_out: set[int] = field(default_factory=set)  # ids of the top-level nodes no root reaches (``unreached``)
+    used: set[str] | None = None  # the names the kept code uses: an import of another name is left out too
 
 
 def _bound_names(node: ast.stmt) -> list[str]:
@@ -182,6 +233,14 @@ class Inliner:
         """The statement's whole lines (with its trailing comment and newline)."""
         return self.starts[node.lineno - 1], self.starts[node.end_lineno]
 
+    def _leading_comments(self, node: ast.stmt) -> int:
+        """Where a statement left out starts: its decorators and the comment lines right above them."""
+        line = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))]) - 1
+        lines = self.module.source.splitlines()
+        while line > 0 and lines[line - 1].lstrip().startswith("#"):
+            line -= 1
+        return self.starts[line]
+
     def _where(self, node: ast.AST) -> str:
         return f"{self.module.label}:{node.lineno}"
 
@@ -206,7 +265,8 @@ class Inliner:
                 names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
                 return f"{indent}from .{CONFIG_FILE} import {names}\n"
             for alias in node.names:
-                self.output.from_config[alias.name] = alias.asname
+                if self.output.used is None or (alias.asname or alias.name) in self.output.used:
+                    self.output.from_config[alias.name] = alias.asname
             return ""
         raise SystemExit(f"{self._where(node)}: imports {target}, which neither generated file holds")
 
@@ -231,6 +291,8 @@ class Inliner:
                 self._bind_import(alias.asname or alias.name, "from", node.module, alias, node)
 
     def _bind_import(self, bound: str, kind: str, module: str, alias: ast.alias, node: ast.stmt) -> None:
+        if self.output.used is not None and bound not in self.output.used:
+            return
         statement = f"{kind} {module} {alias.name} as {alias.asname}"
         if bound in self.output.defined and self.output.defined[bound][1] != statement:
             where = self.output.defined[bound][0]
@@ -255,6 +317,8 @@ class Inliner:
                         self._define(alias.asname, node)
             elif isinstance(node, ast.Assign) and _bound_names(node) == ["__all__"]:
                 self.edits.append((start, end, ""))
+            elif id(node) in self.output.left_out:
+                self.edits.append((self._leading_comments(node), end, ""))
             else:
                 keep = True
                 for name in _bound_names(node):
@@ -342,9 +406,17 @@ def _import_sort_key(line: str) -> tuple[int, str]:
 
 
 def render(
-    name: str, inlined: list[str], modules: dict[str, Module], imported_from_config: set[str], family: str = ""
+    name: str,
+    inlined: list[str],
+    modules: dict[str, Module],
+    imported_from_config: set[str],
+    family: str = "",
+    shaken: tuple[set[int], set[str]] | None = None,
 ) -> str:
-    output = Output(name, inlined, imported_from_config)
+    """The text of generated file ``name``: the modules ``inlined``, less ``shaken``'s nodes and unused imports (the
+    result of ``unreached``; None: every statement)."""
+    left_out, used = shaken or (set(), None)
+    output = Output(name, inlined, imported_from_config, left_out=left_out, used=used)
     future = all(modules[module].has_future for module in inlined)
     sections = []
     for module_name in inlined:
@@ -372,11 +444,14 @@ def generate() -> dict[str, str]:
     """``{"<family>/<file name>": text}`` of every family's two generated files."""
     modules = read_modules()
     files = {}
-    for family, (config_roots, model_roots) in family_roots().items():
-        config_modules = closure(config_roots, modules)
+    for family, (config_class, model_classes) in family_classes().items():
+        config_modules = closure([config_class.__module__], modules)
+        model_roots = list(dict.fromkeys(model.__module__ for model in model_classes))
         model_modules = [name for name in closure(model_roots, modules) if name not in config_modules]
-        files[f"{family}/{CONFIG_FILE}.py"] = render(CONFIG_FILE, config_modules, modules, set(), family)
-        modeling = render(MODELING_FILE, model_modules, modules, set(config_modules), family)
+        model_shaken = unreached(model_modules, modules, {model.__name__ for model in model_classes})
+        config_shaken = unreached(config_modules, modules, {config_class.__name__} | model_shaken[1])
+        files[f"{family}/{CONFIG_FILE}.py"] = render(CONFIG_FILE, config_modules, modules, set(), family, config_shaken)
+        modeling = render(MODELING_FILE, model_modules, modules, set(config_modules), family, model_shaken)
         files[f"{family}/{MODELING_FILE}.py"] = modeling
     return files
 

@@ -140,6 +140,21 @@ def test_the_generator_inlines_a_closure_in_dependency_order(tmp_path):
     assert '"""Base: the scale."""' in text and "# a comment that stays" in text and "from .base" not in text
 
 
+def test_the_generator_leaves_out_what_no_root_reaches(tmp_path):
+    """Tree shaking: a helper nothing in the file reaches from the roots, and an import only it used, stay out."""
+    unused = "import os\n\n\ndef unused_helper():\n    return os.sep\n\n\ndef kept():\n    return scaled(1)\n"
+    modules = _synthetic_package(tmp_path, {"base.py": BASE, "model.py": MODEL + "\n\n" + unused})
+    order = generate_remote_code.closure(["pkg.model"], modules)
+    text = generate_remote_code.render("modeling_pkg", order, modules, set(), "", None)
+    assert "def unused_helper" in text and "import os" in text  # no roots given: nothing is shaken
+    shaken = generate_remote_code.unreached(order, modules, {"kept"})
+    text = generate_remote_code.render("modeling_pkg", order, modules, set(), "", shaken)
+    namespace = {}
+    exec(compile(text, "modeling_pkg.py", "exec"), namespace)
+    assert namespace["kept"]() == pytest.approx(3.141592653589793)
+    assert "unused_helper" not in text and "import os" not in text and "def scaled" in text
+
+
 @pytest.mark.parametrize(("files", "message"), [
     ({"base.py": "_helper = 1\n", "model.py": "from .base import _helper as h\n_helper = 2\n"},
      "pkg/model.py and pkg/base.py both define '_helper'"),
@@ -238,7 +253,9 @@ def test_every_family_and_the_wrapper_save_two_files_and_load_from_them_without_
     wrapper's new folder (around a causal LM and around an encoder-decoder; two files; logits equal to the
     package's) and each folder of the earlier versions (their own code)."""
     families = OLD_FAMILIES
-    code = "import torch\nfrom transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM\n"
+    # The earlier versions' folders load first: once a new causal folder's code registered its type (issue 60), it
+    # runs every folder of that type in the process (tests/training/test_trl.py says so once per folder).
+    code, earlier = "", "import torch\nfrom transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM\n"
     for family in [*families, "wrapped_seq2seq"]:
         model = _save(family, tmp_path / family)
         assert sorted(path.name for path in (tmp_path / family).glob("*.py")) == CODE_FILES
@@ -254,8 +271,8 @@ def test_every_family_and_the_wrapper_save_two_files_and_load_from_them_without_
         auto = "AutoModelForSeq2SeqLM" if model.config.is_encoder_decoder else "AutoModelForCausalLM"
         code += _load_and_compare(tmp_path / family, tmp_path / f"{family}.pt", auto, f"new-{family}")
         for version, old in old_folders.items() if family in families else ():
-            code += _load_and_compare(old / family, old / f"{family}.pt", auto, f"{version}-{family}")
-    lines = run_without_package(code, cwd=tmp_path).strip().splitlines()
+            earlier += _load_and_compare(old / family, old / f"{family}.pt", auto, f"{version}-{family}")
+    lines = run_without_package(earlier + code, cwd=tmp_path).strip().splitlines()
     assert "new-wrapped_seq2seq modeling_tiednorm True" in lines, lines
     for family in families:
         assert f"new-{family} modeling_tiednorm True" in lines, lines
@@ -326,7 +343,8 @@ def hooks():
 def tables():
     found = {name: dict(value) for name, value in vars(modeling_auto).items()
              if name.endswith("_MAPPING_NAMES") and isinstance(value, dict)}
-    return found | {"CONFIG_MAPPING_NAMES": dict(configuration_auto.CONFIG_MAPPING_NAMES)}
+    registered = {key: value.__name__ for key, value in configuration_auto.CONFIG_MAPPING._extra_content.items()}
+    return found | {"CONFIG_MAPPING_NAMES": dict(configuration_auto.CONFIG_MAPPING_NAMES), "AutoConfig": registered}
 def changes(folder, auto):
     hooks_before, tables_before = hooks(), tables()
     getattr(transformers, auto).from_pretrained(folder, trust_remote_code=True)
@@ -337,9 +355,12 @@ def changes(folder, auto):
                       if hooks_after[name] != count}, "tables": added}
 """
 ALLOWED_TABLE_ENTRIES = {  # what loading each folder may add: a causal LM's own model type, for the label smoother
-    "causal": {"MODEL_FOR_CAUSAL_LM_MAPPING_NAMES['tiednorm_causal']='TiedNormForCausalLM'"},
-    "wrapped": {"MODEL_FOR_CAUSAL_LM_MAPPING_NAMES['tiednorm_wrapped']='TiedNormWrappedForCausalLM'"},
-}
+    # and for TRL's reference reload with trust_remote_code=False (issue 60)
+    "causal": {"MODEL_FOR_CAUSAL_LM_MAPPING_NAMES['tiednorm_causal']='TiedNormForCausalLM'",
+               "AutoConfig['tiednorm_causal']='TiedNormCausalConfig'"},
+    "wrapped": {"MODEL_FOR_CAUSAL_LM_MAPPING_NAMES['tiednorm_wrapped']='TiedNormWrappedForCausalLM'",
+                "AutoConfig['tiednorm_wrapped']='TiedNormWrappedConfig'"},
+}  # fmt: skip
 
 
 def test_loading_a_folder_changes_no_global_hook_and_no_auto_table_but_a_causal_lms_own_type(tmp_path):
@@ -380,7 +401,7 @@ def _lines(family: str, name: str) -> int:
 # 400 without torch. The configuration files meet theirs; the folders do not yet (docs/layout.md gives the measured
 # lines), so each is held at most at its ceiling here, a little above its lines at issue 56's end, until it does.
 ISSUE_BUDGETS = {"causal": 1800, "seq2seq": 2200, "bart": 2200, "wrapped": 2200}
-CEILINGS = {"causal": 3150, "seq2seq": 3500, "bart": 3500, "wrapped": 3350}
+CEILINGS = {"causal": 3064, "seq2seq": 3412, "bart": 3368, "wrapped": 3300}
 CONFIG_BUDGET = 400
 
 

@@ -530,14 +530,47 @@ def tiny_folder(tmp_path_factory):
 @pytest.mark.parametrize(
     "kind", ["dpo", pytest.param("kto", marks=pytest.mark.slow), pytest.param("grpo", marks=pytest.mark.slow)]
 )  # KTO, GRPO: two more packageless trainer runs (~1 min)
-def test_a_folder_loaded_as_remote_code_needs_trust_remote_code_in_the_trainers_config(kind, tiny_folder):
-    """Without hf_tiednorm: a stock config stops at the trainer's construction (no file written) with transformers'
-    message naming trust_remote_code; with trust_remote_code=True in the config, TRL reloads the folder's own code and
-    the reference is the policy (the first step's margin / KL is 0)."""
-    refused = reference_run(kind, tiny_folder, trust=False)
-    assert "trust_remote_code=True" in refused["refused"] and not refused["wrote"]
+def test_a_stock_config_reloads_a_remote_code_folder_as_its_reference(kind, tiny_folder):
+    """Without hf_tiednorm, a stock config (trust_remote_code=False) reloads the folder the policy came from with the
+    code the user trusted for it: the reference is the policy (the first step's margin / KL is 0). bcb37a5 and until
+    issue 60's end: the trainer's construction stopped at transformers' "contains custom code" error."""
+    run = reference_run(kind, tiny_folder, trust=False)
+    assert run.get("reference", run).startswith("transformers_modules.") and run["logged"] == 0.0, run
     run = reference_run(kind, tiny_folder, trust=True)
     assert run["reference"].startswith("transformers_modules.") and run["logged"] == 0.0
+
+
+WHOSE_CODE_RUN = """
+import json
+from transformers import AutoModelForCausalLM
+from transformers.dynamic_module_utils import get_class_from_dynamic_module
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
+AutoModelForCausalLM.from_pretrained("model", trust_remote_code=True)
+with CaptureLogger(logging.get_logger("transformers_modules")) as said:
+    model = AutoModelForCausalLM.from_pretrained("edited", trust_remote_code=True)
+own = get_class_from_dynamic_module("modeling_tiednorm.TiedNormForCausalLM", "edited").from_pretrained("edited")
+print(json.dumps({"said": said.out, "edited": hasattr(model, "edited"), "own": own.edited}))
+"""
+
+
+def test_a_folder_whose_code_differs_from_the_trusted_code_of_its_type_says_whose_code_runs(tiny_folder):
+    """Once a folder's code registered its type, transformers runs it for every folder of that type (a registered
+    class wins even over trust_remote_code=True, as with the package imported): a folder whose code was edited is told
+    so once, with the call that runs its own code."""
+    import json
+    import shutil
+
+    from testing_utils import run_without_package
+
+    edited = tiny_folder / "edited"
+    shutil.copytree(tiny_folder / "model", edited, dirs_exist_ok=True)
+    with open(edited / "modeling_tiednorm.py", "a") as code:
+        code.write("\nTiedNormForCausalLM.edited = True\n")
+    run = json.loads(run_without_package(WHOSE_CODE_RUN, tiny_folder).strip().splitlines()[-1])
+    assert "edited carries its own code (modeling_tiednorm.py differ)" in run["said"], run
+    assert "get_class_from_dynamic_module('modeling_tiednorm.TiedNormForCausalLM', 'edited')" in run["said"], run
+    assert run["edited"] is False and run["own"] is True, run
 
 
 def test_a_stock_config_reloads_the_reference_where_the_package_is_imported(tiny_folder, tmp_path):

@@ -19,7 +19,7 @@ from ..head.settings import HeadSettings
 from ..load_checks import WeightChecksMixin
 from ..loss.model_loss import TiedNormLossMixin
 from ..loss.regularizers import OutputProjection
-from .causal_lm_names import recognise_as_causal_lm
+from .causal_lm_names import recognise_built_causal_lm
 from .embeddings import build_embedding
 from .head_host import TiedNormHeadHostMixin
 from .outputs import CACHE_FIELD, TiedNormCausalLMOutput
@@ -105,7 +105,7 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        recognise_as_causal_lm(self.config.model_type, type(self).__name__)  # the Trainer's label smoother shifts
+        recognise_built_causal_lm(self)  # the label smoother shifts; TRL reloads the reference
 
     @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do

@@ -24,7 +24,7 @@ from ..head.scoring_guard import own_scoring
 from ..load_checks import WeightChecksMixin
 from ..loss.accumulated import share_of_accumulated_batch
 from ..loss.policy import refuse_fused_loss_scored_outside
-from .causal_lm_names import recognise_as_causal_lm
+from .causal_lm_names import recognise_built_causal_lm
 from .configuration_wrapped import TiedNormWrappedConfig
 from .head_host import TiedNormHeadHostMixin
 from .wrapped_head import install_normalized_head
@@ -334,7 +334,7 @@ class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, TiedNormWrapped
 
     def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
         super().__init__(config, body)
-        recognise_as_causal_lm(config.model_type, type(self).__name__)  # the Trainer's label smoother shifts its labels
+        recognise_built_causal_lm(self)  # the label smoother shifts its labels; TRL reloads the reference
 
 
 class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, TiedNormWrappedGenerationMixin):

@@ -18,18 +18,20 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from transformers import GenerationMixin, initialization as init
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.models.llama.modeling_llama import LlamaModel, LlamaPreTrainedModel
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
     BUILTIN_HEAD_MODES,
@@ -366,21 +368,6 @@ class HeadTerm:
         """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
         value = getattr(self, "lossless", None)
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
-
-
-@dataclass(frozen=True)
-class ExtraHeadTerm(HeadTerm):
-    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
-    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
-    start (None: ``init``)."""
-
-    name: str
-    help: str
-    init: float
-    fold: Callable
-    card: str
-    keep_fp32: bool = True
-    lossless: float | None = None
 
 
 def head_terms() -> tuple[HeadTerm, ...]:
@@ -1147,14 +1134,6 @@ def check_head_once(model: nn.Module) -> None:
     model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
 
 
-def check_again(model: nn.Module) -> None:
-    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
-    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
-    for module in model.modules():
-        module.__dict__.pop(_HEAD_CHECKED, None)
-        module.__dict__.pop(_WATCHED, None)
-
-
 def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
     """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
     check_head_once(model)
@@ -1394,13 +1373,6 @@ def _name(function) -> str:
 
 def _names(functions: list[Callable]) -> str:
     return ", wrapping ".join(_name(function) for function in functions)
-
-
-def forward_name(forward) -> str:
-    """What runs when ``forward`` is called: its functions by their real module and name, outermost first (which of
-    them scored is not known without running it: "accelerate's hook, wrapping a patch", "a patch, wrapping the
-    class's forward" as ``functools.wraps`` dresses one)."""
-    return _names(_unwrap(forward)[0]) or "the model's own forward"
 
 
 def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
@@ -1704,14 +1676,6 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     errors = head_term_errors(model, missing, unexpected) + embedding_errors(model, missing)
     errors += other_tensor_errors(model, missing, unexpected)
     refuse_load_errors(model, errors)
-
-
-def check_loaded_body(model: nn.Module, loading_info) -> None:
-    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
-    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
-    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
-    missing = set(loading_info.missing_keys)
-    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
 
 
 def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
@@ -2100,17 +2064,6 @@ def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, 
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
 
 
-def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
-                               label_smoothing: float = 0.0, num_items_in_batch=None,
-                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
-    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
-    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
-    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
-    labels = labels.reshape(-1).to(hidden.device)  # (N,)
-    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
-    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
-
-
 # ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
 """The two regularizers of the tied embedding, each its own term of the loss: Press & Wolf's projection P (λ·‖P‖_F,
 P = I at first) and Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)². (docs/code_notes.md)"""
@@ -2260,15 +2213,40 @@ class TiedNormLossMixin:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""The Trainer's label smoother shifts the labels only of causal LMs named in transformers'
-``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; a causal LM of the package adds its own model type there when it is built (never
-on import), the one entry this code adds to transformers' tables. (docs/code_notes.md)"""
+"""A causal LM of this code adds its own model type to transformers' tables, nothing else. The Trainer's label smoother
+shifts the labels of causal LMs named in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; TRL's DPO, KTO and GRPO reload their
+reference from the policy's folder with ``trust_remote_code=False``, which runs the code the user already trusted once
+a folder's own code registered its type, as the package registers its own (docs/code_notes.md)."""
 
 
 def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
-    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
-    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
+    """Name ``class_name`` under ``model_type`` among transformers' causal LMs (a name already there is kept)."""
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
+
+
+def recognise_built_causal_lm(model) -> None:
+    """``recognise_as_causal_lm`` for ``model``; where a folder's own code runs (a ``modeling_tiednorm.py``, not the
+    package), also register its classes for its type: the first folder's code then runs every folder of that type
+    (transformers prefers a registered class), which is said once for a folder whose code files differ."""
+    config, module = model.config, Path(__file__)  # this module: the package's, or a folder's modeling_tiednorm.py
+    recognise_as_causal_lm(config.model_type, type(model).__name__)
+    if module.name != "modeling_tiednorm.py":  # the package registers its own classes and says whose code runs
+        return
+    try:
+        trusted = CONFIG_MAPPING[config.model_type]  # the package's, or the first folder's built in this process
+    except KeyError:
+        AutoConfig.register(config.model_type, trusted := type(config))
+        AutoModelForCausalLM.register(trusted, type(model), exist_ok=True)
+    folder = Path(str(config.name_or_path))
+    differ = [name for name in ("configuration_tiednorm.py", module.name)
+              if (folder / name).is_file() and (folder / name).read_bytes() != module.with_name(name).read_bytes()]
+    if differ and trusted is type(config):
+        logging.get_logger(__name__).warning_once(
+            f"{folder} carries its own code ({', '.join(differ)} differ), but the code this process first trusted for "
+            f"{config.model_type!r} runs it ({module.parent}; registered so that TRL can reload a reference without "
+            f"trust_remote_code). To run its own: transformers.dynamic_module_utils.get_class_from_dynamic_module("
+            f"'modeling_tiednorm.{type(model).__name__}', '{folder}').from_pretrained('{folder}'), or a new process."
+        )
 
 
 # ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
@@ -2481,11 +2459,6 @@ class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
 
 
-@dataclass
-class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
 # The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
 # ``cache`` (the old name stays a deprecated alias until 5.40). The families pass the cache on through ``**kwargs``
 # and return it under the installed version's name, so either version's generate() finds it, without a warning.
@@ -2585,18 +2558,6 @@ class TiedEmbeddingsMixin:
         """Nothing for a bare body; ``TiedNormHeadHostMixin`` (before this class in an LM's bases) hosts the head."""
 
 
-def alias_tied_modules(body: nn.Module) -> None:
-    """Register the owner module of the tie under its aliases in the bare body (three-way: encoder and decoder
-    ``embed_tokens`` become ``shared`` itself)."""
-    tie = embedding_tie(body.config)
-    if tie is None:
-        return
-    prefix = f"{_prefix_of(body)}."
-    owner = body.get_submodule(tie.owner.removeprefix(prefix))
-    for alias in tie.aliases:
-        body.set_submodule(alias.removeprefix(prefix), owner)
-
-
 # ------------------------------ hf_tiednorm/modeling/families/common.py -----------------------------------------
 """What the model families add to their HF parent: building and initializing the normalized tied head (and Press &
 Wolf's projection P) on top of the head's host, the loss and the tie; ``TiedNormCausalLMMixin`` is the public base of
@@ -2682,7 +2643,7 @@ class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        recognise_as_causal_lm(self.config.model_type, type(self).__name__)  # the Trainer's label smoother shifts
+        recognise_built_causal_lm(self)  # the label smoother shifts; TRL reloads the reference
 
     @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
     @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do

@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationMixin, Pipeline, PreTrainedModel, initialization as init
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, Seq2SeqLMOutput
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from transformers.models.marian.modeling_marian import (
     MarianMTModel,
     MarianModel,
@@ -375,21 +374,6 @@ class HeadTerm:
         """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
         value = getattr(self, "lossless", None)
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
-
-
-@dataclass(frozen=True)
-class ExtraHeadTerm(HeadTerm):
-    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
-    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
-    start (None: ``init``)."""
-
-    name: str
-    help: str
-    init: float
-    fold: Callable
-    card: str
-    keep_fp32: bool = True
-    lossless: float | None = None
 
 
 def head_terms() -> tuple[HeadTerm, ...]:
@@ -1062,13 +1046,6 @@ def _name(function) -> str:
 
 def _names(functions: list[Callable]) -> str:
     return ", wrapping ".join(_name(function) for function in functions)
-
-
-def forward_name(forward) -> str:
-    """What runs when ``forward`` is called: its functions by their real module and name, outermost first (which of
-    them scored is not known without running it: "accelerate's hook, wrapping a patch", "a patch, wrapping the
-    class's forward" as ``functools.wraps`` dresses one)."""
-    return _names(_unwrap(forward)[0]) or "the model's own forward"
 
 
 def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
@@ -1746,14 +1723,6 @@ def check_head_once(model: nn.Module) -> None:
     model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
 
 
-def check_again(model: nn.Module) -> None:
-    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
-    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
-    for module in model.modules():
-        module.__dict__.pop(_HEAD_CHECKED, None)
-        module.__dict__.pop(_WATCHED, None)
-
-
 def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
     """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
     check_head_once(model)
@@ -2109,17 +2078,6 @@ def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, 
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
 
 
-def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
-                               label_smoothing: float = 0.0, num_items_in_batch=None,
-                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
-    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
-    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
-    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
-    labels = labels.reshape(-1).to(hidden.device)  # (N,)
-    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
-    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
-
-
 # ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
 """The two regularizers of the tied embedding, each its own term of the loss: Press & Wolf's projection P (λ·‖P‖_F,
 P = I at first) and Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)². (docs/code_notes.md)"""
@@ -2269,15 +2227,10 @@ class TiedNormLossMixin:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""The Trainer's label smoother shifts the labels only of causal LMs named in transformers'
-``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; a causal LM of the package adds its own model type there when it is built (never
-on import), the one entry this code adds to transformers' tables. (docs/code_notes.md)"""
-
-
-def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
-    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
-    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
+"""A causal LM of this code adds its own model type to transformers' tables, nothing else. The Trainer's label smoother
+shifts the labels of causal LMs named in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; TRL's DPO, KTO and GRPO reload their
+reference from the policy's folder with ``trust_remote_code=False``, which runs the code the user already trusted once
+a folder's own code registered its type, as the package registers its own (docs/code_notes.md)."""
 
 
 # ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
@@ -2484,12 +2437,6 @@ class TiedNormHeadHostMixin:
 KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
 
 
-# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
-@dataclass
-class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
-    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
 @dataclass
 class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
     """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
@@ -2681,62 +2628,6 @@ class TiedNormLMMixin(TiedNormHeadHostMixin, TiedNormLossMixin, TiedEmbeddingsMi
             self.set_input_embeddings(build_embedding(config, config.vocab_size, hidden_size))
         self.output_projection = build_output_projection(config, hidden_size)  # Press & Wolf's P, or None
         self.lm_head = build_head(config, hidden_size, config.vocab_size)
-
-
-class TiedNormCausalLMMixin(WeightChecksMixin, TiedNormLMMixin):
-    """The public base of a causal family's LM, listed before the HF parent's ``PreTrainedModel``: the head, the label
-    shift, the loss, the tie, the loading checks, resizing and generation. The family supplies ``config_class`` (with
-    ``input_embedding_path``) and an ``__init__`` that builds the HF body under ``base_model_prefix``, then calls
-    ``self.add_tied_norm_head(d)`` and ``self.post_init()``."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        recognise_as_causal_lm(self.config.model_type, type(self).__name__)  # the Trainer's label smoother shifts
-
-    @own_scoring  # scores with the model's own head: what the scoring guard lets run (scoring_guard.py)
-    @can_return_tuple  # return_dict=False (argument or config) gives the output's tuple, as HF's LMs do
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        skip_logits: bool | None = None,  # the Trainer's: a fused loss may serve evaluation too
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> TiedNormCausalLMOutput:
-        """``labels`` (batch, length) are the input ids (shifted here); ``shift_labels`` in ``kwargs`` (aligned already,
-        as HF's ``ForCausalLMLoss`` reads them) replace them (a named argument would be taken for a second label
-        column)."""
-        shift_labels = kwargs.pop("shift_labels", None)
-        outputs = body_of(self)(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            **kwargs | {"return_dict": True},  # the body's output object; can_return_tuple makes the tuple
-        )
-        # Generation needs only the last position's logits: logits_to_keep=1 skips the rest of the head.
-        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        hidden_states = outputs.last_hidden_state[:, kept, :]  # (batch, kept, d)
-        # labels are input_ids: position t predicts token t+1 (HF convention); the pad marks "no target".
-        next_tokens = None if labels is None else F.pad(labels, (0, 1), value=-100)[:, 1:]
-        if shift_labels is not None:
-            next_tokens = shift_labels
-        # (b, kept, V); None when a fused loss computed the loss
-        logits, loss, loss_terms = self.score_and_loss(hidden_states, next_tokens, num_items_in_batch, skip_logits)
-        return TiedNormCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD, None)},
-            hidden_states=getattr(outputs, "hidden_states", None),
-            attentions=getattr(outputs, "attentions", None),
-            **loss_terms,
-        )
 
 
 # ------------------------------ hf_tiednorm/modeling/families/encoder_decoder.py --------------------------------

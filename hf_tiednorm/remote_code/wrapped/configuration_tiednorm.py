@@ -173,13 +173,6 @@ def positive_finite_field(value: float | None) -> None:
         raise ValueError(f"Value must be > 0 and finite, got {value}")
 
 
-@as_validated_field
-def non_negative_field(value: float | None) -> None:
-    """>= 0, or None (unset)."""
-    if value is not None and not value >= 0:
-        raise ValueError(f"Value must be >= 0, got {value}")
-
-
 head_mode_field = as_validated_field(check_head_mode)  # a registered head mode, or an error naming the known ones
 # Widths and vocabularies must be >= 1 (a zero fails much later, e.g. with ZeroDivisionError), layer counts >= 0.
 size_field = positive_int_field

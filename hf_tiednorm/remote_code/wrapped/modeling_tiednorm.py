@@ -19,15 +19,24 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, GenerationMixin, Pipeline, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    GenerationMixin,
+    Pipeline,
+    PreTrainedModel,
+)
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.models.auto.auto_factory import _get_model_class
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
@@ -367,21 +376,6 @@ class HeadTerm:
         """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
         value = getattr(self, "lossless", None)
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
-
-
-@dataclass(frozen=True)
-class ExtraHeadTerm(HeadTerm):
-    """A learned per-token term t (V,) added from outside: the parameter ``name`` starts at ``init`` and is folded by
-    ``fold(t, scale, bias) -> (scale, bias)``; ``card``: its model card line; ``lossless``: its value after a lossless
-    start (None: ``init``)."""
-
-    name: str
-    help: str
-    init: float
-    fold: Callable
-    card: str
-    keep_fp32: bool = True
-    lossless: float | None = None
 
 
 def head_terms() -> tuple[HeadTerm, ...]:
@@ -987,19 +981,6 @@ def check_head_once(model: nn.Module) -> None:
     paths = _watched_paths(model)
     # Not a module attribute: no registration, no state-dict entry; a deep copy maps the objects to its own.
     model.__dict__[_HEAD_CHECKED] = (paths, _fingerprint(model, paths))
-
-
-def check_again(model: nn.Module) -> None:
-    """Forget what ``check_head_once`` found for ``model`` and every module in it: the next call checks in full (a
-    head that changed role without a structural change, e.g. ``train_head_terms``, is judged again)."""
-    for module in model.modules():
-        module.__dict__.pop(_HEAD_CHECKED, None)
-        module.__dict__.pop(_WATCHED, None)
-
-
-def refuse_bypassed_head(model: nn.Module, _args: tuple) -> None:
-    """Forward pre-hook running ``check_head_once`` at every call of ``model`` (our own families)."""
-    check_head_once(model)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/scoring_guard.py --------------------------------------
@@ -1707,14 +1688,6 @@ def check_loaded_head(model: nn.Module, loading_info) -> None:
     refuse_load_errors(model, errors)
 
 
-def check_loaded_body(model: nn.Module, loading_info) -> None:
-    """``check_loaded_head`` for a bare encoder-decoder body: every missing tensor, the shared embedding above all
-    (HF's tie logic leaves it on the meta device and reports nothing), is refused by name. Unexpected tensors are not:
-    a body loaded from its LM's folder drops the head, as transformers' bodies do."""
-    missing = set(loading_info.missing_keys)
-    refuse_load_errors(model, embedding_errors(model, missing) + other_tensor_errors(model, missing, set()))
-
-
 def refuse_load_errors(model: nn.Module, errors: list[str]) -> None:
     if errors:
         folder = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or "the folder"
@@ -1867,15 +1840,40 @@ def refuse_fused_loss_scored_outside(config) -> None:
 
 
 # ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""The Trainer's label smoother shifts the labels only of causal LMs named in transformers'
-``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; a causal LM of the package adds its own model type there when it is built (never
-on import), the one entry this code adds to transformers' tables. (docs/code_notes.md)"""
+"""A causal LM of this code adds its own model type to transformers' tables, nothing else. The Trainer's label smoother
+shifts the labels of causal LMs named in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; TRL's DPO, KTO and GRPO reload their
+reference from the policy's folder with ``trust_remote_code=False``, which runs the code the user already trusted once
+a folder's own code registered its type, as the package registers its own (docs/code_notes.md)."""
 
 
 def recognise_as_causal_lm(model_type: str, class_name: str) -> None:
-    """Add ``class_name`` (a causal LM class whose loss shifts the labels) under ``model_type`` to transformers'
-    causal-LM class names, which the Trainer's label smoother consults; a ``model_type`` already there is kept."""
+    """Name ``class_name`` under ``model_type`` among transformers' causal LMs (a name already there is kept)."""
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(model_type, class_name)
+
+
+def recognise_built_causal_lm(model) -> None:
+    """``recognise_as_causal_lm`` for ``model``; where a folder's own code runs (a ``modeling_tiednorm.py``, not the
+    package), also register its classes for its type: the first folder's code then runs every folder of that type
+    (transformers prefers a registered class), which is said once for a folder whose code files differ."""
+    config, module = model.config, Path(__file__)  # this module: the package's, or a folder's modeling_tiednorm.py
+    recognise_as_causal_lm(config.model_type, type(model).__name__)
+    if module.name != "modeling_tiednorm.py":  # the package registers its own classes and says whose code runs
+        return
+    try:
+        trusted = CONFIG_MAPPING[config.model_type]  # the package's, or the first folder's built in this process
+    except KeyError:
+        AutoConfig.register(config.model_type, trusted := type(config))
+        AutoModelForCausalLM.register(trusted, type(model), exist_ok=True)
+    folder = Path(str(config.name_or_path))
+    differ = [name for name in ("configuration_tiednorm.py", module.name)
+              if (folder / name).is_file() and (folder / name).read_bytes() != module.with_name(name).read_bytes()]
+    if differ and trusted is type(config):
+        logging.get_logger(__name__).warning_once(
+            f"{folder} carries its own code ({', '.join(differ)} differ), but the code this process first trusted for "
+            f"{config.model_type!r} runs it ({module.parent}; registered so that TRL can reload a reference without "
+            f"trust_remote_code). To run its own: transformers.dynamic_module_utils.get_class_from_dynamic_module("
+            f"'modeling_tiednorm.{type(model).__name__}', '{folder}').from_pretrained('{folder}'), or a new process."
+        )
 
 
 # ------------------------------ hf_tiednorm/modeling/families/head_host.py --------------------------------------
@@ -2097,21 +2095,6 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
 
 # ------------------------------ hf_tiednorm/modeling/loss/token.py ----------------------------------------------
 """The token cross-entropy of the plain (materialized-logits) loss path, and the count both loss paths divide by."""
-
-
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
-                        num_items_in_batch=None, ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
-    """Mean token cross-entropy in fp32 (fp64 for fp64 logits), over ``num_items_in_batch`` where the Trainer gives
-    it; all labels ignored gives 0 with zero gradients (not 0/0 = nan, which one step would spread everywhere)."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    logits = logits.reshape(-1, logits.shape[-1])  # (tokens, V)
-    labels = labels.reshape(-1).to(logits.device)  # (tokens,)
-    try:
-        total = F.cross_entropy(logits, labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                reduction="sum")  # fmt: skip
-    except IndexError as error:  # nothing is checked unless the loss failed ("Target 9000 is out of bounds.")
-        raise IndexError(out_of_vocabulary_labels(labels, logits.shape[-1], ignore_index)) from error
-    return total / token_count(labels, num_items_in_batch, ignore_index)
 
 
 def out_of_vocabulary_labels(labels: torch.Tensor, vocab_size: int, ignore_index: int = -100) -> str:
@@ -2360,17 +2343,6 @@ def head_linear_cross_entropy(head, hidden: torch.Tensor, labels: torch.Tensor, 
     raise ValueError(f"no fused loss path {path!r}; expected 'liger', 'torch' or 'chunked'")
 
 
-def chunked_head_cross_entropy(head, hidden_states: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None,
-                               label_smoothing: float = 0.0, num_items_in_batch=None,
-                               ignore_index: int = -100) -> torch.Tensor:  # fmt: skip
-    """Same value and gradients as ``token_cross_entropy(head(hidden_states), labels, ...)`` without ever
-    holding the (tokens × V) logits. ``head`` is a ``TiedNormHead``; hidden_states (..., d), labels (...)."""
-    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])  # (N, d)
-    labels = labels.reshape(-1).to(hidden.device)  # (N,)
-    total = head_linear_cross_entropy(head, hidden, labels, "chunked", label_smoothing, chunk_size, ignore_index)
-    return total / token_count(labels, num_items_in_batch, ignore_index).to(total.device)
-
-
 # ------------------------------ hf_tiednorm/modeling/loss/regularizers.py ---------------------------------------
 """The two regularizers of the tied embedding, each its own term of the loss: Press & Wolf's projection P (λ·‖P‖_F,
 P = I at first) and Herold et al.'s weight-norm regularization ρ·Σ_k (‖w_k‖ − ν)². (docs/code_notes.md)"""
@@ -2390,16 +2362,6 @@ class LossTerms:
 LOSS_TERMS: tuple[str, ...] = tuple(field.name for field in fields(LossTerms))
 
 
-class OutputProjection(nn.Linear):
-    """Press & Wolf's projection P (H×H, no bias) before the tied head, the identity at first."""
-
-    def __init__(self, hidden_size: int, device=None, dtype=None) -> None:
-        super().__init__(hidden_size, hidden_size, bias=False, device=device, dtype=dtype)
-
-    def reset_parameters(self) -> None:
-        nn.init.eye_(self.weight)
-
-
 def projection_penalty(projection: torch.Tensor, strength: float) -> torch.Tensor:
     """λ·‖P‖_F in fp32: unsquared, so λ keeps its meaning at any width (docs/code_notes.md)."""
     return strength * torch.linalg.matrix_norm(projection.float(), ord="fro")
@@ -2413,17 +2375,6 @@ def weight_norm_penalty(weights: list[torch.Tensor], strength: float, target_nor
 # ------------------------------ hf_tiednorm/modeling/families/outputs.py ----------------------------------------
 """The model outputs of the families: transformers' LM outputs plus the terms of the loss, and ``CACHE_FIELD``, the
 KV cache's name in the installed transformers (a shim across its 5.24 rename)."""
-
-
-# The loss terms come first among the bases so that their fields come last: to_tuple() still starts with loss, logits.
-@dataclass
-class TiedNormCausalLMOutput(LossTerms, CausalLMOutputWithPast):
-    """``CausalLMOutputWithPast`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
-
-
-@dataclass
-class TiedNormSeq2SeqLMOutput(LossTerms, Seq2SeqLMOutput):
-    """``Seq2SeqLMOutput`` plus the terms of ``loss`` (``regularizers.LossTerms``), when labels are given."""
 
 
 # The KV cache's name in forward arguments and model outputs: transformers 5.24 renamed ``past_key_values`` to
@@ -2828,7 +2779,7 @@ class TiedNormWrappedForCausalLM(TiedNormWrappedPreTrainedModel, TiedNormWrapped
 
     def __init__(self, config: TiedNormWrappedConfig, body: PreTrainedModel | None = None):
         super().__init__(config, body)
-        recognise_as_causal_lm(config.model_type, type(self).__name__)  # the Trainer's label smoother shifts its labels
+        recognise_built_causal_lm(self)  # the label smoother shifts its labels; TRL reloads the reference
 
 
 class TiedNormWrappedForSeq2SeqLM(TiedNormWrappedPreTrainedModel, TiedNormWrappedGenerationMixin):
