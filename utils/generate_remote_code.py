@@ -390,14 +390,24 @@ def _import_block(output: Output) -> str:
         parts = [name + (f" as {asname}" if asname else "") for name, asname in sorted(names.items())]
         line = f"from {module} import {', '.join(parts)}"
         if len(line) > 120:
-            line = f"from {module} import (\n" + "".join(f"    {part},\n" for part in parts) + ")"
+            line = f"from {module} import (\n{_packed(parts)})"
         sections[module.split(".")[0] in sys.stdlib_module_names].append(line)
     blocks = ["\n".join(sorted(sections[True], key=_import_sort_key)),
               "\n".join(sorted(sections[False], key=_import_sort_key))]  # fmt: skip
     if output.from_config:
         parts = [name + (f" as {asname}" if asname else "") for name, asname in sorted(output.from_config.items())]
-        blocks.append(f"from .{CONFIG_FILE} import (\n" + "".join(f"    {part},\n" for part in parts) + ")")
+        blocks.append(f"from .{CONFIG_FILE} import (\n{_packed(parts)})")
     return "\n\n".join(block for block in blocks if block)
+
+
+def _packed(names: list[str], width: int = 120) -> str:
+    """``names`` as the lines of a parenthesized import, as many to a line as fit (isort's grid)."""
+    lines = [""]
+    for name in names:
+        if lines[-1] and len(f"    {lines[-1]} {name},") > width:
+            lines.append("")
+        lines[-1] += f" {name}," if lines[-1] else f"{name},"
+    return "".join(f"    {line}\n" for line in lines)
 
 
 def _import_sort_key(line: str) -> tuple[int, str]:

@@ -13,10 +13,10 @@ from .head.settings import HEAD_TERMS, HeadSettings
 from .weight_checks import check_finite_weights
 
 
-def _term_setting(model: nn.Module, name: str) -> str:
-    """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
-    "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
-    return HEAD_TERMS[name].setting(HeadSettings.from_config(model.config))
+def _shared_matrices(model: nn.Module) -> set[int]:
+    """The ``id``s of the output embedding's matrices (the shared matrix, or the adaptive bands)."""
+    head = next((module for module in model.modules() if isinstance(module, NormalizedScoresMixin)), None)
+    return set() if head is None else {id(matrix) for matrix in embedding_matrices(head)}
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
@@ -29,29 +29,24 @@ def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) 
         module, _, leaf = key.rpartition(".")
         if module not in heads or leaf not in HEAD_TERMS:
             continue
-        setting = _term_setting(model, leaf)
+        setting = HEAD_TERMS[leaf].setting(HeadSettings.from_config(model.config))  # "logit_bias=True", as config.json
         switch = setting.partition("=")[0]
         if key in missing:
-            errors.append(
-                f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned term of "
-                f"the head is part of the trained function, and it would start afresh (at "
-                f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in config.json to "
-                "what the model was trained with"
-            )
+            errors.append(f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned "
+                          "term of the head is part of the trained function, and it would start afresh (at "
+                          f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in "
+                          "config.json to what the model was trained with")
         else:
-            errors.append(
-                f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
-                f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
-                f"trained with ({HEAD_TERMS[leaf].help})"
-            )
+            errors.append(f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such "
+                          f"tensor: loading would drop it and change the logits. Set {switch} in config.json to what "
+                          f"the model was trained with ({HEAD_TERMS[leaf].help})")
     return errors
 
 
 def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
     """The output embedding (the shared matrix, or the adaptive bands) missing from the weights, and any parameter
     left on the meta device (never loaded, never initialized)."""
-    heads = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
-    shared = {id(matrix) for head in heads[:1] for matrix in embedding_matrices(head)}
+    shared = _shared_matrices(model)
     # One report per matrix, under the name it is saved as (not a tied copy's name, which is never in the file).
     tied_copies = set(getattr(model, "all_tied_weights_keys", None) or {})
     names = {}
@@ -64,13 +59,12 @@ def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
         "incomplete; restore it"
         for found in names.values()
     ]
-    for name, parameter in model.named_parameters():
-        if parameter.is_meta and not offloaded_to_disk(model, name):
-            errors.append(
-                f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
-                "weights file is incomplete; restore it"
-            )
-    return errors
+    return errors + [
+        f"tensor {name!r} was not in the weights and was left on the meta device (no values): the weights file is "
+        "incomplete; restore it"
+        for name, parameter in model.named_parameters()
+        if parameter.is_meta and not offloaded_to_disk(model, name)
+    ]
 
 
 _DEVICE_MAP_AT_LOAD = "_tiednorm_device_map_at_load"  # model.__dict__: no registration, no state-dict entry
@@ -92,8 +86,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     """The keys of ``keys`` that ``head_term_errors`` / ``embedding_errors`` report (under their own words): the
     head's learned terms, every name of the shared embedding matrices, and parameters left on the meta device."""
     heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
-    head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
-    shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
+    shared = _shared_matrices(model)
     named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name in keys and (id(parameter) in shared or parameter.is_meta and not offloaded_to_disk(model, name)):

@@ -107,9 +107,8 @@ class TiedNormTranslationPipeline(Pipeline):
     def _sanitize_parameters(self, **kwargs):
         unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
         if unknown:
-            raise ValueError(
-                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
-            )
+            raise ValueError(f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of "
+                             f"{self._generate_kwargs}")
         generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
         generate_kwargs.update(kwargs.get("generate_kwargs", {}))
         check_generate_kwargs(generate_kwargs)
@@ -127,10 +126,8 @@ class TiedNormTranslationPipeline(Pipeline):
         inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
         limit = position_limit(self.model, self.tokenizer)
         if limit is not None and inputs["input_ids"].shape[-1] > limit:
-            logger.warning(
-                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
-                f"can embed; translating its first {limit} tokens only"
-            )
+            logger.warning(f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the "
+                           f"model can embed; translating its first {limit} tokens only")
             inputs = self.tokenizer(
                 text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
             )

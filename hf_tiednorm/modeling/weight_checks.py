@@ -23,11 +23,9 @@ def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = No
         if not bool(finite.all()):
             bad = int((~finite).sum())
             origin = f" of {source}" if source is not None else ""
-            raise ValueError(
-                f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
-                f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "
-                "earlier checkpoint)"
-            )
+            raise ValueError(f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds "
+                             f"{bad} NaN/inf value(s) of {parameter.numel()}; the weights file is corrupt (re-download "
+                             "it, or resume from an earlier checkpoint)")
 
 
 def special_token_ids(model: nn.Module) -> dict[str, int]:
@@ -46,9 +44,8 @@ def special_token_ids(model: nn.Module) -> dict[str, int]:
     return ids
 
 
-def check_resize_keeps_special_tokens(
-    model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None
-) -> None:
+def check_resize_keeps_special_tokens(model: nn.Module, new_num_tokens: int | None,
+                                      pad_to_multiple_of: int | None = None) -> None:  # fmt: skip
     """Refuse a vocabulary size that would drop a special token's row (pad, bos, eos, decoder start): ``ValueError``
     naming the size and the tokens. ``new_num_tokens`` None (only padding to a multiple) keeps every row."""
     if new_num_tokens is None:
@@ -59,11 +56,9 @@ def check_resize_keeps_special_tokens(
     dropped = {field: token_id for field, token_id in special_token_ids(model).items() if token_id >= size}
     if dropped:
         listed = ", ".join(f"{field}={token_id}" for field, token_id in dropped.items())
-        raise ValueError(
-            f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the special "
-            f"token(s) {listed}: generation could then never produce or pad with them; keep at least "
-            f"{max(dropped.values()) + 1} tokens"
-        )
+        raise ValueError(f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the "
+                         f"special token(s) {listed}: generation could then never produce or pad with them; keep at "
+                         f"least {max(dropped.values()) + 1} tokens")
 
 
 __all__ = ["check_finite_weights", "check_resize_keeps_special_tokens", "special_token_ids"]

@@ -46,15 +46,12 @@ class TieTopologyConfigMixin:
                     f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
                 )
         if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
-            raise ValueError(
-                f"tie_topology='three_way' needs one shared vocabulary, but decoder_vocab_size="
-                f"{self.decoder_vocab_size} != vocab_size={self.vocab_size}; use tie_topology='decoder' or 'untied'"
-            )
+            raise ValueError("tie_topology='three_way' needs one shared vocabulary, but "
+                             f"decoder_vocab_size={self.decoder_vocab_size} != vocab_size={self.vocab_size}; use "
+                             "tie_topology='decoder' or 'untied'")
         if self.adaptive_cutoffs is not None and self.tie_topology != "three_way":
-            raise ValueError(
-                f"adaptive_cutoffs needs tie_topology='three_way' (one adaptive embedding shared by encoder, decoder "
-                f"and output layer), got tie_topology={self.tie_topology!r}"
-            )
+            raise ValueError("adaptive_cutoffs needs tie_topology='three_way' (one adaptive embedding shared by "
+                             f"encoder, decoder and output layer), got tie_topology={self.tie_topology!r}")
 
 
 @dataclass(init=False, repr=False, eq=False, kw_only=True)

@@ -40,43 +40,34 @@ class TiedNormTechniquesConfigMixin:
         # Refused, not ignored: the plain path and the adaptive softmax materialize the logits, never chunk.
         if self.loss_chunk_size is not None and (self.loss_implementation == "plain" or self.adaptive_cutoffs):
             reader = "the adaptive softmax" if self.adaptive_cutoffs else "loss_implementation='plain'"
-            raise ValueError(
-                f"loss_chunk_size={self.loss_chunk_size} (the chunks of the chunked loss of the plain head) does not "
-                f"apply to {reader} (which materializes the logits and never chunks): it would be ignored; leave "
-                "loss_chunk_size unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
-            )
+            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} (the chunks of the chunked loss of the plain "
+                             f"head) does not apply to {reader} (which materializes the logits and never chunks): it "
+                             "would be ignored; leave loss_chunk_size unset (null), or use loss_implementation "
+                             "'chunked' / 'auto' without adaptive_cutoffs")
 
     def validate_adaptive_cutoffs(self) -> None:
         cutoffs, vocab_size = self.adaptive_cutoffs, self.vocab_size
         if cutoffs is None:
             return
         if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab_size:
-            raise ValueError(
-                f"adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, {vocab_size - 1}] so "
-                f"that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty and cover the vocabulary exactly; "
-                f"got {cutoffs}"
-            )
+            raise ValueError("adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, "
+                             f"{vocab_size - 1}] so that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty "
+                             f"and cover the vocabulary exactly; got {cutoffs}")
         if int(self.hidden_size // self.adaptive_div_value ** len(cutoffs)) < 1:
-            raise ValueError(
-                f"the last of {len(cutoffs) + 1} adaptive bands would have width {self.hidden_size} // "
-                f"{self.adaptive_div_value}^{len(cutoffs)} < 1; use fewer adaptive_cutoffs or a smaller "
-                "adaptive_div_value"
-            )
+            raise ValueError(f"the last of {len(cutoffs) + 1} adaptive bands would have width {self.hidden_size} // "
+                             f"{self.adaptive_div_value}^{len(cutoffs)} < 1; use fewer adaptive_cutoffs or a smaller "
+                             "adaptive_div_value")
         if self.adaptive_tie_projections and not self.tie_word_embeddings:
-            raise ValueError(
-                "adaptive_tie_projections=True ties the output projections to the input ones, but the output layer "
-                "is untied from the input embedding; tie the embeddings or set adaptive_tie_projections=False"
-            )
+            raise ValueError("adaptive_tie_projections=True ties the output projections to the input ones, but the "
+                             "output layer is untied from the input embedding; tie the embeddings or set "
+                             "adaptive_tie_projections=False")
         if self.embedding_init_std is not None:
-            raise ValueError(
-                "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
-                "leave one of embedding_init_std / adaptive_cutoffs unset"
-            )
+            raise ValueError("embedding_init_std initializes the plain token embedding; the adaptive bands keep their "
+                             "own init: leave one of embedding_init_std / adaptive_cutoffs unset")
         if self.loss_implementation in ("fused", "chunked"):
-            raise ValueError(
-                f"loss_implementation={self.loss_implementation!r} (a fused loss of the plain head) does not apply to "
-                "the adaptive softmax; set loss_implementation='auto' or 'plain', or leave adaptive_cutoffs unset"
-            )
+            raise ValueError(f"loss_implementation={self.loss_implementation!r} (a fused loss of the plain head) does "
+                             "not apply to the adaptive softmax; set loss_implementation='auto' or 'plain', or leave "
+                             "adaptive_cutoffs unset")
 
 
 __all__ = ["TiedNormTechniquesConfigMixin"]

@@ -42,11 +42,10 @@ def refuse_own_family_fields(names, how: str) -> None:
     if unsupported:
         hint = (" (label smoothing: the Trainer's label_smoothing_factor / --label_smoothing_factor applies it to a "
                 "wrapped model)" if "label_smoothing" in unsupported else "")
-        raise ValueError(
-            f"{unsupported} are fields of hf_tiednorm's own model families ({how}); a wrapped model (any "
-            "architecture, trained with its own loss) has no code for them, so they would be ignored: drop them, or, "
-            f"for a marian/bart/llama source, convert without --generic to get the own family{hint}"
-        )
+        raise ValueError(f"{unsupported} are fields of hf_tiednorm's own model families ({how}); a wrapped model (any "
+                         "architecture, trained with its own loss) has no code for them, so they would be ignored: "
+                         "drop them, or, for a marian/bart/llama source, convert without --generic to get the own "
+                         f"family{hint}")
 
 
 @strict
@@ -82,10 +81,8 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
                 raise ValueError("text_config needs a model_type (e.g. 'gpt2', 't5') to choose the architecture")
             self.text_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
         if self.text_config.model_type.startswith("tiednorm"):
-            raise ValueError(
-                f"text_config is already an hf_tiednorm config ({self.text_config.model_type!r}); its head is "
-                "normalized already: set its head_mode instead of wrapping it"
-            )
+            raise ValueError(f"text_config is already an hf_tiednorm config ({self.text_config.model_type!r}); its "
+                             "head is normalized already: set its head_mode instead of wrapping it")
         # PreTrainedConfig defines is_encoder_decoder itself (default False), so it would not fall through.
         self.is_encoder_decoder = self.text_config.is_encoder_decoder
         inner_attention = self.text_config._attn_implementation  # that of an adopted model's live config

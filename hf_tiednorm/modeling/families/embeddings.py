@@ -40,9 +40,8 @@ class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
     """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
 
 
-def build_embedding(
-    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
-) -> TiedNormEmbedding | AdaptiveInput:
+def build_embedding(config, num_embeddings: int, embedding_dim: int,
+                    embed_scale: float | None = None) -> TiedNormEmbedding | AdaptiveInput:  # fmt: skip
     """The token embedding of ``config``: unit rows in a mode that normalizes the input lookups, an adaptive input with
     ``adaptive_cutoffs``, lookups times ``embed_scale`` when given."""
     common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
@@ -50,14 +49,8 @@ def build_embedding(
         common["embed_scale"] = embed_scale
     if config.adaptive_cutoffs is not None:
         adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
-        return adaptive(
-            num_embeddings,
-            embedding_dim,
-            config.adaptive_cutoffs,
-            div_value=config.adaptive_div_value,
-            padding_idx=config.pad_token_id,
-            **common,
-        )
+        return adaptive(num_embeddings, embedding_dim, config.adaptive_cutoffs, div_value=config.adaptive_div_value,
+                        padding_idx=config.pad_token_id, **common)
     plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
     return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
 

@@ -57,11 +57,9 @@ def check_mode_settings(config) -> None:
     mode = get_head_mode(config.head_mode)
     row_norms = getattr(config, "weight_norm_regularization", 0) or getattr(config, "weight_norm_init_sigma", None)
     if row_norms and not mode.keeps_row_norms:
-        raise ValueError(
-            "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
-            f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use another "
-            "head_mode or leave them unset"
-        )
+        raise ValueError("weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+                         f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use "
+                         "another head_mode or leave them unset")
     if getattr(config, "lossless_start", False):
         settings = HeadSettings.from_config(config)
         off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
@@ -146,10 +144,9 @@ class TiedNormHeadHostMixin:
         """
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
-            raise ValueError(
-                "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
-                "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
-            )
+            raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
+                             "the frequency order of the vocabulary; build a new model with a new vocabulary and "
+                             "cutoffs")
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too

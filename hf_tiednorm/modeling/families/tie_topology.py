@@ -48,11 +48,9 @@ def embedding_tie(config) -> EmbeddingTie | None:
     if not config.is_encoder_decoder:
         owner = getattr(type(config), "input_embedding_path", None)
         if not isinstance(owner, str):
-            raise AttributeError(
-                f"{type(config).__name__} declares no input_embedding_path: a causal family's config class names its "
-                "token embedding's module path from the LM (input_embedding_path = 'model.embed_tokens', GPT-2's "
-                "'transformer.wte'), the matrix the head ties to"
-            )
+            raise AttributeError(f"{type(config).__name__} declares no input_embedding_path: a causal family's config "
+                                 "class names its token embedding's module path from the LM (input_embedding_path = "
+                                 "'model.embed_tokens', GPT-2's 'transformer.wte'), the matrix the head ties to")
     elif config.share_encoder_decoder_embeddings:
         owner, aliases = config.shared_embedding_path, tuple(config.stack_embedding_paths)
     else:

@@ -45,15 +45,14 @@ def judging_the_body(model: nn.Module, body: nn.Module, computes_training_loss: 
     if not calls:
         owner = next((k for k in type(body).__mro__ if "forward" in vars(k)), type(body))
         where = "set on the instance" if "forward" in vars(body) else f"{owner.__name__}.forward"
-        raise ValueError(
-            f"the wrapped {type(body).__name__}'s forward ({where}, {forward_name(forward)}) computed the training "
-            "loss without calling its output layer, the normalized head: a patched forward such as liger-kernel's "
-            "apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes it from lm_head.weight directly, "
-            "bypassing the head (its normalization and logit scale), while evaluation and generation still use the "
-            "head. Load the model without the patch (in a fresh process, without apply_liger_kernel_to_* or "
-            "AutoLigerKernelForCausalLM) and use the fused loss of hf_tiednorm instead (config.loss_implementation="
-            "'auto' or 'fused': liger-kernel's kernel on the normalized head)"
-        )
+        raise ValueError(f"the wrapped {type(body).__name__}'s forward ({where}, {forward_name(forward)}) computed the "
+                         "training loss without calling its output layer, the normalized head: a patched forward such "
+                         "as liger-kernel's apply_liger_kernel_to_*() / AutoLigerKernelForCausalLM computes it from "
+                         "lm_head.weight directly, bypassing the head (its normalization and logit scale), while "
+                         "evaluation and generation still use the head. Load the model without the patch (in a fresh "
+                         "process, without apply_liger_kernel_to_* or AutoLigerKernelForCausalLM) and use the fused "
+                         "loss of hf_tiednorm instead (config.loss_implementation='auto' or 'fused': liger-kernel's "
+                         "kernel on the normalized head)")
     model.__dict__[_CHECKED] = forward  # not a module attribute: no registration, no state dict entry
 
 
@@ -68,11 +67,10 @@ def fused_causal_lm_loss(model, body, input_ids, attention_mask, labels, num_ite
         if implementation == "auto":
             return None
         kind = "encoder-decoder" if body.config.is_encoder_decoder else "causal LM"
-        raise ValueError(
-            f"loss_implementation={implementation!r}: the wrapped {model_type!r} {kind}'s forward does more around "
-            "its head than lm_head + cross-entropy, or is not checked for it; the wrapper's fused loss serves the "
-            f"causal LMs {sorted(FUSED_CAUSAL_BODIES)}. Set loss_implementation='auto' or 'plain'"
-        )
+        raise ValueError(f"loss_implementation={implementation!r}: the wrapped {model_type!r} {kind}'s forward does "
+                         "more around its head than lm_head + cross-entropy, or is not checked for it; the wrapper's "
+                         f"fused loss serves the causal LMs {sorted(FUSED_CAUSAL_BODIES)}. Set "
+                         "loss_implementation='auto' or 'plain'")
     shift_labels = kwargs.pop("shift_labels", None)
     targets = shift_labels if shift_labels is not None else F.pad(labels, (0, 1), value=-100)[..., 1:]
     head = model.get_output_embeddings()

@@ -30,16 +30,8 @@ def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
 class AdaptiveInput(nn.Module):
     """Adaptive input embedding: band i looks its rows up in R^{d_i} (unit rows in l2 mode) and projects them to R^d."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        cutoffs: Sequence[int],
-        div_value: float = 4.0,
-        padding_idx: int | None = None,
-        normalize: bool = False,
-        norm_eps: float = 1e-6,
-    ) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, cutoffs: Sequence[int], div_value: float = 4.0,
+                 padding_idx: int | None = None, normalize: bool = False, norm_eps: float = 1e-6) -> None:  # fmt: skip
         super().__init__()
         self.edges = band_edges(vocab_size, cutoffs)
         self.hidden_size = hidden_size
@@ -104,15 +96,8 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
     """Adaptive softmax whose band rows (and projections) are tied to an ``AdaptiveInput``'s by parameter name;
     ``forward`` returns log-probabilities."""
 
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        cutoffs: Sequence[int],
-        div_value: float = 4.0,
-        *,
-        settings: HeadSettings | None = None,
-    ) -> None:
+    def __init__(self, hidden_size: int, vocab_size: int, cutoffs: Sequence[int], div_value: float = 4.0, *,
+                 settings: HeadSettings | None = None) -> None:  # fmt: skip
         """``settings``: the head's settings as one value (``HeadSettings``); None: the defaults."""
         super().__init__()
         if settings is not None and settings.extra_terms:

@@ -144,11 +144,9 @@ def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
     bad = (input_ids < 0) | (input_ids >= vocab_size)
     where = bad.nonzero()[0].tolist() if bad.any() else []
     first = int(input_ids[tuple(where)]) if where else None
-    return (
-        f"token id {first} (at position {tuple(where)} of the input ids, {int(bad.sum())} out of range in all) is "
-        f"outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}): the tokenizer or the data does "
-        "not match the model (len(tokenizer) must not exceed config.vocab_size)"
-    )
+    return (f"token id {first} (at position {tuple(where)} of the input ids, {int(bad.sum())} out of range in all) "
+            f"is outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}): the tokenizer or the data "
+            "does not match the model (len(tokenizer) must not exceed config.vocab_size)")
 
 
 class TiedNormEmbedding(nn.Embedding):

@@ -68,12 +68,8 @@ class HeadMode:
             raise ValueError(self.lossless_refusal)
         scale, bias = self.column_terms(weight, eps)
         scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
-        g = None
-        if scale_term in self.lossless_start:
-            g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
-        b = None
-        if bias_term in self.lossless_start:
-            b = -bias if g is None else -bias * g
+        g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale)) if scale_term in self.lossless_start else None
+        b = (-bias if g is None else -bias * g) if bias_term in self.lossless_start else None
         return g, b
 
     def __repr__(self) -> str:
@@ -113,12 +109,11 @@ class L2(HeadMode):
     summary = "ŵ_i·h with unit-row input lookups too"
     normalizes_input_lookups = True
     keeps_row_norms = False
-    lossless_refusal = (
-        "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input too, "
-        "so every layer receives other inputs than in the source and no term of the output head can restore its "
-        "logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
-        "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
-    )
+    lossless_refusal = ("lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the "
+                        "input too, so every layer receives other inputs than in the source and no term of the output "
+                        "head can restore its logits. Use head_mode 'cosine' with lossless_start (the same normalized "
+                        "output head ŵ_i·h, with the source's input lookups), or convert to 'l2' without "
+                        "lossless_start and fine-tune")
 
     def column_terms(self, weight, eps):  # ŵ_i·h = w_i·h / ‖w_i‖
         return inverse_row_norms(weight, eps), None

@@ -12,38 +12,31 @@ from torch import nn
 
 from .layer import TiedNormHead
 
-PEFT_EMBEDDING_ADVICE = (
-    "Put adapters on attention/MLP layers only (e.g. LoraConfig(target_modules=['q_proj', 'v_proj']), never lm_head "
-    "or the embedding); to fine-tune the shared embedding too, unfreeze it after get_peft_model with "
-    "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
-    "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
-)
+PEFT_EMBEDDING_ADVICE = ("Put adapters on attention/MLP layers only (e.g. LoraConfig(target_modules=['q_proj', "
+                         "'v_proj']), never lm_head or the embedding); to fine-tune the shared embedding too, unfreeze "
+                         "it after get_peft_model with `model.get_input_embeddings().weight.requires_grad_(True)` and "
+                         "save it with the adapter: `model.save_pretrained(folder, save_embedding_layers=True)`. The "
+                         "head then normalizes the trained matrix exactly.")
 # Where a checked model keeps the head terms an adapter save would drop (unsaved_head_terms), checked at every call.
 _WATCHED = "_tiednorm_guard_unsaved_terms"
-# (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
-_WHY = (
-    (
-        ("TrainableTokensWrapper", "TrainableTokensLayer"),
+# PEFT class names -> why wrapping the head or the shared embedding with one breaks the normalization; first match wins.
+_WHY = {
+    ("TrainableTokensWrapper", "TrainableTokensLayer"):
         "PEFT's trainable_token_indices scores and looks up tokens with the raw matrix (F.linear / F.embedding), "
         "bypassing the normalized head: the model would train with plain tied scoring",
-    ),
-    (
-        ("ModulesToSaveWrapper",),
+    ("ModulesToSaveWrapper",):
         "PEFT's modules_to_save trains a copy of the module, which unties the output layer from the input embedding "
         "the normalized head scores with",
-    ),
-    (
-        ("BaseTunerLayer",),
+    ("BaseTunerLayer",):
         "an adapter there adds an unnormalized term beside the normalized score, and merging it changes the shared "
         "matrix the head normalizes, so the merged model would differ from the unmerged one",
-    ),
-)
+}  # fmt: skip
 
 
 def _peft_reason(module: nn.Module) -> str | None:
     """Why ``module``, a PEFT construct, must not wrap the head or the shared embedding; None for other modules."""
     names = {cls.__name__ for cls in type(module).__mro__}
-    return next((why for classes, why in _WHY if names.intersection(classes)), None)
+    return next((why for classes, why in _WHY.items() if names.intersection(classes)), None)
 
 
 def _wrapped(module: nn.Module) -> nn.Module:
@@ -63,8 +56,7 @@ def check_head_not_bypassed(model: nn.Module) -> None:
     heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
     if not heads:
         return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
-    head = heads[0]
-    shared = head.weight
+    shared = heads[0].weight
     for name, module in modules.items():
         why = _peft_reason(module)
         if why is None:
@@ -74,10 +66,8 @@ def check_head_not_bypassed(model: nn.Module) -> None:
             raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
     tied = any(isinstance(m, nn.Embedding) and _same_matrix(m.weight, shared) for m in modules.values())
     if getattr(model.config, "tie_word_embeddings", True) and not tied:
-        raise ValueError(
-            "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
-            f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
-        )
+        raise ValueError("the output layer no longer shares the input embedding matrix, which the normalized head "
+                         f"scores with (was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}")
     model.__dict__[_WATCHED] = unsaved = unsaved_head_terms(modules)  # not a module attribute: no state dict entry
     refuse_unsaved_head_terms(unsaved)
 
@@ -107,14 +97,13 @@ def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
     refused at the next call."""
     for name, parameter in terms:
         if parameter.requires_grad:
-            raise ValueError(
-                f"{name} requires grad in a model PEFT put adapters into, but PEFT's save_pretrained saves only what "
-                f"its adapters own: the trained {name} would be lost at save, and PeftModel.from_pretrained would "
-                "score with the base model's value. Train the head's learned terms with the adapter instead: after "
-                "get_peft_model, `from hf_tiednorm.training.peft_terms import train_head_terms; "
-                "train_head_terms(model)` (saved with the adapter, restored by PeftModel.from_pretrained); or freeze "
-                f"it again with `.requires_grad_(False)`"
-            )
+            raise ValueError(f"{name} requires grad in a model PEFT put adapters into, but PEFT's save_pretrained "
+                             f"saves only what its adapters own: the trained {name} would be lost at save, and "
+                             "PeftModel.from_pretrained would score with the base model's value. Train the head's "
+                             "learned terms with the adapter instead: after get_peft_model, `from "
+                             "hf_tiednorm.training.peft_terms import train_head_terms; train_head_terms(model)` (saved "
+                             "with the adapter, restored by PeftModel.from_pretrained); or freeze it again with "
+                             "`.requires_grad_(False)`")
 
 
 def _same_matrix(weight: torch.Tensor, shared: torch.Tensor) -> bool:

@@ -46,17 +46,16 @@ def is_trl_fused_forward(function) -> bool:
 # --- counting the scoring forwards on the backbone -----------------------------------------------------------------
 
 
-def _guarded_backbone(model: nn.Module) -> nn.Module:
+@contextmanager
+def _scoring(model: nn.Module) -> Iterator[None]:
+    """Inside this block an own or served forward of ``model`` runs over its backbone: the backbone is served."""
     backbone = model.__dict__.get(_BACKBONE)
-    return model.base_model if backbone is None else backbone
-
-
-def _enter_scoring(backbone: nn.Module) -> None:
+    backbone = model.base_model if backbone is None else backbone
     backbone.__dict__[_SCORING] = backbone.__dict__.get(_SCORING, 0) + 1
-
-
-def _exit_scoring(backbone: nn.Module) -> None:
-    backbone.__dict__[_SCORING] -= 1
+    try:
+        yield
+    finally:
+        backbone.__dict__[_SCORING] -= 1
 
 
 def own_scoring(forward: Callable) -> Callable:
@@ -71,12 +70,8 @@ def own_scoring(forward: Callable) -> Callable:
     def scoring(self, *args, **kwargs):
         if torch.compiler.is_compiling():
             return forward(self, *args, **kwargs)
-        backbone = _guarded_backbone(self)
-        _enter_scoring(backbone)
-        try:
+        with _scoring(self):
             return forward(self, *args, **kwargs)
-        finally:
-            _exit_scoring(backbone)
 
     _OWN_FORWARDS.add(scoring)
     return scoring
@@ -114,11 +109,9 @@ def serve_replaced_forward(model: nn.Module, forward):
         return forward
     reasons = unservable_reasons(model)
     if reasons:
-        raise ValueError(
-            f"TRL's fused LM head (trl.trainer.utils.add_fused_lm_head, which every TRL trainer installs) cannot "
-            f"train this {type(model).__name__}: {'; '.join(reasons)}. Train it with transformers' Trainer "
-            "(scripts/run_clm.py), or build the model without these options"
-        )
+        raise ValueError("TRL's fused LM head (trl.trainer.utils.add_fused_lm_head, which every TRL trainer installs) "
+                         f"cannot train this {type(model).__name__}: {'; '.join(reasons)}. Train it with transformers' "
+                         "Trainer (scripts/run_clm.py), or build the model without these options")
     # Kept in the model's __dict__, not in a closure: a deep copy of the model takes them along, bound to the copy
     # (TRL's own function keeps the original model's forward for its unfused calls; it is not called here).
     model.__dict__[_TRL_FORWARD] = _TrlPatch((getattr(forward, "__func__", forward), model.__dict__.get("forward")))
@@ -161,13 +154,11 @@ def _served_trl_forward(own_forward: Callable) -> Callable:
 def serving_folded_head(model: nn.Module) -> Iterator[None]:
     """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``, and the backbone
     is served (TRL's fused call runs it itself)."""
-    backbone = _guarded_backbone(model)
     model.__dict__[_SERVING_FOLDED] = model.__dict__.get(_SERVING_FOLDED, 0) + 1
-    _enter_scoring(backbone)
     try:
-        yield
+        with _scoring(model):
+            yield
     finally:
-        _exit_scoring(backbone)
         model.__dict__[_SERVING_FOLDED] -= 1
 
 
@@ -203,10 +194,6 @@ class FoldedLinear(nn.Module):
 # --- the model's forward in effect, unwrapped -----------------------------------------------------------------------
 
 
-def _is_own(function) -> bool:
-    return isinstance(function, types.FunctionType) and function in _OWN_FORWARDS
-
-
 def _unwrap(forward) -> tuple[list[Callable], bool]:
     """The plain functions that run when ``forward`` is called, outermost first, down to the model's own forward
     (excluded), through bound methods, ``functools.partial`` (accelerate's hooks), ``__wrapped__`` (``functools.wraps``:
@@ -218,7 +205,7 @@ def _unwrap(forward) -> tuple[list[Callable], bool]:
         if function is None or id(function) in seen:
             continue
         seen.add(id(function))
-        if _is_own(function):
+        if isinstance(function, types.FunctionType) and function in _OWN_FORWARDS:
             reaches_own = True
             continue
         if isinstance(function, types.MethodType):
@@ -266,15 +253,14 @@ def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
 
 
 def _refuse_scoring(why: str) -> None:
-    raise ValueError(
-        f"{why}: a forward that runs the backbone itself scores the hidden states without the normalized head (with "
-        "get_output_embeddings().weight, the raw tied matrix, or not at all), so training and evaluation would not "
-        "use this model's head. Served exactly: anything that calls the model's own forward (accelerate's device "
-        "and offload hooks, torch.compile, autocast, PEFT, a wrapper of your own) and TRL's add_fused_lm_head (every "
-        "TRL trainer). For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
-        "liger-kernel's forward patches; a forward of your own that scores through the model's head can be marked "
-        "with hf_tiednorm.modeling.head.scoring_guard.own_scoring"
-    )
+    raise ValueError(f"{why}: a forward that runs the backbone itself scores the hidden states without the normalized "
+                     "head (with get_output_embeddings().weight, the raw tied matrix, or not at all), so training and "
+                     "evaluation would not use this model's head. Served exactly: anything that calls the model's own "
+                     "forward (accelerate's device and offload hooks, torch.compile, autocast, PEFT, a wrapper of your "
+                     "own) and TRL's add_fused_lm_head (every TRL trainer). For a fused loss use "
+                     "config.loss_implementation ('fused' / 'chunked') instead of liger-kernel's forward patches; a "
+                     "forward of your own that scores through the model's head can be marked with "
+                     "hf_tiednorm.modeling.head.scoring_guard.own_scoring")
 
 
 # --- the hook on the backbone --------------------------------------------------------------------------------------

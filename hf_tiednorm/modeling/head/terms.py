@@ -58,7 +58,10 @@ class HeadTerm:
         return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
 
     def lossless_value(self, head, rows: torch.Tensor, mode_terms: dict):
-        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
+        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b, which g and b take), or
+        None: left as is."""
+        if self.name in MODE_LOSSLESS_TERMS:
+            return mode_terms.get(self.name)
         value = getattr(self, "lossless", None)
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
 
@@ -135,9 +138,6 @@ class LogitScaleTerm(HeadTerm):
         g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
         return (g if scale is None else scale * g), (None if bias is None else bias * g)
 
-    def lossless_value(self, head, rows, mode_terms: dict):
-        return mode_terms.get(self.name)
-
 
 class LogitBiasTerm(HeadTerm):
     """b: a learned (V,) bias added after the scale, zero at first: where a model keeps the unigram prior that a
@@ -158,9 +158,6 @@ class LogitBiasTerm(HeadTerm):
             return scale, bias
         learned = head.logit_bias[rows].float()
         return scale, (learned if bias is None else bias + learned)
-
-    def lossless_value(self, head, rows, mode_terms: dict):
-        return mode_terms.get(self.name)
 
 
 for _term in (LogitScaleTerm(), LogitBiasTerm()):  # first in the registry: they fold first

@@ -33,14 +33,8 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 from .configuration_tiednorm import (
-    BUILTIN_HEAD_MODES,
-    HEAD_MODE_REGISTRY,
-    HEAD_TERMS,
-    HeadSettings,
-    SavesItsCode,
-    TieTopologyConfigMixin,
-    TiedNormBartConfig,
-    check_head_mode,
+    BUILTIN_HEAD_MODES, HEAD_MODE_REGISTRY, HEAD_TERMS, HeadSettings, SavesItsCode, TieTopologyConfigMixin,
+    TiedNormBartConfig, check_head_mode,
 )
 
 
@@ -365,7 +359,10 @@ class HeadTerm:
         return self.fold(getattr(head, self.name)[rows].float(), scale, bias)
 
     def lossless_value(self, head, rows: torch.Tensor, mode_terms: dict):
-        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b), or None: left as is."""
+        """Its value for ``rows`` after a lossless start (``mode_terms``: the mode's g and b, which g and b take), or
+        None: left as is."""
+        if self.name in MODE_LOSSLESS_TERMS:
+            return mode_terms.get(self.name)
         value = getattr(self, "lossless", None)
         return None if value is None else torch.full((rows.shape[0],), float(value), device=rows.device)
 
@@ -427,9 +424,6 @@ class LogitScaleTerm(HeadTerm):
         g = g[rows] if g.dim() else g.expand(rows.stop - rows.start)  # a single g for every token
         return (g if scale is None else scale * g), (None if bias is None else bias * g)
 
-    def lossless_value(self, head, rows, mode_terms: dict):
-        return mode_terms.get(self.name)
-
 
 class LogitBiasTerm(HeadTerm):
     """b: a learned (V,) bias added after the scale, zero at first: where a model keeps the unigram prior that a
@@ -450,9 +444,6 @@ class LogitBiasTerm(HeadTerm):
             return scale, bias
         learned = head.logit_bias[rows].float()
         return scale, (learned if bias is None else bias + learned)
-
-    def lossless_value(self, head, rows, mode_terms: dict):
-        return mode_terms.get(self.name)
 
 
 for _term in (LogitScaleTerm(), LogitBiasTerm()):  # first in the registry: they fold first
@@ -534,12 +525,8 @@ class HeadMode:
             raise ValueError(self.lossless_refusal)
         scale, bias = self.column_terms(weight, eps)
         scale_term, bias_term = MODE_LOSSLESS_TERMS  # g, b
-        g = None
-        if scale_term in self.lossless_start:
-            g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
-        b = None
-        if bias_term in self.lossless_start:
-            b = -bias if g is None else -bias * g
+        g = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale)) if scale_term in self.lossless_start else None
+        b = (-bias if g is None else -bias * g) if bias_term in self.lossless_start else None
         return g, b
 
     def __repr__(self) -> str:
@@ -579,12 +566,11 @@ class L2(HeadMode):
     summary = "ŵ_i·h with unit-row input lookups too"
     normalizes_input_lookups = True
     keeps_row_norms = False
-    lossless_refusal = (
-        "lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the input too, "
-        "so every layer receives other inputs than in the source and no term of the output head can restore its "
-        "logits. Use head_mode 'cosine' with lossless_start (the same normalized output head ŵ_i·h, with the "
-        "source's input lookups), or convert to 'l2' without lossless_start and fine-tune"
-    )
+    lossless_refusal = ("lossless_start is impossible for head_mode 'l2': it looks up unit rows ŵ_i = w_i/‖w_i‖ at the "
+                        "input too, so every layer receives other inputs than in the source and no term of the output "
+                        "head can restore its logits. Use head_mode 'cosine' with lossless_start (the same normalized "
+                        "output head ŵ_i·h, with the source's input lookups), or convert to 'l2' without "
+                        "lossless_start and fine-tune")
 
     def column_terms(self, weight, eps):  # ŵ_i·h = w_i·h / ‖w_i‖
         return inverse_row_norms(weight, eps), None
@@ -772,11 +758,9 @@ def out_of_vocabulary_message(input_ids: torch.Tensor, vocab_size: int) -> str:
     bad = (input_ids < 0) | (input_ids >= vocab_size)
     where = bad.nonzero()[0].tolist() if bad.any() else []
     first = int(input_ids[tuple(where)]) if where else None
-    return (
-        f"token id {first} (at position {tuple(where)} of the input ids, {int(bad.sum())} out of range in all) is "
-        f"outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}): the tokenizer or the data does "
-        "not match the model (len(tokenizer) must not exceed config.vocab_size)"
-    )
+    return (f"token id {first} (at position {tuple(where)} of the input ids, {int(bad.sum())} out of range in all) "
+            f"is outside the vocabulary of {vocab_size} tokens (ids 0..{vocab_size - 1}): the tokenizer or the data "
+            "does not match the model (len(tokenizer) must not exceed config.vocab_size)")
 
 
 class TiedNormEmbedding(nn.Embedding):
@@ -842,17 +826,16 @@ def is_trl_fused_forward(function) -> bool:
 # --- counting the scoring forwards on the backbone -----------------------------------------------------------------
 
 
-def _guarded_backbone(model: nn.Module) -> nn.Module:
+@contextmanager
+def _scoring(model: nn.Module) -> Iterator[None]:
+    """Inside this block an own or served forward of ``model`` runs over its backbone: the backbone is served."""
     backbone = model.__dict__.get(_BACKBONE)
-    return model.base_model if backbone is None else backbone
-
-
-def _enter_scoring(backbone: nn.Module) -> None:
+    backbone = model.base_model if backbone is None else backbone
     backbone.__dict__[_SCORING] = backbone.__dict__.get(_SCORING, 0) + 1
-
-
-def _exit_scoring(backbone: nn.Module) -> None:
-    backbone.__dict__[_SCORING] -= 1
+    try:
+        yield
+    finally:
+        backbone.__dict__[_SCORING] -= 1
 
 
 def own_scoring(forward: Callable) -> Callable:
@@ -867,12 +850,8 @@ def own_scoring(forward: Callable) -> Callable:
     def scoring(self, *args, **kwargs):
         if torch.compiler.is_compiling():
             return forward(self, *args, **kwargs)
-        backbone = _guarded_backbone(self)
-        _enter_scoring(backbone)
-        try:
+        with _scoring(self):
             return forward(self, *args, **kwargs)
-        finally:
-            _exit_scoring(backbone)
 
     _OWN_FORWARDS.add(scoring)
     return scoring
@@ -910,11 +889,9 @@ def serve_replaced_forward(model: nn.Module, forward):
         return forward
     reasons = unservable_reasons(model)
     if reasons:
-        raise ValueError(
-            f"TRL's fused LM head (trl.trainer.utils.add_fused_lm_head, which every TRL trainer installs) cannot "
-            f"train this {type(model).__name__}: {'; '.join(reasons)}. Train it with transformers' Trainer "
-            "(scripts/run_clm.py), or build the model without these options"
-        )
+        raise ValueError("TRL's fused LM head (trl.trainer.utils.add_fused_lm_head, which every TRL trainer installs) "
+                         f"cannot train this {type(model).__name__}: {'; '.join(reasons)}. Train it with transformers' "
+                         "Trainer (scripts/run_clm.py), or build the model without these options")
     # Kept in the model's __dict__, not in a closure: a deep copy of the model takes them along, bound to the copy
     # (TRL's own function keeps the original model's forward for its unfused calls; it is not called here).
     model.__dict__[_TRL_FORWARD] = _TrlPatch((getattr(forward, "__func__", forward), model.__dict__.get("forward")))
@@ -957,13 +934,11 @@ def _served_trl_forward(own_forward: Callable) -> Callable:
 def serving_folded_head(model: nn.Module) -> Iterator[None]:
     """Inside this block, ``model.get_output_embeddings()`` returns the head as a ``FoldedLinear``, and the backbone
     is served (TRL's fused call runs it itself)."""
-    backbone = _guarded_backbone(model)
     model.__dict__[_SERVING_FOLDED] = model.__dict__.get(_SERVING_FOLDED, 0) + 1
-    _enter_scoring(backbone)
     try:
-        yield
+        with _scoring(model):
+            yield
     finally:
-        _exit_scoring(backbone)
         model.__dict__[_SERVING_FOLDED] -= 1
 
 
@@ -999,10 +974,6 @@ class FoldedLinear(nn.Module):
 # --- the model's forward in effect, unwrapped -----------------------------------------------------------------------
 
 
-def _is_own(function) -> bool:
-    return isinstance(function, types.FunctionType) and function in _OWN_FORWARDS
-
-
 def _unwrap(forward) -> tuple[list[Callable], bool]:
     """The plain functions that run when ``forward`` is called, outermost first, down to the model's own forward
     (excluded), through bound methods, ``functools.partial`` (accelerate's hooks), ``__wrapped__`` (``functools.wraps``:
@@ -1014,7 +985,7 @@ def _unwrap(forward) -> tuple[list[Callable], bool]:
         if function is None or id(function) in seen:
             continue
         seen.add(id(function))
-        if _is_own(function):
+        if isinstance(function, types.FunctionType) and function in _OWN_FORWARDS:
             reaches_own = True
             continue
         if isinstance(function, types.MethodType):
@@ -1055,15 +1026,14 @@ def _refuse_compiled_foreign(model: nn.Module, forward) -> None:
 
 
 def _refuse_scoring(why: str) -> None:
-    raise ValueError(
-        f"{why}: a forward that runs the backbone itself scores the hidden states without the normalized head (with "
-        "get_output_embeddings().weight, the raw tied matrix, or not at all), so training and evaluation would not "
-        "use this model's head. Served exactly: anything that calls the model's own forward (accelerate's device "
-        "and offload hooks, torch.compile, autocast, PEFT, a wrapper of your own) and TRL's add_fused_lm_head (every "
-        "TRL trainer). For a fused loss use config.loss_implementation ('fused' / 'chunked') instead of "
-        "liger-kernel's forward patches; a forward of your own that scores through the model's head can be marked "
-        "with hf_tiednorm.modeling.head.scoring_guard.own_scoring"
-    )
+    raise ValueError(f"{why}: a forward that runs the backbone itself scores the hidden states without the normalized "
+                     "head (with get_output_embeddings().weight, the raw tied matrix, or not at all), so training and "
+                     "evaluation would not use this model's head. Served exactly: anything that calls the model's own "
+                     "forward (accelerate's device and offload hooks, torch.compile, autocast, PEFT, a wrapper of your "
+                     "own) and TRL's add_fused_lm_head (every TRL trainer). For a fused loss use "
+                     "config.loss_implementation ('fused' / 'chunked') instead of liger-kernel's forward patches; a "
+                     "forward of your own that scores through the model's head can be marked with "
+                     "hf_tiednorm.modeling.head.scoring_guard.own_scoring")
 
 
 # --- the hook on the backbone --------------------------------------------------------------------------------------
@@ -1170,16 +1140,8 @@ def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
 class AdaptiveInput(nn.Module):
     """Adaptive input embedding: band i looks its rows up in R^{d_i} (unit rows in l2 mode) and projects them to R^d."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        hidden_size: int,
-        cutoffs: Sequence[int],
-        div_value: float = 4.0,
-        padding_idx: int | None = None,
-        normalize: bool = False,
-        norm_eps: float = 1e-6,
-    ) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, cutoffs: Sequence[int], div_value: float = 4.0,
+                 padding_idx: int | None = None, normalize: bool = False, norm_eps: float = 1e-6) -> None:  # fmt: skip
         super().__init__()
         self.edges = band_edges(vocab_size, cutoffs)
         self.hidden_size = hidden_size
@@ -1244,15 +1206,8 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
     """Adaptive softmax whose band rows (and projections) are tied to an ``AdaptiveInput``'s by parameter name;
     ``forward`` returns log-probabilities."""
 
-    def __init__(
-        self,
-        hidden_size: int,
-        vocab_size: int,
-        cutoffs: Sequence[int],
-        div_value: float = 4.0,
-        *,
-        settings: HeadSettings | None = None,
-    ) -> None:
+    def __init__(self, hidden_size: int, vocab_size: int, cutoffs: Sequence[int], div_value: float = 4.0, *,
+                 settings: HeadSettings | None = None) -> None:  # fmt: skip
         """``settings``: the head's settings as one value (``HeadSettings``); None: the defaults."""
         super().__init__()
         if settings is not None and settings.extra_terms:
@@ -1329,11 +1284,9 @@ def check_finite_weights(model: nn.Module, source: str | os.PathLike | None = No
         if not bool(finite.all()):
             bad = int((~finite).sum())
             origin = f" of {source}" if source is not None else ""
-            raise ValueError(
-                f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds {bad} NaN/inf "
-                f"value(s) of {parameter.numel()}; the weights file is corrupt (re-download it, or resume from an "
-                "earlier checkpoint)"
-            )
+            raise ValueError(f"the weights{origin} are not finite: tensor {name!r} {tuple(parameter.shape)} holds "
+                             f"{bad} NaN/inf value(s) of {parameter.numel()}; the weights file is corrupt (re-download "
+                             "it, or resume from an earlier checkpoint)")
 
 
 def special_token_ids(model: nn.Module) -> dict[str, int]:
@@ -1352,9 +1305,8 @@ def special_token_ids(model: nn.Module) -> dict[str, int]:
     return ids
 
 
-def check_resize_keeps_special_tokens(
-    model: nn.Module, new_num_tokens: int | None, pad_to_multiple_of: int | None = None
-) -> None:
+def check_resize_keeps_special_tokens(model: nn.Module, new_num_tokens: int | None,
+                                      pad_to_multiple_of: int | None = None) -> None:  # fmt: skip
     """Refuse a vocabulary size that would drop a special token's row (pad, bos, eos, decoder start): ``ValueError``
     naming the size and the tokens. ``new_num_tokens`` None (only padding to a multiple) keeps every row."""
     if new_num_tokens is None:
@@ -1365,11 +1317,9 @@ def check_resize_keeps_special_tokens(
     dropped = {field: token_id for field, token_id in special_token_ids(model).items() if token_id >= size}
     if dropped:
         listed = ", ".join(f"{field}={token_id}" for field, token_id in dropped.items())
-        raise ValueError(
-            f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the special "
-            f"token(s) {listed}: generation could then never produce or pad with them; keep at least "
-            f"{max(dropped.values()) + 1} tokens"
-        )
+        raise ValueError(f"resize_token_embeddings({new_num_tokens}) keeps token ids 0..{size - 1} and would drop the "
+                         f"special token(s) {listed}: generation could then never produce or pad with them; keep at "
+                         f"least {max(dropped.values()) + 1} tokens")
 
 
 # ------------------------------ hf_tiednorm/modeling/load_checks.py ---------------------------------------------
@@ -1379,10 +1329,10 @@ term, the shared embedding, any layer) and every tensor of the file must find it
 the folder. (docs/code_notes.md)"""
 
 
-def _term_setting(model: nn.Module, name: str) -> str:
-    """The config setting that switches head term ``name``, as the folder's config.json states it (e.g.
-    "logit_scale_kind='vector'", "extra_terms=['logit_temperature']")."""
-    return HEAD_TERMS[name].setting(HeadSettings.from_config(model.config))
+def _shared_matrices(model: nn.Module) -> set[int]:
+    """The ``id``s of the output embedding's matrices (the shared matrix, or the adaptive bands)."""
+    head = next((module for module in model.modules() if isinstance(module, NormalizedScoresMixin)), None)
+    return set() if head is None else {id(matrix) for matrix in embedding_matrices(head)}
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
@@ -1395,29 +1345,24 @@ def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) 
         module, _, leaf = key.rpartition(".")
         if module not in heads or leaf not in HEAD_TERMS:
             continue
-        setting = _term_setting(model, leaf)
+        setting = HEAD_TERMS[leaf].setting(HeadSettings.from_config(model.config))  # "logit_bias=True", as config.json
         switch = setting.partition("=")[0]
         if key in missing:
-            errors.append(
-                f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned term of "
-                f"the head is part of the trained function, and it would start afresh (at "
-                f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in config.json to "
-                "what the model was trained with"
-            )
+            errors.append(f"tensor {key!r} is missing from the weights, but config.json declares {setting}: a learned "
+                          "term of the head is part of the trained function, and it would start afresh (at "
+                          f"{heads[module].term_starts[leaf]:g}). Restore the weights file, or set {switch} in "
+                          "config.json to what the model was trained with")
         else:
-            errors.append(
-                f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such tensor: "
-                f"loading would drop it and change the logits. Set {switch} in config.json to what the model was "
-                f"trained with ({HEAD_TERMS[leaf].help})"
-            )
+            errors.append(f"the weights hold a trained {key!r}, but config.json declares {setting}, which has no such "
+                          f"tensor: loading would drop it and change the logits. Set {switch} in config.json to what "
+                          f"the model was trained with ({HEAD_TERMS[leaf].help})")
     return errors
 
 
 def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
     """The output embedding (the shared matrix, or the adaptive bands) missing from the weights, and any parameter
     left on the meta device (never loaded, never initialized)."""
-    heads = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
-    shared = {id(matrix) for head in heads[:1] for matrix in embedding_matrices(head)}
+    shared = _shared_matrices(model)
     # One report per matrix, under the name it is saved as (not a tied copy's name, which is never in the file).
     tied_copies = set(getattr(model, "all_tied_weights_keys", None) or {})
     names = {}
@@ -1430,13 +1375,12 @@ def embedding_errors(model: nn.Module, missing: set[str]) -> list[str]:
         "incomplete; restore it"
         for found in names.values()
     ]
-    for name, parameter in model.named_parameters():
-        if parameter.is_meta and not offloaded_to_disk(model, name):
-            errors.append(
-                f"tensor {name!r} was not in the weights and was left on the meta device (no values): the "
-                "weights file is incomplete; restore it"
-            )
-    return errors
+    return errors + [
+        f"tensor {name!r} was not in the weights and was left on the meta device (no values): the weights file is "
+        "incomplete; restore it"
+        for name, parameter in model.named_parameters()
+        if parameter.is_meta and not offloaded_to_disk(model, name)
+    ]
 
 
 _DEVICE_MAP_AT_LOAD = "_tiednorm_device_map_at_load"  # model.__dict__: no registration, no state-dict entry
@@ -1458,8 +1402,7 @@ def _named_already(model: nn.Module, keys: set[str]) -> set[str]:
     """The keys of ``keys`` that ``head_term_errors`` / ``embedding_errors`` report (under their own words): the
     head's learned terms, every name of the shared embedding matrices, and parameters left on the meta device."""
     heads = {name for name, module in model.named_modules() if isinstance(module, NormalizedScoresMixin)}
-    head_modules = [module for module in model.modules() if isinstance(module, NormalizedScoresMixin)]
-    shared = {id(matrix) for head in head_modules[:1] for matrix in embedding_matrices(head)}
+    shared = _shared_matrices(model)
     named = {key for key in keys if key.rpartition(".")[0] in heads and key.rpartition(".")[2] in HEAD_TERMS}
     for name, parameter in model.named_parameters(remove_duplicate=False):
         if name in keys and (id(parameter) in shared or parameter.is_meta and not offloaded_to_disk(model, name)):
@@ -1555,38 +1498,31 @@ to do instead, and so is a head term trained outside an adapter, which PEFT's sa
 call of the model and every ``generate``, O(1) while nothing it watches was replaced. (docs/code_notes.md)"""
 
 
-PEFT_EMBEDDING_ADVICE = (
-    "Put adapters on attention/MLP layers only (e.g. LoraConfig(target_modules=['q_proj', 'v_proj']), never lm_head "
-    "or the embedding); to fine-tune the shared embedding too, unfreeze it after get_peft_model with "
-    "`model.get_input_embeddings().weight.requires_grad_(True)` and save it with the adapter: "
-    "`model.save_pretrained(folder, save_embedding_layers=True)`. The head then normalizes the trained matrix exactly."
-)
+PEFT_EMBEDDING_ADVICE = ("Put adapters on attention/MLP layers only (e.g. LoraConfig(target_modules=['q_proj', "
+                         "'v_proj']), never lm_head or the embedding); to fine-tune the shared embedding too, unfreeze "
+                         "it after get_peft_model with `model.get_input_embeddings().weight.requires_grad_(True)` and "
+                         "save it with the adapter: `model.save_pretrained(folder, save_embedding_layers=True)`. The "
+                         "head then normalizes the trained matrix exactly.")
 # Where a checked model keeps the head terms an adapter save would drop (unsaved_head_terms), checked at every call.
 _WATCHED = "_tiednorm_guard_unsaved_terms"
-# (PEFT class names, why wrapping the head or the shared embedding with one breaks the normalization), first match wins.
-_WHY = (
-    (
-        ("TrainableTokensWrapper", "TrainableTokensLayer"),
+# PEFT class names -> why wrapping the head or the shared embedding with one breaks the normalization; first match wins.
+_WHY = {
+    ("TrainableTokensWrapper", "TrainableTokensLayer"):
         "PEFT's trainable_token_indices scores and looks up tokens with the raw matrix (F.linear / F.embedding), "
         "bypassing the normalized head: the model would train with plain tied scoring",
-    ),
-    (
-        ("ModulesToSaveWrapper",),
+    ("ModulesToSaveWrapper",):
         "PEFT's modules_to_save trains a copy of the module, which unties the output layer from the input embedding "
         "the normalized head scores with",
-    ),
-    (
-        ("BaseTunerLayer",),
+    ("BaseTunerLayer",):
         "an adapter there adds an unnormalized term beside the normalized score, and merging it changes the shared "
         "matrix the head normalizes, so the merged model would differ from the unmerged one",
-    ),
-)
+}  # fmt: skip
 
 
 def _peft_reason(module: nn.Module) -> str | None:
     """Why ``module``, a PEFT construct, must not wrap the head or the shared embedding; None for other modules."""
     names = {cls.__name__ for cls in type(module).__mro__}
-    return next((why for classes, why in _WHY if names.intersection(classes)), None)
+    return next((why for classes, why in _WHY.items() if names.intersection(classes)), None)
 
 
 def _wrapped(module: nn.Module) -> nn.Module:
@@ -1606,8 +1542,7 @@ def check_head_not_bypassed(model: nn.Module) -> None:
     heads = [m for m in modules.values() if isinstance(m, TiedNormHead)]
     if not heads:
         return  # no normalized head (e.g. the adaptive softmax): nothing this guard protects
-    head = heads[0]
-    shared = head.weight
+    shared = heads[0].weight
     for name, module in modules.items():
         why = _peft_reason(module)
         if why is None:
@@ -1617,10 +1552,8 @@ def check_head_not_bypassed(model: nn.Module) -> None:
             raise ValueError(f"{name} is wrapped by {type(module).__name__}: {why}. {PEFT_EMBEDDING_ADVICE}")
     tied = any(isinstance(m, nn.Embedding) and _same_matrix(m.weight, shared) for m in modules.values())
     if getattr(model.config, "tie_word_embeddings", True) and not tied:
-        raise ValueError(
-            "the output layer no longer shares the input embedding matrix, which the normalized head scores with "
-            f"(was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}"
-        )
+        raise ValueError("the output layer no longer shares the input embedding matrix, which the normalized head "
+                         f"scores with (was a module copied or replaced?). {PEFT_EMBEDDING_ADVICE}")
     model.__dict__[_WATCHED] = unsaved = unsaved_head_terms(modules)  # not a module attribute: no state dict entry
     refuse_unsaved_head_terms(unsaved)
 
@@ -1650,14 +1583,13 @@ def refuse_unsaved_head_terms(terms: list[tuple[str, nn.Parameter]]) -> None:
     refused at the next call."""
     for name, parameter in terms:
         if parameter.requires_grad:
-            raise ValueError(
-                f"{name} requires grad in a model PEFT put adapters into, but PEFT's save_pretrained saves only what "
-                f"its adapters own: the trained {name} would be lost at save, and PeftModel.from_pretrained would "
-                "score with the base model's value. Train the head's learned terms with the adapter instead: after "
-                "get_peft_model, `from hf_tiednorm.training.peft_terms import train_head_terms; "
-                "train_head_terms(model)` (saved with the adapter, restored by PeftModel.from_pretrained); or freeze "
-                f"it again with `.requires_grad_(False)`"
-            )
+            raise ValueError(f"{name} requires grad in a model PEFT put adapters into, but PEFT's save_pretrained "
+                             f"saves only what its adapters own: the trained {name} would be lost at save, and "
+                             "PeftModel.from_pretrained would score with the base model's value. Train the head's "
+                             "learned terms with the adapter instead: after get_peft_model, `from "
+                             "hf_tiednorm.training.peft_terms import train_head_terms; train_head_terms(model)` (saved "
+                             "with the adapter, restored by PeftModel.from_pretrained); or freeze it again with "
+                             "`.requires_grad_(False)`")
 
 
 def _same_matrix(weight: torch.Tensor, shared: torch.Tensor) -> bool:
@@ -2262,9 +2194,8 @@ class ScaledAdaptiveInput(ScaledLookupMixin, AdaptiveInput):
     """``AdaptiveInput`` whose lookups are multiplied by ``embed_scale``."""
 
 
-def build_embedding(
-    config, num_embeddings: int, embedding_dim: int, embed_scale: float | None = None
-) -> TiedNormEmbedding | AdaptiveInput:
+def build_embedding(config, num_embeddings: int, embedding_dim: int,
+                    embed_scale: float | None = None) -> TiedNormEmbedding | AdaptiveInput:  # fmt: skip
     """The token embedding of ``config``: unit rows in a mode that normalizes the input lookups, an adaptive input with
     ``adaptive_cutoffs``, lookups times ``embed_scale`` when given."""
     common = {"normalize": get_head_mode(config.head_mode).normalizes_input_lookups, "norm_eps": config.norm_eps}
@@ -2272,14 +2203,8 @@ def build_embedding(
         common["embed_scale"] = embed_scale
     if config.adaptive_cutoffs is not None:
         adaptive = AdaptiveInput if embed_scale is None else ScaledAdaptiveInput
-        return adaptive(
-            num_embeddings,
-            embedding_dim,
-            config.adaptive_cutoffs,
-            div_value=config.adaptive_div_value,
-            padding_idx=config.pad_token_id,
-            **common,
-        )
+        return adaptive(num_embeddings, embedding_dim, config.adaptive_cutoffs, div_value=config.adaptive_div_value,
+                        padding_idx=config.pad_token_id, **common)
     plain = TokenEmbedding if embed_scale is None else ScaledTokenEmbedding
     return plain(num_embeddings, embedding_dim, config.pad_token_id, **common)
 
@@ -2326,11 +2251,9 @@ def check_mode_settings(config) -> None:
     mode = get_head_mode(config.head_mode)
     row_norms = getattr(config, "weight_norm_regularization", 0) or getattr(config, "weight_norm_init_sigma", None)
     if row_norms and not mode.keeps_row_norms:
-        raise ValueError(
-            "weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
-            f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use another "
-            "head_mode or leave them unset"
-        )
+        raise ValueError("weight_norm_regularization / weight_norm_init_sigma act on row norms, which "
+                         f"head_mode={config.head_mode!r} removes from both the input lookups and the scores; use "
+                         "another head_mode or leave them unset")
     if getattr(config, "lossless_start", False):
         settings = HeadSettings.from_config(config)
         off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
@@ -2415,10 +2338,9 @@ class TiedNormHeadHostMixin:
         """
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
-            raise ValueError(
-                "resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
-                "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs"
-            )
+            raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
+                             "the frequency order of the vocabulary; build a new model with a new vocabulary and "
+                             "cutoffs")
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
@@ -2484,11 +2406,9 @@ def embedding_tie(config) -> EmbeddingTie | None:
     if not config.is_encoder_decoder:
         owner = getattr(type(config), "input_embedding_path", None)
         if not isinstance(owner, str):
-            raise AttributeError(
-                f"{type(config).__name__} declares no input_embedding_path: a causal family's config class names its "
-                "token embedding's module path from the LM (input_embedding_path = 'model.embed_tokens', GPT-2's "
-                "'transformer.wte'), the matrix the head ties to"
-            )
+            raise AttributeError(f"{type(config).__name__} declares no input_embedding_path: a causal family's config "
+                                 "class names its token embedding's module path from the LM (input_embedding_path = "
+                                 "'model.embed_tokens', GPT-2's 'transformer.wte'), the matrix the head ties to")
     elif config.share_encoder_decoder_embeddings:
         owner, aliases = config.shared_embedding_path, tuple(config.stack_embedding_paths)
     else:
@@ -2903,9 +2823,8 @@ class TiedNormTranslationPipeline(Pipeline):
     def _sanitize_parameters(self, **kwargs):
         unknown = set(kwargs) - set(self._generate_kwargs) - {"generate_kwargs"}
         if unknown:
-            raise ValueError(
-                f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of {self._generate_kwargs}"
-            )
+            raise ValueError(f"unknown arguments {sorted(unknown)}; pass generate_kwargs={{...}} or one of "
+                             f"{self._generate_kwargs}")
         generate_kwargs = {k: kwargs[k] for k in self._generate_kwargs if k in kwargs}
         generate_kwargs.update(kwargs.get("generate_kwargs", {}))
         check_generate_kwargs(generate_kwargs)
@@ -2923,10 +2842,8 @@ class TiedNormTranslationPipeline(Pipeline):
         inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False)
         limit = position_limit(self.model, self.tokenizer)
         if limit is not None and inputs["input_ids"].shape[-1] > limit:
-            logger.warning(
-                f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the model "
-                f"can embed; translating its first {limit} tokens only"
-            )
+            logger.warning(f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the "
+                           f"model can embed; translating its first {limit} tokens only")
             inputs = self.tokenizer(
                 text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
             )

@@ -38,10 +38,9 @@ def head_mode_names() -> "tuple[str, ...]":
 def check_head_mode(name) -> "None":
     """``ValueError`` naming ``name`` and the modes this process knows, unless it is one of them."""
     if not isinstance(name, str) or name not in head_mode_names():
-        raise ValueError(
-            f"head_mode must be one of {head_mode_names()}, the modes this code defines; got {name!r}. A model with a "
-            "mode registered at runtime (register_head_mode) loads and saves only where it is registered: register it"
-        )
+        raise ValueError(f"head_mode must be one of {head_mode_names()}, the modes this code defines; got {name!r}. A "
+                         "model with a mode registered at runtime (register_head_mode) loads and saves only where it "
+                         "is registered: register it")
 
 
 def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"):
@@ -49,11 +48,9 @@ def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"
     ``ValueError`` for a value it never took (a float multiplier) or one contradicting the new field's ``current``."""
     new = RENAMED_FIELDS[old]
     if not (isinstance(value, str) and value in LOGIT_SCALES):
-        raise ValueError(
-            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} "
-            f"as a float multiplier of the logits, which this head would not apply); the head's scale is {new}, "
-            f"one of {LOGIT_SCALES}, with logit_scale_init for its value"
-        )
+        raise ValueError(f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read "
+                         f"config.{old} as a float multiplier of the logits, which this head would not apply); the "
+                         f"head's scale is {new}, one of {LOGIT_SCALES}, with logit_scale_init for its value")
     if current not in ("none", value):
         raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
     advice = f"Write {new}={value!r}" if given_as == "keyword argument" else "Save the config again to store it"
@@ -96,20 +93,17 @@ class HeadSettings:
         switched = sorted(name for name, term in HEAD_TERMS.items() if not term.config_fields)
         unknown = [name for name in self.extra_terms if name not in switched]
         if unknown:
-            raise ValueError(
-                f"head term(s) {unknown} are not registered in this process (registered: {switched}): the model was "
-                "trained with a head term registered at runtime (register_head_term); register it before loading"
-            )
+            raise ValueError(f"head term(s) {unknown} are not registered in this process (registered: {switched}): the "
+                             "model was trained with a head term registered at runtime (register_head_term); register "
+                             "it before loading")
         check_head_mode(self.head_mode)
         if self.logit_scale_kind not in LOGIT_SCALES:
             raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
         if self.logit_scale_init is not None and not 0 < self.logit_scale_init < math.inf:
             raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
         if self.logit_scale_init is not None and self.logit_scale_kind == "none":
-            raise ValueError(
-                f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
-                "logit_scale_kind among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-            )
+            raise ValueError(f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                             "logit_scale_kind among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset")
         if not isinstance(self.logit_bias, bool):
             raise ValueError(f"logit_bias must be True or False, got {self.logit_bias!r}")
         if not 0 < self.norm_eps < math.inf:
@@ -265,43 +259,34 @@ class TiedNormTechniquesConfigMixin:
         # Refused, not ignored: the plain path and the adaptive softmax materialize the logits, never chunk.
         if self.loss_chunk_size is not None and (self.loss_implementation == "plain" or self.adaptive_cutoffs):
             reader = "the adaptive softmax" if self.adaptive_cutoffs else "loss_implementation='plain'"
-            raise ValueError(
-                f"loss_chunk_size={self.loss_chunk_size} (the chunks of the chunked loss of the plain head) does not "
-                f"apply to {reader} (which materializes the logits and never chunks): it would be ignored; leave "
-                "loss_chunk_size unset (null), or use loss_implementation 'chunked' / 'auto' without adaptive_cutoffs"
-            )
+            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} (the chunks of the chunked loss of the plain "
+                             f"head) does not apply to {reader} (which materializes the logits and never chunks): it "
+                             "would be ignored; leave loss_chunk_size unset (null), or use loss_implementation "
+                             "'chunked' / 'auto' without adaptive_cutoffs")
 
     def validate_adaptive_cutoffs(self) -> None:
         cutoffs, vocab_size = self.adaptive_cutoffs, self.vocab_size
         if cutoffs is None:
             return
         if not cutoffs or cutoffs != sorted(set(cutoffs)) or cutoffs[0] <= 0 or cutoffs[-1] >= vocab_size:
-            raise ValueError(
-                f"adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, {vocab_size - 1}] so "
-                f"that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty and cover the vocabulary exactly; "
-                f"got {cutoffs}"
-            )
+            raise ValueError("adaptive_cutoffs must be strictly increasing ints in [1, vocab_size - 1] = [1, "
+                             f"{vocab_size - 1}] so that the bands [0, c_1), ..., [c_n-1, {vocab_size}) are non-empty "
+                             f"and cover the vocabulary exactly; got {cutoffs}")
         if int(self.hidden_size // self.adaptive_div_value ** len(cutoffs)) < 1:
-            raise ValueError(
-                f"the last of {len(cutoffs) + 1} adaptive bands would have width {self.hidden_size} // "
-                f"{self.adaptive_div_value}^{len(cutoffs)} < 1; use fewer adaptive_cutoffs or a smaller "
-                "adaptive_div_value"
-            )
+            raise ValueError(f"the last of {len(cutoffs) + 1} adaptive bands would have width {self.hidden_size} // "
+                             f"{self.adaptive_div_value}^{len(cutoffs)} < 1; use fewer adaptive_cutoffs or a smaller "
+                             "adaptive_div_value")
         if self.adaptive_tie_projections and not self.tie_word_embeddings:
-            raise ValueError(
-                "adaptive_tie_projections=True ties the output projections to the input ones, but the output layer "
-                "is untied from the input embedding; tie the embeddings or set adaptive_tie_projections=False"
-            )
+            raise ValueError("adaptive_tie_projections=True ties the output projections to the input ones, but the "
+                             "output layer is untied from the input embedding; tie the embeddings or set "
+                             "adaptive_tie_projections=False")
         if self.embedding_init_std is not None:
-            raise ValueError(
-                "embedding_init_std initializes the plain token embedding; the adaptive bands keep their own init: "
-                "leave one of embedding_init_std / adaptive_cutoffs unset"
-            )
+            raise ValueError("embedding_init_std initializes the plain token embedding; the adaptive bands keep their "
+                             "own init: leave one of embedding_init_std / adaptive_cutoffs unset")
         if self.loss_implementation in ("fused", "chunked"):
-            raise ValueError(
-                f"loss_implementation={self.loss_implementation!r} (a fused loss of the plain head) does not apply to "
-                "the adaptive softmax; set loss_implementation='auto' or 'plain', or leave adaptive_cutoffs unset"
-            )
+            raise ValueError(f"loss_implementation={self.loss_implementation!r} (a fused loss of the plain head) does "
+                             "not apply to the adaptive softmax; set loss_implementation='auto' or 'plain', or leave "
+                             "adaptive_cutoffs unset")
 
 
 # ------------------------------ hf_tiednorm/modeling/families/configuration_causal.py ---------------------------

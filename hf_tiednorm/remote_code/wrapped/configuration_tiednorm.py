@@ -62,10 +62,9 @@ def head_mode_names() -> "tuple[str, ...]":
 def check_head_mode(name) -> "None":
     """``ValueError`` naming ``name`` and the modes this process knows, unless it is one of them."""
     if not isinstance(name, str) or name not in head_mode_names():
-        raise ValueError(
-            f"head_mode must be one of {head_mode_names()}, the modes this code defines; got {name!r}. A model with a "
-            "mode registered at runtime (register_head_mode) loads and saves only where it is registered: register it"
-        )
+        raise ValueError(f"head_mode must be one of {head_mode_names()}, the modes this code defines; got {name!r}. A "
+                         "model with a mode registered at runtime (register_head_mode) loads and saves only where it "
+                         "is registered: register it")
 
 
 def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"):
@@ -73,11 +72,9 @@ def renamed_value(old: "str", value, current, given_as: "str", stacklevel: "int"
     ``ValueError`` for a value it never took (a float multiplier) or one contradicting the new field's ``current``."""
     new = RENAMED_FIELDS[old]
     if not (isinstance(value, str) and value in LOGIT_SCALES):
-        raise ValueError(
-            f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read config.{old} "
-            f"as a float multiplier of the logits, which this head would not apply); the head's scale is {new}, "
-            f"one of {LOGIT_SCALES}, with logit_scale_init for its value"
-        )
+        raise ValueError(f"{old}={value!r}: hf_tiednorm's configs have no {old} field (TRL, vLLM and Cohere read "
+                         f"config.{old} as a float multiplier of the logits, which this head would not apply); the "
+                         f"head's scale is {new}, one of {LOGIT_SCALES}, with logit_scale_init for its value")
     if current not in ("none", value):
         raise ValueError(f"{old}={value!r} (the old name of {new}) contradicts {new}={current!r}: give {new} only")
     advice = f"Write {new}={value!r}" if given_as == "keyword argument" else "Save the config again to store it"
@@ -120,20 +117,17 @@ class HeadSettings:
         switched = sorted(name for name, term in HEAD_TERMS.items() if not term.config_fields)
         unknown = [name for name in self.extra_terms if name not in switched]
         if unknown:
-            raise ValueError(
-                f"head term(s) {unknown} are not registered in this process (registered: {switched}): the model was "
-                "trained with a head term registered at runtime (register_head_term); register it before loading"
-            )
+            raise ValueError(f"head term(s) {unknown} are not registered in this process (registered: {switched}): the "
+                             "model was trained with a head term registered at runtime (register_head_term); register "
+                             "it before loading")
         check_head_mode(self.head_mode)
         if self.logit_scale_kind not in LOGIT_SCALES:
             raise ValueError(f"logit_scale_kind must be one of {LOGIT_SCALES}, got {self.logit_scale_kind!r}")
         if self.logit_scale_init is not None and not 0 < self.logit_scale_init < math.inf:
             raise ValueError(f"logit_scale_init must be > 0 and finite, got {self.logit_scale_init}")
         if self.logit_scale_init is not None and self.logit_scale_kind == "none":
-            raise ValueError(
-                f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
-                "logit_scale_kind among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset"
-            )
+            raise ValueError(f"logit_scale_init={self.logit_scale_init} is set but logit_scale_kind='none'; choose a "
+                             "logit_scale_kind among ('fixed', 'scalar', 'vector') or leave logit_scale_init unset")
         if not isinstance(self.logit_bias, bool):
             raise ValueError(f"logit_bias must be True or False, got {self.logit_bias!r}")
         if not 0 < self.norm_eps < math.inf:
@@ -261,11 +255,10 @@ def refuse_own_family_fields(names, how: str) -> None:
     if unsupported:
         hint = (" (label smoothing: the Trainer's label_smoothing_factor / --label_smoothing_factor applies it to a "
                 "wrapped model)" if "label_smoothing" in unsupported else "")
-        raise ValueError(
-            f"{unsupported} are fields of hf_tiednorm's own model families ({how}); a wrapped model (any "
-            "architecture, trained with its own loss) has no code for them, so they would be ignored: drop them, or, "
-            f"for a marian/bart/llama source, convert without --generic to get the own family{hint}"
-        )
+        raise ValueError(f"{unsupported} are fields of hf_tiednorm's own model families ({how}); a wrapped model (any "
+                         "architecture, trained with its own loss) has no code for them, so they would be ignored: "
+                         "drop them, or, for a marian/bart/llama source, convert without --generic to get the own "
+                         f"family{hint}")
 
 
 @strict
@@ -301,10 +294,8 @@ class TiedNormWrappedConfig(TiedNormHeadConfigMixin, PreTrainedConfig):
                 raise ValueError("text_config needs a model_type (e.g. 'gpt2', 't5') to choose the architecture")
             self.text_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
         if self.text_config.model_type.startswith("tiednorm"):
-            raise ValueError(
-                f"text_config is already an hf_tiednorm config ({self.text_config.model_type!r}); its head is "
-                "normalized already: set its head_mode instead of wrapping it"
-            )
+            raise ValueError(f"text_config is already an hf_tiednorm config ({self.text_config.model_type!r}); its "
+                             "head is normalized already: set its head_mode instead of wrapping it")
         # PreTrainedConfig defines is_encoder_decoder itself (default False), so it would not fall through.
         self.is_encoder_decoder = self.text_config.is_encoder_decoder
         inner_attention = self.text_config._attn_implementation  # that of an adopted model's live config
