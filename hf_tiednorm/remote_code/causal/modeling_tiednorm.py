@@ -106,8 +106,8 @@ forward; from ``M = ∂L/∂W_s``, ``w_i·M_i`` and ``diag(scale)·M + diag(2·�
 fp32, rounded once; no fp32 copy of a bf16 W (blocks of rows through small fp32 buffers). Why: docs/code_notes.md."""
 
 
-# Elements per fp32 block: 4 MiB (the CPU's cache), 64 MiB on an accelerator, at most 1/8 of the rows (never W's size).
-_BLOCK_ELEMENTS = 1 << 20
+# Elements per fp32 block: 16 MiB (few blocks: each op has a fixed cost), 64 MiB on an accelerator; ≤ 1/8 of the rows.
+_BLOCK_ELEMENTS = 1 << 22
 _ACCELERATOR_BLOCK_ELEMENTS = 1 << 24
 _MIN_BLOCKS = 8
 _GIVEN_NORMS = "_tiednorm_squared_row_norms"  # on FoldedHead's alias of W: its norms, for squared_row_norms
@@ -1804,13 +1804,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             losses[start:stop] = loss * v_c
             if not fused:
                 continue
-            dz = p.div_(total)  # softmax
+            dz = p.div_(total / v_c[:, None])  # softmax, 0 on ignored tokens (p / inf): one pass
             dz.scatter_add_(1, y_c[:, None], ((label_smoothing - 1.0) * v_c)[:, None])
             if label_smoothing:
-                dz.sub_(label_smoothing / vocab)
-            dz.mul_(v_c[:, None])  # ignored tokens: no gradient
-            if need_b:
-                acc_b += dz.sum(dim=0)
+                dz.sub_((label_smoothing / vocab) * v_c[:, None])
+            if need_b:  # Σ_rows dz as a matrix-vector product (a column sum is a slow strided reduction)
+                acc_b.addmv_(dz.t(), v_c)
             if matmul_dtype != compute:
                 z_mm.copy_(dz)  # one cast for both matmuls
                 dz = z_mm
