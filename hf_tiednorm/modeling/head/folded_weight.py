@@ -8,8 +8,8 @@ import contextlib
 
 import torch
 
-# Elements per fp32 block: 4 MiB (the CPU's cache), 64 MiB on an accelerator, at most 1/8 of the rows (never W's size).
-_BLOCK_ELEMENTS = 1 << 20
+# Elements per fp32 block: 16 MiB (few blocks: each op has a fixed cost), 64 MiB on an accelerator; ≤ 1/8 of the rows.
+_BLOCK_ELEMENTS = 1 << 22
 _ACCELERATOR_BLOCK_ELEMENTS = 1 << 24
 _MIN_BLOCKS = 8
 _GIVEN_NORMS = "_tiednorm_squared_row_norms"  # on FoldedHead's alias of W: its norms, for squared_row_norms

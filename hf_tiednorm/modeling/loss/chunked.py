@@ -118,13 +118,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             losses[start:stop] = loss * v_c
             if not fused:
                 continue
-            dz = p.div_(total)  # softmax
+            dz = p.div_(total / v_c[:, None])  # softmax, 0 on ignored tokens (p / inf): one pass
             dz.scatter_add_(1, y_c[:, None], ((label_smoothing - 1.0) * v_c)[:, None])
             if label_smoothing:
-                dz.sub_(label_smoothing / vocab)
-            dz.mul_(v_c[:, None])  # ignored tokens: no gradient
-            if need_b:
-                acc_b += dz.sum(dim=0)
+                dz.sub_((label_smoothing / vocab) * v_c[:, None])
+            if need_b:  # Σ_rows dz as a matrix-vector product (a column sum is a slow strided reduction)
+                acc_b.addmv_(dz.t(), v_c)
             if matmul_dtype != compute:
                 z_mm.copy_(dz)  # one cast for both matmuls
                 dz = z_mm

@@ -41,10 +41,9 @@ from .configuration_tiednorm import (
 
 
 # ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
-"""A serving engine that rebuilds the model around its backbone (vLLM's Transformers backend: it builds the base model
-and scores with its own lm_head tied to the input embedding) would drop the normalized head and generate wrong tokens
-silently; every model class refuses to be built with such an engine's attention, naming the plain export, which the
-engine serves natively. (docs/code_notes.md)"""
+"""A serving engine that rebuilds the model from its base model and its own tied lm_head (vLLM's Transformers backend)
+would drop the normalized head silently: every model class refuses such an engine, when built with its attention and
+when asked ``is_backend_compatible()``, naming the plain export, which the engine serves. (docs/code_notes.md)"""
 
 
 # The attention implementation an engine sets on the config before it builds our base model -> the engine.
@@ -57,12 +56,19 @@ def _head_description(config: Any) -> str:
     """The head settings of ``config`` that the engine would drop, in words (``head_mode='cosine'``, ...)."""
     names = ("head_mode", "logit_scale_kind", "logit_bias", "adaptive_cutoffs")
     settings = [f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name, None) is not None]
-    return ", ".join(settings) or "its normalized head"
+    return ", ".join(settings)
 
 
 # The export's one limit a head setting can hit (conversion/export.py): a per-token bias needs a place in the parent.
 _BIAS_NOTE = (". A learned logit bias exports where the parent has a per-token bias after its output layer "
               "(final_logits_bias: Marian, BART, mBART, ...) or while it is still zero; tiednorm-export says which")
+
+
+# Why the engine's model would be wrong ({head}: the settings it drops, in parentheses), and the way out.
+_REASON = ("the engine builds this base model and scores its hidden states with its own output layer tied to the "
+           "input embedding, the raw scores w·h, so it would drop the normalized head{head} and generate wrong tokens "
+           "without an error. Serve the plain export instead, which the engine runs natively with this model's "
+           "logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)")
 
 
 def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
@@ -73,25 +79,22 @@ def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
         model_name: the class being built, named in the message.
         config: its config (a wrapper's holds the wrapped model's as ``text_config``).
     """
-    configs = [config]
-    if hasattr(config, "get_text_config"):
-        configs.append(config.get_text_config())
-    for candidate in configs:
+    for candidate in (config, config.get_text_config()):
         attention = getattr(candidate, "_attn_implementation", None)
         if isinstance(attention, str) and attention in REBUILDING_ENGINES:
-            engine = REBUILDING_ENGINES[attention]
-            raise ValueError(
-                f"{model_name} refuses to be built by {engine} (attention implementation {attention!r}): the engine "
-                "builds this base model and scores its hidden states with its own output layer tied to the input "
-                f"embedding, the raw scores w·h, so it would drop the normalized head ({_head_description(config)}) "
-                "and generate wrong tokens without an error. Serve the plain export instead, which the engine runs "
-                "natively with this model's logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)"
-                + (_BIAS_NOTE if getattr(config, "logit_bias", False) else "")
-            )
+            raise ValueError(f"{model_name} refuses to be built by {REBUILDING_ENGINES[attention]} (attention "
+                             f"implementation {attention!r}): " + _REASON.format(head=f" ({_head_description(config)})")
+                             + (_BIAS_NOTE if getattr(config, "logit_bias", False) else ""))
 
 
 class EngineChecksMixin:
-    """Put first in the bases of a model class: its construction refuses an engine that would drop the head."""
+    """Put first in the bases of a model class: its construction refuses an engine that would drop the head, as does
+    ``is_backend_compatible()``, which only such engines ask, first (vLLM's registry; docs/code_notes.md)."""
+
+    @classmethod
+    def is_backend_compatible(cls) -> bool:
+        raise ValueError(f"{cls.__name__} is not compatible with an inference engine's Transformers backend (vLLM's "
+                         "registry asks is_backend_compatible() first): " + _REASON.format(head=""))
 
     def __init__(self, config, *args, **kwargs):
         refuse_rebuilding_engine(type(self).__name__, config)
@@ -104,8 +107,8 @@ forward; from ``M = ∂L/∂W_s``, ``w_i·M_i`` and ``diag(scale)·M + diag(2·�
 fp32, rounded once; no fp32 copy of a bf16 W (blocks of rows through small fp32 buffers). Why: docs/code_notes.md."""
 
 
-# Elements per fp32 block: 4 MiB (the CPU's cache), 64 MiB on an accelerator, at most 1/8 of the rows (never W's size).
-_BLOCK_ELEMENTS = 1 << 20
+# Elements per fp32 block: 16 MiB (few blocks: each op has a fixed cost), 64 MiB on an accelerator; ≤ 1/8 of the rows.
+_BLOCK_ELEMENTS = 1 << 22
 _ACCELERATOR_BLOCK_ELEMENTS = 1 << 24
 _MIN_BLOCKS = 8
 _GIVEN_NORMS = "_tiednorm_squared_row_norms"  # on FoldedHead's alias of W: its norms, for squared_row_norms
@@ -1810,13 +1813,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             losses[start:stop] = loss * v_c
             if not fused:
                 continue
-            dz = p.div_(total)  # softmax
+            dz = p.div_(total / v_c[:, None])  # softmax, 0 on ignored tokens (p / inf): one pass
             dz.scatter_add_(1, y_c[:, None], ((label_smoothing - 1.0) * v_c)[:, None])
             if label_smoothing:
-                dz.sub_(label_smoothing / vocab)
-            dz.mul_(v_c[:, None])  # ignored tokens: no gradient
-            if need_b:
-                acc_b += dz.sum(dim=0)
+                dz.sub_((label_smoothing / vocab) * v_c[:, None])
+            if need_b:  # Σ_rows dz as a matrix-vector product (a column sum is a slow strided reduction)
+                acc_b.addmv_(dz.t(), v_c)
             if matmul_dtype != compute:
                 z_mm.copy_(dz)  # one cast for both matmuls
                 dz = z_mm

@@ -311,3 +311,32 @@ def test_the_lm_head_loss_benchmark_runs_and_reports_the_ratios(tmp_path):
     assert table["plain"]["time_ratio"]["median"] == 1.0 and table["plain"]["peak_mib"]["median"] > 4
     assert 0 < table["cosine:fused"]["memory_ratio"]["median"] < 1
     assert abs(table["cosine:fused"]["loss"] - table["cosine:plain"]["loss"]) < 1e-4
+
+
+class _BlockOps(TorchDispatchMode):
+    """Names every op but views given a (chunk × V) block of logits (or its transpose) as an argument or ``out``."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shapes, self.ops = {tuple(shape), tuple(shape)[::-1]}, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [t for t in (*args, *(kwargs or {}).values()) if isinstance(t, torch.Tensor)]
+        if not func.is_view and any(tuple(t.shape) in self.shapes for t in tensors):
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_the_chunked_loop_passes_over_a_block_of_logits_once_per_step_of_the_math(bias):
+    # One chunk of 16 tokens: its product (the bias added by the matmul), the label's logit, max, exp, sum, the
+    # softmax division (which zeroes ignored tokens: it was followed by a masking pass), the label's -1, the two
+    # gradient matmuls; a bias's gradient by one matrix-vector product (it was a column sum, a slow strided reduction).
+    vocab, dim, tokens = 64, 8, 16
+    hidden, labels = _hidden(n=tokens, dim=dim, dtype=torch.float32).requires_grad_(True), _labels(tokens, vocab)
+    weight = torch.randn(vocab, dim, requires_grad=True)
+    logit_bias = torch.randn(vocab, requires_grad=True) if bias else None
+    with _BlockOps((tokens, vocab)) as seen:
+        chunked_linear_cross_entropy(hidden, weight, logit_bias, labels, chunk_size=tokens).backward()
+    expected = ["addmm" if bias else "mm", "gather", "amax", "sub_", "exp_", "sum", "div_", "scatter_add_"]
+    assert seen.ops == expected + ["addmv_"] * bias + ["addmm_", "mm"], seen.ops
