@@ -23,7 +23,8 @@ How (nothing here knows a module by name, so the output follows the package as i
    with it (its annotations are written as strings).
 5. A top-level function or class that nothing in the file reaches from the family's classes (and the configuration
    file's from the modeling file) is left out: package-only helpers (``check_again``, another family's output
-   class) are not code a reviewer reads for this model (``unreached``).
+   class) are not code a reviewer reads for this model (``unreached``); a module left with its docstring alone is
+   left out whole.
 
 Usage:
     python utils/generate_remote_code.py           # (re)write hf_tiednorm/remote_code/*/*.py
@@ -433,6 +434,10 @@ def render(
         module = modules[module_name]
         stringify = module.has_future and not future
         text = Inliner(module, output, modules, stringify).rewrite()
+        body = module.tree.body[1:] if ast.get_docstring(module.tree) is not None else module.tree.body
+        if shaken and not any(id(node) not in left_out and not isinstance(node, (ast.Import, ast.ImportFrom))
+                              and _bound_names(node) != ["__all__"] for node in body):  # fmt: skip
+            continue  # nothing of it is reached: not even its docstring travels
         rule = f"# {'-' * 30} {module.label} {'-' * max(3, 80 - len(module.label))}"
         sections.append(f"{rule}\n{text}")
     header = [

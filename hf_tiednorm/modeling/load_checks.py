@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from .head.adaptive import embedding_matrices
 from .head.layer import NormalizedScoresMixin
 from .head.settings import HEAD_TERMS, HeadSettings
 from .weight_checks import check_finite_weights
@@ -16,7 +15,7 @@ from .weight_checks import check_finite_weights
 def _shared_matrices(model: nn.Module) -> set[int]:
     """The ``id``s of the output embedding's matrices (the shared matrix, or the adaptive bands)."""
     head = next((module for module in model.modules() if isinstance(module, NormalizedScoresMixin)), None)
-    return set() if head is None else {id(matrix) for matrix in embedding_matrices(head)}
+    return set() if head is None else {id(matrix) for matrix in head.embedding_matrices()}
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:

@@ -142,8 +142,11 @@ def test_the_generator_inlines_a_closure_in_dependency_order(tmp_path):
 
 def test_the_generator_leaves_out_what_no_root_reaches(tmp_path):
     """Tree shaking: a helper nothing in the file reaches from the roots, and an import only it used, stay out."""
-    unused = "import os\n\n\ndef unused_helper():\n    return os.sep\n\n\ndef kept():\n    return scaled(1)\n"
-    modules = _synthetic_package(tmp_path, {"base.py": BASE, "model.py": MODEL + "\n\n" + unused})
+    unused = ("import os\n\nfrom .other import other_helper\n\n\ndef unused_helper():\n"
+              "    return os.sep * other_helper()\n\n\ndef kept():\n    return scaled(1)\n")
+    other = '"""Only helpers no root reaches."""\n\n\ndef other_helper():\n    return 1\n'
+    files = {"base.py": BASE, "other.py": other, "model.py": MODEL + "\n\n" + unused}
+    modules = _synthetic_package(tmp_path, files)
     order = generate_remote_code.closure(["pkg.model"], modules)
     text = generate_remote_code.render("modeling_pkg", order, modules, set(), "", None)
     assert "def unused_helper" in text and "import os" in text  # no roots given: nothing is shaken
@@ -153,6 +156,15 @@ def test_the_generator_leaves_out_what_no_root_reaches(tmp_path):
     exec(compile(text, "modeling_pkg.py", "exec"), namespace)
     assert namespace["kept"]() == pytest.approx(3.141592653589793)
     assert "unused_helper" not in text and "import os" not in text and "def scaled" in text
+    assert "Only helpers" not in text and "pkg/other.py" not in text  # a module with nothing reached: left out whole
+
+
+def test_the_wrappers_folder_carries_no_adaptive_softmax():
+    """The wrapper refuses adaptive_cutoffs, so its folder's code holds no adaptive input or softmax: the head asks its
+    own class for its matrices and whether it resizes (``embedding_matrices``, ``check_resizable``)."""
+    text = (GENERATED_DIR / "wrapped" / "modeling_tiednorm.py").read_text()
+    assert "class AdaptiveSoftmaxHead" not in text and "hf_tiednorm/modeling/head/adaptive.py" not in text
+    assert "hf_tiednorm/modeling/head/adaptive.py" in (GENERATED_DIR / "causal" / "modeling_tiednorm.py").read_text()
 
 
 @pytest.mark.parametrize(("files", "message"), [
@@ -401,7 +413,7 @@ def _lines(family: str, name: str) -> int:
 # 400 without torch. The configuration files meet theirs; the folders do not yet (docs/layout.md gives the measured
 # lines), so each is held at most at its ceiling here, a little above its lines at issue 56's end, until it does.
 ISSUE_BUDGETS = {"causal": 1800, "seq2seq": 2200, "bart": 2200, "wrapped": 2200}
-CEILINGS = {"causal": 2991, "seq2seq": 3291, "bart": 3254, "wrapped": 3205}
+CEILINGS = {"causal": 3003, "seq2seq": 3296, "bart": 3259, "wrapped": 3065}
 CONFIG_BUDGET = 400
 
 

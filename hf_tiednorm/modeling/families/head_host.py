@@ -12,7 +12,6 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from ..head.adaptive import AdaptiveSoftmaxHead, embedding_matrices
 from ..head.layer import TiedNormHead
 from ..head.modes import get_head_mode
 from ..head.peft_guard import check_head_once
@@ -129,7 +128,7 @@ class TiedNormHeadHostMixin:
     def output_embedding_weights(self) -> list[torch.Tensor]:
         """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or one
         (n_i, d_i) per adaptive band."""
-        return embedding_matrices(self.get_output_embeddings())
+        return self.get_output_embeddings().embedding_matrices()
 
     def generate(self, *args, **kwargs):
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
@@ -141,10 +140,7 @@ class TiedNormHeadHostMixin:
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
         """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
-        if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
-            raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
-                             "the frequency order of the vocabulary; build a new model with a new vocabulary and "
-                             "cutoffs")
+        self.get_output_embeddings().check_resizable()  # the adaptive softmax refuses
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too

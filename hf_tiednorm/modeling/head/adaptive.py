@@ -120,6 +120,14 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         names = [f"bands.{i}.weight" for i in range(num_bands)]
         return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
 
+    def embedding_matrices(self) -> list[torch.Tensor]:
+        """One (n_i, d_i) matrix per band, in token-id order."""
+        return [band.weight for band in self.bands]
+
+    def check_resizable(self) -> None:
+        raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
+                         "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs")
+
     def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
         """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
         terms = []

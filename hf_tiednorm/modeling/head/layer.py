@@ -43,6 +43,13 @@ class NormalizedScoresMixin:
         self._frozen_depth = 0
         self._frozen_terms = None
 
+    def embedding_matrices(self) -> list[torch.Tensor]:
+        """The matrices holding the rows w_k the head scores, in token-id order: its weight (V, d)."""
+        return [self.weight]
+
+    def check_resizable(self) -> None:
+        """Nothing: the per-token terms follow a resize of the tied weight (``match_vocab_size``)."""
+
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in (g, b, then added ones)."""
         for term in active_terms(self.settings):

@@ -661,6 +661,13 @@ class NormalizedScoresMixin:
         self._frozen_depth = 0
         self._frozen_terms = None
 
+    def embedding_matrices(self) -> list[torch.Tensor]:
+        """The matrices holding the rows w_k the head scores, in token-id order: its weight (V, d)."""
+        return [self.weight]
+
+    def check_resizable(self) -> None:
+        """Nothing: the per-token terms follow a resize of the tied weight (``match_vocab_size``)."""
+
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in (g, b, then added ones)."""
         for term in active_terms(self.settings):
@@ -903,6 +910,14 @@ class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
         """Names, relative to the head and to the ``AdaptiveInput``, of the parameters they share."""
         names = [f"bands.{i}.weight" for i in range(num_bands)]
         return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
+
+    def embedding_matrices(self) -> list[torch.Tensor]:
+        """One (n_i, d_i) matrix per band, in token-id order."""
+        return [band.weight for band in self.bands]
+
+    def check_resizable(self) -> None:
+        raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
+                         "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs")
 
     def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
         """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
@@ -1499,7 +1514,7 @@ the folder. (docs/code_notes.md)"""
 def _shared_matrices(model: nn.Module) -> set[int]:
     """The ``id``s of the output embedding's matrices (the shared matrix, or the adaptive bands)."""
     head = next((module for module in model.modules() if isinstance(module, NormalizedScoresMixin)), None)
-    return set() if head is None else {id(matrix) for matrix in embedding_matrices(head)}
+    return set() if head is None else {id(matrix) for matrix in head.embedding_matrices()}
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
@@ -2349,7 +2364,7 @@ class TiedNormHeadHostMixin:
     def output_embedding_weights(self) -> list[torch.Tensor]:
         """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or one
         (n_i, d_i) per adaptive band."""
-        return embedding_matrices(self.get_output_embeddings())
+        return self.get_output_embeddings().embedding_matrices()
 
     def generate(self, *args, **kwargs):
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
@@ -2361,10 +2376,7 @@ class TiedNormHeadHostMixin:
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
         """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
-        if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
-            raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
-                             "the frequency order of the vocabulary; build a new model with a new vocabulary and "
-                             "cutoffs")
+        self.get_output_embeddings().check_resizable()  # the adaptive softmax refuses
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too

@@ -662,6 +662,13 @@ class NormalizedScoresMixin:
         self._frozen_depth = 0
         self._frozen_terms = None
 
+    def embedding_matrices(self) -> list[torch.Tensor]:
+        """The matrices holding the rows w_k the head scores, in token-id order: its weight (V, d)."""
+        return [self.weight]
+
+    def check_resizable(self) -> None:
+        """Nothing: the per-token terms follow a resize of the tied weight (``match_vocab_size``)."""
+
     def fold_terms(self, scale, bias, rows: slice, device):
         """The mode's (scale, bias) of the tokens ``rows`` with every learned term folded in (g, b, then added ones)."""
         for term in active_terms(self.settings):
@@ -1125,150 +1132,6 @@ def install_scoring_guard(model: nn.Module) -> None:
     model.__dict__[_BACKBONE] = backbone  # not registered: no second name, no state-dict entry
 
 
-# ------------------------------ hf_tiednorm/modeling/head/adaptive.py -------------------------------------------
-"""Adaptive input tied with an adaptive softmax (Baevski & Auli 2019), scored in a head mode: the frequency-ordered
-vocabulary is split by ``cutoffs`` into bands of width d // k^i; with tied projections a band scores a token exactly
-as plain tying scores it against its input embedding, and the mode normalizes each band's rows. The head returns the
-exact log-probabilities of all V tokens as its logits. (docs/code_notes.md)"""
-
-
-def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
-    """[0, c_1, …, c_{n-1}, V]: band i holds the token ids in [edges[i], edges[i+1])."""
-    return [0, *cutoffs, vocab_size]
-
-
-def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
-    """d_i = d // k^i, the width of band i (as ``torch.nn.AdaptiveLogSoftmaxWithLoss`` sizes its tails)."""
-    return [int(hidden_size // (div_value**i)) for i in range(num_bands)]
-
-
-class AdaptiveInput(nn.Module):
-    """Adaptive input embedding: band i looks its rows up in R^{d_i} (unit rows in l2 mode) and projects them to R^d."""
-
-    def __init__(self, vocab_size: int, hidden_size: int, cutoffs: Sequence[int], div_value: float = 4.0,
-                 padding_idx: int | None = None, normalize: bool = False, norm_eps: float = 1e-6) -> None:  # fmt: skip
-        super().__init__()
-        self.edges = band_edges(vocab_size, cutoffs)
-        self.hidden_size = hidden_size
-        self.normalize = normalize
-        self.norm_eps = norm_eps
-        dims = band_dims(hidden_size, len(self.edges) - 1, div_value)
-        bands, projections = [], []
-        for (lo, hi), dim in zip(zip(self.edges[:-1], self.edges[1:]), dims):
-            band_padding = padding_idx - lo if padding_idx is not None and lo <= padding_idx < hi else None
-            bands.append(nn.Embedding(hi - lo, dim, padding_idx=band_padding))
-            projections.append(nn.Linear(dim, hidden_size, bias=False))  # P_i, weight (d, d_i)
-        self.bands = nn.ModuleList(bands)
-        self.projections = nn.ModuleList(projections)
-
-    @property
-    def num_embeddings(self) -> int:
-        return self.edges[-1]
-
-    def extra_repr(self) -> str:
-        return f"edges={self.edges}, normalize={self.normalize}"
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # Without a host sync (a GPU would wait for every band's data-dependent selection): every band looks up every
-        # token, its id clamped into the band, and a mask keeps the band's own tokens. The ids are not clamped below
-        # the first band nor above the last, so an id outside [0, V) fails that band's lookup as in an nn.Embedding
-        # (IndexError on CPU, a device-side assert on CUDA); nothing else is checked on the way. Each token costs
-        # every band's lookup and projection (sum of d_i ≤ 4/3·d), as the head already scores every band.
-        try:
-            return self._embed(input_ids)
-        except IndexError as error:
-            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
-
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        flat = input_ids.reshape(-1)  # (tokens,)
-        weight = self.projections[0].weight
-        out = torch.zeros(flat.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
-        last = len(self.bands) - 1
-        bands = zip(self.edges[:-1], self.edges[1:], self.bands, self.projections)
-        for i, (lo, hi, band, projection) in enumerate(bands):
-            local = flat - lo  # (tokens,): the band's own ids, the others clamped into it
-            if i > 0:
-                local = local.clamp(min=0)
-            if i < last:
-                local = local.clamp(max=hi - lo - 1)
-            rows = band(local)  # (tokens, d_i)
-            if self.normalize:
-                rows = unit_rows(rows, self.norm_eps)
-            inside = ((flat >= lo) & (flat < hi)).unsqueeze(-1)  # (tokens, 1)
-            out = torch.where(inside, projection(rows).to(out.dtype), out)  # (tokens, d)
-        return out.view(*input_ids.shape, self.hidden_size)
-
-
-def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
-    """The matrices holding the rows w_k of an input embedding or an output layer, in token-id order: its (V, d)
-    weight, or one (n_i, d_i) matrix per band of an ``AdaptiveInput`` or ``AdaptiveSoftmaxHead``."""
-    if isinstance(embedding, (AdaptiveInput, AdaptiveSoftmaxHead)):
-        return [band.weight for band in embedding.bands]
-    return [embedding.weight]
-
-
-class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
-    """Adaptive softmax whose band rows (and projections) are tied to an ``AdaptiveInput``'s by parameter name;
-    ``forward`` returns log-probabilities."""
-
-    def __init__(self, hidden_size: int, vocab_size: int, cutoffs: Sequence[int], div_value: float = 4.0, *,
-                 settings: HeadSettings | None = None) -> None:  # fmt: skip
-        """``settings``: the head's settings as one value (``HeadSettings``); None: the defaults."""
-        super().__init__()
-        if settings is not None and settings.extra_terms:
-            raise ValueError(f"head terms {list(settings.extra_terms)} are not supported by the adaptive softmax")
-        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size)
-        self.edges = band_edges(vocab_size, cutoffs)
-        num_bands = len(self.edges) - 1
-        dims = band_dims(hidden_size, num_bands, div_value)
-        sizes = [hi - lo for lo, hi in zip(self.edges[:-1], self.edges[1:])]
-        self.bands = nn.ModuleList(nn.Linear(dim, size, bias=False) for dim, size in zip(dims, sizes))
-        self.projections = nn.ModuleList(nn.Linear(dim, hidden_size, bias=False) for dim in dims)
-        self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
-
-    def extra_repr(self) -> str:
-        return f"edges={self.edges}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
-
-    @staticmethod
-    def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
-        """Names, relative to the head and to the ``AdaptiveInput``, of the parameters they share."""
-        names = [f"bands.{i}.weight" for i in range(num_bands)]
-        return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
-
-    def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
-        """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
-        terms = []
-        for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
-            scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
-            terms.append(self.fold_terms(scale, bias, slice(lo, hi), self.cluster.weight.device))  # g, b folded in
-        return terms
-
-    def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
-        """Normalized scores of every band's tokens: a list of (..., n_i) fp32 tensors."""
-        scores = []
-        for band, projection, (scale, bias) in zip(self.bands, self.projections, self.column_terms()):
-            reduced = F.linear(hidden_states, projection.weight.t())  # (..., d) @ Q_i -> (..., d_i)
-            band_scores = F.linear(reduced, band.weight).float()  # (..., n_i)
-            if scale is not None:
-                band_scores = band_scores * scale
-            if bias is not None:
-                band_scores = band_scores + bias
-            scores.append(band_scores)
-        return scores
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # hidden_states: (..., d) -> exact log-probabilities (..., V), fp32
-        scores = self.band_scores(hidden_states)
-        head = torch.cat([scores[0], self.cluster(hidden_states).float()], dim=-1)  # (..., n_0 + bands - 1)
-        head_log_probs = F.log_softmax(head, dim=-1)
-        shortlist = self.edges[1]
-        log_probs = [head_log_probs[..., :shortlist]]
-        for i, band_scores in enumerate(scores[1:]):
-            cluster_log_prob = head_log_probs[..., shortlist + i : shortlist + i + 1]  # (..., 1)
-            log_probs.append(cluster_log_prob + F.log_softmax(band_scores, dim=-1))
-        return torch.cat(log_probs, dim=-1)
-
-
 # ------------------------------ hf_tiednorm/modeling/weight_checks.py -------------------------------------------
 """Checks that keep a model from going on silently with weights or a vocabulary it cannot use: weights that load as
 NaN/inf are named (``check_finite_weights``), and a resize that would drop a special token's row is refused
@@ -1337,7 +1200,7 @@ the folder. (docs/code_notes.md)"""
 def _shared_matrices(model: nn.Module) -> set[int]:
     """The ``id``s of the output embedding's matrices (the shared matrix, or the adaptive bands)."""
     head = next((module for module in model.modules() if isinstance(module, NormalizedScoresMixin)), None)
-    return set() if head is None else {id(matrix) for matrix in embedding_matrices(head)}
+    return set() if head is None else {id(matrix) for matrix in head.embedding_matrices()}
 
 
 def head_term_errors(model: nn.Module, missing: set[str], unexpected: set[str]) -> list[str]:
@@ -1494,6 +1357,158 @@ class WeightChecksMixin(DeviceMapAtLoadMixin):
         # shared embedding, is an error naming the tensor and the config field (modeling/load_checks.py).
         super()._adjust_missing_and_unexpected_keys(loading_info)
         check_loaded_head(self, loading_info)
+
+
+# ------------------------------ hf_tiednorm/modeling/head/adaptive.py -------------------------------------------
+"""Adaptive input tied with an adaptive softmax (Baevski & Auli 2019), scored in a head mode: the frequency-ordered
+vocabulary is split by ``cutoffs`` into bands of width d // k^i; with tied projections a band scores a token exactly
+as plain tying scores it against its input embedding, and the mode normalizes each band's rows. The head returns the
+exact log-probabilities of all V tokens as its logits. (docs/code_notes.md)"""
+
+
+def band_edges(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
+    """[0, c_1, …, c_{n-1}, V]: band i holds the token ids in [edges[i], edges[i+1])."""
+    return [0, *cutoffs, vocab_size]
+
+
+def band_dims(hidden_size: int, num_bands: int, div_value: float) -> list[int]:
+    """d_i = d // k^i, the width of band i (as ``torch.nn.AdaptiveLogSoftmaxWithLoss`` sizes its tails)."""
+    return [int(hidden_size // (div_value**i)) for i in range(num_bands)]
+
+
+class AdaptiveInput(nn.Module):
+    """Adaptive input embedding: band i looks its rows up in R^{d_i} (unit rows in l2 mode) and projects them to R^d."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, cutoffs: Sequence[int], div_value: float = 4.0,
+                 padding_idx: int | None = None, normalize: bool = False, norm_eps: float = 1e-6) -> None:  # fmt: skip
+        super().__init__()
+        self.edges = band_edges(vocab_size, cutoffs)
+        self.hidden_size = hidden_size
+        self.normalize = normalize
+        self.norm_eps = norm_eps
+        dims = band_dims(hidden_size, len(self.edges) - 1, div_value)
+        bands, projections = [], []
+        for (lo, hi), dim in zip(zip(self.edges[:-1], self.edges[1:]), dims):
+            band_padding = padding_idx - lo if padding_idx is not None and lo <= padding_idx < hi else None
+            bands.append(nn.Embedding(hi - lo, dim, padding_idx=band_padding))
+            projections.append(nn.Linear(dim, hidden_size, bias=False))  # P_i, weight (d, d_i)
+        self.bands = nn.ModuleList(bands)
+        self.projections = nn.ModuleList(projections)
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.edges[-1]
+
+    def extra_repr(self) -> str:
+        return f"edges={self.edges}, normalize={self.normalize}"
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Without a host sync (a GPU would wait for every band's data-dependent selection): every band looks up every
+        # token, its id clamped into the band, and a mask keeps the band's own tokens. The ids are not clamped below
+        # the first band nor above the last, so an id outside [0, V) fails that band's lookup as in an nn.Embedding
+        # (IndexError on CPU, a device-side assert on CUDA); nothing else is checked on the way. Each token costs
+        # every band's lookup and projection (sum of d_i ≤ 4/3·d), as the head already scores every band.
+        try:
+            return self._embed(input_ids)
+        except IndexError as error:
+            raise IndexError(out_of_vocabulary_message(input_ids, self.num_embeddings)) from error
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        flat = input_ids.reshape(-1)  # (tokens,)
+        weight = self.projections[0].weight
+        out = torch.zeros(flat.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
+        last = len(self.bands) - 1
+        bands = zip(self.edges[:-1], self.edges[1:], self.bands, self.projections)
+        for i, (lo, hi, band, projection) in enumerate(bands):
+            local = flat - lo  # (tokens,): the band's own ids, the others clamped into it
+            if i > 0:
+                local = local.clamp(min=0)
+            if i < last:
+                local = local.clamp(max=hi - lo - 1)
+            rows = band(local)  # (tokens, d_i)
+            if self.normalize:
+                rows = unit_rows(rows, self.norm_eps)
+            inside = ((flat >= lo) & (flat < hi)).unsqueeze(-1)  # (tokens, 1)
+            out = torch.where(inside, projection(rows).to(out.dtype), out)  # (tokens, d)
+        return out.view(*input_ids.shape, self.hidden_size)
+
+
+def embedding_matrices(embedding: nn.Module) -> list[torch.Tensor]:
+    """The matrices holding the rows w_k of an input embedding or an output layer, in token-id order: its (V, d)
+    weight, or one (n_i, d_i) matrix per band of an ``AdaptiveInput`` or ``AdaptiveSoftmaxHead``."""
+    if isinstance(embedding, (AdaptiveInput, AdaptiveSoftmaxHead)):
+        return [band.weight for band in embedding.bands]
+    return [embedding.weight]
+
+
+class AdaptiveSoftmaxHead(NormalizedScoresMixin, nn.Module):
+    """Adaptive softmax whose band rows (and projections) are tied to an ``AdaptiveInput``'s by parameter name;
+    ``forward`` returns log-probabilities."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, cutoffs: Sequence[int], div_value: float = 4.0, *,
+                 settings: HeadSettings | None = None) -> None:  # fmt: skip
+        """``settings``: the head's settings as one value (``HeadSettings``); None: the defaults."""
+        super().__init__()
+        if settings is not None and settings.extra_terms:
+            raise ValueError(f"head terms {list(settings.extra_terms)} are not supported by the adaptive softmax")
+        self.init_normalized_scores(settings or HeadSettings(), hidden_size, vocab_size)
+        self.edges = band_edges(vocab_size, cutoffs)
+        num_bands = len(self.edges) - 1
+        dims = band_dims(hidden_size, num_bands, div_value)
+        sizes = [hi - lo for lo, hi in zip(self.edges[:-1], self.edges[1:])]
+        self.bands = nn.ModuleList(nn.Linear(dim, size, bias=False) for dim, size in zip(dims, sizes))
+        self.projections = nn.ModuleList(nn.Linear(dim, hidden_size, bias=False) for dim in dims)
+        self.cluster = nn.Linear(hidden_size, num_bands - 1, bias=False)  # logits of bands 1.. in the head softmax
+
+    def extra_repr(self) -> str:
+        return f"edges={self.edges}, head_mode={self.head_mode!r}, {term_settings(self.settings)}"
+
+    @staticmethod
+    def tied_parameter_names(num_bands: int, tie_projections: bool) -> list[str]:
+        """Names, relative to the head and to the ``AdaptiveInput``, of the parameters they share."""
+        names = [f"bands.{i}.weight" for i in range(num_bands)]
+        return names + ([f"projections.{i}.weight" for i in range(num_bands)] if tie_projections else [])
+
+    def embedding_matrices(self) -> list[torch.Tensor]:
+        """One (n_i, d_i) matrix per band, in token-id order."""
+        return [band.weight for band in self.bands]
+
+    def check_resizable(self) -> None:
+        raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to the "
+                         "frequency order of the vocabulary; build a new model with a new vocabulary and cutoffs")
+
+    def _compute_column_terms(self) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Per band, the fp32 (n_i,) vectors (scale, bias) of the mode's affine map."""
+        terms = []
+        for lo, hi, band in zip(self.edges[:-1], self.edges[1:], self.bands):
+            scale, bias = self.mode.column_terms(band.weight, self.norm_eps)  # (n_i,) each or None
+            terms.append(self.fold_terms(scale, bias, slice(lo, hi), self.cluster.weight.device))  # g, b folded in
+        return terms
+
+    def band_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
+        """Normalized scores of every band's tokens: a list of (..., n_i) fp32 tensors."""
+        scores = []
+        for band, projection, (scale, bias) in zip(self.bands, self.projections, self.column_terms()):
+            reduced = F.linear(hidden_states, projection.weight.t())  # (..., d) @ Q_i -> (..., d_i)
+            band_scores = F.linear(reduced, band.weight).float()  # (..., n_i)
+            if scale is not None:
+                band_scores = band_scores * scale
+            if bias is not None:
+                band_scores = band_scores + bias
+            scores.append(band_scores)
+        return scores
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states: (..., d) -> exact log-probabilities (..., V), fp32
+        scores = self.band_scores(hidden_states)
+        head = torch.cat([scores[0], self.cluster(hidden_states).float()], dim=-1)  # (..., n_0 + bands - 1)
+        head_log_probs = F.log_softmax(head, dim=-1)
+        shortlist = self.edges[1]
+        log_probs = [head_log_probs[..., :shortlist]]
+        for i, band_scores in enumerate(scores[1:]):
+            cluster_log_prob = head_log_probs[..., shortlist + i : shortlist + i + 1]  # (..., 1)
+            log_probs.append(cluster_log_prob + F.log_softmax(band_scores, dim=-1))
+        return torch.cat(log_probs, dim=-1)
 
 
 # ------------------------------ hf_tiednorm/modeling/head/peft_guard.py -----------------------------------------
@@ -2157,13 +2172,6 @@ class TiedNormLossMixin:
         return terms
 
 
-# ------------------------------ hf_tiednorm/modeling/families/causal_lm_names.py --------------------------------
-"""A causal LM of this code adds its own model type to transformers' tables, nothing else. The Trainer's label smoother
-shifts the labels of causal LMs named in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``; TRL's DPO, KTO and GRPO reload their
-reference from the policy's folder with ``trust_remote_code=False``, which runs the code the user already trusted once
-a folder's own code registered its type, as the package registers its own (docs/code_notes.md)."""
-
-
 # ------------------------------ hf_tiednorm/modeling/families/embeddings.py -------------------------------------
 """The token embeddings the families build (``build_embedding``): a ``TiedNormEmbedding`` (unit rows in l2 mode) or an
 adaptive input, optionally scaling its lookups in the module (BART's scaled embedding)."""
@@ -2328,7 +2336,7 @@ class TiedNormHeadHostMixin:
     def output_embedding_weights(self) -> list[torch.Tensor]:
         """The matrices whose rows are the output embedding w_k, in token-id order: the head's weight (V, d), or one
         (n_i, d_i) per adaptive band."""
-        return embedding_matrices(self.get_output_embeddings())
+        return self.get_output_embeddings().embedding_matrices()
 
     def generate(self, *args, **kwargs):
         check_head_once(self)  # before the head is used here: PEFT may have wrapped it
@@ -2340,10 +2348,7 @@ class TiedNormHeadHostMixin:
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
         """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
-        if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
-            raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
-                             "the frequency order of the vocabulary; build a new model with a new vocabulary and "
-                             "cutoffs")
+        self.get_output_embeddings().check_resizable()  # the adaptive softmax refuses
         first_new = self.get_output_embeddings().weight.shape[0]
         embeddings = self._resize_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         self.get_output_embeddings().match_vocab_size()  # the tied weight was resized in place: the per-token scale too
