@@ -2284,11 +2284,10 @@ def check_mode_settings(config) -> None:
         settings = HeadSettings.from_config(config)
         off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
         if mode.lossless_start is None or off:
-            raise ValueError(
-                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
-                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
-                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
-            )
+            lacks = "has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}"
+            raise ValueError(f"config.json records lossless_start=True, but head_mode={config.head_mode!r} {lacks}: "
+                             "the head terms a lossless start sets are per-token; set lossless_start=False or restore "
+                             "them")
 
 
 class TiedNormHeadHostMixin:
@@ -2360,8 +2359,7 @@ class TiedNormHeadHostMixin:
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
-        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
-        """
+        """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
@@ -2418,11 +2416,8 @@ class EmbeddingTie:
         if self.head is not None:
             pairs += [(f"{self.head}.{name}", f"{self.owner}.{name}") for name in self.head_params]
         start = f"{prefix}." if prefix else ""
-        return {
-            target.removeprefix(start): source.removeprefix(start)
-            for target, source in pairs
-            if target.startswith(start) and source.startswith(start)
-        }
+        return {target.removeprefix(start): source.removeprefix(start) for target, source in pairs
+                if target.startswith(start) and source.startswith(start)}  # fmt: skip
 
 
 def embedding_tie(config) -> EmbeddingTie | None:
@@ -2471,9 +2466,8 @@ class TiedEmbeddingsMixin:
         prefix = _prefix_of(self)
         # The HF parent's __init__ (MarianModel, BartModel) calls post_init before the family has built its own
         # embeddings: its placeholder modules, replaced right after, are tied to nothing.
-        built = tie is not None and isinstance(
-            self.get_submodule(tie.owner.removeprefix(f"{prefix}.")), (TiedNormEmbedding, AdaptiveInput)
-        )
+        owner = None if tie is None else self.get_submodule(tie.owner.removeprefix(f"{prefix}."))
+        built = isinstance(owner, (TiedNormEmbedding, AdaptiveInput))
         self._tied_weights_keys = tie.tied_weights_keys(prefix) if built else None
         super().post_init()
         self.finish_head_hosting()
@@ -2640,10 +2634,8 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
 
 
 class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in families/tie_topology.py;
-    # loading is checked by WeightChecksMixin (finite weights, head tensors), resizing by families/head_host.py
-    # (special tokens kept); the forward (label shift, loss) is TiedNormCausalLMMixin's, the base a causal family
-    # subclasses (families/common.py).
+    # The tie is declared in families/tie_topology.py, loading checked by WeightChecksMixin; the forward (label shift,
+    # loss) is TiedNormCausalLMMixin's, the base a causal family subclasses (families/common.py).
     _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
 
     def __init__(self, config: TiedNormCausalConfig):

@@ -1856,11 +1856,10 @@ def check_mode_settings(config) -> None:
         settings = HeadSettings.from_config(config)
         off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
         if mode.lossless_start is None or off:
-            raise ValueError(
-                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
-                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
-                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
-            )
+            lacks = "has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}"
+            raise ValueError(f"config.json records lossless_start=True, but head_mode={config.head_mode!r} {lacks}: "
+                             "the head terms a lossless start sets are per-token; set lossless_start=False or restore "
+                             "them")
 
 
 class TiedNormHeadHostMixin:
@@ -1932,8 +1931,7 @@ class TiedNormHeadHostMixin:
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
-        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
-        """
+        """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
@@ -2002,13 +2000,9 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     Returns the new head."""
     embeddings = shared_embedding_modules(body)
     weight = embeddings[0].weight  # (V, d)
-    head = TiedNormHead(
-        weight.shape[1],
-        weight.shape[0],
-        settings=HeadSettings.from_config(config),
-        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
-        dtype=weight.dtype,
-    )
+    # On meta: its (V, d) weight is replaced by the shared one, never allocate a second matrix.
+    head = TiedNormHead(weight.shape[1], weight.shape[0], settings=HeadSettings.from_config(config), device="meta",
+                        dtype=weight.dtype)
     head.weight = weight  # Press & Wolf: the output embedding is the input embedding
     for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
         if getattr(head, name, None) is not None:
@@ -2730,18 +2724,14 @@ def missing_tokenizer_message(model) -> str:
     folder = getattr(model, "name_or_path", None) or ""
     has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
     if has_tokenizer:
-        return (
-            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
-            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
-            f"trust_remote_code=True, as the folder ships the pipeline code) or "
-            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
-        )
+        return (f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() "
+                f"loads none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+                f"trust_remote_code=True, as the folder ships the pipeline code) or "
+                f"tokenizer=AutoTokenizer.from_pretrained({folder!r})")
     if folder and os.path.isdir(folder):
-        return (
-            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
-            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-            "tokenizer=... to pipeline()"
-        )
+        return (f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+                "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+                "tokenizer=... to pipeline()")
     name = folder or type(model).__name__
     return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
 
@@ -2797,11 +2787,9 @@ class TiedNormTranslationPipeline(Pipeline):
                 # transformers guessed the tokenizer from the model's folder, which has none
                 raise ValueError(missing_tokenizer_message(self.model)) from failure
             if failure is not None:
-                raise ValueError(
-                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
-                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
-                    "loaded tokenizer"
-                ) from failure
+                raise ValueError(f"tiednorm-translation: the tokenizer {source} failed to load "
+                                 f"({type(failure).__name__}: {failure}); repair or replace its files (tokenizer.json, "
+                                 "tokenizer_config.json), or pass a loaded tokenizer") from failure
             raise ValueError(missing_tokenizer_message(self.model))
 
     def _sanitize_parameters(self, **kwargs):
@@ -2828,9 +2816,8 @@ class TiedNormTranslationPipeline(Pipeline):
         if limit is not None and inputs["input_ids"].shape[-1] > limit:
             logger.warning(f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the "
                            f"model can embed; translating its first {limit} tokens only")
-            inputs = self.tokenizer(
-                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
-            )
+            inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False, truncation=True,
+                                    max_length=limit)
         return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
