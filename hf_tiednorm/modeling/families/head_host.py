@@ -64,11 +64,10 @@ def check_mode_settings(config) -> None:
         settings = HeadSettings.from_config(config)
         off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
         if mode.lossless_start is None or off:
-            raise ValueError(
-                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
-                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
-                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
-            )
+            lacks = "has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}"
+            raise ValueError(f"config.json records lossless_start=True, but head_mode={config.head_mode!r} {lacks}: "
+                             "the head terms a lossless start sets are per-token; set lossless_start=False or restore "
+                             "them")
 
 
 class TiedNormHeadHostMixin:
@@ -140,8 +139,7 @@ class TiedNormHeadHostMixin:
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
-        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
-        """
+        """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "

@@ -28,10 +28,7 @@ class TiedNormSeq2SeqPreTrainedModel(EngineChecksMixin, SavesItsCode, MarianPreT
 
 class SinusoidalPositions(MarianSinusoidalPositionalEmbedding):
     """Marian's sinusoidal position table (positions, d) as a non-persistent buffer computed when the model is built,
-    not a frozen parameter: it is never saved, loaded or offloaded. transformers' Marian leaves its parameter out of
-    the folder, so accelerate's loaders that place every parameter from the files (``device_map`` with disk offload,
-    ``load_checkpoint_and_dispatch``) found no value for it. On the meta device (``from_pretrained``) transformers
-    computes it after loading, through Marian's ``_init_weights``.
+    not a frozen parameter, so it is never saved, loaded or offloaded (docs/code_notes.md).
 
     Args:
         num_positions: the longest sequence (``config.max_position_embeddings``).

@@ -33,11 +33,8 @@ class EmbeddingTie:
         if self.head is not None:
             pairs += [(f"{self.head}.{name}", f"{self.owner}.{name}") for name in self.head_params]
         start = f"{prefix}." if prefix else ""
-        return {
-            target.removeprefix(start): source.removeprefix(start)
-            for target, source in pairs
-            if target.startswith(start) and source.startswith(start)
-        }
+        return {target.removeprefix(start): source.removeprefix(start) for target, source in pairs
+                if target.startswith(start) and source.startswith(start)}  # fmt: skip
 
 
 def embedding_tie(config) -> EmbeddingTie | None:
@@ -86,9 +83,8 @@ class TiedEmbeddingsMixin:
         prefix = _prefix_of(self)
         # The HF parent's __init__ (MarianModel, BartModel) calls post_init before the family has built its own
         # embeddings: its placeholder modules, replaced right after, are tied to nothing.
-        built = tie is not None and isinstance(
-            self.get_submodule(tie.owner.removeprefix(f"{prefix}.")), (TiedNormEmbedding, AdaptiveInput)
-        )
+        owner = None if tie is None else self.get_submodule(tie.owner.removeprefix(f"{prefix}."))
+        built = isinstance(owner, (TiedNormEmbedding, AdaptiveInput))
         self._tied_weights_keys = tie.tied_weights_keys(prefix) if built else None
         super().post_init()
         self.finish_head_hosting()

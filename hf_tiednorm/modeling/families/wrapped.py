@@ -31,16 +31,6 @@ from .wrapped_head import install_normalized_head
 from .wrapped_loss import fused_causal_lm_loss, judging_the_body
 
 
-class _instance_or_class:
-    """A method that receives the instance when called on one, the class when called on the class."""
-
-    def __init__(self, function):
-        self.function = function
-
-    def __get__(self, instance, owner):
-        return self.function.__get__(owner if instance is None else instance)
-
-
 class _wrapped_class_flag:
     """A class flag of transformers' (``_supports_sdpa``, ``_is_stateful``, ...) that the wrapper takes from the class
     it wraps: read on a model, the wrapped model's class's value; read on the wrapper class, whose wrapped architecture
@@ -147,19 +137,13 @@ class TiedNormWrappedPreTrainedModel(
     # config.text_config, a sub-config. Whether generate may compile the forward as one graph, and whether the model
     # keeps a state that assisted decoding cannot roll back, are the wrapped class's too. _supports_attention_backend is
     # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention, logits
-    # sliced by a tensor): what HF's tests and serving engines read (is_backend_compatible()).
+    # sliced by a tensor), which HF's tests read (engines ask is_backend_compatible(): it refuses, engine_checks.py).
     _supports_sdpa = _wrapped_class_flag(on_class=True)
     _supports_flash_attn = _wrapped_class_flag(on_class=True)
     _supports_flex_attn = _wrapped_class_flag(on_class=True)
     _can_compile_fullgraph = _wrapped_class_flag(on_class=True)
     _supports_attention_backend = _wrapped_class_flag(on_class=True)
     _is_stateful = _wrapped_class_flag(on_class=False)
-
-    @_instance_or_class
-    def is_backend_compatible(self_or_class) -> bool:
-        """transformers' ``is_backend_compatible`` (a classmethod there, which on a model would read the wrapper class's
-        flag): on a model, its wrapped model's class's; on the class, the class's flag."""
-        return bool(self_or_class._supports_attention_backend)
 
     def _body_forward_names(self) -> frozenset[str]:
         """The argument names of the wrapped model's forward (read once per wrapped class)."""

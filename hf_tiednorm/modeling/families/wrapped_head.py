@@ -62,13 +62,9 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     Returns the new head."""
     embeddings = shared_embedding_modules(body)
     weight = embeddings[0].weight  # (V, d)
-    head = TiedNormHead(
-        weight.shape[1],
-        weight.shape[0],
-        settings=HeadSettings.from_config(config),
-        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
-        dtype=weight.dtype,
-    )
+    # On meta: its (V, d) weight is replaced by the shared one, never allocate a second matrix.
+    head = TiedNormHead(weight.shape[1], weight.shape[0], settings=HeadSettings.from_config(config), device="meta",
+                        dtype=weight.dtype)
     head.weight = weight  # Press & Wolf: the output embedding is the input embedding
     for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
         if getattr(head, name, None) is not None:

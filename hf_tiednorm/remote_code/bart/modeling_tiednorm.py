@@ -39,10 +39,9 @@ from .configuration_tiednorm import (
 
 
 # ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
-"""A serving engine that rebuilds the model around its backbone (vLLM's Transformers backend: it builds the base model
-and scores with its own lm_head tied to the input embedding) would drop the normalized head and generate wrong tokens
-silently; every model class refuses to be built with such an engine's attention, naming the plain export, which the
-engine serves natively. (docs/code_notes.md)"""
+"""A serving engine that rebuilds the model from its base model and its own tied lm_head (vLLM's Transformers backend)
+would drop the normalized head silently: every model class refuses such an engine, when built with its attention and
+when asked ``is_backend_compatible()``, naming the plain export, which the engine serves. (docs/code_notes.md)"""
 
 
 # The attention implementation an engine sets on the config before it builds our base model -> the engine.
@@ -55,12 +54,19 @@ def _head_description(config: Any) -> str:
     """The head settings of ``config`` that the engine would drop, in words (``head_mode='cosine'``, ...)."""
     names = ("head_mode", "logit_scale_kind", "logit_bias", "adaptive_cutoffs")
     settings = [f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name, None) is not None]
-    return ", ".join(settings) or "its normalized head"
+    return ", ".join(settings)
 
 
 # The export's one limit a head setting can hit (conversion/export.py): a per-token bias needs a place in the parent.
 _BIAS_NOTE = (". A learned logit bias exports where the parent has a per-token bias after its output layer "
               "(final_logits_bias: Marian, BART, mBART, ...) or while it is still zero; tiednorm-export says which")
+
+
+# Why the engine's model would be wrong ({head}: the settings it drops, in parentheses), and the way out.
+_REASON = ("the engine builds this base model and scores its hidden states with its own output layer tied to the "
+           "input embedding, the raw scores w·h, so it would drop the normalized head{head} and generate wrong tokens "
+           "without an error. Serve the plain export instead, which the engine runs natively with this model's "
+           "logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)")
 
 
 def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
@@ -71,25 +77,22 @@ def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
         model_name: the class being built, named in the message.
         config: its config (a wrapper's holds the wrapped model's as ``text_config``).
     """
-    configs = [config]
-    if hasattr(config, "get_text_config"):
-        configs.append(config.get_text_config())
-    for candidate in configs:
+    for candidate in (config, config.get_text_config()):
         attention = getattr(candidate, "_attn_implementation", None)
         if isinstance(attention, str) and attention in REBUILDING_ENGINES:
-            engine = REBUILDING_ENGINES[attention]
-            raise ValueError(
-                f"{model_name} refuses to be built by {engine} (attention implementation {attention!r}): the engine "
-                "builds this base model and scores its hidden states with its own output layer tied to the input "
-                f"embedding, the raw scores w·h, so it would drop the normalized head ({_head_description(config)}) "
-                "and generate wrong tokens without an error. Serve the plain export instead, which the engine runs "
-                "natively with this model's logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)"
-                + (_BIAS_NOTE if getattr(config, "logit_bias", False) else "")
-            )
+            raise ValueError(f"{model_name} refuses to be built by {REBUILDING_ENGINES[attention]} (attention "
+                             f"implementation {attention!r}): " + _REASON.format(head=f" ({_head_description(config)})")
+                             + (_BIAS_NOTE if getattr(config, "logit_bias", False) else ""))
 
 
 class EngineChecksMixin:
-    """Put first in the bases of a model class: its construction refuses an engine that would drop the head."""
+    """Put first in the bases of a model class: its construction refuses an engine that would drop the head, as does
+    ``is_backend_compatible()``, which only such engines ask, first (vLLM's registry; docs/code_notes.md)."""
+
+    @classmethod
+    def is_backend_compatible(cls) -> bool:
+        raise ValueError(f"{cls.__name__} is not compatible with an inference engine's Transformers backend (vLLM's "
+                         "registry asks is_backend_compatible() first): " + _REASON.format(head=""))
 
     def __init__(self, config, *args, **kwargs):
         refuse_rebuilding_engine(type(self).__name__, config)
@@ -2258,11 +2261,10 @@ def check_mode_settings(config) -> None:
         settings = HeadSettings.from_config(config)
         off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
         if mode.lossless_start is None or off:
-            raise ValueError(
-                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
-                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
-                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
-            )
+            lacks = "has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}"
+            raise ValueError(f"config.json records lossless_start=True, but head_mode={config.head_mode!r} {lacks}: "
+                             "the head terms a lossless start sets are per-token; set lossless_start=False or restore "
+                             "them")
 
 
 class TiedNormHeadHostMixin:
@@ -2334,8 +2336,7 @@ class TiedNormHeadHostMixin:
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
-        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
-        """
+        """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
@@ -2391,11 +2392,8 @@ class EmbeddingTie:
         if self.head is not None:
             pairs += [(f"{self.head}.{name}", f"{self.owner}.{name}") for name in self.head_params]
         start = f"{prefix}." if prefix else ""
-        return {
-            target.removeprefix(start): source.removeprefix(start)
-            for target, source in pairs
-            if target.startswith(start) and source.startswith(start)
-        }
+        return {target.removeprefix(start): source.removeprefix(start) for target, source in pairs
+                if target.startswith(start) and source.startswith(start)}  # fmt: skip
 
 
 def embedding_tie(config) -> EmbeddingTie | None:
@@ -2444,9 +2442,8 @@ class TiedEmbeddingsMixin:
         prefix = _prefix_of(self)
         # The HF parent's __init__ (MarianModel, BartModel) calls post_init before the family has built its own
         # embeddings: its placeholder modules, replaced right after, are tied to nothing.
-        built = tie is not None and isinstance(
-            self.get_submodule(tie.owner.removeprefix(f"{prefix}.")), (TiedNormEmbedding, AdaptiveInput)
-        )
+        owner = None if tie is None else self.get_submodule(tie.owner.removeprefix(f"{prefix}."))
+        built = isinstance(owner, (TiedNormEmbedding, AdaptiveInput))
         self._tied_weights_keys = tie.tied_weights_keys(prefix) if built else None
         super().post_init()
         self.finish_head_hosting()
@@ -2578,8 +2575,7 @@ class TiedNormSeq2SeqModelMixin(DeviceMapAtLoadMixin, TiedEmbeddingsMixin):
 
     def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
         # transformers' hook on the loading report: a tensor missing from the weights (the shared embedding, which
-        # transformers' tie logic would leave on the meta device unreported) is refused by name
-        # (modeling/load_checks.py).
+        # transformers' tie logic would leave on the meta device unreported) is refused by name (load_checks.py).
         super()._adjust_missing_and_unexpected_keys(loading_info)
         check_loaded_body(self, loading_info)
 
@@ -2634,9 +2630,8 @@ class TiedNormSeq2SeqLMMixin(WeightChecksMixin, TiedNormLMMixin):
         # Marian's rule for resize_token_embeddings: the encoder's vocabulary, and the decoder's and the output
         # layer's with it only when three-way tied. Written out because MarianMTModel._resize_token_embeddings
         # drops mean_resizing.
-        embeddings = self._get_resized_embeddings(
-            self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of, mean_resizing
-        )
+        embeddings = self._get_resized_embeddings(self.get_input_embeddings(), new_num_tokens, pad_to_multiple_of,
+                                                  mean_resizing)
         self.model.set_input_embeddings(embeddings)
         if self.config.share_encoder_decoder_embeddings:
             self.config.decoder_vocab_size = embeddings.num_embeddings
@@ -2746,18 +2741,14 @@ def missing_tokenizer_message(model) -> str:
     folder = getattr(model, "name_or_path", None) or ""
     has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
     if has_tokenizer:
-        return (
-            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
-            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
-            f"trust_remote_code=True, as the folder ships the pipeline code) or "
-            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
-        )
+        return (f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() "
+                f"loads none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+                f"trust_remote_code=True, as the folder ships the pipeline code) or "
+                f"tokenizer=AutoTokenizer.from_pretrained({folder!r})")
     if folder and os.path.isdir(folder):
-        return (
-            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
-            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-            "tokenizer=... to pipeline()"
-        )
+        return (f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+                "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+                "tokenizer=... to pipeline()")
     name = folder or type(model).__name__
     return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
 
@@ -2813,11 +2804,9 @@ class TiedNormTranslationPipeline(Pipeline):
                 # transformers guessed the tokenizer from the model's folder, which has none
                 raise ValueError(missing_tokenizer_message(self.model)) from failure
             if failure is not None:
-                raise ValueError(
-                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
-                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
-                    "loaded tokenizer"
-                ) from failure
+                raise ValueError(f"tiednorm-translation: the tokenizer {source} failed to load "
+                                 f"({type(failure).__name__}: {failure}); repair or replace its files (tokenizer.json, "
+                                 "tokenizer_config.json), or pass a loaded tokenizer") from failure
             raise ValueError(missing_tokenizer_message(self.model))
 
     def _sanitize_parameters(self, **kwargs):
@@ -2844,9 +2833,8 @@ class TiedNormTranslationPipeline(Pipeline):
         if limit is not None and inputs["input_ids"].shape[-1] > limit:
             logger.warning(f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the "
                            f"model can embed; translating its first {limit} tokens only")
-            inputs = self.tokenizer(
-                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
-            )
+            inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False, truncation=True,
+                                    max_length=limit)
         return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):

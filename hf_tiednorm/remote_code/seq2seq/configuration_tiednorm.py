@@ -262,10 +262,9 @@ class TieTopologyConfigMixin:
     def validate_tie_topology(self) -> None:
         for name, value in self._implied_tie_flags().items():
             if getattr(self, name) != value:
-                raise ValueError(
-                    f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which implies "
-                    f"{value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} unset"
-                )
+                raise ValueError(f"{name}={getattr(self, name)} contradicts tie_topology={self.tie_topology!r} (which "
+                                 f"implies {value}); set tie_topology to one of {TIE_TOPOLOGIES} and leave {name} "
+                                 "unset")
         if self.tie_topology == "three_way" and self.decoder_vocab_size != self.vocab_size:
             raise ValueError("tie_topology='three_way' needs one shared vocabulary, but "
                              f"decoder_vocab_size={self.decoder_vocab_size} != vocab_size={self.vocab_size}; use "

@@ -43,10 +43,9 @@ from .configuration_tiednorm import (
 
 
 # ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
-"""A serving engine that rebuilds the model around its backbone (vLLM's Transformers backend: it builds the base model
-and scores with its own lm_head tied to the input embedding) would drop the normalized head and generate wrong tokens
-silently; every model class refuses to be built with such an engine's attention, naming the plain export, which the
-engine serves natively. (docs/code_notes.md)"""
+"""A serving engine that rebuilds the model from its base model and its own tied lm_head (vLLM's Transformers backend)
+would drop the normalized head silently: every model class refuses such an engine, when built with its attention and
+when asked ``is_backend_compatible()``, naming the plain export, which the engine serves. (docs/code_notes.md)"""
 
 
 # The attention implementation an engine sets on the config before it builds our base model -> the engine.
@@ -59,12 +58,19 @@ def _head_description(config: Any) -> str:
     """The head settings of ``config`` that the engine would drop, in words (``head_mode='cosine'``, ...)."""
     names = ("head_mode", "logit_scale_kind", "logit_bias", "adaptive_cutoffs")
     settings = [f"{name}={getattr(config, name)!r}" for name in names if getattr(config, name, None) is not None]
-    return ", ".join(settings) or "its normalized head"
+    return ", ".join(settings)
 
 
 # The export's one limit a head setting can hit (conversion/export.py): a per-token bias needs a place in the parent.
 _BIAS_NOTE = (". A learned logit bias exports where the parent has a per-token bias after its output layer "
               "(final_logits_bias: Marian, BART, mBART, ...) or while it is still zero; tiednorm-export says which")
+
+
+# Why the engine's model would be wrong ({head}: the settings it drops, in parentheses), and the way out.
+_REASON = ("the engine builds this base model and scores its hidden states with its own output layer tied to the "
+           "input embedding, the raw scores w·h, so it would drop the normalized head{head} and generate wrong tokens "
+           "without an error. Serve the plain export instead, which the engine runs natively with this model's "
+           "logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)")
 
 
 def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
@@ -75,25 +81,22 @@ def refuse_rebuilding_engine(model_name: str, config: Any) -> None:
         model_name: the class being built, named in the message.
         config: its config (a wrapper's holds the wrapped model's as ``text_config``).
     """
-    configs = [config]
-    if hasattr(config, "get_text_config"):
-        configs.append(config.get_text_config())
-    for candidate in configs:
+    for candidate in (config, config.get_text_config()):
         attention = getattr(candidate, "_attn_implementation", None)
         if isinstance(attention, str) and attention in REBUILDING_ENGINES:
-            engine = REBUILDING_ENGINES[attention]
-            raise ValueError(
-                f"{model_name} refuses to be built by {engine} (attention implementation {attention!r}): the engine "
-                "builds this base model and scores its hidden states with its own output layer tied to the input "
-                f"embedding, the raw scores w·h, so it would drop the normalized head ({_head_description(config)}) "
-                "and generate wrong tokens without an error. Serve the plain export instead, which the engine runs "
-                "natively with this model's logits: tiednorm-export <this folder> <new folder> (docs/deploy.md)"
-                + (_BIAS_NOTE if getattr(config, "logit_bias", False) else "")
-            )
+            raise ValueError(f"{model_name} refuses to be built by {REBUILDING_ENGINES[attention]} (attention "
+                             f"implementation {attention!r}): " + _REASON.format(head=f" ({_head_description(config)})")
+                             + (_BIAS_NOTE if getattr(config, "logit_bias", False) else ""))
 
 
 class EngineChecksMixin:
-    """Put first in the bases of a model class: its construction refuses an engine that would drop the head."""
+    """Put first in the bases of a model class: its construction refuses an engine that would drop the head, as does
+    ``is_backend_compatible()``, which only such engines ask, first (vLLM's registry; docs/code_notes.md)."""
+
+    @classmethod
+    def is_backend_compatible(cls) -> bool:
+        raise ValueError(f"{cls.__name__} is not compatible with an inference engine's Transformers backend (vLLM's "
+                         "registry asks is_backend_compatible() first): " + _REASON.format(head=""))
 
     def __init__(self, config, *args, **kwargs):
         refuse_rebuilding_engine(type(self).__name__, config)
@@ -1853,11 +1856,10 @@ def check_mode_settings(config) -> None:
         settings = HeadSettings.from_config(config)
         off = [name for name in mode.lossless_start or () if HEAD_TERMS[name].shape(settings, 2) != (2,)]
         if mode.lossless_start is None or off:
-            raise ValueError(
-                f"config.json records lossless_start=True, but head_mode={config.head_mode!r} "
-                + ("has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}")
-                + ": the head terms a lossless start sets are per-token; set lossless_start=False or restore them"
-            )
+            lacks = "has no lossless start" if mode.lossless_start is None else f"with these settings lacks {off}"
+            raise ValueError(f"config.json records lossless_start=True, but head_mode={config.head_mode!r} {lacks}: "
+                             "the head terms a lossless start sets are per-token; set lossless_start=False or restore "
+                             "them")
 
 
 class TiedNormHeadHostMixin:
@@ -1929,8 +1931,7 @@ class TiedNormHeadHostMixin:
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                                 mean_resizing: bool = True) -> nn.Embedding:  # fmt: skip
-        """transformers' resize, refusing a size that drops a special token, with the head's per-token terms following.
-        """
+        """transformers' resize, refusing a size that drops a special token; the head's per-token terms follow."""
         check_resize_keeps_special_tokens(self, new_num_tokens, pad_to_multiple_of)
         if isinstance(self.get_output_embeddings(), AdaptiveSoftmaxHead):
             raise ValueError("resize_token_embeddings is not supported with adaptive_cutoffs: the bands are tied to "
@@ -1999,13 +2000,9 @@ def install_normalized_head(body: PreTrainedModel, config: TiedNormWrappedConfig
     Returns the new head."""
     embeddings = shared_embedding_modules(body)
     weight = embeddings[0].weight  # (V, d)
-    head = TiedNormHead(
-        weight.shape[1],
-        weight.shape[0],
-        settings=HeadSettings.from_config(config),
-        device="meta",  # its (V, d) weight is replaced by the shared one: never allocate a second matrix
-        dtype=weight.dtype,
-    )
+    # On meta: its (V, d) weight is replaced by the shared one, never allocate a second matrix.
+    head = TiedNormHead(weight.shape[1], weight.shape[0], settings=HeadSettings.from_config(config), device="meta",
+                        dtype=weight.dtype)
     head.weight = weight  # Press & Wolf: the output embedding is the input embedding
     for name, start in head.term_starts.items():  # the learned terms, created on meta: storage, at their start
         if getattr(head, name, None) is not None:
@@ -2399,16 +2396,6 @@ the head is kept: final norm, T5's rescale, soft-capping, ``final_logits_bias``)
 (docs/code_notes.md)"""
 
 
-class _instance_or_class:
-    """A method that receives the instance when called on one, the class when called on the class."""
-
-    def __init__(self, function):
-        self.function = function
-
-    def __get__(self, instance, owner):
-        return self.function.__get__(owner if instance is None else instance)
-
-
 class _wrapped_class_flag:
     """A class flag of transformers' (``_supports_sdpa``, ``_is_stateful``, ...) that the wrapper takes from the class
     it wraps: read on a model, the wrapped model's class's value; read on the wrapper class, whose wrapped architecture
@@ -2515,19 +2502,13 @@ class TiedNormWrappedPreTrainedModel(
     # config.text_config, a sub-config. Whether generate may compile the forward as one graph, and whether the model
     # keeps a state that assisted decoding cannot roll back, are the wrapped class's too. _supports_attention_backend is
     # transformers' "efficient backend" flag (attention interface, kwargs passed through to the attention, logits
-    # sliced by a tensor): what HF's tests and serving engines read (is_backend_compatible()).
+    # sliced by a tensor), which HF's tests read (engines ask is_backend_compatible(): it refuses, engine_checks.py).
     _supports_sdpa = _wrapped_class_flag(on_class=True)
     _supports_flash_attn = _wrapped_class_flag(on_class=True)
     _supports_flex_attn = _wrapped_class_flag(on_class=True)
     _can_compile_fullgraph = _wrapped_class_flag(on_class=True)
     _supports_attention_backend = _wrapped_class_flag(on_class=True)
     _is_stateful = _wrapped_class_flag(on_class=False)
-
-    @_instance_or_class
-    def is_backend_compatible(self_or_class) -> bool:
-        """transformers' ``is_backend_compatible`` (a classmethod there, which on a model would read the wrapper class's
-        flag): on a model, its wrapped model's class's; on the class, the class's flag."""
-        return bool(self_or_class._supports_attention_backend)
 
     def _body_forward_names(self) -> frozenset[str]:
         """The argument names of the wrapped model's forward (read once per wrapped class)."""
@@ -2743,18 +2724,14 @@ def missing_tokenizer_message(model) -> str:
     folder = getattr(model, "name_or_path", None) or ""
     has_tokenizer = any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES) if folder else False
     if has_tokenizer:
-        return (
-            f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() loads "
-            f"none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
-            f"trust_remote_code=True, as the folder ships the pipeline code) or "
-            f"tokenizer=AutoTokenizer.from_pretrained({folder!r})"
-        )
+        return (f"tiednorm-translation needs a tokenizer: the model was passed as an object, for which pipeline() "
+                f"loads none, although its folder {folder} holds one; pass model={folder!r} (the folder name; with "
+                f"trust_remote_code=True, as the folder ships the pipeline code) or "
+                f"tokenizer=AutoTokenizer.from_pretrained({folder!r})")
     if folder and os.path.isdir(folder):
-        return (
-            f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
-            "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
-            "tokenizer=... to pipeline()"
-        )
+        return (f"tiednorm-translation needs a tokenizer, and the model {folder} came without one (its folder has no "
+                "tokenizer.json / tokenizer_config.json): save the tokenizer into the model folder, or pass "
+                "tokenizer=... to pipeline()")
     name = folder or type(model).__name__
     return f"tiednorm-translation needs a tokenizer, and the model {name} came without one: pass tokenizer=..."
 
@@ -2810,11 +2787,9 @@ class TiedNormTranslationPipeline(Pipeline):
                 # transformers guessed the tokenizer from the model's folder, which has none
                 raise ValueError(missing_tokenizer_message(self.model)) from failure
             if failure is not None:
-                raise ValueError(
-                    f"tiednorm-translation: the tokenizer {source} failed to load ({type(failure).__name__}: "
-                    f"{failure}); repair or replace its files (tokenizer.json, tokenizer_config.json), or pass a "
-                    "loaded tokenizer"
-                ) from failure
+                raise ValueError(f"tiednorm-translation: the tokenizer {source} failed to load "
+                                 f"({type(failure).__name__}: {failure}); repair or replace its files (tokenizer.json, "
+                                 "tokenizer_config.json), or pass a loaded tokenizer") from failure
             raise ValueError(missing_tokenizer_message(self.model))
 
     def _sanitize_parameters(self, **kwargs):
@@ -2841,9 +2816,8 @@ class TiedNormTranslationPipeline(Pipeline):
         if limit is not None and inputs["input_ids"].shape[-1] > limit:
             logger.warning(f"the input has {inputs['input_ids'].shape[-1]} tokens, more than the {limit} positions the "
                            f"model can embed; translating its first {limit} tokens only")
-            inputs = self.tokenizer(
-                text, return_tensors="pt", return_token_type_ids=False, truncation=True, max_length=limit
-            )
+            inputs = self.tokenizer(text, return_tensors="pt", return_token_type_ids=False, truncation=True,
+                                    max_length=limit)
         return inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
