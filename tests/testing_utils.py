@@ -138,7 +138,8 @@ else:
 # The loop of the session's process without the package (``run_without_package``): it reads one request a line on
 # stdin (JSON: code, working folder) and answers on the pipe ``fd`` (JSON: ok, stdout, error), running each code in a
 # fresh namespace as a script, its prints captured, the remote-code modules of earlier requests forgotten and what a
-# script may have changed (torch's threads, default dtype, grad mode and seed; registered attention) reset.
+# script may have changed (torch's threads, default dtype, grad mode and seed; registered attention; transformers'
+# Auto tables) reset.
 _WORKER_LOOP = """
 import contextlib, io, json, os, sys, traceback
 import torch, transformers
@@ -149,6 +150,12 @@ requests, sys.stdin = sys.stdin, open(os.devnull)
 # What a script may change in the process, restored before the next one as a fresh process would have it.
 threads, dtype, seed = torch.get_num_threads(), torch.get_default_dtype(), torch.initial_seed()
 attention = dict(transformers.AttentionInterface._global_mapping)
+from transformers.models.auto import auto_factory, configuration_auto, modeling_auto
+# transformers' Auto tables: what a folder's code or transformers registers for it (issue 60: a causal LM's type)
+auto_tables = [configuration_auto.CONFIG_MAPPING,
+               *(table for table in vars(modeling_auto).values() if isinstance(table, auto_factory._LazyAutoMapping))]
+registered = [dict(table._extra_content) for table in auto_tables]
+names = {key: dict(table) for key, table in vars(modeling_auto).items() if key.endswith("_MAPPING_NAMES")}
 for request in requests:
     request = json.loads(request)
     for name in [name for name in sys.modules if name.startswith("transformers_modules")]:
@@ -159,6 +166,12 @@ for request in requests:
     torch.manual_seed(seed)
     transformers.AttentionInterface._global_mapping.clear()
     transformers.AttentionInterface._global_mapping.update(attention)
+    for table, entries in zip(auto_tables, registered):
+        table._extra_content.clear()
+        table._extra_content.update(entries)
+    for key, entries in names.items():
+        getattr(modeling_auto, key).clear()
+        getattr(modeling_auto, key).update(entries)
     out, err, ok = io.StringIO(), io.StringIO(), True
     os.chdir(request["cwd"])
     try:
