@@ -2188,9 +2188,9 @@ def recognise_built_causal_lm(model) -> None:
     except KeyError:
         AutoConfig.register(config.model_type, trusted := type(config))
         AutoModelForCausalLM.register(trusted, type(model), exist_ok=True)
-    folder = Path(str(config.name_or_path))
-    differ = [name for name in ("configuration_tiednorm.py", module.name)
-              if (folder / name).is_file() and (folder / name).read_bytes() != module.with_name(name).read_bytes()]
+    folder = Path(str(config.name_or_path))  # "" for a model built in memory: no folder, nothing to compare
+    differ = [name for name in ("configuration_tiednorm.py", module.name) if config.name_or_path
+              and (folder / name).is_file() and (folder / name).read_bytes() != module.with_name(name).read_bytes()]
     if differ and trusted is type(config):
         logging.get_logger(__name__).warning_once(
             f"{folder} carries its own code ({', '.join(differ)} differ), but the code this process first trusted for "
