@@ -77,6 +77,13 @@ class Args:
     )
     reps: int = field(default=3, metadata={"help": "round-robin repetitions"})
     threads: int = field(default=0, metadata={"help": "torch threads; 0 = torch's default"})
+    cpu_memory: str = field(
+        default="measure",
+        metadata={"help": "CPU only. measure: glibc mmaps every block of 128 KiB or more, so that each step's peak "
+                  "reads from the resident set (fresh tensors page-fault anew, which costs time); keep_freed: freed "
+                  "memory stays in the process for reuse, as the training scripts run (--keep_freed_cpu_memory), "
+                  "and no peak is read"},
+    )
     output: str = field(
         default="", metadata={"help": "JSON written here; default results/benchmark_lm_head_loss_<device>.json"}
     )
@@ -220,9 +227,16 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cpu" and not mmap_large_blocks():
+    if args.cpu_memory not in ("measure", "keep_freed"):
+        raise ValueError(f"--cpu_memory {args.cpu_memory!r}: expected 'measure' or 'keep_freed'")
+    measure_peaks = device.type == "cuda" or args.cpu_memory == "measure"
+    if device.type == "cpu" and not measure_peaks:
+        from hf_tiednorm.training.cpu_memory import keep_freed_memory
+
+        print(keep_freed_memory(), flush=True)
+    elif device.type == "cpu" and not mmap_large_blocks():
         print(f"warning: mallopt is not available: CPU peaks may read low (set {_MMAP_ENV}=131072)", file=sys.stderr)
-    peak = PeakMemory(device)
+    peak = PeakMemory(device) if measure_peaks else None
     report = {
         "args": asdict(args),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description(),
@@ -230,7 +244,9 @@ def main() -> None:
                     "threads": torch.get_num_threads()},
         "method": "one process, round-robin over the contenders in every repetition; peak = bytes one loss + "
         "backward adds above its inputs (CUDA: max_memory_allocated; CPU: VmHWM - VmRSS with glibc's mmap threshold "
-        "at 131072 bytes, set by mallopt); ratios per repetition against the plain run of the same repetition, and "
+        "at 131072 bytes, set by mallopt; with --cpu_memory keep_freed no peak is read: freed memory is kept for reuse "
+        "as the training scripts keep it, so fresh tensors are not page-faulted anew); ratios per repetition "
+        "against the plain run of the same repetition, and "
         "(time_ratio_to_baseline; cpu_time_ratio_to_baseline: the process's CPU time) against baseline:<path> of the "
         "same repetition",
         "results": {},
@@ -246,16 +262,18 @@ def main() -> None:
                 for name, step in steps.items():
                     for param in params:  # the previous contender's gradients freed before the measurement
                         param.grad = None
-                    peak.start()
+                    if peak is not None:
+                        peak.start()
                     t0, cpu0 = time.perf_counter(), time.process_time()
                     loss = step()
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-                    runs[name].append({"time_s": seconds, "cpu_time_s": cpu_seconds, "peak_bytes": peak.stop(),
+                    peak_bytes = None if peak is None else peak.stop()
+                    runs[name].append({"time_s": seconds, "cpu_time_s": cpu_seconds, "peak_bytes": peak_bytes,
                                        "loss": float(loss.detach())})
-                    print(f"{dtype_name} N={tokens} rep {rep} {name:20s} {seconds:.3f} s "
-                          f"{runs[name][-1]['peak_bytes'] / 2**20:9.1f} MiB", flush=True)  # fmt: skip
+                    memory = "" if peak_bytes is None else f"{peak_bytes / 2**20:9.1f} MiB"
+                    print(f"{dtype_name} N={tokens} rep {rep} {name:20s} {seconds:.3f} s {memory}", flush=True)
             base = runs.get("plain")
             table = {}
             for name, got in runs.items():
@@ -263,11 +281,11 @@ def main() -> None:
                     "kernel": kernels.get(name, "plain"),
                     "time_s": _summary([g["time_s"] for g in got]),
                     "cpu_time_s": _summary([g["cpu_time_s"] for g in got]),
-                    "peak_mib": _summary([g["peak_bytes"] / 2**20 for g in got]),
+                    "peak_mib": _summary([g["peak_bytes"] / 2**20 for g in got]) if peak is not None else None,
                     "time_ratio": _summary([g["time_s"] / b["time_s"] for g, b in zip(got, base)]) if base else None,
                     # None where the plain run's peak read 0 (a toy size: below the allocator's resolution on the CPU)
                     "memory_ratio": _summary([g["peak_bytes"] / b["peak_bytes"] for g, b in zip(got, base)])
-                    if base and all(b["peak_bytes"] > 0 for b in base) else None,
+                    if base and peak is not None and all(b["peak_bytes"] > 0 for b in base) else None,
                     "loss": got[-1]["loss"],
                 }
                 # The normalized head against the plain tied head on the same path, in the same repetition.

@@ -47,3 +47,31 @@ def test_the_head_loss_benchmark_times_the_fold_alone_and_against_baseline(tmp_p
     assert table["cosine:fold"]["kernel"] == "fold" and table["cosine:fold"]["time_ratio_to_baseline"]["n"] == 2
     assert table["cosine:plain"]["cpu_time_ratio_to_baseline"]["min"] > 0 and "time_ratio_to_baseline" not in table[
         "plain"]
+
+
+@pytest.mark.slow  # a subprocess (the benchmark sets glibc's allocator process-wide): ~10 s idle, 60 s busy
+def test_the_head_loss_benchmark_times_with_freed_memory_kept_as_training_runs(tmp_path):
+    """--cpu_memory keep_freed: glibc keeps freed memory (training's --keep_freed_cpu_memory), so a step's fresh
+    (V, d) tensors are not page-faulted anew; no peak is read then, and the report says so."""
+    output = tmp_path / "head.json"
+    done = subprocess.run([
+        sys.executable, str(EXPERIMENTS / "benchmark_lm_head_loss.py"), "--vocab", "300", "--dim", "16", "--tokens",
+        "40", "--dtype", "float32", "--head_modes", "baseline,cosine", "--paths", "plain", "--reps", "2",
+        "--threads", "1", "--cpu_memory", "keep_freed", "--output", str(output),
+    ], check=True, cwd=REPO_ROOT, capture_output=True, text=True)  # fmt: skip
+    assert "freed tensor memory stays in the process" in done.stdout
+    report = json.loads(output.read_text())
+    assert report["args"]["cpu_memory"] == "keep_freed"
+    table = report["results"]["float32:N=40"]
+    assert set(table) == {"plain", "baseline:plain", "cosine:plain"}
+    for row in table.values():
+        assert row["peak_mib"] is None and row["memory_ratio"] is None and row["time_ratio"]["n"] == 2
+    assert table["cosine:plain"]["time_ratio_to_baseline"]["min"] > 0
+
+
+def test_the_head_loss_benchmark_refuses_an_unknown_cpu_memory_setting():
+    done = subprocess.run([
+        sys.executable, str(EXPERIMENTS / "benchmark_lm_head_loss.py"), "--cpu_memory", "keep", "--vocab", "30",
+        "--dim", "4", "--tokens", "8", "--reps", "1",
+    ], cwd=REPO_ROOT, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode != 0 and "--cpu_memory 'keep'" in done.stderr
